@@ -1,0 +1,2 @@
+//! The `bottle` binary.
+fn main() {}

@@ -1,0 +1,216 @@
+//! The traits every backend implements, and the types they exchange.
+//!
+//! The traits are synchronous and object-safe so the CLI can hold a
+//! `Box<dyn BottleBackend>` chosen at run time. A backend that talks to an
+//! async API (bollard) owns its own runtime and blocks on it internally.
+
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Coded;
+use crate::plan::Plan;
+use crate::spec::BottleSpec;
+
+/// Which backend runs a bottle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// A container on a per-bottle `--internal` Docker bridge.
+    Docker,
+    /// A libkrun microVM driven through the `smolvm` CLI.
+    Smolmachines,
+}
+
+impl BackendKind {
+    /// Every backend, in the order `bottle doctor` reports them.
+    pub const ALL: [BackendKind; 2] = [BackendKind::Docker, BackendKind::Smolmachines];
+
+    /// The name used by `--backend` and `BOT_BOTTLE_BACKEND`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Docker => "docker",
+            BackendKind::Smolmachines => "smolmachines",
+        }
+    }
+
+    /// Parses a `--backend` / `BOT_BOTTLE_BACKEND` value.
+    pub fn parse(value: &str) -> Option<BackendKind> {
+        BackendKind::ALL.into_iter().find(|kind| kind.as_str() == value)
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What kind of failure a backend reports; the CLI maps it to an exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendErrorKind {
+    /// The host cannot run this backend (no daemon, no KVM, wrong version).
+    Preflight,
+    /// The named bottle does not exist.
+    NotFound,
+    /// The request is valid but this backend cannot honour it.
+    Unsupported,
+    /// Isolation could not be confirmed, so the bottle was refused.
+    IsolationUnconfirmed,
+    /// Anything else that went wrong while driving the backend.
+    Failed,
+}
+
+/// The one error type that crosses the [`BottleBackend`] boundary.
+///
+/// Each backend crate keeps its own typed error and converts it into this at
+/// the trait boundary, keeping its stable code and its remediation.
+#[derive(Debug)]
+pub struct BackendError {
+    /// Stable code of the underlying error, e.g. `BOT-D003`.
+    pub code: &'static str,
+    /// What failed, as a lowercase fragment ("could not create network ...").
+    pub message: String,
+    /// What the operator should do next.
+    pub fix: String,
+    /// Classification for exit codes.
+    pub kind: BackendErrorKind,
+    /// The underlying cause, if any.
+    pub source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl BackendError {
+    /// A new error without an underlying cause.
+    pub fn new(
+        kind: BackendErrorKind,
+        code: &'static str,
+        message: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
+        BackendError {
+            code,
+            message: message.into(),
+            fix: fix.into(),
+            kind,
+            source: None,
+        }
+    }
+
+    /// Attaches the underlying cause.
+    pub fn with_source(
+        mut self,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        self.source = Some(Box::new(source));
+        self
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{}] {}", self.code, self.message)?;
+        if !self.fix.is_empty() {
+            write!(f, "\n  fix: {}", self.fix)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl Coded for BackendError {
+    fn code(&self) -> &'static str {
+        self.code
+    }
+}
+
+/// The result of a non-interactive command run inside a bottle.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExecOutput {
+    /// The command's exit code inside the bottle.
+    pub exit_code: i32,
+    /// Everything the command wrote to stdout.
+    pub stdout: Vec<u8>,
+    /// Everything the command wrote to stderr.
+    pub stderr: Vec<u8>,
+}
+
+/// One running (or half-dead) bottle, as `bottle list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BottleInfo {
+    /// The bottle's name, `bot-bottle-<slug>` on every backend.
+    pub name: String,
+    /// The agent from the manifest that runs in it.
+    pub agent: String,
+    /// The backend that runs it.
+    pub backend: BackendKind,
+    /// Backend-reported state: running, exited, created, ...
+    pub state: String,
+    /// The bundle's agent-facing address (IP literal), if known.
+    pub bundle_address: Option<String>,
+    /// RFC 3339 creation time, if the backend knows it.
+    pub created: Option<String>,
+    /// Requests waiting for the operator's answer (supervise).
+    pub pending_requests: usize,
+}
+
+/// What `cleanup` removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CleanupReport {
+    /// One line per resource removed: "container bot-bottle-x-agent", ...
+    pub removed: Vec<String>,
+    /// Resources that could not be removed, with the reason.
+    pub failed: Vec<String>,
+}
+
+/// A backend: prepares plans, launches bottles and finds them again.
+pub trait BottleBackend {
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
+
+    /// Refuses early when the host cannot run this backend.
+    fn preflight(&self) -> Result<(), BackendError>;
+
+    /// Resolves everything a launch needs (images, subnet, CA) into a plan,
+    /// without starting anything the operator has not yet confirmed.
+    fn prepare(&self, spec: &BottleSpec) -> Result<Plan, BackendError>;
+
+    /// Starts the bottle the plan describes. On failure everything created
+    /// so far is removed before the error is returned.
+    fn launch(&self, plan: &Plan) -> Result<Box<dyn Bottle>, BackendError>;
+
+    /// Finds a running bottle by name (for `bottle exec`).
+    fn attach(&self, name: &str) -> Result<Box<dyn Bottle>, BackendError>;
+
+    /// Every bottle this backend is running.
+    fn list_active(&self) -> Result<Vec<BottleInfo>, BackendError>;
+
+    /// Stops a bottle and removes everything it owns.
+    fn stop(&self, name: &str) -> Result<CleanupReport, BackendError>;
+
+    /// Removes what crashed launches left behind.
+    fn cleanup_orphans(&self) -> Result<CleanupReport, BackendError>;
+}
+
+/// A running bottle.
+pub trait Bottle {
+    /// `bot-bottle-<slug>`.
+    fn name(&self) -> &str;
+
+    /// Runs a command to completion, keeping stdout and stderr apart.
+    fn exec(&self, argv: &[String]) -> Result<ExecOutput, BackendError>;
+
+    /// Runs a command attached to the operator's terminal (TTY, raw mode,
+    /// window resize) and returns its exit code.
+    fn exec_interactive(&self, argv: &[String]) -> Result<i32, BackendError>;
+
+    /// Copies a host file or directory into the bottle under `guest_dir`.
+    fn copy_in(&self, host_path: &Path, guest_dir: &str) -> Result<(), BackendError>;
+}

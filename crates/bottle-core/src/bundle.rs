@@ -1,0 +1,74 @@
+//! The contract between a backend and the sidecar bundle it starts.
+//!
+//! The backend writes a [`BundleConfig`] as JSON into the bundle at
+//! [`BUNDLE_CONFIG_PATH`]; the bundle binary reads it at start. Both sides
+//! depend on this one definition so they cannot drift apart.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Version of the bundle config format.
+pub const BUNDLE_CONFIG_VERSION: u32 = 1;
+/// Where the config lives inside the bundle.
+pub const BUNDLE_CONFIG_PATH: &str = "/run/bottle/bundle.json";
+/// Directory inside the bundle holding the config, CA and credential files.
+pub const BUNDLE_RUN_DIR: &str = "/run/bottle";
+/// Directory inside the bundle the audit log is written to (host-mounted).
+pub const BUNDLE_LOG_DIR: &str = "/var/log/bottle";
+/// The agent-facing proxy port.
+pub const PROXY_PORT: u16 = 8888;
+/// The internal egress port, bound to 127.0.0.1 inside the bundle only.
+pub const EGRESS_PORT: u16 = 9099;
+/// The agent-facing git-gate port.
+pub const GIT_GATE_PORT: u16 = 9418;
+/// The agent-facing supervise (MCP) port.
+pub const SUPERVISE_PORT: u16 = 9100;
+
+/// A credential the bundle injects.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BundleCredential {
+    /// Name for audit lines.
+    pub name: String,
+    /// Requests to this host get the header.
+    pub host: String,
+    /// Header name.
+    pub header: String,
+    /// Value template; `{}` is replaced by the secret.
+    pub format: String,
+    /// File inside the bundle holding the secret.
+    pub file: String,
+}
+
+/// Everything the bundle needs to enforce one bottle's policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BundleConfig {
+    /// [`BUNDLE_CONFIG_VERSION`].
+    pub version: u32,
+    /// The bottle this bundle serves (for audit lines).
+    pub bottle: String,
+    /// Proxy listen address, normally `0.0.0.0:8888`.
+    pub proxy_listen: String,
+    /// Egress listen address, normally `127.0.0.1:9099`. Must be loopback.
+    pub egress_listen: String,
+    /// Allowlist rules: exact hosts, `*.suffix`, IP literals.
+    pub allow: Vec<String>,
+    /// Allowed destination ports.
+    pub ports: Vec<u16>,
+    /// Credentials to inject.
+    pub credentials: Vec<BundleCredential>,
+    /// PEM file of the per-bottle CA certificate.
+    pub ca_cert: String,
+    /// PEM file of the per-bottle CA private key (never leaves the bundle).
+    pub ca_key: String,
+    /// JSON-lines audit log file.
+    pub audit_log: String,
+    /// Host → IP overrides for upstream resolution (like curl's `--resolve`),
+    /// used by tests to map names onto servers they started.
+    #[serde(default)]
+    pub resolve: BTreeMap<String, String>,
+    /// Extra PEM roots the egress daemon trusts for upstream TLS, beyond the
+    /// built-in web roots (tests use it for their own upstream CA).
+    #[serde(default)]
+    pub upstream_roots: Vec<String>,
+}

@@ -1,0 +1,24 @@
+//! `bottle-core` owns the vocabulary every other crate speaks: the manifest
+//! (`bottle.toml`), the validated [`BottleSpec`], the [`Plan`] an operator
+//! confirms, the [`BottleBackend`] / [`Bottle`] traits, and stable error codes.
+//!
+//! It knows nothing of Docker or smolvm, spawns no process and opens no
+//! socket. The only I/O it does is reading the manifest file it is asked to
+//! parse, so that parse errors can quote the file.
+
+pub mod backend;
+pub mod bundle;
+pub mod error;
+pub mod manifest;
+pub mod plan;
+pub mod slug;
+pub mod spec;
+pub mod state;
+
+pub use backend::{
+    BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, CleanupReport, ExecOutput,
+};
+pub use error::Coded;
+pub use manifest::{Manifest, ManifestError};
+pub use plan::Plan;
+pub use spec::BottleSpec;

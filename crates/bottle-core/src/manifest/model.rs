@@ -1,0 +1,162 @@
+//! The manifest's data model: what `bottle.toml` may say, as serde types.
+//!
+//! Unknown keys are errors everywhere (`deny_unknown_fields`), so a misspelt
+//! key never silently weakens a policy.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The whole `bottle.toml`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Manifest format version; only `1` exists.
+    #[serde(default = "default_version")]
+    pub version: u32,
+    /// Agents by name (`[agents.<name>]`).
+    pub agents: BTreeMap<String, Agent>,
+}
+
+fn default_version() -> u32 {
+    1
+}
+
+/// One agent: what runs in the bottle and what it may reach.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Agent {
+    /// A local image reference (`name:tag` or `sha256:...`). Exactly one of
+    /// `image` and `build` is required.
+    pub image: Option<String>,
+    /// A Dockerfile build context.
+    pub build: Option<Build>,
+    /// The agent's command (argv). Defaults to the image's entrypoint/cmd.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// Extra environment for the agent. Must not set the proxy variables the
+    /// backend owns.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// A prompt file copied into the bottle (relative to the manifest).
+    pub prompt: Option<String>,
+    /// Skills directories copied into the bottle (relative to the manifest).
+    #[serde(default)]
+    pub skills: Vec<String>,
+    /// Git repositories reached through git-gate.
+    #[serde(default)]
+    pub git: Vec<GitRepo>,
+    /// The egress allowlist enforced by the bundle's proxy.
+    #[serde(default)]
+    pub egress: Egress,
+    /// Credentials the bundle injects; the agent never holds them.
+    #[serde(default)]
+    pub credentials: Vec<Credential>,
+    /// Device nodes requested from the host (globs against `/dev`).
+    pub devices: Option<Vec<String>>,
+    /// Extra device blacklist entries (can only add to the admin's list).
+    #[serde(default)]
+    pub devices_blacklist: Vec<String>,
+    /// Resource limits.
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+/// A Dockerfile build context.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Build {
+    /// The context directory (relative to the manifest).
+    pub context: String,
+    /// The Dockerfile, relative to the context. Default `Dockerfile`.
+    pub dockerfile: Option<String>,
+    /// Build arguments.
+    #[serde(default)]
+    pub args: BTreeMap<String, String>,
+}
+
+/// The egress allowlist.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Egress {
+    /// Exact hosts (`api.example.com`), suffix rules (`*.example.com`, which
+    /// match subdomains only), or IP literals.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Destination ports the proxy lets through. Default `[443, 80]`.
+    pub ports: Option<Vec<u16>>,
+}
+
+/// A credential the bundle injects into requests to one host.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Credential {
+    /// A name for plans and audit lines (never the secret).
+    pub name: String,
+    /// Where the secret comes from on the host.
+    pub source: CredentialSource,
+    /// The host whose requests get the header. Must be on the allowlist.
+    pub host: String,
+    /// The header to set, e.g. `x-api-key` or `authorization`.
+    pub header: String,
+    /// How the header value is built; `{}` is replaced by the secret.
+    /// Default `{}`; e.g. `Bearer {}`.
+    pub format: Option<String>,
+}
+
+/// Where a credential's secret lives on the host.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "lowercase")]
+pub enum CredentialSource {
+    /// A file (relative to the manifest, or absolute; `~` expands).
+    File(String),
+    /// An environment variable of the `bottle` process.
+    Env(String),
+}
+
+/// A git repository the agent may fetch from and push to via git-gate.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GitRepo {
+    /// The name the agent sees (`<GIT_GATE_URL>/<name>.git`).
+    pub name: String,
+    /// The host-side URL or path of the real remote.
+    pub url: String,
+    /// `read-only` (default) or `read-write`.
+    #[serde(default)]
+    pub mode: GitMode,
+    /// Branch globs the agent may push to (read-write only).
+    #[serde(default)]
+    pub push: Vec<String>,
+    /// Allow non-fast-forward pushes to those branches.
+    #[serde(default)]
+    pub allow_force: bool,
+    /// Allow deleting those branches.
+    #[serde(default)]
+    pub allow_delete: bool,
+    /// A host-side file holding the remote's credential.
+    pub credential: Option<String>,
+}
+
+/// Whether the agent may push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GitMode {
+    /// Fetch only.
+    #[default]
+    ReadOnly,
+    /// Fetch, and push to the listed branches.
+    ReadWrite,
+}
+
+/// Resource limits applied to the agent.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Memory, e.g. `"4g"`, `"512m"`. Default 4 GiB.
+    pub memory: Option<String>,
+    /// Maximum number of processes. Default 1024.
+    pub pids: Option<u32>,
+    /// CPUs (fractional allowed). Default: all.
+    pub cpus: Option<f64>,
+}

@@ -1,0 +1,217 @@
+//! The plan: what a launch will do, shown to the operator before y/N and
+//! stored in the bottle's state dir so `stop` and `cleanup` can find
+//! everything a launch created.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::BackendKind;
+use crate::spec::{BottleSpec, DEFAULT_MEMORY_BYTES, DEFAULT_PIDS};
+
+/// Version of the serialized plan format.
+pub const PLAN_VERSION: u32 = 1;
+
+/// A credential as the plan shows it: never the secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedCredential {
+    /// The credential's name.
+    pub name: String,
+    /// The host it is injected for.
+    pub host: String,
+    /// The header it is injected into.
+    pub header: String,
+}
+
+/// A git repository as the plan shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedRepo {
+    /// The name the agent sees.
+    pub name: String,
+    /// `read-only` or `read-write`.
+    pub mode: String,
+    /// Branch globs the agent may push to.
+    pub push: Vec<String>,
+}
+
+/// A device the policy dropped, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DroppedDevice {
+    /// The path as requested or resolved.
+    pub path: String,
+    /// Why it was dropped.
+    pub reason: String,
+}
+
+/// Everything a launch will do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// [`PLAN_VERSION`].
+    pub version: u32,
+    /// `bot-bottle-<slug>`.
+    pub bottle: String,
+    /// The slug.
+    pub slug: String,
+    /// The agent's name in the manifest.
+    pub agent: String,
+    /// The backend that will run it.
+    pub backend: BackendKind,
+    /// The agent image (reference or image ID once built).
+    pub image: String,
+    /// The agent's command; empty means the image default.
+    pub command: Vec<String>,
+    /// Hosts the proxy lets through.
+    pub egress_allow: Vec<String>,
+    /// Ports the proxy lets through.
+    pub egress_ports: Vec<u16>,
+    /// Credentials the bundle injects.
+    pub credentials: Vec<PlannedCredential>,
+    /// Repositories behind git-gate.
+    pub git: Vec<PlannedRepo>,
+    /// Device nodes passed through.
+    pub devices: Vec<String>,
+    /// Device requests the policy dropped.
+    pub devices_dropped: Vec<DroppedDevice>,
+    /// Memory limit in bytes.
+    pub memory_bytes: u64,
+    /// Process limit.
+    pub pids: u32,
+    /// CPU limit, if any.
+    pub cpus: Option<f64>,
+    /// The bottle's state dir.
+    pub state_dir: PathBuf,
+    /// Backend-specific lines for the summary (label, value).
+    pub backend_lines: Vec<(String, String)>,
+    /// Backend-specific data the backend reads back at launch and stop.
+    pub backend_data: serde_json::Value,
+}
+
+impl Plan {
+    /// The backend-independent part of a plan. `memory_bytes` must already be
+    /// validated (the manifest parser checks the size syntax).
+    pub fn from_spec(spec: &BottleSpec, backend: BackendKind, memory_bytes: Option<u64>) -> Plan {
+        let agent = &spec.agent;
+        Plan {
+            version: PLAN_VERSION,
+            bottle: spec.name.clone(),
+            slug: spec.slug.clone(),
+            agent: spec.agent_name.clone(),
+            backend,
+            image: agent
+                .image
+                .clone()
+                .or_else(|| agent.build.as_ref().map(|b| format!("build {}", b.context)))
+                .unwrap_or_default(),
+            command: agent.command.clone(),
+            egress_allow: agent.egress.allow.clone(),
+            egress_ports: spec.egress_ports(),
+            credentials: agent
+                .credentials
+                .iter()
+                .map(|c| PlannedCredential {
+                    name: c.name.clone(),
+                    host: c.host.clone(),
+                    header: c.header.clone(),
+                })
+                .collect(),
+            git: agent
+                .git
+                .iter()
+                .map(|g| PlannedRepo {
+                    name: g.name.clone(),
+                    mode: match g.mode {
+                        crate::manifest::GitMode::ReadOnly => "read-only".into(),
+                        crate::manifest::GitMode::ReadWrite => "read-write".into(),
+                    },
+                    push: g.push.clone(),
+                })
+                .collect(),
+            devices: Vec::new(),
+            devices_dropped: Vec::new(),
+            memory_bytes: memory_bytes.unwrap_or(DEFAULT_MEMORY_BYTES),
+            pids: agent.limits.pids.unwrap_or(DEFAULT_PIDS),
+            cpus: agent.limits.cpus,
+            state_dir: spec.state_dir.clone(),
+            backend_lines: Vec::new(),
+            backend_data: serde_json::Value::Null,
+        }
+    }
+
+    /// The summary the operator confirms with y/N.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let mut line = |label: &str, value: &str| {
+            let _ = writeln!(out, "  {label:<12} {value}");
+        };
+        line("bottle", &self.bottle);
+        line("agent", &self.agent);
+        line("backend", self.backend.as_str());
+        line("image", &self.image);
+        line(
+            "command",
+            &if self.command.is_empty() {
+                "(image default)".to_string()
+            } else {
+                self.command.join(" ")
+            },
+        );
+        line(
+            "egress",
+            &if self.egress_allow.is_empty() {
+                "nothing (deny all)".to_string()
+            } else {
+                self.egress_allow.join(", ")
+            },
+        );
+        line(
+            "ports",
+            &self
+                .egress_ports
+                .iter()
+                .map(u16::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+        for cred in &self.credentials {
+            line(
+                "credential",
+                &format!("{} -> {} ({})", cred.name, cred.host, cred.header),
+            );
+        }
+        for repo in &self.git {
+            let push = if repo.push.is_empty() {
+                String::new()
+            } else {
+                format!(", push: {}", repo.push.join(", "))
+            };
+            line("git", &format!("{} ({}{push})", repo.name, repo.mode));
+        }
+        for device in &self.devices {
+            line("device", device);
+        }
+        for dropped in &self.devices_dropped {
+            line(
+                "dropped",
+                &format!("{} ({})", dropped.path, dropped.reason),
+            );
+        }
+        let cpus = self
+            .cpus
+            .map(|c| format!(", cpus {c}"))
+            .unwrap_or_default();
+        line(
+            "limits",
+            &format!(
+                "memory {} MiB, pids {}{cpus}",
+                self.memory_bytes >> 20,
+                self.pids
+            ),
+        );
+        for (label, value) in &self.backend_lines {
+            line(label, value);
+        }
+        line("state", &self.state_dir.display().to_string());
+        out
+    }
+}

@@ -1,0 +1,69 @@
+//! Where a bottle keeps its state on the host.
+//!
+//! `$XDG_STATE_HOME/bottle/<slug>/`, defaulting to
+//! `~/.local/state/bottle/<slug>/`. The environment is passed in so this
+//! module stays free of I/O and is testable.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+use crate::error::Coded;
+
+/// Version of the on-disk state layout; bumped on incompatible changes.
+pub const STATE_VERSION: u32 = 1;
+
+/// Neither `XDG_STATE_HOME` nor `HOME` is usable.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("cannot locate the state directory: neither XDG_STATE_HOME nor HOME is set to an absolute path; set one of them")]
+pub struct StateDirError;
+
+impl Coded for StateDirError {
+    fn code(&self) -> &'static str {
+        "BOT-S002"
+    }
+}
+
+/// The root under which every bottle's state dir lives.
+pub fn state_root(env: impl Fn(&str) -> Option<String>) -> Result<PathBuf, StateDirError> {
+    let absolute = |value: Option<String>| value.map(PathBuf::from).filter(|p| p.is_absolute());
+    if let Some(xdg) = absolute(env("XDG_STATE_HOME")) {
+        return Ok(xdg.join("bottle"));
+    }
+    absolute(env("HOME"))
+        .map(|home| home.join(".local/state/bottle"))
+        .ok_or(StateDirError)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |key| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn xdg_state_home_wins() {
+        let root = state_root(env_of(&[("XDG_STATE_HOME", "/x"), ("HOME", "/h")]));
+        assert_eq!(root, Ok(PathBuf::from("/x/bottle")));
+    }
+
+    #[test]
+    fn falls_back_to_home() {
+        let root = state_root(env_of(&[("HOME", "/h")]));
+        assert_eq!(root, Ok(PathBuf::from("/h/.local/state/bottle")));
+    }
+
+    #[test]
+    fn relative_values_are_ignored() {
+        let root = state_root(env_of(&[("XDG_STATE_HOME", "rel"), ("HOME", "/h")]));
+        assert_eq!(root, Ok(PathBuf::from("/h/.local/state/bottle")));
+        assert_eq!(state_root(env_of(&[])), Err(StateDirError));
+    }
+}
