@@ -37,7 +37,9 @@ impl BackendKind {
 
     /// Parses a `--backend` / `BOT_BOTTLE_BACKEND` value.
     pub fn parse(value: &str) -> Option<BackendKind> {
-        BackendKind::ALL.into_iter().find(|kind| kind.as_str() == value)
+        BackendKind::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == value)
     }
 }
 
@@ -98,10 +100,7 @@ impl BackendError {
     }
 
     /// Attaches the underlying cause.
-    pub fn with_source(
-        mut self,
-        source: impl std::error::Error + Send + Sync + 'static,
-    ) -> Self {
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
         self.source = Some(Box::new(source));
         self
     }

@@ -9,6 +9,7 @@
 pub mod backend;
 pub mod bundle;
 pub mod error;
+pub mod exec;
 pub mod manifest;
 pub mod plan;
 pub mod slug;

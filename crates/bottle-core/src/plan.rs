@@ -191,15 +191,9 @@ impl Plan {
             line("device", device);
         }
         for dropped in &self.devices_dropped {
-            line(
-                "dropped",
-                &format!("{} ({})", dropped.path, dropped.reason),
-            );
+            line("dropped", &format!("{} ({})", dropped.path, dropped.reason));
         }
-        let cpus = self
-            .cpus
-            .map(|c| format!(", cpus {c}"))
-            .unwrap_or_default();
+        let cpus = self.cpus.map(|c| format!(", cpus {c}")).unwrap_or_default();
         line(
             "limits",
             &format!(

@@ -15,7 +15,9 @@ pub const STATE_VERSION: u32 = 1;
 
 /// Neither `XDG_STATE_HOME` nor `HOME` is usable.
 #[derive(Debug, Error, PartialEq, Eq)]
-#[error("cannot locate the state directory: neither XDG_STATE_HOME nor HOME is set to an absolute path; set one of them")]
+#[error(
+    "cannot locate the state directory: neither XDG_STATE_HOME nor HOME is set to an absolute path; set one of them"
+)]
 pub struct StateDirError;
 
 impl Coded for StateDirError {
