@@ -1,17 +1,34 @@
-//! `cargo xtask`: project automation (gates, benchmarks).
+//! `cargo xtask`: project automation. One module per subcommand.
+//!
+//! - `cargo xtask test`: build the static binaries the tests put into images,
+//!   then run every test of the workspace.
+//! - `cargo xtask dist`: build the static binaries only.
+
+mod dist;
+mod process;
+mod test;
 
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let task = std::env::args().nth(1).unwrap_or_default();
-    match task.as_str() {
-        "sandbox-escape" | "bench" => {
-            eprintln!("xtask {task}: not built yet; it lands with the docker backend (issue 4/6)");
-            ExitCode::from(2)
-        }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (task, rest) = match args.split_first() {
+        Some((task, rest)) => (task.as_str(), rest),
+        None => ("", &[][..]),
+    };
+    let result = match task {
+        "test" => test::run(rest),
+        "dist" => dist::run().map(|_| ExitCode::SUCCESS),
         _ => {
-            eprintln!("usage: cargo xtask <sandbox-escape|bench>");
-            ExitCode::from(2)
+            eprintln!("usage: cargo xtask <test|dist> [args]");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: xtask {task}: {err:#}");
+            ExitCode::FAILURE
         }
     }
 }

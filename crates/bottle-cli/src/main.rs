@@ -1,2 +1,25 @@
-//! The `bottle` binary.
-fn main() {}
+//! The `bottle` binary: parse arguments, call the libraries, print, exit.
+//!
+//! Only this crate prints to the terminal or chooses exit codes; the
+//! libraries return typed errors with stable codes.
+
+mod args;
+mod backends;
+mod commands;
+mod failure;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+
+fn main() -> ExitCode {
+    let args = args::Cli::parse();
+    match commands::run(args) {
+        Ok(code) => code,
+        Err(failure) => {
+            output::print_failure(&failure);
+            failure.exit_code()
+        }
+    }
+}

@@ -20,7 +20,7 @@ pub const DEFAULT_EGRESS_PORTS: [u16; 2] = [443, 80];
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SpecError {
     /// No `[agents.<name>]` table for this agent.
-    #[error("{manifest}: no agent named {agent:?}{hint}; fix: use one of: {known}")]
+    #[error("{manifest}: no agent named {agent:?}{hint}\n  fix: use one of: {known}")]
     UnknownAgent {
         /// The manifest file.
         manifest: String,

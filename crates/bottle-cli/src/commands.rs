@@ -1,0 +1,294 @@
+//! One function per command. Parse → validate → plan → act.
+
+use std::io::{self, BufRead as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use bottle_core::{BottleSpec, Manifest, Plan, manifest, slug};
+
+use crate::args::{Cli, Command, CompletionsArgs, ExecArgs, Global, LogsArgs, PlanArgs, StartArgs};
+use crate::backends;
+use crate::failure::{EXIT_DECLINED, EXIT_USAGE, Failure};
+use crate::output::{self, note, out};
+
+/// Runs one command.
+pub fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    let global = &cli.global;
+    match cli.command {
+        Command::Check => check(global),
+        Command::Plan(args) => plan(global, &args),
+        Command::Start(args) => start(global, &args),
+        Command::List => list(global),
+        Command::Stop(args) => stop(global, &args.bottle),
+        Command::Cleanup => cleanup(global),
+        Command::Exec(args) => exec(global, &args),
+        Command::Logs(args) => logs(&args),
+        Command::Doctor => doctor(global),
+        Command::Completions(args) => completions(&args),
+    }
+}
+
+fn load_manifest(global: &Global) -> Result<Manifest, Failure> {
+    Ok(manifest::load(&global.manifest)?)
+}
+
+fn state_root() -> Result<PathBuf, Failure> {
+    Ok(bottle_core::state::state_root(|key| std::env::var(key).ok())?)
+}
+
+fn spec_for(global: &Global, agent: &str, name: Option<&str>) -> Result<BottleSpec, Failure> {
+    let manifest = load_manifest(global)?;
+    Ok(BottleSpec::new(
+        &manifest,
+        &global.manifest,
+        agent,
+        name,
+        &state_root()?,
+    )?)
+}
+
+fn check(global: &Global) -> Result<ExitCode, Failure> {
+    let manifest = load_manifest(global)?;
+    let agents: Vec<&str> = manifest.agents.keys().map(String::as_str).collect();
+    out(&format!(
+        "{}: ok ({} agent{}: {})\n",
+        global.manifest.display(),
+        agents.len(),
+        if agents.len() == 1 { "" } else { "s" },
+        agents.join(", ")
+    ));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn plan(global: &Global, args: &PlanArgs) -> Result<ExitCode, Failure> {
+    let kind = backends::selected(global)?;
+    let spec = spec_for(global, &args.agent, args.name.as_deref())?;
+    let plan = Plan::from_spec(&spec, kind, None);
+    if global.json {
+        output::json(&plan)?;
+    } else {
+        out(&format!(
+            "plan for {} (backend-specific resources are resolved by `bottle start`):\n{}",
+            plan.bottle,
+            plan.render()
+        ));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Asks y/N on the terminal; anything but y/yes declines.
+fn confirm(question: &str) -> Result<bool, Failure> {
+    if !output::interactive() {
+        return Err(Failure::new(
+            "BOT-C003",
+            EXIT_USAGE,
+            "no terminal to confirm the plan on\n  fix: pass --yes to start without confirming",
+        ));
+    }
+    let mut stderr = io::stderr();
+    let _ = write!(stderr, "{question} [y/N] ");
+    let _ = stderr.flush();
+    let mut answer = String::new();
+    io::stdin()
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|err| anyhow::anyhow!("could not read the answer: {err}"))?;
+    Ok(matches!(
+        answer.trim().to_ascii_lowercase().as_str(),
+        "y" | "yes"
+    ))
+}
+
+fn start(global: &Global, args: &StartArgs) -> Result<ExitCode, Failure> {
+    let kind = backends::selected(global)?;
+    let spec = spec_for(global, &args.agent, args.name.as_deref())?;
+    let backend = backends::open(kind, global)?;
+    backend.preflight()?;
+    let plan = backend.prepare(&spec)?;
+    if !global.quiet || !global.yes {
+        output::err_bytes(format!("{}\n{}", plan.bottle, plan.render()).as_bytes());
+    }
+    if !global.yes && !confirm("start this bottle?")? {
+        note(global.quiet, "not started");
+        return Ok(ExitCode::from(EXIT_DECLINED));
+    }
+    let bottle = backend.launch(&plan)?;
+    if args.detach {
+        out(&format!("{}\n", bottle.name()));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let code = bottle.exec_interactive(&plan.command);
+    let name = bottle.name().to_string();
+    drop(bottle);
+    let stopped = backend.stop(&name);
+    let code = code?;
+    stopped?;
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+/// The backends to ask when the operator did not pick one.
+fn backends_to_ask(
+    global: &Global,
+) -> Result<Vec<Box<dyn bottle_core::BottleBackend>>, Failure> {
+    let kinds = if backends::explicit(global) {
+        vec![backends::selected(global)?]
+    } else {
+        bottle_core::BackendKind::ALL.to_vec()
+    };
+    let mut opened = Vec::new();
+    let mut last_error = None;
+    for kind in kinds {
+        match backends::open(kind, global).and_then(|b| b.preflight().map(|()| b)) {
+            Ok(backend) => opened.push(backend),
+            Err(err) => last_error = Some(err),
+        }
+    }
+    match (opened.is_empty(), last_error) {
+        (true, Some(err)) => Err(err.into()),
+        _ => Ok(opened),
+    }
+}
+
+fn list(global: &Global) -> Result<ExitCode, Failure> {
+    let mut all = Vec::new();
+    for backend in backends_to_ask(global)? {
+        all.extend(backend.list_active()?);
+    }
+    if global.json {
+        output::json(&all)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if all.is_empty() {
+        note(global.quiet, "no bottles running");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rows: Vec<Vec<String>> = all
+        .iter()
+        .map(|b| {
+            vec![
+                b.name.clone(),
+                b.agent.clone(),
+                b.backend.to_string(),
+                b.state.clone(),
+                b.bundle_address.clone().unwrap_or_else(|| "-".into()),
+                b.pending_requests.to_string(),
+            ]
+        })
+        .collect();
+    out(&output::table(
+        &["NAME", "AGENT", "BACKEND", "STATE", "BUNDLE", "PENDING"],
+        &rows,
+    ));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
+    let name = slug::bottle_name(slug::slug_of(bottle));
+    let mut last_error = None;
+    for backend in backends_to_ask(global)? {
+        match backend.stop(&name) {
+            Ok(report) => {
+                for line in &report.removed {
+                    note(global.quiet, &format!("removed {line}"));
+                }
+                out(&format!("stopped {name}\n"));
+                return Ok(ExitCode::SUCCESS);
+            }
+            Err(err) if err.kind == bottle_core::backend::BackendErrorKind::NotFound => {
+                last_error = Some(err);
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Err(last_error.map(Failure::from).unwrap_or_else(|| {
+        Failure::new("BOT-C004", 4, format!("no bottle named {name}\n  fix: see `bottle list`"))
+    }))
+}
+
+fn cleanup(global: &Global) -> Result<ExitCode, Failure> {
+    let mut removed = 0;
+    for backend in backends_to_ask(global)? {
+        let report = backend.cleanup_orphans()?;
+        for line in &report.removed {
+            note(global.quiet, &format!("removed {line}"));
+        }
+        for line in &report.failed {
+            note(false, &format!("could not remove {line}"));
+        }
+        removed += report.removed.len();
+    }
+    out(&format!("cleanup: removed {removed} resource(s)\n"));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn exec(global: &Global, args: &ExecArgs) -> Result<ExitCode, Failure> {
+    let name = slug::bottle_name(slug::slug_of(&args.bottle));
+    let kind = backends::selected(global)?;
+    let backend = backends::open(kind, global)?;
+    backend.preflight()?;
+    let bottle = backend.attach(&name)?;
+    if args.tty {
+        let code = bottle.exec_interactive(&args.command)?;
+        return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
+    }
+    let result = bottle.exec(&args.command)?;
+    output::out_bytes(&result.stdout);
+    output::err_bytes(&result.stderr);
+    Ok(ExitCode::from(u8::try_from(result.exit_code).unwrap_or(1)))
+}
+
+fn audit_log_path(bottle: &str) -> Result<PathBuf, Failure> {
+    Ok(state_root()?
+        .join(slug::slug_of(bottle))
+        .join("logs")
+        .join("audit.jsonl"))
+}
+
+fn logs(args: &LogsArgs) -> Result<ExitCode, Failure> {
+    let path = audit_log_path(&args.bottle)?;
+    follow_file(&path, args.follow)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn follow_file(path: &Path, follow: bool) -> Result<(), Failure> {
+    use std::io::Read as _;
+    let mut file = std::fs::File::open(path).map_err(|err| {
+        Failure::new(
+            "BOT-C005",
+            4,
+            format!(
+                "cannot read the audit log {}: {err}\n  fix: check the bottle name with `bottle list`",
+                path.display()
+            ),
+        )
+    })?;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = file
+            .read(&mut buf)
+            .map_err(|err| anyhow::anyhow!("reading {}: {err}", path.display()))?;
+        if n > 0 {
+            output::out_bytes(&buf[..n]);
+            continue;
+        }
+        if !follow {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
+fn doctor(_global: &Global) -> Result<ExitCode, Failure> {
+    Err(Failure::new(
+        "BOT-C002",
+        6,
+        "bottle doctor is being wired to bottle-preflight",
+    ))
+}
+
+fn completions(args: &CompletionsArgs) -> Result<ExitCode, Failure> {
+    use clap::CommandFactory as _;
+    let mut command = Cli::command();
+    clap_complete::generate(args.shell, &mut command, "bottle", &mut io::stdout());
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,102 @@
+//! What the CLI does with an error: its stable code, its exit code, and the
+//! text the operator sees.
+//!
+//! Exit codes (documented in README.md):
+//! 0 ok · 1 other failure · 2 bad input (usage, manifest) · 3 preflight
+//! failed (host cannot run the backend) · 4 backend failure · 5 refused
+//! because isolation could not be confirmed · 6 not available yet ·
+//! 7 the operator declined · 10 escape detected (xtask).
+
+use std::process::ExitCode;
+
+use bottle_core::backend::{BackendError, BackendErrorKind};
+use bottle_core::{Coded, ManifestError};
+
+/// Exit code: bad input.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code: the host cannot run the backend.
+pub const EXIT_PREFLIGHT: u8 = 3;
+/// Exit code: the backend failed.
+pub const EXIT_BACKEND: u8 = 4;
+/// Exit code: isolation could not be confirmed.
+pub const EXIT_ISOLATION: u8 = 5;
+/// Exit code: the command's backend has not landed yet.
+pub const EXIT_UNAVAILABLE: u8 = 6;
+/// Exit code: the operator answered no.
+pub const EXIT_DECLINED: u8 = 7;
+
+/// An error on its way to the operator.
+#[derive(Debug)]
+pub struct Failure {
+    /// Stable code, if the error has one.
+    pub code: Option<&'static str>,
+    /// The full message, possibly several lines.
+    pub message: String,
+    /// The process exit code.
+    pub exit: u8,
+}
+
+impl Failure {
+    /// A failure with a code and exit status.
+    pub fn new(code: &'static str, exit: u8, message: impl Into<String>) -> Failure {
+        Failure {
+            code: Some(code),
+            message: message.into(),
+            exit,
+        }
+    }
+
+    /// The process exit code.
+    pub fn exit_code(&self) -> ExitCode {
+        ExitCode::from(self.exit)
+    }
+}
+
+impl From<ManifestError> for Failure {
+    fn from(err: ManifestError) -> Failure {
+        Failure::new(err.code(), EXIT_USAGE, err.to_string())
+    }
+}
+
+impl From<bottle_core::spec::SpecError> for Failure {
+    fn from(err: bottle_core::spec::SpecError) -> Failure {
+        Failure::new(err.code(), EXIT_USAGE, err.to_string())
+    }
+}
+
+impl From<bottle_core::state::StateDirError> for Failure {
+    fn from(err: bottle_core::state::StateDirError) -> Failure {
+        Failure::new(err.code(), EXIT_USAGE, err.to_string())
+    }
+}
+
+impl From<BackendError> for Failure {
+    fn from(err: BackendError) -> Failure {
+        let exit = match err.kind {
+            BackendErrorKind::Preflight => EXIT_PREFLIGHT,
+            BackendErrorKind::IsolationUnconfirmed => EXIT_ISOLATION,
+            BackendErrorKind::NotFound | BackendErrorKind::Failed => EXIT_BACKEND,
+            BackendErrorKind::Unsupported => EXIT_UNAVAILABLE,
+        };
+        let mut message = err.message.clone();
+        let mut source = std::error::Error::source(&err);
+        while let Some(cause) = source {
+            message.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        if !err.fix.is_empty() {
+            message.push_str(&format!("\n  fix: {}", err.fix));
+        }
+        Failure::new(err.code, exit, message)
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(err: anyhow::Error) -> Failure {
+        Failure {
+            code: None,
+            message: format!("{err:#}"),
+            exit: 1,
+        }
+    }
+}
