@@ -8,6 +8,7 @@
 
 pub mod backend;
 pub mod bundle;
+pub mod devices;
 pub mod error;
 pub mod exec;
 pub mod manifest;
