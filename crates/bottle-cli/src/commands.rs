@@ -33,7 +33,9 @@ fn load_manifest(global: &Global) -> Result<Manifest, Failure> {
 }
 
 fn state_root() -> Result<PathBuf, Failure> {
-    Ok(bottle_core::state::state_root(|key| std::env::var(key).ok())?)
+    Ok(bottle_core::state::state_root(|key| {
+        std::env::var(key).ok()
+    })?)
 }
 
 fn spec_for(global: &Global, agent: &str, name: Option<&str>) -> Result<BottleSpec, Failure> {
@@ -127,9 +129,7 @@ fn start(global: &Global, args: &StartArgs) -> Result<ExitCode, Failure> {
 }
 
 /// The backends to ask when the operator did not pick one.
-fn backends_to_ask(
-    global: &Global,
-) -> Result<Vec<Box<dyn bottle_core::BottleBackend>>, Failure> {
+fn backends_to_ask(global: &Global) -> Result<Vec<Box<dyn bottle_core::BottleBackend>>, Failure> {
     let kinds = if backends::explicit(global) {
         vec![backends::selected(global)?]
     } else {
@@ -201,7 +201,11 @@ fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
         }
     }
     Err(last_error.map(Failure::from).unwrap_or_else(|| {
-        Failure::new("BOT-C004", 4, format!("no bottle named {name}\n  fix: see `bottle list`"))
+        Failure::new(
+            "BOT-C004",
+            4,
+            format!("no bottle named {name}\n  fix: see `bottle list`"),
+        )
     }))
 }
 

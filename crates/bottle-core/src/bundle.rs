@@ -71,4 +71,49 @@ pub struct BundleConfig {
     /// built-in web roots (tests use it for their own upstream CA).
     #[serde(default)]
     pub upstream_roots: Vec<String>,
+    /// DNS servers (`ip` or `ip:port`) the egress daemon asks for upstream
+    /// names not in `resolve`. Empty: the bundle's `/etc/resolv.conf`.
+    #[serde(default)]
+    pub nameservers: Vec<String>,
+    /// Timeouts and size bounds; every field has a default, so configs
+    /// written before these existed still load.
+    #[serde(default)]
+    pub limits: BundleLimits,
+}
+
+/// Bounds the bundle enforces on every connection. Tests shorten them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BundleLimits {
+    /// Largest request head (request line + headers) accepted; larger gets 431.
+    pub max_header_bytes: usize,
+    /// Connections the proxy serves at once; more wait in the accept backlog.
+    pub max_connections: usize,
+    /// Time a client has to send a complete request head (slowloris bound),
+    /// also the keep-alive idle time between requests.
+    pub header_read_timeout_ms: u64,
+    /// Time a connection may see no bytes in either direction mid-request
+    /// (e.g. a stalled body) before it is closed.
+    pub idle_timeout_ms: u64,
+    /// Time the egress daemon waits for an upstream TCP connect.
+    pub connect_timeout_ms: u64,
+    /// Restarts of one daemon tolerated within `restart_window_ms` before the
+    /// bundle gives up and exits non-zero (fail closed).
+    pub max_restarts: u32,
+    /// Window for `max_restarts`.
+    pub restart_window_ms: u64,
+}
+
+impl Default for BundleLimits {
+    fn default() -> Self {
+        Self {
+            max_header_bytes: 32 * 1024,
+            max_connections: 4096,
+            header_read_timeout_ms: 30_000,
+            idle_timeout_ms: 600_000,
+            connect_timeout_ms: 10_000,
+            max_restarts: 5,
+            restart_window_ms: 60_000,
+        }
+    }
 }

@@ -850,7 +850,8 @@ fn an_unreadable_blacklist_fails_closed_only_when_something_would_pass() {
     mode(&root.root().join("dev"), 0o755);
     mode(&root.root().join("dev/input"), 0o700);
 
-    let test = "an_unreadable_blacklist_fails_closed_only_when_something_would_pass";
+    // The path inside the integration-test binary (`tests/integration/main.rs`).
+    let test = "devices::an_unreadable_blacklist_fails_closed_only_when_something_would_pass";
     let spec = CommandSpec::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
         .arg(std::env::current_exe().unwrap())

@@ -1,0 +1,113 @@
+//! Command-surface behaviour that needs no backend.
+
+use predicates::prelude::*;
+
+use crate::{bottle, repo_root};
+
+fn example_manifest() -> std::path::PathBuf {
+    repo_root().join("examples/bottle.toml")
+}
+
+#[test]
+fn plan_prints_the_plan_of_the_example() {
+    let state = tempfile::tempdir().unwrap();
+    bottle(state.path())
+        .arg("--manifest")
+        .arg(example_manifest())
+        .args(["plan", "demo"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("bottle       bot-bottle-demo"))
+        .stdout(predicate::str::contains("egress"));
+}
+
+#[test]
+fn plan_json_is_machine_readable() {
+    let state = tempfile::tempdir().unwrap();
+    let output = bottle(state.path())
+        .arg("--manifest")
+        .arg(example_manifest())
+        .args(["plan", "demo", "--json"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let plan: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(plan["bottle"], "bot-bottle-demo");
+    assert_eq!(plan["version"], 1);
+}
+
+#[test]
+fn unknown_agent_suggests_the_close_one() {
+    let state = tempfile::tempdir().unwrap();
+    bottle(state.path())
+        .arg("--manifest")
+        .arg(example_manifest())
+        .args(["plan", "dem"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("did you mean \"demo\"?"));
+}
+
+#[test]
+fn unknown_backend_is_a_usage_error() {
+    let state = tempfile::tempdir().unwrap();
+    bottle(state.path())
+        .env("BOT_BOTTLE_BACKEND", "podman")
+        .arg("--manifest")
+        .arg(example_manifest())
+        .args(["plan", "demo"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "error[BOT-C001]: unknown backend \"podman\"",
+        ))
+        .stderr(predicate::str::contains(
+            "fix: use one of: docker, smolmachines",
+        ));
+}
+
+#[test]
+fn missing_manifest_names_the_file_and_the_fix() {
+    let state = tempfile::tempdir().unwrap();
+    bottle(state.path())
+        .current_dir(state.path())
+        .args(["plan", "demo"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::starts_with("error[BOT-M001]: bottle.toml"))
+        .stderr(predicate::str::contains("fix:"));
+}
+
+#[test]
+fn start_without_a_terminal_or_yes_refuses_and_leaves_nothing() {
+    let state = tempfile::tempdir().unwrap();
+    let assert = bottle(state.path())
+        .env("BOT_BOTTLE_BACKEND", "smolmachines")
+        .arg("--manifest")
+        .arg(example_manifest())
+        .args(["start", "demo"])
+        .assert()
+        .failure();
+    let code = assert.get_output().status.code();
+    assert!(code.is_some_and(|c| c != 0 && c != 1), "exit {code:?}");
+    assert!(std::fs::read_dir(state.path()).unwrap().next().is_none());
+}
+
+#[test]
+fn completions_are_generated() {
+    let state = tempfile::tempdir().unwrap();
+    bottle(state.path())
+        .args(["completions", "bash"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("list-bottles"));
+}
+
+#[test]
+fn list_alias_and_help_work() {
+    let state = tempfile::tempdir().unwrap();
+    bottle(state.path())
+        .args(["list-bottles", "--help"])
+        .assert()
+        .success();
+}

@@ -1,0 +1,23 @@
+//! Integration tests of the real `bottle` binary.
+
+mod catalogue;
+mod commands;
+
+use std::path::PathBuf;
+
+/// The repository root.
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repo root exists")
+}
+
+/// The `bottle` binary with a private state dir and no backend chosen.
+fn bottle(state: &std::path::Path) -> assert_cmd::Command {
+    let mut cmd = assert_cmd::Command::cargo_bin("bottle").expect("bottle binary is built");
+    cmd.env("XDG_STATE_HOME", state)
+        .env_remove("BOT_BOTTLE_BACKEND")
+        .env_remove("BOTTLE_MANIFEST");
+    cmd
+}

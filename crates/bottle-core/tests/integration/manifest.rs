@@ -1,0 +1,151 @@
+//! The manifest parser's public behaviour beyond the one-problem-per-file
+//! catalogue: which problem wins when there are several, how paths resolve,
+//! and positions in unusual text.
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "helpers shared by tests; a parse that succeeds should panic"
+)]
+
+use std::fs;
+use std::path::Path;
+
+use bottle_core::manifest::{self, codes};
+
+fn err(text: &str) -> manifest::ManifestError {
+    manifest::parse(Path::new("bottle.toml"), text).unwrap_err()
+}
+
+#[test]
+fn the_first_problem_in_the_document_wins() {
+    // Two semantic problems: the later agent (by name) comes first in the
+    // file, so its problem is the one reported.
+    let text = "[agents.zed]\nimage = \"\"\n\n[agents.alpha]\nimage = \"x\"\nlimits.pids = 1\n";
+    let e = err(text);
+    assert_eq!((e.code, e.position), (codes::EMPTY_IMAGE, Some((2, 9))));
+
+    // Two serde problems in different agents: document order, not key order.
+    let text = "[agents.zed]\nimage = 1\n\n[agents.alpha]\nimage = 2\n";
+    let e = err(text);
+    assert_eq!(
+        (e.field.as_str(), e.position),
+        ("agents.zed.image", Some((2, 9)))
+    );
+
+    // A shape problem before a type problem.
+    let text = "[agents.a]\negress = [\"x.com\"]\nimage = 3\n";
+    assert_eq!(err(text).field, "agents.a.egress");
+}
+
+#[test]
+fn credential_hosts_are_checked_against_a_valid_allowlist_only() {
+    // The allowlist entry is wrong; the error is about it, not about the
+    // credential's host missing from it.
+    let text = r#"
+[agents.a]
+image = "x"
+egress.allow = ["https://api.example.com"]
+credentials = [{ name = "k", source = { env = "K" }, host = "api.example.com", header = "x-k" }]
+"#;
+    assert_eq!(err(text).code, codes::HOST_URL);
+    let ok = text.replace("https://", "");
+    manifest::parse(Path::new("bottle.toml"), &ok).unwrap();
+    let suffix = text.replace("https://api.", "*.");
+    manifest::parse(Path::new("bottle.toml"), &suffix).unwrap();
+}
+
+#[test]
+fn relative_paths_resolve_against_the_manifest_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir(dir.path().join("ctx")).unwrap();
+    fs::create_dir(dir.path().join("skills")).unwrap();
+    fs::write(dir.path().join("prompt.md"), "hi").unwrap();
+    let text =
+        "[agents.a]\nbuild.context = \"ctx\"\nprompt = \"prompt.md\"\nskills = [\"skills\"]\n";
+    let path = dir.path().join("bottle.toml");
+    fs::write(&path, text).unwrap();
+    manifest::load(&path).unwrap();
+    // The same text named relative to the working directory does not find
+    // them, and the error shows the name as given.
+    let e = manifest::parse(Path::new("elsewhere/bottle.toml"), text).unwrap_err();
+    assert_eq!(e.code, codes::BUILD_CONTEXT);
+    assert!(
+        e.to_string().starts_with("elsewhere/bottle.toml:2:17: "),
+        "{e}"
+    );
+    // Absolute paths are used as they are.
+    let absolute = format!(
+        "[agents.a]\nbuild.context = {:?}\n",
+        dir.path().join("ctx").display()
+    );
+    manifest::parse(Path::new("bottle.toml"), &absolute).unwrap();
+}
+
+#[test]
+fn wrong_kinds_of_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("file"), "x").unwrap();
+    let path = dir.path().join("bottle.toml");
+    let check = |text: &str| manifest::parse(&path, text).unwrap_err();
+    let e = check("[agents.a]\nbuild.context = \"file\"\n");
+    assert_eq!(e.message, "build context \"file\" is not a directory");
+    let e = check("[agents.a]\nimage = \"x\"\nprompt = \".\"\n");
+    assert_eq!(e.message, "prompt file \".\" is not a file");
+    let e = check("[agents.a]\nimage = \"x\"\nskills = [\"file\"]\n");
+    assert_eq!(e.message, "skills directory \"file\" is not a directory");
+}
+
+#[test]
+fn positions_survive_crlf_bom_and_wide_characters() {
+    let e = err("\u{feff}[agents.a]\r\nimage = \"x\"\r\nimgae = 3\r\n");
+    assert_eq!(e.position, Some((3, 1)));
+    let e = err("[agents.\"Über\"]\nimage = \"é\"\ncommand = [\"ü\", \"\"]\n");
+    assert_eq!(e.position, Some((3, 17)));
+    assert_eq!(e.field, "agents.\"Über\".command[1]");
+}
+
+#[test]
+fn the_demo_manifest_loads() {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/bottle.toml");
+    let m = manifest::load(&demo).unwrap();
+    assert!(!m.agents.is_empty());
+}
+
+#[test]
+fn memory_limits_reach_the_plan_in_bytes() {
+    let m = manifest::parse(
+        Path::new("bottle.toml"),
+        "[agents.a]\nimage = \"x\"\nlimits.memory = \"1.5GiB\"\n",
+    )
+    .unwrap();
+    assert_eq!(m.agents["a"].memory_bytes(), Some(3 << 29));
+    assert_eq!(
+        err("[agents.a]\nimage = \"x\"\nlimits.memory = \"63m\"\n").code,
+        codes::MEMORY_SMALL
+    );
+    manifest::parse(
+        Path::new("bottle.toml"),
+        "[agents.a]\nimage = \"x\"\nlimits.memory = \"64m\"\n",
+    )
+    .unwrap();
+}
+
+#[test]
+fn bundle_owned_variables_are_refused_in_any_case() {
+    for name in manifest::BUNDLE_ENV {
+        let text = format!("[agents.a]\nimage = \"x\"\nenv.{name} = \"v\"\n");
+        assert_eq!(err(&text).code, codes::ENV_RESERVED, "{name}");
+    }
+    let e = err("[agents.a]\nimage = \"x\"\nenv.Https_Proxy = \"v\"\n");
+    assert_eq!(e.code, codes::ENV_RESERVED);
+}
+
+#[test]
+fn every_code_is_unique_and_well_formed() {
+    let mut seen = std::collections::BTreeSet::new();
+    for (code, summary) in codes::ALL {
+        assert!(seen.insert(*code), "{code} twice");
+        assert!(code.starts_with("BOT-M") && code.len() == 8, "{code}");
+        assert!(!summary.is_empty());
+    }
+}
