@@ -1,4 +1,9 @@
 //! Integration tests of the real `bottle` binary.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test helpers fail loudly on unexpected errors"
+)]
 
 mod catalogue;
 mod commands;
