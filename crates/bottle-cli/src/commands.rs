@@ -8,6 +8,7 @@ use bottle_core::{BottleSpec, Manifest, Plan, manifest, slug};
 
 use crate::args::{Cli, Command, CompletionsArgs, ExecArgs, Global, LogsArgs, PlanArgs, StartArgs};
 use crate::backends;
+use crate::devices;
 use crate::failure::{EXIT_DECLINED, EXIT_USAGE, Failure};
 use crate::output::{self, note, out};
 
@@ -65,7 +66,12 @@ fn check(global: &Global) -> Result<ExitCode, Failure> {
 fn plan(global: &Global, args: &PlanArgs) -> Result<ExitCode, Failure> {
     let kind = backends::selected(global)?;
     let spec = spec_for(global, &args.agent, args.name.as_deref())?;
-    let plan = Plan::from_spec(&spec, kind, None);
+    let mut plan = Plan::from_spec(&spec, kind, spec.agent.memory_bytes());
+    let resolved = devices::resolve(&spec)?;
+    resolved.fill_plan(&mut plan, Path::new("/"));
+    for warning in &resolved.warnings {
+        note(global.quiet, &format!("warning: {warning}"));
+    }
     if global.json {
         output::json(&plan)?;
     } else {
@@ -104,9 +110,20 @@ fn confirm(question: &str) -> Result<bool, Failure> {
 fn start(global: &Global, args: &StartArgs) -> Result<ExitCode, Failure> {
     let kind = backends::selected(global)?;
     let spec = spec_for(global, &args.agent, args.name.as_deref())?;
+    let resolved = devices::resolve(&spec)?;
     let backend = backends::open(kind, global)?;
     backend.preflight()?;
-    let plan = backend.prepare(&spec)?;
+    let mut plan = backend.prepare(&spec)?;
+    resolved.fill_plan(&mut plan, Path::new("/"));
+    for warning in &resolved.warnings {
+        note(global.quiet, &format!("warning: {warning}"));
+    }
+    if !kind.supports_devices() {
+        if let Some(warning) = bottle_core::devices::unsupported_warning(kind, &resolved) {
+            note(global.quiet, &format!("warning: {warning}"));
+        }
+        plan.devices.clear();
+    }
     if !global.quiet || !global.yes {
         output::err_bytes(format!("{}\n{}", plan.bottle, plan.render()).as_bytes());
     }
@@ -282,12 +299,25 @@ fn follow_file(path: &Path, follow: bool) -> Result<(), Failure> {
     }
 }
 
-fn doctor(_global: &Global) -> Result<ExitCode, Failure> {
-    Err(Failure::new(
-        "BOT-C002",
-        6,
-        "bottle doctor is being wired to bottle-preflight",
-    ))
+fn doctor(global: &Global) -> Result<ExitCode, Failure> {
+    let kind = backends::selected(global)?;
+    let runner = bottle_core::exec::SystemRunner;
+    let context = bottle_preflight::Context::from_host(&runner, kind);
+    let checks = bottle_preflight::run_all(&context);
+    if global.json {
+        output::json(&checks)?;
+    } else {
+        out(&format!(
+            "bottle doctor (backend: {kind})\n{}{}\n",
+            bottle_preflight::Report::new(&checks),
+            bottle_preflight::Summary::of(&checks)
+        ));
+    }
+    Ok(if bottle_preflight::is_fatal(&checks) {
+        ExitCode::from(crate::failure::EXIT_PREFLIGHT)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn completions(args: &CompletionsArgs) -> Result<ExitCode, Failure> {

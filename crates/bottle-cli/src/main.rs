@@ -6,6 +6,7 @@
 mod args;
 mod backends;
 mod commands;
+mod devices;
 mod failure;
 mod output;
 

@@ -35,6 +35,11 @@ impl BackendKind {
         }
     }
 
+    /// Whether the backend can pass host device nodes into a bottle.
+    pub fn supports_devices(self) -> bool {
+        matches!(self, BackendKind::Docker)
+    }
+
     /// Parses a `--backend` / `BOT_BOTTLE_BACKEND` value.
     pub fn parse(value: &str) -> Option<BackendKind> {
         BackendKind::ALL

@@ -35,6 +35,17 @@ pub struct PlannedRepo {
     pub push: Vec<String>,
 }
 
+/// A device node the policy lets through.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedDevice {
+    /// The node's real path on the host.
+    pub host_path: String,
+    /// The path it appears at inside the bottle.
+    pub container_path: String,
+    /// One line for the plan: path, target and device number.
+    pub summary: String,
+}
+
 /// A device the policy dropped, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DroppedDevice {
@@ -70,7 +81,7 @@ pub struct Plan {
     /// Repositories behind git-gate.
     pub git: Vec<PlannedRepo>,
     /// Device nodes passed through.
-    pub devices: Vec<String>,
+    pub devices: Vec<PlannedDevice>,
     /// Device requests the policy dropped.
     pub devices_dropped: Vec<DroppedDevice>,
     /// Memory limit in bytes.
@@ -188,7 +199,7 @@ impl Plan {
             line("git", &format!("{} ({}{push})", repo.name, repo.mode));
         }
         for device in &self.devices {
-            line("device", device);
+            line("device", &device.summary);
         }
         for dropped in &self.devices_dropped {
             line("dropped", &format!("{} ({})", dropped.path, dropped.reason));

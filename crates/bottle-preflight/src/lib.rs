@@ -1,2 +1,125 @@
 //! `bottle-preflight` owns host checks (platform, KVM, smolvm, Docker,
-//! kernel). It only observes; it never changes the host.
+//! kernel) for `bottle doctor` and for each backend's `preflight()`. It only
+//! observes; it never changes the host.
+//!
+//! Every check returns a [`Check`] (stable id, status, message, remediation).
+//! A missing `/dev/kvm` or an unreachable daemon is a failed check, not an
+//! error: availability is the answer the check exists to give. Only I/O
+//! nobody expected becomes a [`PreflightError`], and [`run_all`] folds even
+//! those into the report so `bottle doctor` always shows every check.
+//!
+//! Checks read the host through a [`Context`]: a [`HostRoot`] that host paths
+//! are resolved under (`/`, or a temp dir in tests), a
+//! [`CommandRunner`](bottle_core::exec::CommandRunner) for `smolvm --version`,
+//! and the environment values (`PATH`, `DOCKER_HOST`, identity) that matter.
+//! Requirements of the backend that is not selected never fail: they warn or
+//! skip.
+
+pub mod check;
+pub mod docker;
+pub mod error;
+pub mod host;
+pub mod kernel;
+pub mod kvm;
+pub mod platform;
+pub mod report;
+pub mod smolvm;
+
+use bottle_core::{BackendKind, Coded as _};
+
+pub use check::{Check, Status, Summary, is_fatal};
+pub use error::{PreflightError, require};
+pub use host::{Context, HostRoot, Identity, Platform};
+pub use kernel::kernel_version;
+pub use report::Report;
+
+/// Every check id, in the order [`run_all`] reports them.
+pub const ALL_IDS: [&str; 7] = [
+    platform::ID,
+    kernel::ID,
+    kvm::DEVICE_ID,
+    kvm::ACCESS_ID,
+    kvm::MODULE_ID,
+    smolvm::ID,
+    docker::ID,
+];
+
+/// Runs every check, in [`ALL_IDS`] order.
+///
+/// A check that hit unexpected I/O is reported as failed (or as a warning
+/// when only the other backend needs it) with the error's code and fix in
+/// its message.
+pub fn run_all(ctx: &Context<'_>) -> Vec<Check> {
+    let smolvm = ctx.backend == BackendKind::Smolmachines;
+    let docker = ctx.backend == BackendKind::Docker;
+    vec![
+        platform::check_platform(ctx),
+        settle(kernel::ID, kernel::TITLE, false, kernel::check_kernel(ctx)),
+        settle(
+            kvm::DEVICE_ID,
+            kvm::DEVICE_TITLE,
+            smolvm,
+            kvm::check_device(ctx),
+        ),
+        settle(
+            kvm::ACCESS_ID,
+            kvm::ACCESS_TITLE,
+            smolvm,
+            kvm::check_access(ctx),
+        ),
+        settle(
+            kvm::MODULE_ID,
+            kvm::MODULE_TITLE,
+            smolvm,
+            kvm::check_module(ctx),
+        ),
+        smolvm::check_smolvm(ctx),
+        settle(docker::ID, docker::TITLE, docker, docker::check_docker(ctx)),
+    ]
+}
+
+/// Turns a check that could not run into a result the report can show.
+fn settle(
+    id: &'static str,
+    title: &'static str,
+    needed: bool,
+    result: Result<Check, PreflightError>,
+) -> Check {
+    result.unwrap_or_else(|err| {
+        let status = if needed { Status::Fail } else { Status::Warn };
+        Check::new(
+            id,
+            title,
+            status,
+            format!("check could not run: error[{}]: {err}", err.code()),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settle_keeps_code_and_relevance() {
+        let err = || PreflightError::Read {
+            path: "/proc/modules".into(),
+            source: std::io::Error::other("boom"),
+        };
+        let check = settle("kvm.module", "kvm module", true, Err(err()));
+        assert_eq!(check.status, Status::Fail);
+        assert_eq!(
+            check.message,
+            "check could not run: error[BOT-P001]: could not read /proc/modules: boom; fix: check that this user can read it"
+        );
+        assert_eq!(settle("x", "x", false, Err(err())).status, Status::Warn);
+    }
+
+    #[test]
+    fn ids_are_unique() {
+        let mut ids = ALL_IDS.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), ALL_IDS.len());
+    }
+}

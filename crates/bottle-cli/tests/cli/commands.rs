@@ -111,3 +111,53 @@ fn list_alias_and_help_work() {
         .assert()
         .success();
 }
+
+#[test]
+fn doctor_reports_every_check_and_exits_by_its_verdict() {
+    let state = tempfile::tempdir().unwrap();
+    let output = bottle(state.path())
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let checks: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap();
+    let ids: Vec<&str> = checks.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(
+        ids,
+        [
+            "platform",
+            "kernel.version",
+            "kvm.device",
+            "kvm.access",
+            "kvm.module",
+            "smolvm.version",
+            "docker.daemon"
+        ]
+    );
+    let failed = checks.iter().any(|c| c["status"] == "fail");
+    assert_eq!(output.status.code(), Some(if failed { 3 } else { 0 }));
+    if std::env::var("BOTTLE_REQUIRE_DOCKER").as_deref() == Ok("1") {
+        let docker = checks.iter().find(|c| c["id"] == "docker.daemon").unwrap();
+        assert_eq!(docker["status"], "ok", "{docker:#}");
+    }
+}
+
+#[test]
+fn plan_shows_dropped_devices_and_why() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("bottle.toml");
+    std::fs::write(
+        &manifest,
+        "[agents.gpu]\nimage = \"x:1\"\ndevices = [\"/dev/null\", \"/dev/zero\"]\ndevices_blacklist = [\"/dev/zero\"]\n",
+    )
+    .unwrap();
+    bottle(state.path())
+        .arg("--manifest")
+        .arg(&manifest)
+        .args(["plan", "gpu"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("device       /dev/null"))
+        .stdout(predicate::str::contains("dropped      /dev/zero"))
+        .stderr(predicate::str::contains("warning:"));
+}

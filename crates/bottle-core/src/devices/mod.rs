@@ -184,7 +184,15 @@ impl ResolvedDevices {
     /// Writes the passed and dropped devices into the plan the operator
     /// confirms. `root` is the root the devices were resolved under.
     pub fn fill_plan(&self, plan: &mut Plan, root: &std::path::Path) {
-        plan.devices = self.passed.iter().map(|d| d.describe(root)).collect();
+        plan.devices = self
+            .passed
+            .iter()
+            .map(|d| crate::plan::PlannedDevice {
+                host_path: d.host_path.display().to_string(),
+                container_path: d.container_path.clone(),
+                summary: d.describe(root),
+            })
+            .collect();
         plan.devices_dropped = self.dropped.clone();
     }
 }

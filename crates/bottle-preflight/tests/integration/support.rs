@@ -1,0 +1,196 @@
+//! Shared fixtures: a fake host root, a recording command runner, a fake
+//! Docker daemon on a real unix socket.
+
+use std::io::{self, Read as _, Write as _};
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bottle_core::BackendKind;
+use bottle_core::exec::{CommandOutput, CommandRunner, CommandSpec};
+use bottle_preflight::{Check, Context, HostRoot, Identity};
+
+/// A temp dir standing in for `/`.
+pub struct FakeHost {
+    pub dir: tempfile::TempDir,
+}
+
+impl FakeHost {
+    pub fn new() -> Self {
+        FakeHost {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    pub fn root(&self) -> HostRoot {
+        HostRoot::new(self.dir.path())
+    }
+
+    /// The real path of a host path under this root.
+    pub fn path(&self, host_path: &str) -> PathBuf {
+        self.root().join(host_path)
+    }
+
+    /// Writes a file (creating parents) and returns its real path.
+    pub fn write(&self, host_path: &str, contents: &str) -> PathBuf {
+        let path = self.path(host_path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, contents).unwrap();
+        path
+    }
+
+    pub fn mkdir(&self, host_path: &str) -> PathBuf {
+        let path = self.path(host_path);
+        std::fs::create_dir_all(&path).unwrap();
+        path
+    }
+
+    pub fn chmod(&self, host_path: &str, mode: u32) {
+        std::fs::set_permissions(self.path(host_path), std::fs::Permissions::from_mode(mode))
+            .unwrap();
+    }
+
+    /// A context for a Linux x86_64 host under this root, with no `PATH` and
+    /// the default Docker socket.
+    pub fn ctx<'a>(&self, runner: &'a dyn CommandRunner, backend: BackendKind) -> Context<'a> {
+        Context {
+            root: self.root(),
+            runner,
+            backend,
+            os: "linux".into(),
+            arch: "x86_64".into(),
+            path: None,
+            docker_host: None,
+            identity: Identity {
+                uid: 1000,
+                gid: 1000,
+                groups: vec![1000],
+            },
+            docker_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A runner that records each call and answers from a script.
+pub struct FakeRunner {
+    answer: Box<dyn Fn() -> io::Result<CommandOutput> + Send + Sync>,
+    pub calls: Mutex<Vec<Vec<String>>>,
+}
+
+impl FakeRunner {
+    /// Exits 0 with `stdout`.
+    pub fn printing(stdout: &str) -> Self {
+        let stdout = stdout.as_bytes().to_vec();
+        Self::answering(move || {
+            Ok(CommandOutput {
+                code: Some(0),
+                stdout: stdout.clone(),
+                stderr: Vec::new(),
+            })
+        })
+    }
+
+    pub fn answering(
+        answer: impl Fn() -> io::Result<CommandOutput> + Send + Sync + 'static,
+    ) -> Self {
+        FakeRunner {
+            answer: Box::new(answer),
+            calls: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn calls(&self) -> Vec<Vec<String>> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+impl CommandRunner for FakeRunner {
+    fn run(&self, spec: &CommandSpec) -> io::Result<CommandOutput> {
+        self.calls.lock().unwrap().push(spec.argv());
+        (self.answer)()
+    }
+}
+
+/// A runner for checks that must not run anything.
+pub fn no_runner() -> FakeRunner {
+    FakeRunner::answering(|| Err(io::Error::other("this test runs no command")))
+}
+
+/// A fake Docker daemon: accepts one connection on a real unix socket,
+/// reads the request head, then writes `response` (or, with `None`, never
+/// answers and waits for the client to hang up).
+pub struct FakeDocker {
+    thread: JoinHandle<Vec<u8>>,
+}
+
+const SERVER_BOUND: Duration = Duration::from_secs(10);
+
+impl FakeDocker {
+    pub fn serve(socket: &Path, response: Option<Vec<u8>>) -> Self {
+        std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+        let listener = UnixListener::bind(socket).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let thread = std::thread::spawn(move || {
+            let deadline = Instant::now() + SERVER_BOUND;
+            let mut stream = loop {
+                match listener.accept() {
+                    Ok((stream, _)) => break stream,
+                    Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                        assert!(Instant::now() < deadline, "no client connected");
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(err) => panic!("accept: {err}"),
+                }
+            };
+            stream.set_nonblocking(false).unwrap();
+            stream.set_read_timeout(Some(SERVER_BOUND)).unwrap();
+            let mut request = Vec::new();
+            let mut byte = [0u8; 1];
+            while !request.ends_with(b"\r\n\r\n") {
+                match stream.read(&mut byte).unwrap() {
+                    0 => break,
+                    _ => request.push(byte[0]),
+                }
+            }
+            match response {
+                Some(response) => stream.write_all(&response).unwrap(),
+                None => {
+                    // Say nothing; the client gives up and hangs up.
+                    let mut rest = Vec::new();
+                    let _ = stream.read_to_end(&mut rest);
+                }
+            }
+            request
+        });
+        FakeDocker { thread }
+    }
+
+    /// The request bytes the server received.
+    pub fn request(self) -> Vec<u8> {
+        self.thread.join().unwrap()
+    }
+}
+
+/// An HTTP/1.1 response with a content-length body.
+pub fn http(status: &str, body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {status}\r\nApi-Version: 1.41\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The check with `id`.
+pub fn find<'a>(checks: &'a [Check], id: &str) -> &'a Check {
+    checks
+        .iter()
+        .find(|check| check.id == id)
+        .unwrap_or_else(|| panic!("no check {id} in {checks:#?}"))
+}
+
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
