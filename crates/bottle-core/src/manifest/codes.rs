@@ -88,6 +88,10 @@ pub const CPUS: &str = "BOT-M043";
 pub const DEVICE_PATH: &str = "BOT-M044";
 /// A `devices_blacklist` entry outside `/dev/`.
 pub const BLACKLIST_PATH: &str = "BOT-M045";
+/// An `egress.resolve` name that is not an exact `allow` rule.
+pub const RESOLVE_NAME: &str = "BOT-M046";
+/// An `egress.resolve` address that is not an IP address.
+pub const RESOLVE_ADDRESS: &str = "BOT-M047";
 
 /// Every code with a one-line summary, in code order.
 pub const ALL: &[(&str, &str)] = &[
@@ -157,4 +161,12 @@ pub const ALL: &[(&str, &str)] = &[
     (CPUS, "`limits.cpus` is not a positive finite number"),
     (DEVICE_PATH, "a `devices` entry outside /dev/"),
     (BLACKLIST_PATH, "a `devices_blacklist` entry outside /dev/"),
+    (
+        RESOLVE_NAME,
+        "an `egress.resolve` name that is not an exact `allow` rule",
+    ),
+    (
+        RESOLVE_ADDRESS,
+        "an `egress.resolve` address that is not an IP address",
+    ),
 ];

@@ -85,6 +85,12 @@ pub struct Egress {
     pub allow: Vec<String>,
     /// Destination ports the proxy lets through. Default `[443, 80]`.
     pub ports: Option<Vec<u16>>,
+    /// Names pinned to addresses, like curl's `--resolve`: the bundle dials
+    /// these instead of asking DNS. Each name must be an exact `allow` rule;
+    /// the address is the operator's choice, so it may be private (an
+    /// internal service) where a DNS answer could not be.
+    #[serde(default)]
+    pub resolve: BTreeMap<String, String>,
 }
 
 /// A credential the bundle injects into requests to one host.

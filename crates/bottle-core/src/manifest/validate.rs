@@ -47,7 +47,9 @@ pub(crate) fn validate(manifest: &Manifest, doc: &Doc<'_>, base_dir: &Path) -> O
     checks.manifest(manifest);
     if checks.found.is_empty() {
         for (name, agent) in &manifest.agents {
-            checks.credential_hosts(&FieldPath::root().key("agents").key(name), agent);
+            let path = FieldPath::root().key("agents").key(name);
+            checks.credential_hosts(&path, agent);
+            checks.resolve(&path.key("egress"), agent);
         }
     }
     checks
@@ -355,6 +357,40 @@ impl Checks<'_, '_> {
                 } else {
                     seen.insert(*port, i);
                 }
+            }
+        }
+    }
+
+    /// Runs after every egress rule parsed on its own.
+    fn resolve(&mut self, path: &FieldPath, agent: &Agent) {
+        let exact: Vec<HostRule> = agent
+            .egress
+            .allow
+            .iter()
+            .filter_map(|r| HostRule::parse(r).ok())
+            .filter(|r| matches!(r, HostRule::Exact(_)))
+            .collect();
+        for (name, address) in &agent.egress.resolve {
+            let item = path.key("resolve").key(name);
+            let listed = HostRule::parse_exact(name)
+                .ok()
+                .is_some_and(|host| exact.contains(&host));
+            if !listed {
+                self.report(
+                    codes::RESOLVE_NAME,
+                    item,
+                    On::Key,
+                    format!("resolve pins {name:?}, which is not an exact egress.allow rule"),
+                    format!("add {name:?} to egress.allow, or remove the pin"),
+                );
+            } else if address.parse::<std::net::IpAddr>().is_err() {
+                self.report(
+                    codes::RESOLVE_ADDRESS,
+                    item,
+                    On::Value,
+                    format!("resolve address {address:?} is not an IP address"),
+                    "write an IPv4 or IPv6 address, e.g. \"192.0.2.10\"".into(),
+                );
             }
         }
     }
