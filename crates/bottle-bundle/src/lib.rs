@@ -1,2 +1,23 @@
 //! `bottle-bundle` is the per-bottle sidecar bundle: the agent-facing proxy,
-//! the loopback-only egress daemon and the audit log.
+//! the loopback-only egress daemon, the audit log, and the supervisor that
+//! keeps them up (or exits non-zero so the bottle fails closed).
+//!
+//! Entry points: [`start`] (library, used by the binary and the tests),
+//! [`generate_ca`] (the backend calls it at prepare time), [`read_audit`] /
+//! [`AuditFollower`] (`bottle logs`).
+
+pub mod audit;
+pub mod body;
+pub mod ca;
+pub mod egress;
+mod error;
+pub mod io;
+pub mod policy;
+pub mod proxy;
+pub mod scan;
+pub mod supervisor;
+
+pub use audit::{AuditFollower, AuditLog, AuditRecord, Decision, read_audit};
+pub use ca::{CaPair, generate_ca};
+pub use error::BundleError;
+pub use supervisor::{RunningBundle, load_config, start};

@@ -1,0 +1,695 @@
+//! Bundle proxy benchmark: through the bundle vs direct vs Debian's
+//! tinyproxy, all on loopback, in one run.
+//!
+//! `cargo bench -p bottle-bundle --bench proxy` (add `-- --quick` for a
+//! smaller run; set `BOTTLE_BUNDLE_BIN` to measure another build of the
+//! binary, e.g. the static one). Prints a Markdown report; `docs/PERF.md` ("Bundle proxy")
+//! records the figures. Every loop is bounded in count and in time.
+//!
+//! Paths measured:
+//! - direct: client → upstream (TLS to the upstream's own CA).
+//! - tinyproxy: client → `CONNECT` tunnel → upstream (TLS end to end; the
+//!   proxy only copies bytes).
+//! - bundle: client → `CONNECT` → TLS terminated by the bundle with the
+//!   bottle CA → scanning → egress over loopback → new TLS to the upstream.
+//!   There is no pass-through mode: every allowed tunnel is intercepted.
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "a benchmark harness: any failure must abort the run loudly"
+)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
+use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bottle_bundle::ca::LeafMinter;
+use bottle_bundle::policy::Host;
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const HOST: &str = "api.allowed.test";
+
+/// A body of `remaining` bytes served from one shared 64 KiB buffer.
+struct Repeat {
+    remaining: u64,
+    chunk: Bytes,
+}
+
+impl Body for Repeat {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        if this.remaining == 0 {
+            return Poll::Ready(None);
+        }
+        let n = this.remaining.min(this.chunk.len() as u64) as usize;
+        this.remaining -= n as u64;
+        Poll::Ready(Some(Ok(Frame::data(this.chunk.slice(..n)))))
+    }
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.remaining)
+    }
+}
+
+/// Text-like filler (lowercase words), so scanning sees realistic bytes.
+fn filler(len: usize) -> Bytes {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let c = (x % 27) as u8;
+        out.push(if c == 26 { b' ' } else { b'a' + c });
+    }
+    Bytes::from(out)
+}
+
+async fn upstream_handler(
+    req: Request<Incoming>,
+    chunk: Bytes,
+) -> Result<Response<http_body_util::Either<Repeat, http_body_util::Empty<Bytes>>>, hyper::Error> {
+    use http_body_util::BodyExt;
+    let path = req.uri().path().to_string();
+    // Drain uploads without keeping them.
+    let mut body = req.into_body();
+    while let Some(frame) = body.frame().await {
+        frame?;
+    }
+    let n: u64 = path
+        .strip_prefix("/bytes/")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    Ok(Response::new(http_body_util::Either::Left(Repeat {
+        remaining: n,
+        chunk,
+    })))
+}
+
+async fn serve_upstream<I>(io: I, chunk: Bytes)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper::service::service_fn(move |req| upstream_handler(req, chunk.clone()));
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(io), svc)
+        .await;
+}
+
+struct Upstream {
+    http: SocketAddr,
+    https: SocketAddr,
+    root_pem: String,
+}
+
+async fn start_upstream(dir: &Path) -> Upstream {
+    let ca = bottle_bundle::generate_ca("bench-upstream").unwrap();
+    std::fs::write(dir.join("upstream-root.pem"), &ca.cert_pem).unwrap();
+    let minter = LeafMinter::new(&ca.cert_pem, &ca.key_pem).unwrap();
+    let mut cfg = (*minter.server_config(&Host::Name(HOST.into())).unwrap()).clone();
+    cfg.alpn_protocols.clear();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let chunk = filler(64 * 1024);
+    let http_l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let https_l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = Upstream {
+        http: http_l.local_addr().unwrap(),
+        https: https_l.local_addr().unwrap(),
+        root_pem: ca.cert_pem,
+    };
+    let c1 = chunk.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = http_l.accept().await {
+            let _ = s.set_nodelay(true);
+            tokio::spawn(serve_upstream(s, c1.clone()));
+        }
+    });
+    tokio::spawn(async move {
+        while let Ok((s, _)) = https_l.accept().await {
+            let _ = s.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            let chunk = chunk.clone();
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(s).await {
+                    serve_upstream(tls, chunk).await;
+                }
+            });
+        }
+    });
+    up
+}
+
+fn tls_connector(root_pem: &str) -> tokio_rustls::TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(root_pem.as_bytes()).unwrap())
+        .unwrap();
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Via {
+    Direct,
+    Tinyproxy(SocketAddr),
+    Bundle(SocketAddr),
+}
+
+impl Via {
+    fn name(self) -> &'static str {
+        match self {
+            Via::Direct => "direct",
+            Via::Tinyproxy(_) => "tinyproxy",
+            Via::Bundle(_) => "bundle",
+        }
+    }
+}
+
+struct Ctx {
+    up: Upstream,
+    upstream_tls: tokio_rustls::TlsConnector,
+    bottle_tls: tokio_rustls::TlsConnector,
+}
+
+type Tls = tokio_rustls::client::TlsStream<TcpStream>;
+
+async fn connect_tunnel(proxy: SocketAddr, authority: &str) -> std::io::Result<TcpStream> {
+    let mut s = TcpStream::connect(proxy).await?;
+    s.set_nodelay(true)?;
+    s.write_all(format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").as_bytes())
+        .await?;
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut b).await? == 0 {
+            return Err(std::io::Error::other("proxy closed during CONNECT"));
+        }
+        head.push(b[0]);
+    }
+    if !head.starts_with(b"HTTP/1.1 200") && !head.starts_with(b"HTTP/1.0 200") {
+        return Err(std::io::Error::other(format!(
+            "CONNECT refused: {}",
+            String::from_utf8_lossy(&head)
+        )));
+    }
+    Ok(s)
+}
+
+async fn open_https(ctx: &Ctx, via: Via) -> std::io::Result<Tls> {
+    let port = ctx.up.https.port();
+    let (tcp, connector) = match via {
+        Via::Direct => {
+            let s = TcpStream::connect(ctx.up.https).await?;
+            s.set_nodelay(true)?;
+            (s, &ctx.upstream_tls)
+        }
+        Via::Tinyproxy(p) => (
+            connect_tunnel(p, &format!("127.0.0.1:{port}")).await?,
+            &ctx.upstream_tls,
+        ),
+        Via::Bundle(p) => (
+            connect_tunnel(p, &format!("{HOST}:{port}")).await?,
+            &ctx.bottle_tls,
+        ),
+    };
+    let name = ServerName::try_from(HOST.to_string()).map_err(std::io::Error::other)?;
+    connector.connect(name, tcp).await
+}
+
+async fn open_http(ctx: &Ctx, via: Via) -> std::io::Result<(TcpStream, String)> {
+    let port = ctx.up.http.port();
+    let (addr, prefix) = match via {
+        Via::Direct => (ctx.up.http, String::new()),
+        Via::Tinyproxy(p) => (p, format!("http://127.0.0.1:{port}")),
+        Via::Bundle(p) => (p, format!("http://{HOST}:{port}")),
+    };
+    let s = TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    Ok((s, prefix))
+}
+
+/// Sends one request and reads the response body (content-length framed),
+/// keeping the connection usable. Returns body bytes read.
+async fn request<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    head: &str,
+    upload: Option<(&Bytes, u64)>,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<u64> {
+    s.write_all(head.as_bytes()).await?;
+    if let Some((chunk, total)) = upload {
+        let mut left = total;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            s.write_all(&chunk[..n]).await?;
+            left -= n as u64;
+        }
+    }
+    s.flush().await?;
+    let mut filled = 0;
+    let header_end = loop {
+        if filled == buf.len() {
+            buf.resize(buf.len() * 2, 0);
+        }
+        let n = s.read(&mut buf[filled..]).await?;
+        if n == 0 {
+            return Err(std::io::Error::other("closed before the response head"));
+        }
+        filled += n;
+        if let Some(p) = buf[..filled].windows(4).position(|w| w == b"\r\n\r\n") {
+            break p + 4;
+        }
+    };
+    let head_text = String::from_utf8_lossy(&buf[..header_end]).to_ascii_lowercase();
+    if !head_text.starts_with("http/1.1 200") {
+        return Err(std::io::Error::other(format!(
+            "bad response: {}",
+            head_text.lines().next().unwrap_or("")
+        )));
+    }
+    let len: u64 = head_text
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| std::io::Error::other("no content-length"))?;
+    let mut got = (filled - header_end) as u64;
+    while got < len {
+        let n = s.read(&mut buf[..]).await?;
+        if n == 0 {
+            return Err(std::io::Error::other("closed mid-body"));
+        }
+        got += n as u64;
+    }
+    Ok(len)
+}
+
+fn get_head(prefix: &str, path: &str) -> String {
+    format!("GET {prefix}{path} HTTP/1.1\r\nHost: {HOST}\r\n\r\n")
+}
+
+/// Bulk download: `reps` downloads of `size` bytes on one connection.
+async fn bulk_download(ctx: &Ctx, via: Via, tls: bool, size: u64, reps: u32) -> f64 {
+    let mut buf = vec![0u8; 256 * 1024];
+    let start = Instant::now();
+    let mut total = 0u64;
+    if tls {
+        let mut s = open_https(ctx, via).await.unwrap();
+        for _ in 0..reps {
+            total += request(
+                &mut s,
+                &get_head("", &format!("/bytes/{size}")),
+                None,
+                &mut buf,
+            )
+            .await
+            .unwrap();
+        }
+    } else {
+        // tinyproxy closes client connections after each response: one
+        // connection per download for every path, to compare like with like.
+        for _ in 0..reps {
+            let (mut s, prefix) = open_http(ctx, via).await.unwrap();
+            total += request(
+                &mut s,
+                &get_head(&prefix, &format!("/bytes/{size}")),
+                None,
+                &mut buf,
+            )
+            .await
+            .unwrap();
+        }
+    }
+    total as f64 / start.elapsed().as_secs_f64() / 1e6
+}
+
+/// Bulk upload over TLS (the bundle scans every byte for secrets).
+async fn bulk_upload(ctx: &Ctx, via: Via, size: u64, reps: u32) -> f64 {
+    let chunk = filler(256 * 1024);
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut s = open_https(ctx, via).await.unwrap();
+    let start = Instant::now();
+    for _ in 0..reps {
+        let head = format!("PUT /up HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: {size}\r\n\r\n");
+        request(&mut s, &head, Some((&chunk, size)), &mut buf)
+            .await
+            .unwrap();
+    }
+    (size * u64::from(reps)) as f64 / start.elapsed().as_secs_f64() / 1e6
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+/// Small HTTPS requests, sequential: on one kept-alive connection, or a
+/// fresh connection (CONNECT + TLS handshake) per request.
+async fn latency(
+    ctx: &Ctx,
+    via: Via,
+    fresh: bool,
+    count: usize,
+    limit: Duration,
+) -> (f64, f64, usize) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut samples = Vec::with_capacity(count);
+    let deadline = Instant::now() + limit;
+    let head = get_head("", "/bytes/100");
+    let mut conn = if fresh {
+        None
+    } else {
+        Some(open_https(ctx, via).await.unwrap())
+    };
+    for _ in 0..count {
+        if Instant::now() > deadline {
+            break;
+        }
+        let t = Instant::now();
+        if fresh {
+            let mut s = open_https(ctx, via).await.unwrap();
+            request(&mut s, &head, None, &mut buf).await.unwrap();
+        } else if let Some(s) = conn.as_mut() {
+            request(s, &head, None, &mut buf).await.unwrap();
+        }
+        samples.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    samples.sort_by(f64::total_cmp);
+    (
+        percentile(&samples, 0.5),
+        percentile(&samples, 0.99),
+        samples.len(),
+    )
+}
+
+/// Opens `n` HTTPS sessions through `via`, each completing one request,
+/// and holds them all open together. Returns (held, seconds to open).
+async fn hold_many(ctx: Arc<Ctx>, via: Via, n: usize, limit: Duration) -> (usize, f64, Vec<Tls>) {
+    let start = Instant::now();
+    let gate = Arc::new(tokio::sync::Semaphore::new(64));
+    let mut tasks = Vec::with_capacity(n);
+    for _ in 0..n {
+        let ctx = ctx.clone();
+        let gate = gate.clone();
+        tasks.push(tokio::spawn(async move {
+            let _permit = gate.acquire().await.ok()?;
+            let mut buf = vec![0u8; 4096];
+            let mut s = tokio::time::timeout(Duration::from_secs(30), open_https(&ctx, via))
+                .await
+                .ok()?
+                .ok()?;
+            request(&mut s, &get_head("", "/bytes/10"), None, &mut buf)
+                .await
+                .ok()?;
+            Some(s)
+        }));
+    }
+    let mut held = Vec::with_capacity(n);
+    for t in tasks {
+        let remaining = limit.saturating_sub(start.elapsed());
+        if let Ok(Ok(Some(s))) = tokio::time::timeout(remaining, t).await {
+            held.push(s);
+        }
+    }
+    (held.len(), start.elapsed().as_secs_f64(), held)
+}
+
+fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the benchmark runs the bundle binary and tinyproxy as daemons and must hold their handles"
+)]
+fn spawn(program: &str, args: &[&str]) -> std::io::Result<Child> {
+    std::process::Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn wait_listening(addr: SocketAddr) -> bool {
+    for _ in 0..200 {
+        if TcpStream::connect(addr).await.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    false
+}
+
+fn start_bundle(dir: &Path, up: &Upstream) -> (Killed, SocketAddr, String) {
+    let ca = bottle_bundle::generate_ca("bench").unwrap();
+    std::fs::write(dir.join("ca.pem"), &ca.cert_pem).unwrap();
+    std::fs::write(dir.join("ca.key"), &ca.key_pem).unwrap();
+    let proxy: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let config = serde_json::json!({
+        "version": 1,
+        "bottle": "bench",
+        "proxy_listen": proxy.to_string(),
+        "egress_listen": "127.0.0.1:0",
+        "allow": [HOST],
+        "ports": [up.http.port(), up.https.port()],
+        "credentials": [],
+        "ca_cert": dir.join("ca.pem"),
+        "ca_key": dir.join("ca.key"),
+        "audit_log": dir.join("audit.jsonl"),
+        "resolve": { HOST: "127.0.0.1" },
+        "upstream_roots": [dir.join("upstream-root.pem")],
+    });
+    let path = dir.join("bundle.json");
+    std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    // BOTTLE_BUNDLE_BIN measures another build, e.g. the static release one.
+    let bin = std::env::var("BOTTLE_BUNDLE_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_bottle-bundle").to_string());
+    println!("bundle binary: {bin}\n");
+    let child = spawn(&bin, &["run", "--config", path.to_str().unwrap()]).unwrap();
+    (Killed(child), proxy, ca.cert_pem)
+}
+
+fn start_tinyproxy(dir: &Path, up: &Upstream) -> Option<(Killed, SocketAddr)> {
+    let bin = "/usr/bin/tinyproxy";
+    if !Path::new(bin).exists() {
+        println!("(tinyproxy not installed at {bin}: its rows are skipped)");
+        return None;
+    }
+    let port = free_port();
+    let conf = format!(
+        "Port {port}\nListen 127.0.0.1\nTimeout 600\nMaxClients 2000\nAllow 127.0.0.1\n\
+         ConnectPort {}\nDisableViaHeader Yes\nLogLevel Critical\nLogFile \"{}\"\n",
+        up.https.port(),
+        dir.join("tinyproxy.log").display()
+    );
+    let conf_path = dir.join("tinyproxy.conf");
+    std::fs::write(&conf_path, conf).unwrap();
+    let child = spawn(bin, &["-d", "-c", conf_path.to_str().unwrap()]).ok()?;
+    Some((Killed(child), format!("127.0.0.1:{port}").parse().unwrap()))
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this
+    // binary too, without it, and must not start a benchmark.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!(
+            "proxy benchmark: skipped (run it with `cargo bench -p bottle-bundle --bench proxy`)"
+        );
+        return;
+    }
+    let quick = std::env::args().any(|a| a == "--quick");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(run(quick));
+}
+
+async fn run(quick: bool) {
+    let total_limit = Instant::now() + Duration::from_secs(600);
+    let dir = tempfile::tempdir().unwrap();
+    let up = start_upstream(dir.path()).await;
+    let (bundle, bundle_addr, bottle_ca) = start_bundle(dir.path(), &up);
+    let tiny = start_tinyproxy(dir.path(), &up);
+    assert!(
+        wait_listening(bundle_addr).await,
+        "the bundle did not start"
+    );
+    if let Some((_, addr)) = &tiny {
+        assert!(wait_listening(*addr).await, "tinyproxy did not start");
+    }
+    let ctx = Arc::new(Ctx {
+        upstream_tls: tls_connector(&up.root_pem),
+        bottle_tls: tls_connector(&bottle_ca),
+        up,
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let bundle_pid = bundle.0.id();
+    let tiny_pid = tiny.as_ref().map(|(c, _)| c.0.id());
+    let (idle_rss, _) = rss_kib(bundle_pid);
+    let tiny_idle = tiny_pid.map(|p| rss_kib(p).0);
+
+    let mut vias = vec![Via::Direct, Via::Bundle(bundle_addr)];
+    if let Some((_, addr)) = &tiny {
+        vias.insert(1, Via::Tinyproxy(*addr));
+    }
+    let (size, reps) = if quick {
+        (16u64 << 20, 2)
+    } else {
+        (64u64 << 20, 4)
+    };
+
+    println!("## Bundle proxy benchmark\n");
+    println!(
+        "bulk: {reps} x {} MiB per path, one connection; latency: small (100 B) GETs\n",
+        size >> 20
+    );
+    println!("| workload | path | result | vs direct |");
+    println!("| --- | --- | --- | --- |");
+    for (label, tls) in [
+        ("bulk download, HTTPS (MB/s)", true),
+        ("bulk download, plain HTTP (MB/s)", false),
+    ] {
+        let mut direct = f64::NAN;
+        for via in &vias {
+            if Instant::now() > total_limit {
+                break;
+            }
+            // Warm-up (pools, leaf cache), then the measured run.
+            let _ = bulk_download(&ctx, *via, tls, 1 << 20, 1).await;
+            let mbps = bulk_download(&ctx, *via, tls, size, reps).await;
+            if *via == Via::Direct {
+                direct = mbps;
+            }
+            println!(
+                "| {label} | {} | {mbps:.0} | {:.2} |",
+                via.name(),
+                mbps / direct
+            );
+        }
+    }
+    {
+        let mut direct = f64::NAN;
+        for via in &vias {
+            let _ = bulk_upload(&ctx, *via, 1 << 20, 1).await;
+            let mbps = bulk_upload(&ctx, *via, size / 2, reps).await;
+            if *via == Via::Direct {
+                direct = mbps;
+            }
+            println!(
+                "| bulk upload, HTTPS (MB/s) | {} | {mbps:.0} | {:.2} |",
+                via.name(),
+                mbps / direct
+            );
+        }
+    }
+    let (n_keep, n_fresh) = if quick { (300, 60) } else { (2000, 300) };
+    for (label, fresh, n) in [
+        ("HTTPS request, kept-alive connection (ms)", false, n_keep),
+        (
+            "HTTPS request incl. CONNECT + TLS handshake (ms)",
+            true,
+            n_fresh,
+        ),
+    ] {
+        let mut direct = (f64::NAN, f64::NAN);
+        for via in &vias {
+            let _ = latency(&ctx, *via, fresh, 20, Duration::from_secs(10)).await;
+            let (p50, p99, done) = latency(&ctx, *via, fresh, n, Duration::from_secs(60)).await;
+            if *via == Via::Direct {
+                direct = (p50, p99);
+            }
+            println!(
+                "| {label}, n={done} | {} | p50 {p50:.3} / p99 {p99:.3} | +{:.3} / +{:.3} |",
+                via.name(),
+                p50 - direct.0,
+                p99 - direct.1
+            );
+        }
+    }
+    let n_conns = if quick { 300 } else { 1000 };
+    for via in vias.iter().filter(|v| **v != Via::Direct) {
+        let (held, secs, conns) =
+            hold_many(ctx.clone(), *via, n_conns, Duration::from_secs(120)).await;
+        let pid = match via {
+            Via::Bundle(_) => Some(bundle_pid),
+            Via::Tinyproxy(_) => tiny_pid,
+            Via::Direct => None,
+        };
+        let rss = pid.map(|p| rss_kib(p).0).unwrap_or(0);
+        println!(
+            "| {n_conns} concurrent HTTPS sessions held | {} | {held}/{n_conns} open in {secs:.1} s, RSS {} MiB while held | |",
+            via.name(),
+            rss / 1024
+        );
+        drop(conns);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, bundle_peak) = rss_kib(bundle_pid);
+    println!(
+        "| idle RSS after start (MiB) | bundle | {:.1} | |",
+        idle_rss as f64 / 1024.0
+    );
+    if let Some(t) = tiny_idle {
+        println!(
+            "| idle RSS after start (MiB) | tinyproxy | {:.1} | |",
+            t as f64 / 1024.0
+        );
+    }
+    println!(
+        "| peak RSS over the run (MiB) | bundle | {:.1} | |",
+        bundle_peak as f64 / 1024.0
+    );
+    drop(tiny);
+    drop(bundle);
+}

@@ -1,0 +1,389 @@
+//! Body wrappers: secret scanning on the way out, byte counting with an
+//! audit line on completion, and masking of injected secrets on the way back.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use http_body_util::combinators::UnsyncBoxBody;
+
+use crate::audit::{AuditLog, AuditRecord, Decision};
+use crate::scan::{Finding, StreamScanner};
+
+/// Errors carried by bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The body type every daemon sends.
+pub type BoxBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// A complete body from bytes.
+pub fn full(data: impl Into<Bytes>) -> BoxBody {
+    http_body_util::Full::new(data.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// An empty body.
+pub fn empty() -> BoxBody {
+    full(Bytes::new())
+}
+
+/// Boxes any compatible body.
+pub fn boxed<B>(body: B) -> BoxBody
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    body.map_err(Into::into).boxed_unsync()
+}
+
+/// Where a body scan records what it found.
+pub type FindingSlot = Arc<Mutex<Option<Finding>>>;
+
+/// The error a [`ScanBody`] ends with when it sees a secret.
+#[derive(Debug, thiserror::Error)]
+#[error("request body blocked: it carries a secret ({kind})")]
+pub struct SecretBlocked {
+    /// The kind of secret.
+    pub kind: &'static str,
+}
+
+/// Scans a request body as it streams; on a secret it fails the stream
+/// (aborting the upstream request) and records the finding.
+pub struct ScanBody<B> {
+    inner: B,
+    scanner: StreamScanner,
+    header_scanner: crate::scan::Scanner,
+    up: Arc<AtomicU64>,
+    finding: FindingSlot,
+    client_failed: Arc<AtomicBool>,
+}
+
+impl<B> ScanBody<B> {
+    /// Wraps `inner`. `client_failed` is set when the agent's own body
+    /// stream fails (malformed chunking, reset), so the caller can answer
+    /// 400 rather than blame the upstream.
+    pub fn new(
+        inner: B,
+        scanner: &crate::scan::Scanner,
+        up: Arc<AtomicU64>,
+        finding: FindingSlot,
+        client_failed: Arc<AtomicBool>,
+    ) -> Self {
+        Self {
+            inner,
+            scanner: scanner.stream(),
+            header_scanner: scanner.clone(),
+            up,
+            finding,
+            client_failed,
+        }
+    }
+
+    fn block(&self, f: Finding) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Ok(mut slot) = self.finding.lock() {
+            slot.get_or_insert(f);
+        }
+        Poll::Ready(Some(Err(Box::new(SecretBlocked { kind: f.kind }))))
+    }
+}
+
+impl<B> Body for ScanBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.up.fetch_add(data.len() as u64, Ordering::Relaxed);
+                    if let Some(f) = this.scanner.feed(data) {
+                        return this.block(f);
+                    }
+                } else if let Some(trailers) = frame.trailers_ref() {
+                    for (name, value) in trailers {
+                        let line = [name.as_str().as_bytes(), b": ", value.as_bytes()].concat();
+                        if let Some(f) = this.header_scanner.scan(&line) {
+                            return this.block(f);
+                        }
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.client_failed.store(true, Ordering::Relaxed);
+                Poll::Ready(Some(Err(e.into())))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Writes one audit line when dropped: at the end of the response body, or
+/// when the client goes away mid-stream.
+pub struct AuditGuard {
+    log: AuditLog,
+    record: AuditRecord,
+    start: Instant,
+    up: Arc<AtomicU64>,
+    down: Arc<AtomicU64>,
+    finding: FindingSlot,
+}
+
+impl AuditGuard {
+    /// Prepares the line; byte counts and duration are filled in on drop.
+    pub fn new(
+        log: AuditLog,
+        record: AuditRecord,
+        start: Instant,
+        up: Arc<AtomicU64>,
+        finding: FindingSlot,
+    ) -> Self {
+        Self {
+            log,
+            record,
+            start,
+            up,
+            down: Arc::new(AtomicU64::new(0)),
+            finding,
+        }
+    }
+}
+
+impl Drop for AuditGuard {
+    fn drop(&mut self) {
+        let mut rec = self.record.clone();
+        rec.bytes_up = self.up.load(Ordering::Relaxed);
+        rec.bytes_down = self.down.load(Ordering::Relaxed);
+        rec.duration_ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        rec.time = crate::audit::now_rfc3339();
+        if let Some(f) = self.finding.lock().ok().and_then(|s| *s) {
+            rec.decision = Decision::BlockedSecret;
+            rec.reason = f.reason();
+        }
+        self.log.write(&rec);
+    }
+}
+
+/// Counts response bytes and holds the [`AuditGuard`] until the body ends.
+pub struct MeteredBody<B> {
+    inner: B,
+    guard: Option<AuditGuard>,
+}
+
+impl<B> MeteredBody<B> {
+    /// Wraps `inner`.
+    pub fn new(inner: B, guard: AuditGuard) -> Self {
+        Self {
+            inner,
+            guard: Some(guard),
+        }
+    }
+}
+
+impl<B> Body for MeteredBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.get_mut();
+        let res = Pin::new(&mut this.inner).poll_frame(cx);
+        match &res {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(data), Some(g)) = (frame.data_ref(), &this.guard) {
+                    g.down.fetch_add(data.len() as u64, Ordering::Relaxed);
+                }
+            }
+            Poll::Ready(None) => {
+                // Log as soon as the body is done rather than when hyper
+                // gets round to dropping it.
+                this.guard.take();
+            }
+            _ => {}
+        }
+        res
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Masks every occurrence of the given secrets with `*` of the same length,
+/// streaming, holding back just enough bytes to see a secret split across
+/// chunks. Same length keeps `Content-Length` valid.
+pub struct ScrubBody<B> {
+    inner: B,
+    re: Arc<regex::bytes::Regex>,
+    keep: usize,
+    pending: BytesMut,
+    trailers: Option<Frame<Bytes>>,
+    done: bool,
+}
+
+impl<B> ScrubBody<B> {
+    /// Wraps `inner`; `max_len` is the longest secret.
+    pub fn new(inner: B, re: Arc<regex::bytes::Regex>, max_len: usize) -> Self {
+        Self {
+            inner,
+            re,
+            keep: max_len.saturating_sub(1),
+            pending: BytesMut::new(),
+            trailers: None,
+            done: false,
+        }
+    }
+}
+
+/// Masks matches of `re` in place.
+pub fn mask_in_place(re: &regex::bytes::Regex, buf: &mut [u8]) -> bool {
+    let spans: Vec<(usize, usize)> = re.find_iter(buf).map(|m| (m.start(), m.end())).collect();
+    for (s, e) in &spans {
+        buf[*s..*e].fill(b'*');
+    }
+    !spans.is_empty()
+}
+
+impl<B> Body for ScrubBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.get_mut();
+        loop {
+            if this.done {
+                if !this.pending.is_empty() {
+                    let rest = this.pending.split().freeze();
+                    return Poll::Ready(Some(Ok(Frame::data(rest))));
+                }
+                return Poll::Ready(this.trailers.take().map(Ok));
+            }
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        this.pending.extend_from_slice(&data);
+                        mask_in_place(&this.re, &mut this.pending);
+                        if this.pending.len() > this.keep {
+                            let out = this.pending.split_to(this.pending.len() - this.keep);
+                            return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
+                        }
+                    }
+                    Err(frame) => {
+                        this.trailers = Some(frame);
+                        this.done = true;
+                    }
+                },
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(None) => this.done = true,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.pending.is_empty() && self.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A body that yields the given chunks, one per poll.
+    pub(crate) struct Chunks(pub std::collections::VecDeque<Bytes>);
+
+    impl Body for Chunks {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(self.get_mut().0.pop_front().map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    #[tokio::test]
+    async fn scrub_masks_secrets_across_chunks() {
+        let secret = "s3cr3t-value-123";
+        let re = Arc::new(regex::bytes::Regex::new(&regex::escape(secret)).unwrap());
+        let text = format!("a{secret}b{secret}");
+        for split in 0..text.len() {
+            let chunks = Chunks(
+                [
+                    Bytes::copy_from_slice(&text.as_bytes()[..split]),
+                    Bytes::copy_from_slice(&text.as_bytes()[split..]),
+                ]
+                .into(),
+            );
+            let body = ScrubBody::new(chunks, re.clone(), secret.len());
+            let out = body.collect().await.unwrap().to_bytes();
+            assert_eq!(out.len(), text.len());
+            let out = String::from_utf8(out.to_vec()).unwrap();
+            assert!(!out.contains(secret), "{out}");
+            assert!(out.starts_with('a'));
+        }
+    }
+
+    #[tokio::test]
+    async fn scan_body_fails_the_stream_on_a_split_secret() {
+        let scanner = crate::scan::Scanner::new().unwrap();
+        let up = Arc::new(AtomicU64::new(0));
+        let slot: FindingSlot = Arc::default();
+        let chunks = Chunks(
+            [
+                Bytes::from_static(b"data=xx AKIAIOSF"),
+                Bytes::from_static(b"ODNN7EXAMPLE yy"),
+            ]
+            .into(),
+        );
+        let body = ScanBody::new(chunks, &scanner, up.clone(), slot.clone(), Arc::default());
+        assert!(body.collect().await.is_err());
+        assert_eq!(
+            slot.lock().unwrap().map(|f| f.kind),
+            Some("aws_access_key_id")
+        );
+        assert_eq!(up.load(Ordering::Relaxed), 31);
+    }
+}

@@ -1,0 +1,146 @@
+//! The bundle's error type and its stable codes (`BOT-B…`).
+
+use bottle_core::Coded;
+
+/// Everything that can stop a bundle daemon from starting or running.
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    /// The config file could not be read.
+    #[error(
+        "could not read bundle config {path}: {source}; fix: check that the backend wrote the config into the bundle"
+    )]
+    ConfigRead {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The config file is not valid.
+    #[error(
+        "invalid bundle config {path}: {detail}; fix: regenerate it with the same bottle version as the bundle image"
+    )]
+    ConfigInvalid {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// An allowlist rule cannot be understood.
+    #[error(
+        "invalid allow rule {rule:?}: {reason}; fix: use an exact host (api.example.com), a suffix rule (*.example.com) or an IP literal"
+    )]
+    Rule {
+        /// The rule as written.
+        rule: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A daemon's listen address is not a socket address.
+    #[error(
+        "{daemon} listen address {addr:?} is not host:port; fix: use an address like 127.0.0.1:9099"
+    )]
+    ListenAddr {
+        /// The daemon.
+        daemon: &'static str,
+        /// The address as written.
+        addr: String,
+    },
+    /// A daemon could not bind its port.
+    #[error(
+        "could not bind {daemon} on {addr}: {source}; fix: free the port or change the daemon's listen address"
+    )]
+    Bind {
+        /// The daemon.
+        daemon: &'static str,
+        /// The address.
+        addr: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The egress daemon was asked to listen on a non-loopback address.
+    #[error(
+        "egress_listen {addr} is not a loopback address; fix: bind egress to 127.0.0.1 so that only the proxy can reach it"
+    )]
+    EgressNotLoopback {
+        /// The address.
+        addr: String,
+    },
+    /// The certificate authority could not be made or loaded.
+    #[error(
+        "certificate authority: {detail}; fix: regenerate the bottle's CA with bottle_bundle::generate_ca"
+    )]
+    Ca {
+        /// What failed.
+        detail: String,
+    },
+    /// A credential's secret file could not be read.
+    #[error(
+        "could not read credential {name} from {path}: {detail}; fix: check that the backend copied the secret into the bundle"
+    )]
+    Credential {
+        /// The credential's name.
+        name: String,
+        /// The file.
+        path: String,
+        /// What failed.
+        detail: String,
+    },
+    /// TLS configuration failed (upstream roots, server config).
+    #[error("tls setup failed: {detail}; fix: check the PEM files named in the bundle config")]
+    Tls {
+        /// What failed.
+        detail: String,
+    },
+    /// The audit log could not be opened, written or read.
+    #[error("audit log {path}: {source}; fix: check that the log directory exists and is writable")]
+    Audit {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A daemon kept crashing.
+    #[error(
+        "daemon {daemon} failed {restarts} times within {window_ms} ms, last: {last}; fix: read the bundle's stderr for the cause"
+    )]
+    CrashLoop {
+        /// The daemon.
+        daemon: String,
+        /// Restarts counted.
+        restarts: u32,
+        /// The window.
+        window_ms: u64,
+        /// The last failure.
+        last: String,
+    },
+    /// A daemon stopped with an I/O error.
+    #[error("daemon {daemon} stopped: {detail}; fix: read the bundle's stderr for the cause")]
+    Daemon {
+        /// The daemon.
+        daemon: String,
+        /// What failed.
+        detail: String,
+    },
+}
+
+impl Coded for BundleError {
+    fn code(&self) -> &'static str {
+        match self {
+            Self::ConfigRead { .. } => "BOT-B001",
+            Self::ConfigInvalid { .. } => "BOT-B002",
+            Self::Rule { .. } => "BOT-B003",
+            Self::ListenAddr { .. } => "BOT-B004",
+            Self::Bind { .. } => "BOT-B005",
+            Self::EgressNotLoopback { .. } => "BOT-B006",
+            Self::Ca { .. } => "BOT-B007",
+            Self::Credential { .. } => "BOT-B008",
+            Self::Tls { .. } => "BOT-B009",
+            Self::Audit { .. } => "BOT-B010",
+            Self::CrashLoop { .. } => "BOT-B011",
+            Self::Daemon { .. } => "BOT-B012",
+        }
+    }
+}

@@ -1,0 +1,730 @@
+//! The agent-facing proxy: `HTTP_PROXY` / `HTTPS_PROXY` for the bottle.
+//!
+//! - `CONNECT host:port` to an allowed destination is answered `200` and the
+//!   tunnel is intercepted: the proxy terminates TLS with a leaf for `host`
+//!   minted from the bottle's CA, checks that the SNI names the same host,
+//!   then serves the HTTP/1.1 requests inside (each one's `Host` must name
+//!   the CONNECT host too: no domain fronting). A tunnel that does not
+//!   start with a TLS record is read as plain HTTP.
+//! - `GET http://host/...` (absolute form) is forwarded as plain HTTP.
+//! - `GET /__bottle/health` (origin form) is answered `200 ok` directly.
+//!
+//! Every forwarded request is scanned for secrets (target, headers, the body
+//! as it streams) and then handed to the egress daemon over loopback; the
+//! proxy itself never dials anything else. One audit line per decision.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bottle_core::bundle::{BundleConfig, BundleLimits};
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::BundleError;
+use crate::audit::{AuditLog, AuditRecord, Decision, redact_path};
+use crate::body::{AuditGuard, BoxBody, FindingSlot, MeteredBody, ScanBody, boxed, full};
+use crate::ca::LeafMinter;
+use crate::egress::{
+    DECISION_HEADER, REASON_HEADER, RULE_HEADER, SCHEME_HEADER, TARGET_HEADER, strip_hop_by_hop,
+};
+use crate::io::{IdleIo, Prefixed};
+use crate::policy::{Denial, Host, Policy, Verdict, normalize_host, parse_authority};
+use crate::scan::Scanner;
+
+/// The path the proxy answers itself, for readiness probes.
+pub const HEALTH_PATH: &str = "/__bottle/health";
+
+/// The proxy daemon's shared state.
+pub struct Proxy {
+    bottle: String,
+    policy: Policy,
+    scanner: Scanner,
+    minter: LeafMinter,
+    audit: AuditLog,
+    egress: SocketAddr,
+    client: Client<HttpConnector, BoxBody>,
+    limits: BundleLimits,
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy")
+            .field("bottle", &self.bottle)
+            .field("egress", &self.egress)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a request is going, after normalisation.
+#[derive(Debug, Clone)]
+struct Target {
+    scheme: &'static str,
+    host: Host,
+    port: u16,
+    rule: String,
+}
+
+impl Proxy {
+    /// Builds the proxy; `egress` is the egress daemon's bound address.
+    pub fn new(
+        config: &BundleConfig,
+        audit: AuditLog,
+        egress: SocketAddr,
+    ) -> Result<Self, BundleError> {
+        let policy = Policy::new(&config.allow, &config.ports)?;
+        let minter = LeafMinter::from_files(&config.ca_cert, &config.ca_key)?;
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(http);
+        Ok(Self {
+            bottle: config.bottle.clone(),
+            policy,
+            scanner: Scanner::new()?,
+            minter,
+            audit,
+            egress,
+            client,
+            limits: config.limits.clone(),
+        })
+    }
+
+    fn http1(&self) -> hyper::server::conn::http1::Builder {
+        let mut b = hyper::server::conn::http1::Builder::new();
+        b.timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_millis(self.limits.header_read_timeout_ms))
+            .max_header_size(self.limits.max_header_bytes)
+            .max_buf_size((self.limits.max_header_bytes + 8192).max(64 * 1024));
+        b
+    }
+
+    /// Serves connections from `listener` until it fails.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) -> Result<(), BundleError> {
+        let slots = Arc::new(Semaphore::new(self.limits.max_connections.max(1)));
+        loop {
+            let permit = slots
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|e| BundleError::Daemon {
+                    daemon: "proxy".into(),
+                    detail: e.to_string(),
+                })?;
+            let stream = match listener.accept().await {
+                Ok((s, _)) => s,
+                Err(e) if crate::egress::is_transient_accept_error(&e) => {
+                    eprintln!("bottle-bundle: proxy accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                Err(e) => {
+                    return Err(BundleError::Daemon {
+                        daemon: "proxy".into(),
+                        detail: format!("accept failed: {e}"),
+                    });
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let this = self.clone();
+            tokio::spawn(async move {
+                let io = TokioIo::new(IdleIo::new(
+                    stream,
+                    Duration::from_millis(this.limits.idle_timeout_ms),
+                ));
+                let svc_this = this.clone();
+                let svc = hyper::service::service_fn(move |req| {
+                    let this = svc_this.clone();
+                    async move { Ok::<_, std::convert::Infallible>(this.outer(req).await) }
+                });
+                let _ = this.http1().serve_connection(io, svc).with_upgrades().await;
+                drop(permit);
+            });
+        }
+    }
+
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one argument per audit field; a builder would only add noise"
+    )]
+    fn record(
+        &self,
+        decision: Decision,
+        host: &str,
+        port: u16,
+        method: &str,
+        path: &str,
+        reason: &str,
+        rule: &str,
+    ) -> AuditRecord {
+        AuditRecord {
+            v: crate::audit::AUDIT_VERSION,
+            time: crate::audit::now_rfc3339(),
+            bottle: self.bottle.clone(),
+            daemon: "proxy".into(),
+            decision,
+            host: host.into(),
+            port,
+            method: method.into(),
+            path: redact_path(path),
+            status: 0,
+            bytes_up: 0,
+            bytes_down: 0,
+            duration_ms: 0,
+            reason: reason.into(),
+            rule: rule.into(),
+        }
+    }
+
+    /// Answers locally and writes the audit line for it.
+    fn refuse(
+        &self,
+        status: StatusCode,
+        mut rec: AuditRecord,
+        start: Instant,
+        message: &str,
+    ) -> Response<BoxBody> {
+        rec.status = status.as_u16();
+        rec.duration_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.audit.write(&rec);
+        text(status, message)
+    }
+
+    fn deny(
+        &self,
+        d: &Denial,
+        host: &str,
+        port: u16,
+        method: &str,
+        path: &str,
+        start: Instant,
+    ) -> Response<BoxBody> {
+        let rec = self.record(Decision::Deny, host, port, method, path, d.reason, &d.rule);
+        self.refuse(StatusCode::FORBIDDEN, rec, start, &d.message)
+    }
+
+    /// Requests on the agent-facing socket: CONNECT, absolute-form, health.
+    async fn outer(self: Arc<Self>, req: Request<Incoming>) -> Response<BoxBody> {
+        let start = Instant::now();
+        let method = req.method().as_str().to_string();
+        if req.method() == Method::CONNECT {
+            return self.connect(req, start);
+        }
+        let uri = req.uri().clone();
+        let pq = uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
+        let Some(authority) = uri.authority() else {
+            if req.method() == Method::GET && uri.path() == HEALTH_PATH {
+                return text(StatusCode::OK, "ok");
+            }
+            let rec = self.record(
+                Decision::Deny,
+                "",
+                0,
+                &method,
+                &pq,
+                "not_a_proxy_request",
+                "",
+            );
+            return self.refuse(
+                StatusCode::BAD_REQUEST,
+                rec,
+                start,
+                "bottle: this is the bottle's egress proxy; send requests through it (HTTP_PROXY / HTTPS_PROXY)",
+            );
+        };
+        let (scheme, default_port) = match uri.scheme_str() {
+            Some("http") => ("http", 80),
+            Some("https") => ("https", 443),
+            other => {
+                let rec = self.record(
+                    Decision::Deny,
+                    authority.as_str(),
+                    0,
+                    &method,
+                    &pq,
+                    "bad_scheme",
+                    "",
+                );
+                let msg = format!(
+                    "bottle: the proxy forwards http and https only, not {}",
+                    other.unwrap_or("?")
+                );
+                return self.refuse(StatusCode::BAD_REQUEST, rec, start, &msg);
+            }
+        };
+        if authority.as_str().contains('@') {
+            let rec = self.record(Decision::Deny, "", 0, &method, &pq, "userinfo", "");
+            return self.refuse(
+                StatusCode::BAD_REQUEST,
+                rec,
+                start,
+                "bottle: credentials in proxy URLs are not allowed",
+            );
+        }
+        let (host, port) = match parse_authority(authority.as_str(), Some(default_port)) {
+            Ok(hp) => hp,
+            Err(e) => {
+                return self.deny(
+                    &Denial::bad_host(&e),
+                    authority.as_str(),
+                    0,
+                    &method,
+                    &pq,
+                    start,
+                );
+            }
+        };
+        if let Some(f) = self.scanner.scan(authority.as_str().as_bytes()) {
+            return self.blocked_name(&host.to_string(), port, &method, &pq, f, start);
+        }
+        let rule = match self.policy.check(&host, port) {
+            Verdict::Allow { rule } => rule,
+            Verdict::Deny(d) => return self.deny(&d, &host.to_string(), port, &method, &pq, start),
+        };
+        // A Host header naming another host than the URI is domain fronting
+        // in plain HTTP: refuse it rather than guess which one was meant.
+        if let Some(named) = req.headers().get(header::HOST) {
+            let same = named
+                .to_str()
+                .ok()
+                .and_then(|n| parse_authority(n, Some(port)).ok())
+                .is_some_and(|(h, _)| h == host);
+            if !same {
+                let rec = self.record(
+                    Decision::Deny,
+                    &host.to_string(),
+                    port,
+                    &method,
+                    &pq,
+                    "host_mismatch",
+                    &rule,
+                );
+                let msg = format!(
+                    "bottle: the request is for {host} but its Host header names {} (domain fronting is not allowed)",
+                    String::from_utf8_lossy(named.as_bytes())
+                );
+                return self.refuse(StatusCode::MISDIRECTED_REQUEST, rec, start, &msg);
+            }
+        }
+        let target = Target {
+            scheme,
+            host,
+            port,
+            rule,
+        };
+        self.forward(req, target, start).await
+    }
+
+    /// A destination name that itself carries a secret (exfiltration
+    /// through a subdomain that a suffix rule would allow).
+    fn blocked_name(
+        &self,
+        host: &str,
+        port: u16,
+        method: &str,
+        path: &str,
+        f: crate::scan::Finding,
+        start: Instant,
+    ) -> Response<BoxBody> {
+        let rec = self.record(
+            Decision::BlockedSecret,
+            host,
+            port,
+            method,
+            path,
+            &f.reason(),
+            "",
+        );
+        self.refuse(
+            StatusCode::FORBIDDEN,
+            rec,
+            start,
+            &format!(
+                "bottle: request blocked: the destination name carries what looks like a credential ({})",
+                f.reason()
+            ),
+        )
+    }
+
+    fn connect(self: Arc<Self>, req: Request<Incoming>, start: Instant) -> Response<BoxBody> {
+        let raw = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str().to_string())
+            .unwrap_or_default();
+        let (host, port) = match parse_authority(&raw, None) {
+            Ok(hp) => hp,
+            Err(e) => return self.deny(&Denial::bad_host(&e), &raw, 0, "CONNECT", "", start),
+        };
+        let host_s = host.to_string();
+        if let Some(f) = self.scanner.scan(raw.as_bytes()) {
+            return self.blocked_name(&host_s, port, "CONNECT", "", f, start);
+        }
+        let rule = match self.policy.check(&host, port) {
+            Verdict::Allow { rule } => rule,
+            Verdict::Deny(d) => return self.deny(&d, &host_s, port, "CONNECT", "", start),
+        };
+        let mut rec = self.record(
+            Decision::Allow,
+            &host_s,
+            port,
+            "CONNECT",
+            "",
+            "tunnel",
+            &rule,
+        );
+        rec.status = 200;
+        self.audit.write(&rec);
+        let target = Target {
+            scheme: "https",
+            host,
+            port,
+            rule,
+        };
+        let this = self.clone();
+        tokio::spawn(async move {
+            match hyper::upgrade::on(req).await {
+                Ok(upgraded) => this.intercept(TokioIo::new(upgraded), target).await,
+                Err(e) => eprintln!("bottle-bundle: proxy: CONNECT upgrade failed: {e}"),
+            }
+        });
+        Response::new(boxed(http_body_util::Empty::<Bytes>::new()))
+    }
+
+    async fn intercept(
+        self: Arc<Self>,
+        mut io: TokioIo<hyper::upgrade::Upgraded>,
+        mut target: Target,
+    ) {
+        let handshake_limit = Duration::from_millis(self.limits.header_read_timeout_ms);
+        let host_s = target.host.to_string();
+        // Handshake trouble is an error; a fronted SNI is a denial.
+        let fail = |reason: &str, status: u16| {
+            let decision = if reason == "sni_mismatch" {
+                Decision::Deny
+            } else {
+                Decision::Error
+            };
+            let mut rec = self.record(
+                decision,
+                &host_s,
+                target.port,
+                "CONNECT",
+                "",
+                reason,
+                &target.rule,
+            );
+            rec.status = status;
+            self.audit.write(&rec);
+        };
+        let mut first = [0u8; 1];
+        let n = match tokio::time::timeout(handshake_limit, io.read(&mut first)).await {
+            Ok(Ok(n)) => n,
+            _ => return,
+        };
+        if n == 0 {
+            return;
+        }
+        let io = Prefixed::new(Bytes::copy_from_slice(&first[..n]), io);
+        if first[0] != 0x16 {
+            // Not a TLS handshake record: plain HTTP inside the tunnel.
+            target.scheme = "http";
+            self.serve_tunnel(io, target).await;
+            return;
+        }
+        let acceptor =
+            tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
+        let start = match tokio::time::timeout(handshake_limit, acceptor).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(_)) => return fail("tls_handshake_failed", 0),
+            Err(_) => return fail("tls_handshake_timeout", 0),
+        };
+        let sni = start.client_hello().server_name().map(str::to_string);
+        let sni_ok = match (&sni, &target.host) {
+            (Some(s), h) => normalize_host(s).as_ref() == Ok(h),
+            (None, Host::Ip(_)) => true,
+            (None, Host::Name(_)) => false,
+        };
+        if !sni_ok {
+            // Domain fronting: TLS names one host, CONNECT another.
+            return fail("sni_mismatch", 0);
+        }
+        let config = match self.minter.server_config(&target.host) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("bottle-bundle: proxy: {e}");
+                return fail("leaf_mint_failed", 0);
+            }
+        };
+        let tls = match tokio::time::timeout(handshake_limit, start.into_stream(config)).await {
+            Ok(Ok(t)) => t,
+            Ok(Err(_)) => return fail("tls_handshake_failed", 0),
+            Err(_) => return fail("tls_handshake_timeout", 0),
+        };
+        self.serve_tunnel(tls, target).await;
+    }
+
+    async fn serve_tunnel<I>(self: Arc<Self>, io: I, target: Target)
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let this = self.clone();
+        let svc = hyper::service::service_fn(move |req| {
+            let this = this.clone();
+            let target = target.clone();
+            async move { Ok::<_, std::convert::Infallible>(this.inner(req, target).await) }
+        });
+        let _ = self.http1().serve_connection(TokioIo::new(io), svc).await;
+    }
+
+    /// A request inside an intercepted tunnel.
+    async fn inner(self: Arc<Self>, req: Request<Incoming>, target: Target) -> Response<BoxBody> {
+        let start = Instant::now();
+        let method = req.method().as_str().to_string();
+        let pq = req
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string();
+        let host_s = target.host.to_string();
+        if req.method() == Method::CONNECT {
+            let rec = self.record(
+                Decision::Deny,
+                &host_s,
+                target.port,
+                &method,
+                &pq,
+                "nested_connect",
+                &target.rule,
+            );
+            return self.refuse(
+                StatusCode::METHOD_NOT_ALLOWED,
+                rec,
+                start,
+                "bottle: CONNECT inside a tunnel is not allowed",
+            );
+        }
+        // The Host header (or an absolute URI) must name the CONNECT host.
+        let named = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str().to_string())
+            .or_else(|| {
+                req.headers()
+                    .get(header::HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .map(str::to_string)
+            });
+        let same = named
+            .as_deref()
+            .and_then(|n| parse_authority(n, Some(target.port)).ok())
+            .is_some_and(|(h, _)| h == target.host);
+        if !same {
+            let rec = self.record(
+                Decision::Deny,
+                &host_s,
+                target.port,
+                &method,
+                &pq,
+                "host_mismatch",
+                &target.rule,
+            );
+            let msg = format!(
+                "bottle: this tunnel is for {host_s}; the request names {} (domain fronting is not allowed)",
+                named.as_deref().unwrap_or("no host")
+            );
+            return self.refuse(StatusCode::MISDIRECTED_REQUEST, rec, start, &msg);
+        }
+        self.forward(req, target, start).await
+    }
+
+    /// Scans and forwards one request to egress; streams the response back.
+    async fn forward(
+        &self,
+        req: Request<Incoming>,
+        target: Target,
+        start: Instant,
+    ) -> Response<BoxBody> {
+        let method = req.method().as_str().to_string();
+        let pq = req
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string();
+        let host_s = target.host.to_string();
+        let blocked = |kind: String| {
+            let rec = self.record(
+                Decision::BlockedSecret,
+                &host_s,
+                target.port,
+                &method,
+                &pq,
+                &kind,
+                &target.rule,
+            );
+            self.refuse(
+                StatusCode::FORBIDDEN,
+                rec,
+                start,
+                &format!("bottle: request blocked: it carries what looks like a credential ({kind}); the bottle does not let secrets leave"),
+            )
+        };
+        if req.headers().contains_key(header::TRANSFER_ENCODING)
+            && req.headers().contains_key(header::CONTENT_LENGTH)
+        {
+            // Ambiguous framing is how requests get smuggled: refuse it.
+            let rec = self.record(
+                Decision::Deny,
+                &host_s,
+                target.port,
+                &method,
+                &pq,
+                "ambiguous_framing",
+                &target.rule,
+            );
+            return self.refuse(
+                StatusCode::BAD_REQUEST,
+                rec,
+                start,
+                "bottle: a request may not carry both Content-Length and Transfer-Encoding",
+            );
+        }
+        if let Some(f) = self.scanner.scan_target(&pq) {
+            return blocked(f.reason());
+        }
+        for (name, value) in req.headers() {
+            let line = [name.as_str().as_bytes(), b": ", value.as_bytes()].concat();
+            if let Some(f) = self.scanner.scan(&line) {
+                return blocked(f.reason());
+            }
+        }
+        let (mut parts, body) = req.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        let authority = match (target.scheme, target.port) {
+            ("https", 443) | ("http", 80) => target.host.authority_form(),
+            _ => format!("{}:{}", target.host.authority_form(), target.port),
+        };
+        if let Ok(v) = HeaderValue::from_str(&authority) {
+            parts.headers.insert(header::HOST, v);
+        }
+        if let Ok(v) =
+            HeaderValue::from_str(&format!("{}:{}", target.host.authority_form(), target.port))
+        {
+            parts.headers.insert(TARGET_HEADER, v);
+        }
+        parts
+            .headers
+            .insert(SCHEME_HEADER, HeaderValue::from_static(target.scheme));
+        parts.uri = match format!("http://{}{}", self.egress, pq).parse() {
+            Ok(u) => u,
+            Err(_) => {
+                let rec = self.record(
+                    Decision::Deny,
+                    &host_s,
+                    target.port,
+                    &method,
+                    &pq,
+                    "bad_uri",
+                    &target.rule,
+                );
+                return self.refuse(
+                    StatusCode::BAD_REQUEST,
+                    rec,
+                    start,
+                    "bottle: request target is not a valid URI",
+                );
+            }
+        };
+        parts.version = http::Version::HTTP_11;
+        let up = Arc::new(AtomicU64::new(0));
+        let finding: FindingSlot = Arc::default();
+        let client_failed = Arc::new(AtomicBool::new(false));
+        let body = ScanBody::new(
+            body,
+            &self.scanner,
+            up.clone(),
+            finding.clone(),
+            client_failed.clone(),
+        );
+        let egress_req = Request::from_parts(parts, boxed(body));
+        match self.client.request(egress_req).await {
+            Ok(resp) => {
+                let (mut parts, body) = resp.into_parts();
+                let take = |h: &mut http::HeaderMap, n: &str| {
+                    h.remove(n)
+                        .and_then(|v| v.to_str().ok().map(str::to_string))
+                };
+                let decision = match take(&mut parts.headers, DECISION_HEADER).as_deref() {
+                    Some("deny") => Decision::Deny,
+                    Some("error") => Decision::Error,
+                    _ => Decision::Allow,
+                };
+                let reason =
+                    take(&mut parts.headers, REASON_HEADER).unwrap_or_else(|| "allowed".into());
+                let rule =
+                    take(&mut parts.headers, RULE_HEADER).unwrap_or_else(|| target.rule.clone());
+                strip_hop_by_hop(&mut parts.headers);
+                let mut rec =
+                    self.record(decision, &host_s, target.port, &method, &pq, &reason, &rule);
+                rec.status = parts.status.as_u16();
+                let guard = AuditGuard::new(self.audit.clone(), rec, start, up, finding);
+                Response::from_parts(parts, boxed(MeteredBody::new(body, guard)))
+            }
+            Err(e) => {
+                if let Some(f) = finding.lock().ok().and_then(|s| *s) {
+                    return blocked(f.reason());
+                }
+                if client_failed.load(Ordering::Relaxed) {
+                    let rec = self.record(
+                        Decision::Error,
+                        &host_s,
+                        target.port,
+                        &method,
+                        &pq,
+                        "bad_request_body",
+                        &target.rule,
+                    );
+                    return self.refuse(StatusCode::BAD_REQUEST, rec, start, "bottle: the request body could not be read (malformed chunked encoding or the client went away)");
+                }
+                let rec = self.record(
+                    Decision::Error,
+                    &host_s,
+                    target.port,
+                    &method,
+                    &pq,
+                    "egress_unreachable",
+                    &target.rule,
+                );
+                eprintln!("bottle-bundle: proxy: egress request failed: {e}");
+                self.refuse(
+                    StatusCode::BAD_GATEWAY,
+                    rec,
+                    start,
+                    "bottle: the egress daemon did not answer",
+                )
+            }
+        }
+    }
+}
+
+fn text(status: StatusCode, message: &str) -> Response<BoxBody> {
+    let mut resp = Response::new(full(format!("{message}\n")));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}

@@ -1,0 +1,18 @@
+//! Integration tests for the bundle: the real proxy and egress daemons on
+//! loopback ephemeral ports, real upstream HTTP/HTTPS servers, real TLS.
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "test harness helpers outside #[test] fns: a failure must fail the test loudly"
+)]
+
+mod support;
+
+mod credentials;
+mod dns;
+mod fuzz;
+mod limits;
+mod policy;
+mod secrets;
+mod supervisor;
+mod tls;
