@@ -9,6 +9,13 @@ use crate::process::{cargo, workspace_root};
 /// The only target the static binaries are built for.
 pub const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
 
+/// Cargo's target directory: `CARGO_TARGET_DIR` if set, else `target/`.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
 /// The static binaries and where they end up.
 pub struct StaticBinaries {
     /// The sidecar bundle.
@@ -34,10 +41,7 @@ pub fn run() -> anyhow::Result<StaticBinaries> {
     if !status.success() {
         bail!("building the static binaries failed ({status})");
     }
-    let dir = workspace_root()
-        .join("target")
-        .join(STATIC_TARGET)
-        .join("release");
+    let dir = target_dir().join(STATIC_TARGET).join("release");
     let bundle = dir.join("bottle-bundle");
     if !bundle.is_file() {
         bail!("{} was not produced", bundle.display());
