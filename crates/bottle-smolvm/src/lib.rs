@@ -1,2 +1,46 @@
-//! `bottle-smolvm` is the smolmachines backend: the `smolvm` wrapper, the
-//! state-DB allowlist patcher and the Smolfile renderer.
+//! `bottle-smolvm` is the smolmachines backend: one libkrun microVM per
+//! bottle, driven through the `smolvm` CLI, whose only way out is the
+//! bottle's sidecar bundle.
+//!
+//! It owns:
+//! - [`cli`]: the `smolvm` wrapper (every argv built in one place, run
+//!   through [`bottle_core::exec::CommandRunner`]), version-aware
+//!   ([`version`]);
+//! - [`smolfile`]: the per-bottle Smolfile in smolvm's schema;
+//! - [`statedb`]: where smolvm's state database is, and the fail-closed
+//!   patch that makes a machine's egress policy exactly one `/32` (and no DNS
+//!   names) before it starts;
+//! - [`registry`] and [`pack`]: the agent image exported from the Docker
+//!   Engine, served over a read-only OCI registry on an ephemeral port, packed
+//!   by `smolvm pack create` into a `.smolmachine` cached by image ID;
+//! - [`provision`]: CA, prompt, skills, git and supervise settings copied
+//!   into the guest;
+//! - [`backend`]: [`backend::SmolvmBackend`], the
+//!   [`bottle_core::BottleBackend`], with launch, list, stop and cleanup;
+//! - [`bundle_host`]: the [`bundle_host::BundleHost`] seam to whoever runs
+//!   the bundle container, and why its address is what it is;
+//! - [`host`]: KVM and real-smolvm availability.
+//!
+//! **Architecture Invariant:** a machine is never started unless its record
+//! in smolvm's state database was read back holding exactly the bundle's
+//! `/32`; every other outcome removes what the launch created.
+
+pub mod backend;
+pub mod bundle_host;
+pub mod cli;
+pub mod error;
+pub mod host;
+pub mod interactive;
+pub mod pack;
+pub mod provision;
+pub mod registry;
+pub mod smolfile;
+pub mod statedb;
+pub mod version;
+
+pub use backend::{SmolvmBackend, SmolvmBottle};
+pub use bundle_host::{BundleEndpoint, BundleHost};
+pub use cli::Smolvm;
+pub use error::SmolvmError;
+pub use host::real_smolvm_available;
+pub use version::SmolvmVersion;

@@ -1,0 +1,449 @@
+//! The crate's error type and its stable codes (`BOT-K…`, K for krun).
+//!
+//! Every error says what failed and what to do next. At the
+//! [`bottle_core::BottleBackend`] boundary it becomes a
+//! [`BackendError`] that keeps the code, the message and the fix apart.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+use bottle_core::Coded;
+use bottle_core::backend::{BackendError, BackendErrorKind};
+
+use crate::version::SmolvmVersion;
+
+/// Everything that can go wrong while driving smolvm.
+#[derive(Debug)]
+pub enum SmolvmError {
+    /// The `smolvm` program is not on `PATH` (or not executable).
+    NotInstalled {
+        /// The program that was looked up.
+        program: String,
+        /// Why it could not be started.
+        source: io::Error,
+    },
+    /// smolvm ran but failed on its own (not a guest command's failure).
+    Failed {
+        /// The argv that failed.
+        argv: Vec<String>,
+        /// Its exit code, `None` if killed by a signal.
+        code: Option<i32>,
+        /// What it wrote to stderr (its `Error: …` line).
+        stderr: String,
+    },
+    /// `smolvm --version` said something we cannot read.
+    BadVersion {
+        /// What it printed.
+        output: String,
+    },
+    /// This smolvm does not enforce an egress allowlist at all.
+    VersionUnenforced {
+        /// The version found.
+        version: SmolvmVersion,
+    },
+    /// smolvm's output was not in the shape its source says it is.
+    BadOutput {
+        /// The argv whose output it was.
+        argv: Vec<String>,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// Neither `HOME` nor the platform's data directory could be found.
+    StateDbPath {
+        /// What is missing.
+        detail: String,
+    },
+    /// smolvm's state database is not where smolvm keeps it.
+    StateDbMissing {
+        /// Where it was looked for.
+        path: PathBuf,
+    },
+    /// The state database could not be opened, read or written.
+    StateDb {
+        /// What we were doing.
+        action: String,
+        /// The database file.
+        path: PathBuf,
+        /// The SQLite error.
+        source: rusqlite::Error,
+    },
+    /// The machine has no row in smolvm's state database.
+    StateRowMissing {
+        /// The database file.
+        path: PathBuf,
+        /// The machine.
+        machine: String,
+    },
+    /// The machine's row does not hold a JSON object.
+    StateRecordInvalid {
+        /// The database file.
+        path: PathBuf,
+        /// The machine.
+        machine: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The allowlist read back after the patch is not the one written.
+    AllowlistNotPersisted {
+        /// The database file.
+        path: PathBuf,
+        /// The machine.
+        machine: String,
+        /// The policy we wrote.
+        wanted: String,
+        /// The policy we read back.
+        found: String,
+    },
+    /// The Smolfile could not be rendered.
+    Smolfile {
+        /// What went wrong.
+        detail: String,
+    },
+    /// A Docker Engine API call failed (image inspect / export).
+    Docker {
+        /// What we asked the engine.
+        action: String,
+        /// The engine's error.
+        source: bollard::errors::Error,
+    },
+    /// The image export is not a `docker save` archive we can serve.
+    ImageArchive {
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// A file or directory could not be used.
+    Io {
+        /// What we were doing ("write", "create directory", ...).
+        action: String,
+        /// The path.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The local OCI registry could not be served.
+    Registry {
+        /// What we were doing.
+        action: String,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// `machine exec` ended without the exit-code marker our wrapper prints,
+    /// so the guest command's exit code is unknown.
+    ExecMarkerMissing {
+        /// The machine.
+        machine: String,
+        /// smolvm's exit code.
+        code: Option<i32>,
+        /// What smolvm wrote to stderr.
+        stderr: String,
+    },
+    /// The address the bundle serves the agent on cannot be a one-address
+    /// allowlist under smolvm's egress gateway.
+    BundleAddress {
+        /// The address.
+        address: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// No machine of that name exists.
+    VmMissing {
+        /// The machine.
+        machine: String,
+    },
+    /// A guest-side step of the launch (provisioning) failed.
+    Provision {
+        /// The step.
+        step: String,
+        /// What the guest said.
+        detail: String,
+    },
+    /// A machine of that name already exists.
+    AlreadyExists {
+        /// The machine.
+        machine: String,
+    },
+    /// A collaborator (the bundle host, the host check) failed; its error is
+    /// passed through unchanged.
+    External(BackendError),
+}
+
+impl SmolvmError {
+    /// What failed, as a lowercase fragment.
+    pub fn message(&self) -> String {
+        match self {
+            SmolvmError::NotInstalled { program, source } => {
+                format!("could not run {program:?}: {source}")
+            }
+            SmolvmError::Failed { argv, code, stderr } => {
+                let code = code.map_or_else(|| "a signal".to_string(), |c| format!("code {c}"));
+                let stderr = stderr.trim();
+                if stderr.is_empty() {
+                    format!("`{}` failed with {code}", argv.join(" "))
+                } else {
+                    format!("`{}` failed with {code}: {stderr}", argv.join(" "))
+                }
+            }
+            SmolvmError::BadVersion { output } => {
+                format!("could not read the smolvm version from {:?}", output.trim())
+            }
+            SmolvmError::VersionUnenforced { version } => format!(
+                "smolvm {version} does not enforce an egress allowlist (only 1.1.3 and later do, smolvm PR #427), so a bottle would have no network boundary"
+            ),
+            SmolvmError::BadOutput { argv, detail } => {
+                format!("unexpected output from `{}`: {detail}", argv.join(" "))
+            }
+            SmolvmError::StateDbPath { detail } => {
+                format!("cannot locate smolvm's state database: {detail}")
+            }
+            SmolvmError::StateDbMissing { path } => format!(
+                "smolvm's state database {} does not exist, so the allowlist cannot be confirmed",
+                path.display()
+            ),
+            SmolvmError::StateDb {
+                action,
+                path,
+                source,
+            } => format!(
+                "could not {action} smolvm's state database {}: {source}",
+                path.display()
+            ),
+            SmolvmError::StateRowMissing { path, machine } => format!(
+                "machine {machine:?} has no record in {}, so its allowlist cannot be confirmed",
+                path.display()
+            ),
+            SmolvmError::StateRecordInvalid {
+                path,
+                machine,
+                detail,
+            } => format!(
+                "the record of machine {machine:?} in {} is not usable: {detail}",
+                path.display()
+            ),
+            SmolvmError::AllowlistNotPersisted {
+                path,
+                machine,
+                wanted,
+                found,
+            } => format!(
+                "the egress policy of machine {machine:?} did not persist in {}: wrote {wanted}, read back {found}",
+                path.display()
+            ),
+            SmolvmError::Smolfile { detail } => format!("could not render the Smolfile: {detail}"),
+            SmolvmError::Docker { action, source } => {
+                format!("docker engine: could not {action}: {source}")
+            }
+            SmolvmError::ImageArchive { detail } => {
+                format!("the image export is not a usable docker-save archive: {detail}")
+            }
+            SmolvmError::Io {
+                action,
+                path,
+                source,
+            } => format!("could not {action} {}: {source}", path.display()),
+            SmolvmError::Registry { action, source } => {
+                format!("local image registry: could not {action}: {source}")
+            }
+            SmolvmError::ExecMarkerMissing {
+                machine,
+                code,
+                stderr,
+            } => format!(
+                "`smolvm machine exec` in {machine:?} ended (code {}) before the command's exit code was reported: {}",
+                code.map_or_else(|| "none".to_string(), |c| c.to_string()),
+                stderr.trim()
+            ),
+            SmolvmError::BundleAddress { address, reason } => {
+                format!("the bundle address {address} cannot be the bottle's allowlist: {reason}")
+            }
+            SmolvmError::VmMissing { machine } => format!("no smolvm machine named {machine:?}"),
+            SmolvmError::Provision { step, detail } => {
+                format!("could not provision the bottle ({step}): {}", detail.trim())
+            }
+            SmolvmError::AlreadyExists { machine } => {
+                format!("a smolvm machine named {machine:?} already exists")
+            }
+            SmolvmError::External(err) => err.message.clone(),
+        }
+    }
+
+    /// What the operator should do next.
+    pub fn fix(&self) -> String {
+        match self {
+            SmolvmError::NotInstalled { .. } => {
+                "install smolvm 1.1.3 or later (https://smolmachines.com/install.sh) and make sure it is on PATH, or pick the docker backend".into()
+            }
+            SmolvmError::Failed { .. } => {
+                "read smolvm's message above; `smolvm machine ls` shows what exists, `bottle cleanup` removes leftovers".into()
+            }
+            SmolvmError::BadVersion { .. } => {
+                "check that `smolvm --version` runs and prints `smolvm X.Y.Z`".into()
+            }
+            SmolvmError::VersionUnenforced { .. } => {
+                "upgrade smolvm to 1.1.3 or later; there is no override, because an unenforced allowlist is no sandbox".into()
+            }
+            SmolvmError::BadOutput { .. } => {
+                "report this smolvm version to the bottle maintainers; the output format may have changed".into()
+            }
+            SmolvmError::StateDbPath { .. } => {
+                "set HOME (or XDG_DATA_HOME, or SMOLVM_DATA_DIR on Linux) the way smolvm sees it".into()
+            }
+            SmolvmError::StateDbMissing { .. } => {
+                "run bottle with the same HOME, XDG_DATA_HOME and SMOLVM_DATA_DIR as smolvm; `smolvm machine ls` creates the database".into()
+            }
+            SmolvmError::StateDb { .. } => {
+                "check that the database is writable by you; if a smolvm server holds a long write lock, retry once it is idle".into()
+            }
+            SmolvmError::StateRowMissing { .. } => {
+                "the machine was deleted or smolvm keeps its state elsewhere; check SMOLVM_DATA_DIR and run `bottle cleanup`".into()
+            }
+            SmolvmError::StateRecordInvalid { .. } => {
+                "delete the machine with `bottle cleanup` and start again; report the smolvm version if it recurs".into()
+            }
+            SmolvmError::AllowlistNotPersisted { .. } => {
+                "the bottle was not started; stop any process rewriting smolvm's state (a `smolvm serve` instance) and retry, or report the smolvm version".into()
+            }
+            SmolvmError::Smolfile { .. } => "report this to the bottle maintainers".into(),
+            SmolvmError::Docker { .. } => {
+                "check that the Docker daemon is running and the agent image exists (`bottle doctor`)".into()
+            }
+            SmolvmError::ImageArchive { .. } => {
+                "rebuild the agent image; report the Docker version if it recurs".into()
+            }
+            SmolvmError::Io { .. } => {
+                "check that the directory exists, is writable by you and has free space".into()
+            }
+            SmolvmError::Registry { .. } => {
+                "check that binding a loopback port is allowed on this host".into()
+            }
+            SmolvmError::ExecMarkerMissing { .. } => {
+                "check that the machine is running (`smolvm machine ls`) and that its image has /bin/sh".into()
+            }
+            SmolvmError::BundleAddress { .. } => {
+                "the bundle host must publish the bundle on a per-bottle, non-loopback address (its docker bridge IP)".into()
+            }
+            SmolvmError::VmMissing { .. } => "run `bottle list` to see the bottles that exist".into(),
+            SmolvmError::Provision { .. } => {
+                "check that the agent image has /bin/sh, mkdir and cat; `bottle cleanup` removes what the launch left".into()
+            }
+            SmolvmError::AlreadyExists { .. } => {
+                "stop the running bottle with `bottle stop NAME`, or remove leftovers with `bottle cleanup`".into()
+            }
+            SmolvmError::External(err) => err.fix.clone(),
+        }
+    }
+
+    /// How the CLI should classify this failure.
+    pub fn kind(&self) -> BackendErrorKind {
+        match self {
+            SmolvmError::NotInstalled { .. }
+            | SmolvmError::BadVersion { .. }
+            | SmolvmError::VersionUnenforced { .. } => BackendErrorKind::Preflight,
+            SmolvmError::StateDbPath { .. }
+            | SmolvmError::StateDbMissing { .. }
+            | SmolvmError::StateRowMissing { .. }
+            | SmolvmError::StateRecordInvalid { .. }
+            | SmolvmError::AllowlistNotPersisted { .. }
+            | SmolvmError::BundleAddress { .. } => BackendErrorKind::IsolationUnconfirmed,
+            SmolvmError::VmMissing { .. } => BackendErrorKind::NotFound,
+            SmolvmError::External(err) => err.kind,
+            _ => BackendErrorKind::Failed,
+        }
+    }
+}
+
+impl fmt::Display for SmolvmError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}\n  fix: {}", self.message(), self.fix())
+    }
+}
+
+impl std::error::Error for SmolvmError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SmolvmError::NotInstalled { source, .. }
+            | SmolvmError::Io { source, .. }
+            | SmolvmError::Registry { source, .. } => Some(source),
+            SmolvmError::StateDb { source, .. } => Some(source),
+            SmolvmError::Docker { source, .. } => Some(source),
+            SmolvmError::External(err) => Some(err),
+            _ => None,
+        }
+    }
+}
+
+impl Coded for SmolvmError {
+    fn code(&self) -> &'static str {
+        match self {
+            SmolvmError::NotInstalled { .. } => "BOT-K001",
+            SmolvmError::Failed { .. } => "BOT-K002",
+            SmolvmError::BadVersion { .. } => "BOT-K003",
+            SmolvmError::VersionUnenforced { .. } => "BOT-K004",
+            SmolvmError::BadOutput { .. } => "BOT-K005",
+            SmolvmError::StateDbPath { .. } => "BOT-K010",
+            SmolvmError::StateDbMissing { .. } => "BOT-K011",
+            SmolvmError::StateDb { .. } => "BOT-K012",
+            SmolvmError::StateRowMissing { .. } => "BOT-K013",
+            SmolvmError::StateRecordInvalid { .. } => "BOT-K014",
+            SmolvmError::AllowlistNotPersisted { .. } => "BOT-K015",
+            SmolvmError::Smolfile { .. } => "BOT-K020",
+            SmolvmError::Docker { .. } => "BOT-K030",
+            SmolvmError::ImageArchive { .. } => "BOT-K031",
+            SmolvmError::Registry { .. } => "BOT-K032",
+            SmolvmError::Io { .. } => "BOT-K040",
+            SmolvmError::ExecMarkerMissing { .. } => "BOT-K050",
+            SmolvmError::BundleAddress { .. } => "BOT-K060",
+            SmolvmError::VmMissing { .. } => "BOT-K070",
+            SmolvmError::Provision { .. } => "BOT-K071",
+            SmolvmError::AlreadyExists { .. } => "BOT-K072",
+            SmolvmError::External(err) => err.code,
+        }
+    }
+}
+
+impl From<SmolvmError> for BackendError {
+    fn from(err: SmolvmError) -> Self {
+        if let SmolvmError::External(inner) = err {
+            return inner;
+        }
+        BackendError::new(err.kind(), err.code(), err.message(), err.fix()).with_source(err)
+    }
+}
+
+/// Shorthand for an I/O error on a path.
+pub(crate) fn io_err(action: &str, path: impl Into<PathBuf>, source: io::Error) -> SmolvmError {
+    SmolvmError::Io {
+        action: action.to_string(),
+        path: path.into(),
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_message_carries_a_fix_and_keeps_its_code_across_the_boundary() {
+        let err = SmolvmError::StateRowMissing {
+            path: "/x/smolvm.db".into(),
+            machine: "bot-bottle-a".into(),
+        };
+        let text = err.to_string();
+        assert!(text.contains("\n  fix: "), "{text}");
+        let backend: BackendError = err.into();
+        assert_eq!(backend.code, "BOT-K013");
+        assert_eq!(backend.kind, BackendErrorKind::IsolationUnconfirmed);
+        assert!(!backend.fix.is_empty());
+    }
+
+    #[test]
+    fn the_version_refusal_is_a_preflight_failure() {
+        let err = SmolvmError::VersionUnenforced {
+            version: SmolvmVersion::new(1, 1, 2),
+        };
+        assert_eq!(err.kind(), BackendErrorKind::Preflight);
+        assert!(err.message().contains("1.1.2"));
+        assert!(err.fix().contains("no override"));
+    }
+}

@@ -1,0 +1,482 @@
+//! The backend end to end against the fake: the launch refuses whenever the
+//! allowlist cannot be confirmed, and leaves nothing behind; when it can,
+//! the machine boots with exactly the bundle's /32 and no DNS names.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bottle_core::backend::{BackendErrorKind, BottleBackend};
+use bottle_core::spec::BottleSpec;
+use bottle_smolvm::SmolvmBackend;
+use serde_json::json;
+
+use crate::support::{ArchiveImages, RecordingBundles, World, sandbox_available};
+
+const BUNDLE: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 2);
+const MACHINE: &str = "bot-bottle-coder";
+
+struct Setup {
+    world: World,
+    backend: SmolvmBackend,
+    bundles: Arc<RecordingBundles>,
+    spec: BottleSpec,
+}
+
+fn setup(version: &str, mode: &str) -> Setup {
+    let world = World::new();
+    let project = world.dir.path().join("project");
+    std::fs::create_dir_all(project.join("skills/review")).unwrap();
+    std::fs::write(project.join("prompt.md"), "do the thing\n").unwrap();
+    std::fs::write(project.join("skills/review/SKILL.md"), "# review\n").unwrap();
+    let manifest_path = project.join("bottle.toml");
+    let text = r#"
+[agents.coder]
+image = "agent:test"
+prompt = "prompt.md"
+skills = ["skills/review"]
+env = { EDITOR = "vi" }
+
+[agents.coder.egress]
+allow = ["api.example.com"]
+
+[[agents.coder.git]]
+name = "repo"
+url = "https://example.com/repo.git"
+"#;
+    std::fs::write(&manifest_path, text).unwrap();
+    let manifest = bottle_core::manifest::parse(&manifest_path, text).unwrap();
+    let spec = BottleSpec::new(
+        &manifest,
+        &manifest_path,
+        "coder",
+        None,
+        &world.state_root(),
+    )
+    .unwrap();
+    let bundles = RecordingBundles::new(&world, BUNDLE);
+    let images = ArchiveImages::new(&world);
+    let backend = SmolvmBackend::new(
+        world.smolvm(version, mode),
+        images,
+        Arc::clone(&bundles) as Arc<dyn bottle_smolvm::BundleHost>,
+        world.state_root(),
+    )
+    .with_host_check(Arc::new(|| Ok(())));
+    Setup {
+        world,
+        backend,
+        bundles,
+        spec,
+    }
+}
+
+fn machines(s: &Setup) -> Vec<String> {
+    s.backend
+        .smolvm()
+        .list()
+        .unwrap()
+        .into_iter()
+        .map(|m| m.name)
+        .collect()
+}
+
+fn state_file(s: &Setup) -> PathBuf {
+    s.world.state_root().join("coder").join("smolvm.json")
+}
+
+/// Nothing a refused launch created is left: no machine, no bundle, no
+/// state file.
+fn assert_nothing_left(s: &Setup) {
+    assert!(machines(s).is_empty(), "machines left: {:?}", machines(s));
+    assert!(
+        s.bundles.live().is_empty(),
+        "bundles left: {:?}",
+        s.bundles.live()
+    );
+    assert!(!state_file(s).exists(), "state file left");
+}
+
+#[test]
+fn smolvm_without_an_enforced_allowlist_is_refused_before_anything_starts() {
+    let s = setup("1.1.2", "");
+    let err = s.backend.preflight().unwrap_err();
+    assert_eq!(err.kind, BackendErrorKind::Preflight);
+    assert_eq!(err.code, "BOT-K004");
+    assert!(err.message.contains("1.1.2"), "{}", err.message);
+    assert!(s.backend.prepare(&s.spec).is_err());
+    assert!(s.bundles.calls().is_empty());
+    let s = setup("0.8.0", "");
+    assert_eq!(s.backend.preflight().unwrap_err().code, "BOT-K004");
+}
+
+#[test]
+fn a_patch_that_does_not_take_refuses_the_launch_and_unwinds() {
+    // 1.7.7 drops --allow-cidr with --from, so the patch is needed; the
+    // fake's trigger undoes it.
+    let s = setup("1.7.7", "revert-db-writes");
+    s.backend.preflight().unwrap();
+    let plan = s.backend.prepare(&s.spec).unwrap();
+    let err = match s.backend.launch(&plan) {
+        Ok(_) => panic!("the launch must be refused"),
+        Err(err) => err,
+    };
+    assert_eq!(err.kind, BackendErrorKind::IsolationUnconfirmed, "{err}");
+    assert_eq!(err.code, "BOT-K015");
+    assert!(
+        s.world.booted(MACHINE).is_none(),
+        "the machine must never start"
+    );
+    assert_eq!(
+        s.bundles.calls(),
+        [format!("start {MACHINE}"), format!("stop {MACHINE}")]
+    );
+    assert_nothing_left(&s);
+}
+
+#[test]
+fn a_missing_record_refuses_the_launch() {
+    let s = setup("1.9.3", "no-row");
+    let plan = s.backend.prepare(&s.spec).unwrap();
+    let err = s.backend.launch(&plan).err().expect("refused");
+    assert_eq!(err.kind, BackendErrorKind::IsolationUnconfirmed, "{err}");
+    assert_eq!(err.code, "BOT-K013");
+    assert!(s.world.booted(MACHINE).is_none());
+    assert!(s.bundles.live().is_empty());
+    assert!(!state_file(&s).exists());
+}
+
+#[test]
+fn a_policy_rewritten_at_boot_refuses_the_launch_and_stops_the_vm() {
+    let s = setup("1.9.3", "start-clears-cidrs");
+    let plan = s.backend.prepare(&s.spec).unwrap();
+    let err = s.backend.launch(&plan).err().expect("refused");
+    assert_eq!(err.code, "BOT-K015", "{err}");
+    assert_nothing_left(&s);
+}
+
+#[test]
+fn an_existing_machine_is_not_overwritten() {
+    let s = setup("1.9.3", "");
+    let artifact = s.world.dir.path().join("x.smolmachine");
+    std::fs::write(&artifact, r#"{"format":"fake-smolmachine/1","image":"x"}"#).unwrap();
+    s.backend.smolvm().create(MACHINE, &artifact, &[]).unwrap();
+    let plan = s.backend.prepare(&s.spec).unwrap();
+    let err = s.backend.launch(&plan).err().expect("refused");
+    assert_eq!(err.code, "BOT-K072");
+    assert!(s.bundles.calls().is_empty());
+    assert_eq!(machines(&s), [MACHINE]);
+}
+
+fn launch_and_check(version: &str) {
+    let s = setup(version, "");
+    if !sandbox_available(&s.world) {
+        return;
+    }
+    s.backend.preflight().unwrap();
+    let plan = s.backend.prepare(&s.spec).unwrap();
+    assert!(plan.backend_lines.iter().any(|(k, _)| k == "allowlist"));
+    let bottle = s
+        .backend
+        .launch(&plan)
+        .unwrap_or_else(|e| panic!("{version}: {e}"));
+    assert_eq!(bottle.name(), MACHINE);
+
+    // The machine booted with exactly the bundle's /32 and no DNS names.
+    assert_eq!(
+        s.world.booted(MACHINE).unwrap(),
+        json!({ "allowed_cidrs": ["192.168.77.2/32"], "dns_filter_hosts": [], "network": true }),
+        "{version}"
+    );
+    let record = bottle_smolvm::statedb::read(&s.world.db(), MACHINE).unwrap();
+    assert_eq!(record["allowed_cidrs"], json!(["192.168.77.2/32"]));
+    assert_eq!(
+        record["source_smolmachine"]
+            .as_str()
+            .map(|p| p.ends_with(".smolmachine")),
+        Some(true)
+    );
+
+    // Provisioned: CA, prompt, skills, git, supervise, environment.
+    let guest = s.world.guest(MACHINE);
+    assert!(
+        std::fs::read_to_string(guest.join("etc/bottle/ca.pem"))
+            .unwrap()
+            .contains("TEST")
+    );
+    assert_eq!(
+        std::fs::read_to_string(guest.join("etc/bottle/prompt.md")).unwrap(),
+        "do the thing\n"
+    );
+    assert!(guest.join("etc/bottle/skills/review/SKILL.md").is_file());
+    assert!(
+        std::fs::read_to_string(guest.join("etc/bottle/gitconfig"))
+            .unwrap()
+            .contains("insteadOf = https://example.com/repo.git")
+    );
+    assert!(
+        std::fs::read_to_string(guest.join("etc/bottle/mcp.json"))
+            .unwrap()
+            .contains("http://192.168.77.2:9100/mcp")
+    );
+    assert_eq!(
+        std::fs::read_to_string(guest.join("etc/profile.d/bottle.sh")).unwrap(),
+        ". /etc/bottle/env\n"
+    );
+    let smolfile = std::fs::read_to_string(s.world.state_root().join("coder/Smolfile")).unwrap();
+    assert!(
+        smolfile.contains("allow_cidrs = [\"192.168.77.2/32\"]"),
+        "{smolfile}"
+    );
+
+    // Commands see the bottle's environment; exit codes come through.
+    let out = bottle
+        .exec(&[
+            "sh".into(),
+            "-c".into(),
+            "echo \"$HTTPS_PROXY $EDITOR\"; exit 4".into(),
+        ])
+        .unwrap();
+    assert_eq!(out.exit_code, 4);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "http://192.168.77.2:8888 vi\n"
+    );
+    let file = s.world.dir.path().join("notes.txt");
+    std::fs::write(&file, "n").unwrap();
+    bottle.copy_in(&file, "/tmp").unwrap();
+    assert!(guest.join("tmp/notes.txt").is_file());
+
+    // Listed, attachable, then stopped with nothing left.
+    let list = s.backend.list_active().unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].name, MACHINE);
+    assert_eq!(list[0].agent, "coder");
+    assert_eq!(list[0].state, "running");
+    assert_eq!(list[0].bundle_address.as_deref(), Some("192.168.77.2"));
+    let attached = s.backend.attach("coder").unwrap();
+    assert_eq!(attached.exec(&["true".into()]).unwrap().exit_code, 0);
+
+    // The image is now a cache hit.
+    let again = s.backend.prepare(&s.spec).unwrap();
+    let image_line = again
+        .backend_lines
+        .iter()
+        .find(|(k, _)| k == "image")
+        .unwrap();
+    assert!(image_line.1.starts_with("cached "), "{image_line:?}");
+
+    let report = s.backend.stop(MACHINE).unwrap();
+    assert!(report.failed.is_empty(), "{report:?}");
+    assert!(
+        report.removed.contains(&format!("vm {MACHINE}")),
+        "{report:?}"
+    );
+    assert!(
+        report.removed.contains(&format!("bundle {MACHINE}")),
+        "{report:?}"
+    );
+    assert_nothing_left(&s);
+    assert!(!guest.exists());
+    let err = s.backend.stop(MACHINE).unwrap_err();
+    assert_eq!(err.kind, BackendErrorKind::NotFound);
+}
+
+#[test]
+fn launch_on_the_newest_smolvm() {
+    launch_and_check("1.9.3");
+}
+
+#[test]
+fn launch_where_from_drops_the_allowlist() {
+    // 1.1.3..1.7.x: enforced, but `create --from` drops --allow-cidr, so the
+    // state-DB patch is what puts the /32 there.
+    launch_and_check("1.1.3");
+}
+
+#[test]
+fn cleanup_removes_orphans_and_nothing_else() {
+    let s = setup("1.9.3", "");
+    let artifact = s.world.dir.path().join("x.smolmachine");
+    std::fs::write(&artifact, r#"{"format":"fake-smolmachine/1","image":"x"}"#).unwrap();
+    let smolvm = s.backend.smolvm();
+    // A machine a crashed launch left (no state file), and one that is not
+    // a bottle at all.
+    smolvm.create("bot-bottle-orphan", &artifact, &[]).unwrap();
+    smolvm.start("bot-bottle-orphan").unwrap();
+    smolvm.create("someone-elses-vm", &artifact, &[]).unwrap();
+    // A state file whose machine is gone, and a bundle nobody owns.
+    let stale = s.world.state_root().join("stale");
+    std::fs::create_dir_all(&stale).unwrap();
+    std::fs::write(
+        stale.join("smolvm.json"),
+        serde_json::to_vec(&json!({
+            "version": 1, "bottle": "bot-bottle-stale", "agent": "x", "machine": "bot-bottle-stale",
+            "bundle_address": "192.168.77.2", "env": [], "default_command": [], "created": 1,
+            "launch_pid": 0, "phase": "running"
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    s.bundles
+        .live
+        .lock()
+        .unwrap()
+        .push("bot-bottle-stale".into());
+    s.bundles
+        .live
+        .lock()
+        .unwrap()
+        .push("bot-bottle-lost".into());
+
+    let listed: Vec<(String, String)> = s
+        .backend
+        .list_active()
+        .unwrap()
+        .into_iter()
+        .map(|b| (b.name, b.state))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (
+                "bot-bottle-orphan".to_string(),
+                "running (orphaned: no bottle state)".to_string()
+            ),
+            ("bot-bottle-stale".to_string(), "vm missing".to_string()),
+        ]
+    );
+
+    let report = s.backend.cleanup_orphans().unwrap();
+    assert!(report.failed.is_empty(), "{report:?}");
+    assert!(
+        report.removed.contains(&"vm bot-bottle-orphan".to_string()),
+        "{report:?}"
+    );
+    assert!(
+        report
+            .removed
+            .contains(&"bundle bot-bottle-stale".to_string()),
+        "{report:?}"
+    );
+    assert!(
+        report
+            .removed
+            .contains(&"bundle bot-bottle-lost".to_string()),
+        "{report:?}"
+    );
+    assert!(!stale.join("smolvm.json").exists());
+    assert_eq!(machines(&s), ["someone-elses-vm"]);
+    assert!(s.bundles.live().is_empty());
+    assert!(s.backend.list_active().unwrap().is_empty());
+}
+
+#[test]
+fn attach_to_an_unknown_bottle_is_not_found() {
+    let s = setup("1.9.3", "");
+    let err = s.backend.attach("nobody").err().expect("not found");
+    assert_eq!(err.kind, BackendErrorKind::NotFound);
+}
+
+#[test]
+fn the_state_database_follows_smolvms_environment() {
+    let s = setup("1.9.3", "");
+    assert_eq!(s.backend.db_path().unwrap(), s.world.db());
+}
+
+#[test]
+fn cleanup_finishes_off_a_launch_whose_process_died() {
+    let s = setup("1.9.3", "");
+    let artifact = s.world.dir.path().join("x.smolmachine");
+    std::fs::write(&artifact, r#"{"format":"fake-smolmachine/1","image":"x"}"#).unwrap();
+    s.backend.smolvm().create(MACHINE, &artifact, &[]).unwrap();
+    s.bundles.live.lock().unwrap().push(MACHINE.into());
+    // A launcher that crashed between `machine create` and the end.
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the test needs the pid of a process that has exited"
+    )]
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    std::fs::create_dir_all(state_file(&s).parent().unwrap()).unwrap();
+    std::fs::write(
+        state_file(&s),
+        serde_json::to_vec(&json!({
+            "version": 1, "bottle": MACHINE, "agent": "coder", "machine": MACHINE,
+            "bundle_address": "192.168.77.2", "env": [], "default_command": [], "created": 1,
+            "launch_pid": dead, "phase": "launching"
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    let listed = s.backend.list_active().unwrap();
+    assert_eq!(listed[0].state, "created (abandoned launch)");
+    let report = s.backend.cleanup_orphans().unwrap();
+    assert!(report.failed.is_empty(), "{report:?}");
+    assert_nothing_left(&s);
+}
+
+#[test]
+fn cleanup_leaves_a_launch_in_progress_alone() {
+    let s = setup("1.9.3", "");
+    let artifact = s.world.dir.path().join("x.smolmachine");
+    std::fs::write(&artifact, r#"{"format":"fake-smolmachine/1","image":"x"}"#).unwrap();
+    s.backend.smolvm().create(MACHINE, &artifact, &[]).unwrap();
+    std::fs::create_dir_all(state_file(&s).parent().unwrap()).unwrap();
+    std::fs::write(
+        state_file(&s),
+        serde_json::to_vec(&json!({
+            "version": 1, "bottle": MACHINE, "agent": "coder", "machine": MACHINE,
+            "bundle_address": null, "env": [], "default_command": [], "created": 1,
+            "launch_pid": std::process::id(), "phase": "launching"
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    let report = s.backend.cleanup_orphans().unwrap();
+    assert!(report.removed.is_empty(), "{report:?}");
+    assert_eq!(machines(&s), [MACHINE]);
+    assert!(state_file(&s).exists());
+}
+
+#[test]
+fn the_agent_session_runs_the_image_command_with_the_bottle_env_on_the_terminal() {
+    struct Recorder(std::sync::Mutex<Vec<Vec<String>>>);
+    impl bottle_smolvm::interactive::InteractiveRunner for Recorder {
+        fn run_interactive(&self, spec: &bottle_core::exec::CommandSpec) -> std::io::Result<i32> {
+            self.0.lock().unwrap().push(spec.argv());
+            Ok(7)
+        }
+    }
+    let recorder = Arc::new(Recorder(std::sync::Mutex::new(Vec::new())));
+    let s = setup("1.9.3", "");
+    let backend = s.backend.with_interactive(
+        Arc::clone(&recorder) as Arc<dyn bottle_smolvm::interactive::InteractiveRunner>
+    );
+    let artifact = s.world.dir.path().join("x.smolmachine");
+    std::fs::write(&artifact, r#"{"format":"fake-smolmachine/1","image":"x"}"#).unwrap();
+    backend.smolvm().create(MACHINE, &artifact, &[]).unwrap();
+    backend.smolvm().start(MACHINE).unwrap();
+    let dir = s.world.state_root().join("coder");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("smolvm.json"),
+        serde_json::to_vec(&json!({
+            "version": 1, "bottle": MACHINE, "agent": "coder", "machine": MACHINE,
+            "bundle_address": "192.168.77.2", "env": [["HTTPS_PROXY", "http://192.168.77.2:8888"]],
+            "default_command": ["/bin/agent", "--serve"], "created": 1,
+            "launch_pid": 1, "phase": "running"
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    let bottle = backend.attach(MACHINE).unwrap();
+    assert_eq!(bottle.exec_interactive(&[]).unwrap(), 7);
+    let argv = recorder.0.lock().unwrap()[0].clone();
+    let at = |w: &str| argv.iter().position(|a| a == w).unwrap();
+    assert_eq!(&argv[1..5], ["machine", "exec", "--name", MACHINE]);
+    assert_eq!(argv[at("-e") + 1], "HTTPS_PROXY=http://192.168.77.2:8888");
+    assert!(at("-i") < at("--"));
+    assert_eq!(&argv[at("--") + 1..], ["/bin/agent", "--serve"]);
+}

@@ -1,0 +1,400 @@
+//! Shared test fixtures: the fake smolvm in a private data dir, a
+//! docker-save archive built in the test, a recording bundle host, and a
+//! raw HTTP client.
+
+use std::io::{Read as _, Write as _};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use bottle_core::backend::{BackendError, CleanupReport};
+use bottle_core::exec::SystemRunner;
+use bottle_core::plan::Plan;
+use bottle_smolvm::pack::{self, AgentImage, ImageSource};
+use bottle_smolvm::{BundleEndpoint, BundleHost, Smolvm, SmolvmError};
+use sha2::{Digest as _, Sha256};
+
+/// The fake smolvm binary built with this crate.
+pub const FAKE: &str = env!("CARGO_BIN_EXE_fake-smolvm");
+
+/// A private world for one test: a temp dir holding the fake's data, the
+/// bottle state root and the image cache.
+pub struct World {
+    pub dir: tempfile::TempDir,
+}
+
+impl World {
+    pub fn new() -> World {
+        World {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    pub fn home(&self) -> PathBuf {
+        self.dir.path().join("home")
+    }
+
+    pub fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Where smolvm keeps its database in this world.
+    pub fn db(&self) -> PathBuf {
+        self.data().join("smolvm/server/smolvm.db")
+    }
+
+    pub fn fake_dir(&self) -> PathBuf {
+        self.data().join("smolvm/fake")
+    }
+
+    pub fn guest(&self, machine: &str) -> PathBuf {
+        self.fake_dir().join("guests").join(machine)
+    }
+
+    pub fn state_root(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    pub fn cache(&self) -> PathBuf {
+        self.dir.path().join("cache")
+    }
+
+    /// The fake, pretending to be `version`, with `mode` faults.
+    pub fn smolvm(&self, version: &str, mode: &str) -> Smolvm {
+        Smolvm::with_program(FAKE, Arc::new(SystemRunner))
+            .env("HOME", self.home())
+            .env("XDG_DATA_HOME", self.data())
+            .env("SMOLVM_DATA_DIR", "")
+            .env("FAKE_SMOLVM_VERSION", version)
+            .env("FAKE_SMOLVM_MODE", mode)
+    }
+
+    /// What the fake's `machine start` booted `machine` with.
+    pub fn booted(&self, machine: &str) -> Option<serde_json::Value> {
+        let path = self
+            .fake_dir()
+            .join("started")
+            .join(format!("{machine}.json"));
+        std::fs::read(path)
+            .ok()
+            .map(|b| serde_json::from_slice(&b).unwrap())
+    }
+}
+
+/// Whether the fake can confine guest commands on this host (it needs user
+/// and mount namespaces). Tests that exec print a skip line without it.
+pub fn sandbox_available(world: &World) -> bool {
+    let smolvm = world.smolvm("1.9.3", "");
+    let artifact = world.dir.path().join("probe.smolmachine");
+    std::fs::write(
+        &artifact,
+        r#"{"format":"fake-smolmachine/1","image":"probe"}"#,
+    )
+    .unwrap();
+    smolvm.create("bot-bottle-probe", &artifact, &[]).unwrap();
+    smolvm.start("bot-bottle-probe").unwrap();
+    let ok = match smolvm.exec("bot-bottle-probe", &["true".into()], &[]) {
+        Ok(out) => out.exit_code == 0,
+        Err(err) => {
+            eprintln!(
+                "skip: fake-smolvm cannot sandbox guest commands here: {}",
+                err.message()
+            );
+            false
+        }
+    };
+    smolvm.delete("bot-bottle-probe").unwrap();
+    ok
+}
+
+/// A layer tar holding one file.
+pub fn layer(path: &str, contents: &[u8]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(contents.len() as u64);
+    header.set_mode(0o644);
+    header.set_cksum();
+    builder.append_data(&mut header, path, contents).unwrap();
+    builder.into_inner().unwrap()
+}
+
+pub fn digest(bytes: &[u8]) -> String {
+    format!("sha256:{:x}", Sha256::digest(bytes))
+}
+
+/// A docker-save archive in the classic layout (`<id>/layer.tar`,
+/// `<config hex>.json`, `manifest.json`), written to `dest`. Returns the
+/// config digest (the image ID) and the layer digests.
+pub struct SavedImage {
+    pub id: String,
+    pub layers: Vec<String>,
+    pub config: Vec<u8>,
+}
+
+pub fn docker_save(dest: &Path, layers: &[Vec<u8>], symlink_last_to_first: bool) -> SavedImage {
+    let diff_ids: Vec<String> = layers.iter().map(|l| digest(l)).collect();
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": { "Entrypoint": ["/bin/agent"], "Cmd": ["--serve"] },
+        "rootfs": { "type": "layers", "diff_ids": diff_ids },
+    }))
+    .unwrap();
+    let id = digest(&config);
+    let hex = id.trim_start_matches("sha256:").to_string();
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut add = |path: &str, data: &[u8]| {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        builder.append_data(&mut header, path, data).unwrap();
+    };
+    let mut layer_paths = Vec::new();
+    for (i, layer) in layers.iter().enumerate() {
+        let dir = format!("{:064x}", i + 1);
+        let path = format!("{dir}/layer.tar");
+        if symlink_last_to_first && i == layers.len() - 1 && i > 0 {
+            layer_paths.push(path.clone());
+            continue;
+        }
+        add(&path, layer);
+        layer_paths.push(path);
+    }
+    let manifest = serde_json::to_vec(&serde_json::json!([{
+        "Config": format!("{hex}.json"),
+        "RepoTags": ["agent:test"],
+        "Layers": layer_paths,
+    }]))
+    .unwrap();
+    add(&format!("{hex}.json"), &config);
+    add("manifest.json", &manifest);
+    let mut bytes = builder.into_inner().unwrap();
+    if symlink_last_to_first && layers.len() > 1 {
+        // Docker writes a repeated layer as a symlink to the first copy.
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut archive = tar::Archive::new(bytes.as_slice());
+        for entry in archive.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let mut header = entry.header().clone();
+            let path = entry.path().unwrap().into_owned();
+            let mut data = Vec::new();
+            entry.read_to_end(&mut data).unwrap();
+            builder
+                .append_data(&mut header, path, data.as_slice())
+                .unwrap();
+        }
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Symlink);
+        header.set_size(0);
+        header.set_mode(0o777);
+        let last = layer_paths.last().unwrap().clone();
+        builder
+            .append_link(&mut header, last, format!("../{}", layer_paths[0]))
+            .unwrap();
+        bytes = builder.into_inner().unwrap();
+    }
+    std::fs::write(dest, bytes).unwrap();
+    SavedImage {
+        id,
+        layers: diff_ids,
+        config,
+    }
+}
+
+/// One raw HTTP/1.1 exchange (`Connection: close`).
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+pub fn http(addr: SocketAddr, method: &str, path: &str) -> Reply {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).unwrap();
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8(raw[..split].to_vec()).unwrap();
+    let body = raw[split + 4..].to_vec();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// A bundle host that starts nothing: it hands out a fixed address and a CA
+/// file, and records what it was asked.
+pub struct RecordingBundles {
+    pub address: Ipv4Addr,
+    pub ca: PathBuf,
+    pub git_gate: bool,
+    pub supervise: bool,
+    pub calls: Mutex<Vec<String>>,
+    pub live: Mutex<Vec<String>>,
+}
+
+impl RecordingBundles {
+    pub fn new(world: &World, address: Ipv4Addr) -> Arc<RecordingBundles> {
+        let ca = world.dir.path().join("ca.pem");
+        std::fs::write(
+            &ca,
+            "-----BEGIN CERTIFICATE-----\nTEST\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        Arc::new(RecordingBundles {
+            address,
+            ca,
+            git_gate: true,
+            supervise: true,
+            calls: Mutex::new(Vec::new()),
+            live: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    pub fn live(&self) -> Vec<String> {
+        self.live.lock().unwrap().clone()
+    }
+}
+
+impl BundleHost for RecordingBundles {
+    fn start(&self, plan: &Plan) -> Result<BundleEndpoint, BackendError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("start {}", plan.bottle));
+        self.live.lock().unwrap().push(plan.bottle.clone());
+        Ok(BundleEndpoint {
+            address: self.address,
+            ca_cert: self.ca.clone(),
+            git_gate: self.git_gate,
+            supervise: self.supervise,
+        })
+    }
+
+    fn stop(&self, bottle: &str) -> Result<CleanupReport, BackendError> {
+        self.calls.lock().unwrap().push(format!("stop {bottle}"));
+        let mut live = self.live.lock().unwrap();
+        let mut report = CleanupReport::default();
+        if let Some(i) = live.iter().position(|b| b == bottle) {
+            live.remove(i);
+            report.removed.push(format!("bundle {bottle}"));
+        }
+        Ok(report)
+    }
+
+    fn bottles(&self) -> Result<Vec<String>, BackendError> {
+        Ok(self.live())
+    }
+}
+
+/// Agent images from a test-made docker-save archive, packed for real
+/// through the local registry and the fake's `pack create`.
+pub struct ArchiveImages {
+    pub archive: PathBuf,
+    pub image: AgentImage,
+    pub cache: PathBuf,
+}
+
+impl ArchiveImages {
+    pub fn new(world: &World) -> Arc<ArchiveImages> {
+        let archive = world.dir.path().join("image.tar");
+        let saved = docker_save(
+            &archive,
+            &[layer("bin/agent", b"#!/bin/sh\necho agent\n")],
+            false,
+        );
+        Arc::new(ArchiveImages {
+            archive,
+            image: AgentImage {
+                reference: "agent:test".into(),
+                id: saved.id,
+                entrypoint: vec!["/bin/agent".into()],
+                cmd: vec!["--serve".into()],
+            },
+            cache: world.cache(),
+        })
+    }
+}
+
+impl ImageSource for ArchiveImages {
+    fn inspect(&self, reference: &str) -> Result<AgentImage, SmolvmError> {
+        assert_eq!(reference, self.image.reference);
+        Ok(self.image.clone())
+    }
+
+    fn cached(&self, image: &AgentImage) -> Option<PathBuf> {
+        Some(pack::cache_entry(&self.cache, image)).filter(|p| p.is_file())
+    }
+
+    fn smolmachine(&self, image: &AgentImage, smolvm: &Smolvm) -> Result<PathBuf, SmolvmError> {
+        if let Some(hit) = self.cached(image) {
+            return Ok(hit);
+        }
+        pack::pack_archive(
+            &self.archive,
+            image.id_hex(),
+            &self.cache,
+            std::net::IpAddr::V4(Ipv4Addr::LOCALHOST),
+            smolvm,
+        )
+    }
+}
+
+/// Whether Docker answers; absent is a skip unless BOTTLE_REQUIRE_DOCKER=1.
+pub fn docker_available(test: &str) -> Option<bollard::Docker> {
+    let required = std::env::var("BOTTLE_REQUIRE_DOCKER").is_ok_and(|v| v == "1");
+    let docker = bollard::Docker::connect_with_defaults().ok();
+    let up = docker.as_ref().is_some_and(|d| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(d.ping())
+            .is_ok()
+    });
+    if up {
+        docker
+    } else {
+        assert!(
+            !required,
+            "{test}: BOTTLE_REQUIRE_DOCKER=1 but Docker is not reachable"
+        );
+        eprintln!("skip: {test}: Docker is not reachable");
+        None
+    }
+}
