@@ -3,7 +3,9 @@
 //! - `cargo xtask test`: build the static binaries the tests put into images,
 //!   then run every test of the workspace.
 //! - `cargo xtask dist`: build the static binaries only.
+//! - `cargo xtask demo`: bring up the example bottle and show its policy.
 
+mod demo;
 mod dist;
 mod process;
 mod test;
@@ -18,9 +20,10 @@ fn main() -> ExitCode {
     };
     let result = match task {
         "test" => test::run(rest),
+        "demo" => demo::run(),
         "dist" => dist::run().map(|_| ExitCode::SUCCESS),
         _ => {
-            eprintln!("usage: cargo xtask <test|dist> [args]");
+            eprintln!("usage: cargo xtask <test|dist|demo> [args]");
             return ExitCode::from(2);
         }
     };

@@ -1,0 +1,177 @@
+//! `cargo xtask demo`: bring up the example bottle and show its policy at
+//! work — an allowed request succeeding, a denied one refused, a direct
+//! connection going nowhere — then tear everything down.
+//!
+//! "The internet" is a TEST-NET address (192.0.2.80) on a dummy interface
+//! this command creates, so the demo sends nothing off this machine.
+
+use std::io::{Read as _, Write as _};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+
+use crate::dist;
+use crate::process::{cargo, command, workspace_root};
+
+/// The dummy interface that stands in for the internet.
+const IFACE: &str = "btldemo0";
+/// The demo upstream's address (TEST-NET-1), pinned in examples/bottle.toml.
+const UPSTREAM: &str = "192.0.2.80";
+/// What the upstream answers.
+const GREETING: &str = "hello from demo.bottle.test, the one host this bottle may reach\n";
+
+/// Removes the dummy interface however the demo ends.
+struct Interface;
+
+impl Interface {
+    fn create() -> anyhow::Result<Interface> {
+        let _ = command("ip").args(["link", "del", IFACE]).output();
+        sh("ip", &["link", "add", IFACE, "type", "dummy"])?;
+        let guard = Interface;
+        sh("ip", &["addr", "add", &format!("{UPSTREAM}/32"), "dev", IFACE])?;
+        sh("ip", &["link", "set", IFACE, "up"])?;
+        // The upstream must be this machine's own address, or the demo
+        // would send traffic somewhere real.
+        let route = output("ip", &["route", "get", UPSTREAM])?;
+        if !route.starts_with(&format!("local {UPSTREAM} ")) {
+            bail!("{UPSTREAM} does not route to this machine ({route:?}); not running the demo");
+        }
+        Ok(guard)
+    }
+}
+
+impl Drop for Interface {
+    fn drop(&mut self) {
+        let _ = command("ip").args(["link", "del", IFACE]).output();
+    }
+}
+
+fn sh(program: &str, args: &[&str]) -> anyhow::Result<()> {
+    let status = command(program)
+        .args(args)
+        .status()
+        .with_context(|| format!("could not run {program}"))?;
+    if !status.success() {
+        bail!("{program} {} failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+fn output(program: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = command(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("could not run {program}"))?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Serves [`GREETING`] on the upstream address until dropped.
+fn serve_upstream(stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    let listener = TcpListener::bind((UPSTREAM, 80)).context("binding the demo upstream")?;
+    listener.set_nonblocking(true)?;
+    std::thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((mut stream, _)) => {
+                    let _ = stream.set_nonblocking(false);
+                    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                    let mut buf = [0u8; 4096];
+                    let _ = stream.read(&mut buf);
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{GREETING}",
+                        GREETING.len()
+                    );
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    });
+    Ok(())
+}
+
+/// The `bottle` binary, built for the demo.
+fn bottle_binary() -> anyhow::Result<PathBuf> {
+    let status = cargo()
+        .args(["build", "--quiet", "-p", "bottle-cli"])
+        .status()?;
+    if !status.success() {
+        bail!("building bottle failed");
+    }
+    Ok(dist::target_dir().join("debug").join("bottle"))
+}
+
+fn step(text: &str) {
+    println!("\n\x1b[1m==> {text}\x1b[0m");
+}
+
+/// Runs the demo.
+pub fn run() -> anyhow::Result<ExitCode> {
+    let binaries = dist::run()?;
+    let bottle = bottle_binary()?;
+    let root = workspace_root();
+    let manifest = root.join("examples/bottle.toml");
+    let busybox = Path::new("/bin/busybox");
+    if !busybox.is_file() {
+        bail!("/bin/busybox is missing; install it with `apt-get install busybox-static` (or run .ci/setup)");
+    }
+    std::fs::copy(busybox, root.join("examples/demo-agent/busybox"))
+        .context("copying busybox into the demo image's build context")?;
+
+    let _interface = Interface::create()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    serve_upstream(stop.clone())?;
+
+    let bottle_cmd = |args: &[&str]| {
+        let mut cmd = command(bottle.to_str().unwrap_or("bottle"));
+        cmd.arg("--manifest")
+            .arg(&manifest)
+            .args(args)
+            .env("BOTTLE_BUNDLE_BIN", &binaries.bundle);
+        cmd
+    };
+    let show = |args: &[&str]| -> anyhow::Result<bool> {
+        println!("$ bottle {}", args.join(" "));
+        Ok(bottle_cmd(args).status()?.success())
+    };
+
+    step("the plan");
+    show(&["plan", "demo"])?;
+    step("starting the demo bottle (builds the agent image and the bundle image on first run)");
+    if !show(&["start", "demo", "--yes", "--detach"])? {
+        bail!("the demo bottle did not start");
+    }
+    let result = (|| -> anyhow::Result<bool> {
+        step("an allowed request, through the bundle's proxy");
+        let allowed = show(&["exec", "demo", "--", "wget", "-qO-", "http://demo.bottle.test/"])?;
+        step("a denied request: the proxy refuses a host the manifest does not list");
+        let denied = !show(&["exec", "demo", "--", "wget", "-qO-", "http://denied.bottle.test/"])?;
+        step("going around the proxy: the agent has no route out");
+        let direct = !show(&[
+            "exec", "demo", "--", "env", "-u", "http_proxy", "-u", "HTTP_PROXY", "wget", "-qO-",
+            "-T", "3", &format!("http://{UPSTREAM}/"),
+        ])?;
+        step("the audit log");
+        show(&["logs", "demo"])?;
+        Ok(allowed && denied && direct)
+    })();
+    step("stopping the bottle");
+    let stopped = show(&["stop", "demo"])?;
+    stop.store(true, Ordering::Relaxed);
+    let _ = std::fs::remove_file(root.join("examples/demo-agent/busybox"));
+    let ok = result? && stopped;
+    println!(
+        "\n{}",
+        if ok {
+            "demo: the allowed request went through, the denied one and the direct one did not"
+        } else {
+            "demo: something did not behave as described above"
+        }
+    );
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
