@@ -33,7 +33,10 @@ impl Interface {
         let _ = command("ip").args(["link", "del", IFACE]).output();
         sh("ip", &["link", "add", IFACE, "type", "dummy"])?;
         let guard = Interface;
-        sh("ip", &["addr", "add", &format!("{UPSTREAM}/32"), "dev", IFACE])?;
+        sh(
+            "ip",
+            &["addr", "add", &format!("{UPSTREAM}/32"), "dev", IFACE],
+        )?;
         sh("ip", &["link", "set", IFACE, "up"])?;
         // The upstream must be this machine's own address, or the demo
         // would send traffic somewhere real.
@@ -118,7 +121,9 @@ pub fn run() -> anyhow::Result<ExitCode> {
     let manifest = root.join("examples/bottle.toml");
     let busybox = Path::new("/bin/busybox");
     if !busybox.is_file() {
-        bail!("/bin/busybox is missing; install it with `apt-get install busybox-static` (or run .ci/setup)");
+        bail!(
+            "/bin/busybox is missing; install it with `apt-get install busybox-static` (or run .ci/setup)"
+        );
     }
     std::fs::copy(busybox, root.join("examples/demo-agent/busybox"))
         .context("copying busybox into the demo image's build context")?;
@@ -148,13 +153,38 @@ pub fn run() -> anyhow::Result<ExitCode> {
     }
     let result = (|| -> anyhow::Result<bool> {
         step("an allowed request, through the bundle's proxy");
-        let allowed = show(&["exec", "demo", "--", "wget", "-qO-", "http://demo.bottle.test/"])?;
+        let allowed = show(&[
+            "exec",
+            "demo",
+            "--",
+            "wget",
+            "-qO-",
+            "http://demo.bottle.test/",
+        ])?;
         step("a denied request: the proxy refuses a host the manifest does not list");
-        let denied = !show(&["exec", "demo", "--", "wget", "-qO-", "http://denied.bottle.test/"])?;
+        let denied = !show(&[
+            "exec",
+            "demo",
+            "--",
+            "wget",
+            "-qO-",
+            "http://denied.bottle.test/",
+        ])?;
         step("going around the proxy: the agent has no route out");
         let direct = !show(&[
-            "exec", "demo", "--", "env", "-u", "http_proxy", "-u", "HTTP_PROXY", "wget", "-qO-",
-            "-T", "3", &format!("http://{UPSTREAM}/"),
+            "exec",
+            "demo",
+            "--",
+            "env",
+            "-u",
+            "http_proxy",
+            "-u",
+            "HTTP_PROXY",
+            "wget",
+            "-qO-",
+            "-T",
+            "3",
+            &format!("http://{UPSTREAM}/"),
         ])?;
         step("the audit log");
         show(&["logs", "demo"])?;
@@ -173,5 +203,9 @@ pub fn run() -> anyhow::Result<ExitCode> {
             "demo: something did not behave as described above"
         }
     );
-    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
