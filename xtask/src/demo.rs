@@ -2,8 +2,8 @@
 //! work — an allowed request succeeding, a denied one refused, a direct
 //! connection going nowhere — then tear everything down.
 //!
-//! "The internet" is a TEST-NET address (192.0.2.80) on a dummy interface
-//! this command creates, so the demo sends nothing off this machine.
+//! "The internet" is a TEST-NET address (192.0.2.80) on a dummy (or empty
+//! bridge) interface this command creates, so the demo sends nothing off this machine.
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpListener;
@@ -31,7 +31,11 @@ struct Interface;
 impl Interface {
     fn create() -> anyhow::Result<Interface> {
         let _ = command("ip").args(["link", "del", IFACE]).output();
-        sh("ip", &["link", "add", IFACE, "type", "dummy"])?;
+        // An empty bridge stands in on kernels built without the dummy
+        // driver: no ports either, and its addresses are just as local.
+        if sh("ip", &["link", "add", IFACE, "type", "dummy"]).is_err() {
+            sh("ip", &["link", "add", IFACE, "type", "bridge"])?;
+        }
         let guard = Interface;
         sh(
             "ip",

@@ -59,6 +59,8 @@ pub enum Command {
     Cleanup,
     /// Run a command in a bottle.
     Exec(ExecArgs),
+    /// Copy a host file or directory into a bottle.
+    Cp(CpArgs),
     /// Show a bottle's audit log.
     #[command(visible_alias = "audit")]
     Logs(LogsArgs),
@@ -109,6 +111,15 @@ pub struct ExecArgs {
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
+}
+
+/// `bottle cp`.
+#[derive(Debug, Args)]
+pub struct CpArgs {
+    /// The host file or directory.
+    pub source: std::path::PathBuf,
+    /// `BOTTLE:DIR`, the directory inside the bottle to copy into.
+    pub destination: String,
 }
 
 /// `bottle logs`.

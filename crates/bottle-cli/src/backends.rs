@@ -28,12 +28,47 @@ pub fn explicit(global: &Global) -> bool {
     global.backend.as_deref().is_some_and(|b| !b.is_empty())
 }
 
+/// How a command wants its backend set up.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Mode {
+    /// `bottle start --detach`: the bottle outlives this process.
+    pub detach: bool,
+}
+
 /// Constructs a backend.
-pub fn open(kind: BackendKind, _global: &Global) -> Result<Box<dyn BottleBackend>, BackendError> {
+pub fn open(
+    kind: BackendKind,
+    global: &Global,
+    mode: Mode,
+) -> Result<Box<dyn BottleBackend>, BackendError> {
+    let state_root =
+        bottle_core::state::state_root(|key| std::env::var(key).ok()).map_err(|err| {
+            BackendError::new(
+                BackendErrorKind::Preflight,
+                "BOT-S002",
+                err.to_string(),
+                "set HOME or XDG_STATE_HOME",
+            )
+        })?;
     match kind {
-        BackendKind::Docker => Err(not_landed(kind, "issue 4")),
+        BackendKind::Docker => {
+            let mut options = bottle_docker::DockerOptions::new(state_root);
+            options.detach = mode.detach;
+            options.progress = progress(global);
+            Ok(Box::new(bottle_docker::DockerBackend::new(options)?))
+        }
         BackendKind::Smolmachines => Err(not_landed(kind, "issue 5")),
     }
+}
+
+/// Build output and provisioning notes go to stderr when it is a terminal
+/// and the operator did not ask for quiet.
+fn progress(global: &Global) -> Option<bottle_docker::Progress> {
+    use std::io::IsTerminal as _;
+    if global.quiet || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    Some(std::sync::Arc::new(|line: &str| eprintln!("{line}")))
 }
 
 fn not_landed(kind: BackendKind, issue: &str) -> BackendError {

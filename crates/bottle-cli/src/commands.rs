@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use bottle_core::{BottleSpec, Manifest, Plan, manifest, slug};
 
-use crate::args::{Cli, Command, CompletionsArgs, ExecArgs, Global, LogsArgs, PlanArgs, StartArgs};
+use crate::args::{
+    Cli, Command, CompletionsArgs, CpArgs, ExecArgs, Global, LogsArgs, PlanArgs, StartArgs,
+};
 use crate::backends;
 use crate::devices;
 use crate::failure::{EXIT_DECLINED, EXIT_USAGE, Failure};
@@ -23,6 +25,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Stop(args) => stop(global, &args.bottle),
         Command::Cleanup => cleanup(global),
         Command::Exec(args) => exec(global, &args),
+        Command::Cp(args) => cp(global, &args),
         Command::Logs(args) => logs(&args),
         Command::Doctor => doctor(global),
         Command::Completions(args) => completions(&args),
@@ -111,7 +114,13 @@ fn start(global: &Global, args: &StartArgs) -> Result<ExitCode, Failure> {
     let kind = backends::selected(global)?;
     let spec = spec_for(global, &args.agent, args.name.as_deref())?;
     let resolved = devices::resolve(&spec)?;
-    let backend = backends::open(kind, global)?;
+    let backend = backends::open(
+        kind,
+        global,
+        backends::Mode {
+            detach: args.detach,
+        },
+    )?;
     backend.preflight()?;
     let mut plan = backend.prepare(&spec)?;
     resolved.fill_plan(&mut plan, Path::new("/"));
@@ -155,7 +164,9 @@ fn backends_to_ask(global: &Global) -> Result<Vec<Box<dyn bottle_core::BottleBac
     let mut opened = Vec::new();
     let mut last_error = None;
     for kind in kinds {
-        match backends::open(kind, global).and_then(|b| b.preflight().map(|()| b)) {
+        match backends::open(kind, global, backends::Mode::default())
+            .and_then(|b| b.preflight().map(|()| b))
+        {
             Ok(backend) => opened.push(backend),
             Err(err) => last_error = Some(err),
         }
@@ -204,9 +215,22 @@ fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
     let mut last_error = None;
     for backend in backends_to_ask(global)? {
         match backend.stop(&name) {
+            // Stopping is idempotent in the backends; nothing removed means
+            // this backend never had the bottle.
+            Ok(report) if report.removed.is_empty() && report.failed.is_empty() => {}
             Ok(report) => {
                 for line in &report.removed {
                     note(global.quiet, &format!("removed {line}"));
+                }
+                if !report.failed.is_empty() {
+                    return Err(Failure::new(
+                        "BOT-C007",
+                        crate::failure::EXIT_BACKEND,
+                        format!(
+                            "{name} was stopped but some of its resources remain: {}\n  fix: run `bottle cleanup`, then check `bottle list`",
+                            report.failed.join("; ")
+                        ),
+                    ));
                 }
                 out(&format!("stopped {name}\n"));
                 return Ok(ExitCode::SUCCESS);
@@ -242,12 +266,30 @@ fn cleanup(global: &Global) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Finds a running bottle on whichever backend runs it.
+fn find_bottle(global: &Global, bottle: &str) -> Result<Box<dyn bottle_core::Bottle>, Failure> {
+    let name = slug::bottle_name(slug::slug_of(bottle));
+    let mut last_error = None;
+    for backend in backends_to_ask(global)? {
+        match backend.attach(&name) {
+            Ok(found) => return Ok(found),
+            Err(err) if err.kind == bottle_core::backend::BackendErrorKind::NotFound => {
+                last_error = Some(err);
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Err(last_error.map(Failure::from).unwrap_or_else(|| {
+        Failure::new(
+            "BOT-C004",
+            4,
+            format!("no bottle named {name}\n  fix: see `bottle list`"),
+        )
+    }))
+}
+
 fn exec(global: &Global, args: &ExecArgs) -> Result<ExitCode, Failure> {
-    let name = slug::bottle_name(slug::slug_of(&args.bottle));
-    let kind = backends::selected(global)?;
-    let backend = backends::open(kind, global)?;
-    backend.preflight()?;
-    let bottle = backend.attach(&name)?;
+    let bottle = find_bottle(global, &args.bottle)?;
     if args.tty {
         let code = bottle.exec_interactive(&args.command)?;
         return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
@@ -256,6 +298,21 @@ fn exec(global: &Global, args: &ExecArgs) -> Result<ExitCode, Failure> {
     output::out_bytes(&result.stdout);
     output::err_bytes(&result.stderr);
     Ok(ExitCode::from(u8::try_from(result.exit_code).unwrap_or(1)))
+}
+
+fn cp(global: &Global, args: &CpArgs) -> Result<ExitCode, Failure> {
+    let Some((bottle, dir)) = args.destination.split_once(':') else {
+        return Err(Failure::new(
+            "BOT-C006",
+            EXIT_USAGE,
+            format!(
+                "destination {:?} does not name a bottle\n  fix: write BOTTLE:DIR, e.g. demo:/tmp",
+                args.destination
+            ),
+        ));
+    };
+    find_bottle(global, bottle)?.copy_in(&args.source, dir)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn audit_log_path(bottle: &str) -> Result<PathBuf, Failure> {

@@ -79,6 +79,54 @@ pub struct BundleConfig {
     /// written before these existed still load.
     #[serde(default)]
     pub limits: BundleLimits,
+    /// Git-gate listen address, normally `0.0.0.0:9418`. `None`: the gate
+    /// does not run (the manifest lists no repositories).
+    #[serde(default)]
+    pub git_gate_listen: Option<String>,
+    /// The repositories git-gate serves.
+    #[serde(default)]
+    pub git: Vec<BundleGitRepo>,
+}
+
+/// One repository behind git-gate, as the bundle sees it.
+///
+/// Two kinds: a host-side bare repository that the backend bind-mounts at
+/// `path_in_bundle` (`upstream` is `None`; the gate serves it directly), or
+/// a remote (`upstream` is its URL, normally `https://...`): the gate keeps
+/// a bare mirror at `path_in_bundle`, fetches into it before serving, and
+/// forwards accepted pushes to the upstream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BundleGitRepo {
+    /// The name the agent sees (`<GIT_GATE_URL>/<name>.git`).
+    pub name: String,
+    /// The bare repository inside the bundle: the bind mount
+    /// (`/run/bottle/git/<name>.git`) or the mirror
+    /// (`/var/lib/bottle/git/<name>.git`).
+    pub path_in_bundle: String,
+    /// The remote's URL when the gate mirrors it; `None` for a host-side
+    /// bare repository.
+    #[serde(default)]
+    pub upstream: Option<String>,
+    /// Whether the agent may push.
+    #[serde(default)]
+    pub mode: crate::manifest::GitMode,
+    /// Ref globs the agent may push to: `agent/*` matches branches
+    /// (`refs/heads/agent/x`); a glob starting with `refs/` matches full ref
+    /// names, and is the only way to allow tags (`refs/tags/v*`).
+    #[serde(default)]
+    pub push: Vec<String>,
+    /// Allow non-fast-forward updates of the pushable refs.
+    #[serde(default)]
+    pub allow_force: bool,
+    /// Allow deleting the pushable refs.
+    #[serde(default)]
+    pub allow_delete: bool,
+    /// File inside the bundle holding the upstream's credential (mirror
+    /// mode only). One line: `user:token` (sent as HTTP Basic), a bare
+    /// token (Basic with user `x-access-token`, GitHub's convention), or a
+    /// whole `Authorization: ...` header line.
+    #[serde(default)]
+    pub credential_file: Option<String>,
 }
 
 /// Bounds the bundle enforces on every connection. Tests shorten them.

@@ -76,6 +76,9 @@ pub struct Plan {
     pub egress_allow: Vec<String>,
     /// Ports the proxy lets through.
     pub egress_ports: Vec<u16>,
+    /// Allowed names pinned to addresses (`egress.resolve`).
+    #[serde(default)]
+    pub egress_resolve: std::collections::BTreeMap<String, String>,
     /// Credentials the bundle injects.
     pub credentials: Vec<PlannedCredential>,
     /// Repositories behind git-gate.
@@ -117,6 +120,7 @@ impl Plan {
             command: agent.command.clone(),
             egress_allow: agent.egress.allow.clone(),
             egress_ports: spec.egress_ports(),
+            egress_resolve: agent.egress.resolve.clone(),
             credentials: agent
                 .credentials
                 .iter()
@@ -184,6 +188,9 @@ impl Plan {
                 .collect::<Vec<_>>()
                 .join(", "),
         );
+        for (host, addr) in &self.egress_resolve {
+            line("resolve", &format!("{host} -> {addr}"));
+        }
         for cred in &self.credentials {
             line(
                 "credential",

@@ -1,2 +1,40 @@
-//! `bottle-docker` is the docker backend. It talks to the Docker Engine API
-//! (bollard) and never shells out to the `docker` CLI.
+//! `bottle-docker` is the docker backend: a [`DockerBackend`] implementing
+//! [`bottle_core::BottleBackend`] over the Docker Engine API (bollard). It
+//! never shells out to the `docker` CLI and runs no host program.
+//!
+//! A bottle is a per-bottle internal bridge `bot-bottle-<slug>` whose host
+//! side has no address, the bundle container `bot-bottle-<slug>-bundle`
+//! pinned at `.2` and also attached to the shared `bot-bottle-egress`
+//! bridge, and the agent container `bot-bottle-<slug>-agent` at `.3` on the
+//! internal bridge only (see [`config`] for why this closes the host and
+//! DNS paths Docker's `--internal` leaves open).
+//!
+//! Module map: [`backend`] (the trait impl, prepare), [`launch`] (steps,
+//! unwinding, failpoints), [`lifecycle`] (list, stop, cleanup),
+//! [`bottle`] (exec, copy-in), [`config`] (pure request builders),
+//! [`images`], [`names`] (labels), [`data`] (plan data, state dir).
+//!
+//! **Architecture Invariant:** every Docker resource a launch creates
+//! carries the `bottle.*` labels of [`names`] and is registered for undo
+//! before the next step runs.
+
+pub mod backend;
+pub mod bottle;
+pub mod client;
+pub mod config;
+pub mod data;
+mod error;
+pub mod images;
+pub mod launch;
+pub mod lifecycle;
+pub mod names;
+pub mod pause;
+pub mod tarball;
+mod tty;
+pub mod users;
+
+pub use backend::{DEFAULT_HEALTH_TIMEOUT, DockerBackend, DockerOptions};
+pub use bottle::DockerBottle;
+pub use error::{BUNDLE_BUILD_HINT, DockerError};
+pub use images::{BUNDLE_BIN_ENV, Progress};
+pub use launch::{FAILPOINT_ENV, STEPS};

@@ -240,6 +240,8 @@ pub fn base_config(dir: &Path, upstream: &Upstream, opts: &Options) -> (BundleCo
         upstream_roots: vec![upstream.root_pem.display().to_string()],
         nameservers: opts.nameservers.clone(),
         limits: opts.limits.clone(),
+        git_gate_listen: None,
+        git: Vec::new(),
     };
     (config, ca.cert_pem)
 }

@@ -1,0 +1,596 @@
+//! [`DockerBackend`]: the [`BottleBackend`] over the Docker Engine API.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use bottle_core::backend::{
+    BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, CleanupReport,
+};
+use bottle_core::manifest::CredentialSource;
+use bottle_core::slug::slug_of;
+use bottle_core::{BottleSpec, Plan};
+use bottle_net::{HostRoutes, Ipv4Net};
+
+use crate::bottle::DockerBottle;
+use crate::client::Engine;
+use crate::config;
+use crate::data::{self, CredentialRef, DockerPlanData, GitRef, STATE_LAYOUT_VERSION, StatePaths};
+use crate::error::{DockerError, is_not_found};
+use crate::images::{self, Progress};
+use crate::launch::{self, Failpoint, LaunchSettings};
+use crate::lifecycle;
+use crate::names::{Owner, ResourceNames};
+use crate::pause::pause_elf;
+
+/// How long `launch` waits for the bundle to answer by default.
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How the CLI configures the docker backend.
+#[derive(Clone)]
+pub struct DockerOptions {
+    /// Root of every bottle's state dir (`bottle_core::state::state_root`);
+    /// `cleanup` looks for abandoned stage dirs here.
+    pub state_root: PathBuf,
+    /// The static `bottle-bundle` binary. `None`: `BOTTLE_BUNDLE_BIN`, then
+    /// `bottle-bundle` next to the running program.
+    pub bundle_bin: Option<PathBuf>,
+    /// Receives build output and provisioning notes, one line at a time;
+    /// `None` is quiet. The CLI passes a printer when stderr is a terminal.
+    pub progress: Option<Progress>,
+    /// Leave bottles running after the launching process exits
+    /// (`bottle start --detach`); recorded in the plan and the labels.
+    pub detach: bool,
+    /// The daemon to talk to (`unix:///...`, `tcp://...`). `None`:
+    /// `DOCKER_HOST`, then the local socket. Bind mounts (the bundle's log
+    /// dir, the agent's resolv.conf) need the daemon on this machine.
+    pub docker_host: Option<String>,
+    /// How long to wait for the bundle's health check.
+    pub health_timeout: Duration,
+    /// Failure injection (tests): a `BOTTLE_FAILPOINT` value that takes
+    /// precedence over the environment variable. It can only make a launch
+    /// fail.
+    pub failpoint: Option<String>,
+    /// Test hook: the DNS server the agent's embedded resolver forwards to,
+    /// instead of the bundle's own address. The DNS test points it at a
+    /// recording server to prove nothing reaches it. Loopback addresses
+    /// are refused (dockerd would query those from the host's namespace).
+    pub dns_upstream: Option<Ipv4Addr>,
+}
+
+impl DockerOptions {
+    /// Defaults for a state root: quiet, attached, local daemon, 15 s.
+    pub fn new(state_root: impl Into<PathBuf>) -> DockerOptions {
+        DockerOptions {
+            state_root: state_root.into(),
+            bundle_bin: None,
+            progress: None,
+            detach: false,
+            docker_host: None,
+            health_timeout: DEFAULT_HEALTH_TIMEOUT,
+            failpoint: None,
+            dns_upstream: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for DockerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DockerOptions")
+            .field("state_root", &self.state_root)
+            .field("bundle_bin", &self.bundle_bin)
+            .field("progress", &self.progress.is_some())
+            .field("detach", &self.detach)
+            .field("docker_host", &self.docker_host)
+            .field("health_timeout", &self.health_timeout)
+            .field("failpoint", &self.failpoint)
+            .field("dns_upstream", &self.dns_upstream)
+            .finish()
+    }
+}
+
+/// The docker backend. Connects to the daemon on first use.
+pub struct DockerBackend {
+    options: DockerOptions,
+    engine: OnceLock<Engine>,
+}
+
+impl std::fmt::Debug for DockerBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DockerBackend")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DockerBackend {
+    /// A backend with `options`. Does not contact the daemon yet
+    /// ([`BottleBackend::preflight`] does).
+    pub fn new(options: DockerOptions) -> Result<DockerBackend, BackendError> {
+        if options.state_root.as_os_str().is_empty() || !options.state_root.is_absolute() {
+            return Err(DockerError::BadOption {
+                option: "state_root".into(),
+                detail: format!("{:?} is not an absolute path", options.state_root),
+            }
+            .into());
+        }
+        if let Some(ip) = options.dns_upstream
+            && (ip.is_loopback() || ip.is_unspecified())
+        {
+            return Err(DockerError::BadOption {
+                option: "dns_upstream".into(),
+                detail: format!("{ip} is a loopback or unspecified address, which dockerd would query from the host's network namespace"),
+            }
+            .into());
+        }
+        if let Some(value) = &options.failpoint {
+            Failpoint::parse(value)?;
+        }
+        Ok(DockerBackend {
+            options,
+            engine: OnceLock::new(),
+        })
+    }
+
+    /// The options this backend was made with.
+    pub fn options(&self) -> &DockerOptions {
+        &self.options
+    }
+
+    /// The connection, made on first use.
+    pub fn engine(&self) -> Result<&Engine, DockerError> {
+        if let Some(engine) = self.engine.get() {
+            return Ok(engine);
+        }
+        let engine = Engine::connect(self.options.docker_host.as_deref())?;
+        Ok(self.engine.get_or_init(|| engine))
+    }
+
+    /// Builds the demo agent image from `examples/demo-agent/` and the
+    /// static busybox at `busybox`, tagged `tag`.
+    pub fn build_demo_agent(
+        &self,
+        demo_dir: &Path,
+        busybox: &Path,
+        tag: &str,
+    ) -> Result<String, BackendError> {
+        let engine = self.engine()?;
+        let facts = images::build_demo_agent(
+            engine,
+            demo_dir,
+            busybox,
+            tag,
+            self.options.progress.as_ref(),
+        )?;
+        Ok(facts.id)
+    }
+
+    fn progress(&self, line: &str) {
+        if let Some(progress) = &self.options.progress {
+            progress(line);
+        }
+    }
+
+    fn prepare_inner(&self, spec: &BottleSpec) -> Result<Plan, DockerError> {
+        let engine = self.engine()?;
+        if lifecycle::bottle_resources_exist(engine, &spec.slug)? {
+            return Err(DockerError::AlreadyExists {
+                name: spec.name.clone(),
+            });
+        }
+        let names = ResourceNames::for_slug(&spec.slug);
+        let mut plan = Plan::from_spec(spec, BackendKind::Docker, spec.agent.memory_bytes());
+
+        // Images first: a missing image or bundle binary should fail before
+        // anything is written.
+        let (image_ref, image) = self.agent_image(engine, spec)?;
+        let bundle_bin = images::find_bundle_binary(self.options.bundle_bin.as_deref())?;
+        let bundle_image =
+            images::ensure_bundle_image(engine, &bundle_bin, self.options.progress.as_ref())?;
+        let info = engine
+            .block_on(engine.docker.info())
+            .map_err(DockerError::api("read the daemon's info"))?;
+        let arch = info.architecture.unwrap_or_default();
+        if pause_elf(&arch).is_none() {
+            return Err(DockerError::UnsupportedArch { arch });
+        }
+
+        let subnet = self.choose_subnet(engine, &spec.slug)?;
+        let (uid, gid) = (
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw(),
+        );
+        let data = DockerPlanData {
+            version: STATE_LAYOUT_VERSION,
+            network: names.network.clone(),
+            subnet: subnet.network.to_string(),
+            gateway: subnet.gateway,
+            bundle_ip: subnet.bundle_ip,
+            agent_ip: subnet.agent_ip,
+            bundle_container: names.bundle.clone(),
+            agent_container: names.agent.clone(),
+            bundle_image: bundle_image.clone(),
+            agent_image_id: image.id.clone(),
+            agent_image_ref: image_ref.clone(),
+            agent_user: image.user.clone(),
+            default_command: image.default_command.clone(),
+            arch,
+            dns_upstream: self.options.dns_upstream.unwrap_or(subnet.bundle_ip),
+            env: spec.agent.env.clone(),
+            credentials: spec
+                .agent
+                .credentials
+                .iter()
+                .map(|c| CredentialRef {
+                    name: c.name.clone(),
+                    host: c.host.clone(),
+                    header: c.header.clone(),
+                    format: c.format.clone().unwrap_or_else(|| "{}".into()),
+                    file: match &c.source {
+                        CredentialSource::File(path) => Some(expand_home(spec, path)),
+                        CredentialSource::Env(_) => None,
+                    },
+                    env: match &c.source {
+                        CredentialSource::Env(var) => Some(var.clone()),
+                        CredentialSource::File(_) => None,
+                    },
+                })
+                .collect(),
+            prompt: spec.agent.prompt.as_deref().map(|p| spec.resolve(p)),
+            skills: spec.agent.skills.iter().map(|s| spec.resolve(s)).collect(),
+            git: spec
+                .agent
+                .git
+                .iter()
+                .map(|repo| {
+                    let remote = is_remote_url(&repo.url);
+                    GitRef {
+                        name: repo.name.clone(),
+                        local_path: (!remote).then(|| expand_home(spec, &repo.url)),
+                        upstream: remote.then(|| repo.url.clone()),
+                        mode: repo.mode,
+                        push: repo.push.clone(),
+                        allow_force: repo.allow_force,
+                        allow_delete: repo.allow_delete,
+                        credential: repo.credential.as_deref().map(|c| expand_home(spec, c)),
+                    }
+                })
+                .collect(),
+            detached: self.options.detach,
+            bundle_user: (uid, gid),
+        };
+
+        plan.image = format!("{image_ref} ({})", short_id(&image.id));
+        plan.backend_lines = backend_lines(&data);
+        plan.backend_data = serde_json::to_value(&data).map_err(|err| DockerError::PlanData {
+            detail: err.to_string(),
+        })?;
+
+        // The stage: CA (0600 key), the bundle config for the operator to
+        // read, the plan, the owner. Nothing in Docker yet.
+        let paths = StatePaths::new(&plan.state_dir);
+        data::create_private_dir(&paths.root)?;
+        let ca = bottle_bundle::generate_ca(&plan.bottle).map_err(|err| DockerError::Ca {
+            detail: err.to_string(),
+        })?;
+        data::write_file(&paths.ca_cert(), ca.cert_pem.as_bytes(), 0o644)?;
+        data::write_file(&paths.ca_key(), ca.key_pem.as_bytes(), 0o600)?;
+        let bundle_config = serde_json::to_vec_pretty(&config::bundle_config(&plan, &data))
+            .map_err(|err| DockerError::PlanData {
+                detail: err.to_string(),
+            })?;
+        data::write_file(&paths.bundle_config(), &bundle_config, 0o600)?;
+        data::write_file(
+            &paths.agent_resolv_conf(),
+            config::AGENT_RESOLV_CONF.as_bytes(),
+            0o644,
+        )?;
+        data::write_plan(&paths, &plan)?;
+        data::write_owner(&paths, Owner::current())?;
+        Ok(plan)
+    }
+
+    fn agent_image(
+        &self,
+        engine: &Engine,
+        spec: &BottleSpec,
+    ) -> Result<(String, images::ImageFacts), DockerError> {
+        if let Some(reference) = &spec.agent.image {
+            return Ok((reference.clone(), images::inspect_image(engine, reference)?));
+        }
+        let Some(build) = &spec.agent.build else {
+            return Err(DockerError::PlanData {
+                detail: format!("agent {} has neither image nor build", spec.agent_name),
+            });
+        };
+        let context_dir = spec.resolve(&build.context);
+        let tag = format!("bottle-agent-{}:latest", spec.slug);
+        self.progress(&format!(
+            "building agent image {tag} from {}",
+            context_dir.display()
+        ));
+        let context = images::context_tar(&context_dir)?;
+        let args = build
+            .args
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let facts = images::build_from_tar(
+            engine,
+            context,
+            build.dockerfile.as_deref().unwrap_or("Dockerfile"),
+            &tag,
+            &args,
+            &std::collections::HashMap::new(),
+            self.options.progress.as_ref(),
+        )?;
+        Ok((tag, facts))
+    }
+
+    /// The slug's subnet, skipping every subnet an existing Docker network
+    /// or a host route overlaps.
+    fn choose_subnet(
+        &self,
+        engine: &Engine,
+        slug: &str,
+    ) -> Result<bottle_net::BottleSubnet, DockerError> {
+        let networks = engine
+            .block_on(engine.docker.list_networks(None))
+            .map_err(DockerError::api("list networks"))?;
+        let taken: Vec<Ipv4Net> = networks
+            .iter()
+            .filter_map(|n| n.ipam.as_ref()?.config.as_ref())
+            .flatten()
+            .filter_map(|c| c.subnet.as_deref())
+            .filter_map(parse_cidr)
+            .collect();
+        let routes = HostRoutes::read(Path::new("/"))?;
+        Ok(bottle_net::bottle_subnet(slug, &|net| {
+            taken.iter().any(|t| t.overlaps(&net)) || routes.overlaps(net)
+        })?)
+    }
+
+    fn attach_inner(&self, name: &str) -> Result<DockerBottle, DockerError> {
+        let engine = self.engine()?;
+        let names = ResourceNames::for_slug(slug_of(name));
+        let inspect = match engine.block_on(engine.docker.inspect_container(&names.agent, None)) {
+            Ok(inspect) => inspect,
+            Err(err) if is_not_found(&err) => {
+                return Err(DockerError::NotFound {
+                    name: names.bottle.clone(),
+                });
+            }
+            Err(err) => {
+                return Err(DockerError::api(format!(
+                    "inspect container {}",
+                    names.agent
+                ))(err));
+            }
+        };
+        let labels = inspect
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.clone())
+            .unwrap_or_default();
+        if labels.get(crate::names::LABEL_MANAGED).map(String::as_str) != Some("1") {
+            return Err(DockerError::NotFound {
+                name: names.bottle.clone(),
+            });
+        }
+        let state = inspect.state.unwrap_or_default();
+        if state.running != Some(true) {
+            return Err(DockerError::NotRunning {
+                name: names.bottle.clone(),
+                state: state.status.map(|s| s.to_string()).unwrap_or_default(),
+            });
+        }
+        let plan = labels
+            .get(crate::names::LABEL_STATE_DIR)
+            .and_then(|dir| data::read_plan(&StatePaths::new(dir)).ok());
+        let data = plan
+            .as_ref()
+            .and_then(|p| DockerPlanData::from_plan(p).ok());
+        Ok(DockerBottle {
+            engine: engine.clone(),
+            name: names.bottle.clone(),
+            container: names.agent.clone(),
+            default_command: data
+                .as_ref()
+                .map(|d| d.default_command.clone())
+                .unwrap_or_default(),
+            image: data
+                .map(|d| d.agent_image_ref)
+                .unwrap_or_else(|| inspect.image.unwrap_or_default()),
+        })
+    }
+
+    /// Launches and returns the concrete bottle (the trait returns it boxed).
+    pub fn launch_bottle(&self, plan: &Plan) -> Result<DockerBottle, BackendError> {
+        let engine = self.engine()?;
+        let settings = LaunchSettings {
+            progress: self.options.progress.clone(),
+            health_timeout: self.options.health_timeout,
+            failpoint: match &self.options.failpoint {
+                Some(value) => Failpoint::parse(value)?,
+                None => Failpoint::from_env()?,
+            },
+        };
+        // The confirmed plan is what stop and cleanup read back.
+        data::write_plan(&StatePaths::new(&plan.state_dir), plan)?;
+        Ok(launch::launch(engine, &settings, plan)?)
+    }
+
+    /// Finds a running bottle (concrete type).
+    pub fn attach_bottle(&self, name: &str) -> Result<DockerBottle, BackendError> {
+        Ok(self.attach_inner(name)?)
+    }
+}
+
+fn parse_cidr(text: &str) -> Option<Ipv4Net> {
+    let (addr, len) = text.split_once('/')?;
+    Ipv4Net::new(addr.parse::<Ipv4Addr>().ok()?, len.parse().ok()?).ok()
+}
+
+/// A remote (`scheme://...` or scp-like `user@host:path`) rather than a
+/// host-side path.
+fn is_remote_url(url: &str) -> bool {
+    if url.contains("://") {
+        return !url.starts_with("file://");
+    }
+    match url.split_once(':') {
+        Some((before, _)) => !before.contains('/') && before.contains('@'),
+        None => false,
+    }
+}
+
+fn short_id(id: &str) -> String {
+    id.trim_start_matches("sha256:").chars().take(12).collect()
+}
+
+fn expand_home(spec: &BottleSpec, path: &str) -> PathBuf {
+    match path.strip_prefix("~/") {
+        Some(rest) => std::env::var_os("HOME")
+            .map(|home| PathBuf::from(home).join(rest))
+            .unwrap_or_else(|| spec.resolve(path)),
+        None => spec.resolve(path),
+    }
+}
+
+fn backend_lines(data: &DockerPlanData) -> Vec<(String, String)> {
+    vec![
+        (
+            "network".into(),
+            format!(
+                "{} ({}, internal, no host address)",
+                data.network, data.subnet
+            ),
+        ),
+        (
+            "bundle".into(),
+            format!(
+                "{} at {} ({}), also on bot-bottle-egress",
+                data.bundle_container, data.bundle_ip, data.bundle_image
+            ),
+        ),
+        (
+            "agent".into(),
+            format!(
+                "{} at {} as {}",
+                data.agent_container,
+                data.agent_ip,
+                if data.agent_user.is_empty() {
+                    "root (the image sets no user)"
+                } else {
+                    data.agent_user.as_str()
+                }
+            ),
+        ),
+        (
+            "dns".into(),
+            "none (empty resolv.conf; the embedded resolver only reaches the bundle)".into(),
+        ),
+        (
+            "lifetime".into(),
+            if data.detached {
+                "detached: runs until `bottle stop`".into()
+            } else {
+                "stopped when this command exits".into()
+            },
+        ),
+    ]
+}
+
+impl BottleBackend for DockerBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Docker
+    }
+
+    fn preflight(&self) -> Result<(), BackendError> {
+        let engine = self.engine()?;
+        engine
+            .block_on(engine.docker.ping())
+            .map_err(DockerError::api("ping the docker daemon"))?;
+        Ok(())
+    }
+
+    fn prepare(&self, spec: &BottleSpec) -> Result<Plan, BackendError> {
+        Ok(self.prepare_inner(spec)?)
+    }
+
+    fn launch(&self, plan: &Plan) -> Result<Box<dyn Bottle>, BackendError> {
+        Ok(Box::new(self.launch_bottle(plan)?))
+    }
+
+    fn attach(&self, name: &str) -> Result<Box<dyn Bottle>, BackendError> {
+        Ok(Box::new(self.attach_inner(name)?))
+    }
+
+    fn list_active(&self) -> Result<Vec<BottleInfo>, BackendError> {
+        Ok(lifecycle::list_active(self.engine()?)?)
+    }
+
+    fn stop(&self, name: &str) -> Result<CleanupReport, BackendError> {
+        Ok(lifecycle::stop(
+            self.engine()?,
+            &self.options.state_root,
+            name,
+        )?)
+    }
+
+    fn cleanup_orphans(&self) -> Result<CleanupReport, BackendError> {
+        Ok(lifecycle::cleanup_orphans(
+            self.engine()?,
+            &self.options.state_root,
+        )?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidrs_parse() {
+        assert_eq!(
+            parse_cidr("172.17.0.0/16").map(|n| n.to_string()),
+            Some("172.17.0.0/16".into())
+        );
+        assert_eq!(parse_cidr("fd00::/64"), None);
+    }
+
+    #[test]
+    fn git_urls_and_paths() {
+        for remote in [
+            "https://github.com/o/r.git",
+            "ssh://git@h/r",
+            "git@github.com:o/r.git",
+        ] {
+            assert!(is_remote_url(remote), "{remote}");
+        }
+        for local in [
+            "/srv/r.git",
+            "repos/r.git",
+            "~/r.git",
+            "file:///srv/r.git",
+            "./a:b",
+        ] {
+            assert!(!is_remote_url(local), "{local}");
+        }
+    }
+
+    #[test]
+    fn relative_state_roots_are_refused() {
+        let err = DockerBackend::new(DockerOptions::new("relative/state")).unwrap_err();
+        assert_eq!(err.code, "BOT-D005");
+    }
+
+    #[test]
+    fn plan_lines_say_what_the_operator_confirms() {
+        let lines = backend_lines(&crate::config::tests::sample_data());
+        let text: String = lines.iter().map(|(k, v)| format!("{k}: {v}\n")).collect();
+        assert!(text.contains("internal, no host address"));
+        assert!(text.contains("192.168.40.2"));
+        assert!(text.contains("dns: none"));
+    }
+}

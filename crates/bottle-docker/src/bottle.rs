@@ -1,0 +1,402 @@
+//! A running docker bottle: exec (captured or on the operator's terminal)
+//! and copying files in, all through the Engine API.
+
+use std::io::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::query_parameters::UploadToContainerOptionsBuilder;
+use bottle_core::backend::{BackendError, Bottle, ExecOutput};
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+
+use crate::client::Engine;
+use crate::error::DockerError;
+use crate::tarball::{Ownership, TarBuilder, entry_name};
+use crate::tty;
+
+/// A running bottle's agent container.
+#[derive(Debug, Clone)]
+pub struct DockerBottle {
+    pub(crate) engine: Engine,
+    pub(crate) name: String,
+    pub(crate) container: String,
+    /// The image's entrypoint + cmd, run when no command is given.
+    pub(crate) default_command: Vec<String>,
+    pub(crate) image: String,
+}
+
+impl DockerBottle {
+    fn command(&self, argv: &[String]) -> Result<Vec<String>, DockerError> {
+        if !argv.is_empty() {
+            return Ok(argv.to_vec());
+        }
+        if self.default_command.is_empty() {
+            return Err(DockerError::NoCommand {
+                image: self.image.clone(),
+            });
+        }
+        Ok(self.default_command.clone())
+    }
+
+    /// The agent container's name.
+    pub fn container(&self) -> &str {
+        &self.container
+    }
+}
+
+/// Runs `argv` in `container` to completion, keeping stdout and stderr
+/// apart (the daemon multiplexes them when there is no TTY).
+pub async fn exec_captured(
+    engine: &Engine,
+    container: &str,
+    argv: &[String],
+    user: Option<&str>,
+) -> Result<ExecOutput, DockerError> {
+    let docker = &engine.docker;
+    let exec = docker
+        .create_exec(
+            container,
+            CreateExecOptions {
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                attach_stdin: Some(false),
+                tty: Some(false),
+                cmd: Some(argv.to_vec()),
+                user: user.map(str::to_string),
+                ..CreateExecOptions::default()
+            },
+        )
+        .await
+        .map_err(DockerError::api(format!("create an exec in {container}")))?;
+    let started = docker
+        .start_exec(&exec.id, None)
+        .await
+        .map_err(DockerError::api(format!("start an exec in {container}")))?;
+    let mut out = ExecOutput::default();
+    if let StartExecResults::Attached { mut output, .. } = started {
+        while let Some(chunk) = output.next().await {
+            match chunk.map_err(DockerError::api(format!(
+                "read exec output from {container}"
+            )))? {
+                bollard::container::LogOutput::StdOut { message }
+                | bollard::container::LogOutput::Console { message } => {
+                    out.stdout.extend_from_slice(&message);
+                }
+                bollard::container::LogOutput::StdErr { message } => {
+                    out.stderr.extend_from_slice(&message);
+                }
+                bollard::container::LogOutput::StdIn { .. } => {}
+            }
+        }
+    }
+    out.exit_code = exit_code(engine, &exec.id, container).await?;
+    Ok(out)
+}
+
+/// The exit code of a finished exec. The output stream can end a moment
+/// before the daemon records the exit, so this asks again briefly.
+async fn exit_code(engine: &Engine, exec_id: &str, container: &str) -> Result<i32, DockerError> {
+    for _ in 0..200 {
+        let inspect = engine
+            .docker
+            .inspect_exec(exec_id)
+            .await
+            .map_err(DockerError::api(format!("inspect an exec in {container}")))?;
+        if inspect.running != Some(true) {
+            return Ok(inspect
+                .exit_code
+                .and_then(|c| i32::try_from(c).ok())
+                .unwrap_or(-1));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Err(DockerError::Terminal {
+        action: format!("read the exit code of an exec in {container}"),
+        detail: "the daemon still reports it running after its output ended".into(),
+    })
+}
+
+impl Bottle for DockerBottle {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn exec(&self, argv: &[String]) -> Result<ExecOutput, BackendError> {
+        let argv = self.command(argv)?;
+        Ok(self
+            .engine
+            .block_on(exec_captured(&self.engine, &self.container, &argv, None))?)
+    }
+
+    fn exec_interactive(&self, argv: &[String]) -> Result<i32, BackendError> {
+        let argv = self.command(argv)?;
+        Ok(interactive(&self.engine, &self.container, &argv)?)
+    }
+
+    fn copy_in(&self, host_path: &Path, guest_dir: &str) -> Result<(), BackendError> {
+        Ok(copy_in(
+            &self.engine,
+            &self.container,
+            host_path,
+            guest_dir,
+        )?)
+    }
+}
+
+/// Copies a host file or tree into `guest_dir`, owned by the container's
+/// user.
+pub fn copy_in(
+    engine: &Engine,
+    container: &str,
+    host_path: &Path,
+    guest_dir: &str,
+) -> Result<(), DockerError> {
+    let owner = container_owner(engine, container)?;
+    let base = host_path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| DockerError::Io {
+            action: "copy into the bottle".into(),
+            path: host_path.to_path_buf(),
+            source: std::io::Error::other("the path has no file name"),
+        })?;
+    let dir = entry_name(guest_dir);
+    let name = if dir.is_empty() {
+        base
+    } else {
+        format!("{}/{base}", dir.trim_end_matches('/'))
+    };
+    let mut tar = TarBuilder::new();
+    tar.host_path(host_path, &name, owner)?;
+    upload(engine, container, tar.finish()?)
+}
+
+/// The numeric owner of the container's configured user.
+pub fn container_owner(engine: &Engine, container: &str) -> Result<Ownership, DockerError> {
+    let inspect = engine
+        .block_on(engine.docker.inspect_container(container, None))
+        .map_err(DockerError::api(format!("inspect container {container}")))?;
+    let user = inspect.config.and_then(|c| c.user).unwrap_or_default();
+    if user.is_empty() {
+        return Ok(Ownership::ROOT);
+    }
+    let text = |path: &str| -> Result<String, DockerError> {
+        Ok(download_file(engine, container, path)?
+            .map(|(bytes, _)| String::from_utf8_lossy(&bytes).into_owned())
+            .unwrap_or_default())
+    };
+    crate::users::resolve_owner(&user, &text("/etc/passwd")?, &text("/etc/group")?)
+}
+
+/// A regular file from the container, or `None` if it is absent (or not a
+/// regular file, e.g. a symlink into another directory).
+pub fn download_file(
+    engine: &Engine,
+    container: &str,
+    path: &str,
+) -> Result<Option<(Vec<u8>, u32)>, DockerError> {
+    use bollard::query_parameters::DownloadFromContainerOptionsBuilder;
+    let options = DownloadFromContainerOptionsBuilder::default()
+        .path(path)
+        .build();
+    let result: Result<Vec<u8>, bollard::errors::Error> = engine.block_on(async {
+        let mut stream = engine
+            .docker
+            .download_from_container(container, Some(options));
+        let mut archive = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            archive.extend_from_slice(&chunk?);
+        }
+        Ok(archive)
+    });
+    match result {
+        Ok(archive) => crate::tarball::first_file(&archive)
+            .map_err(DockerError::io(format!("read {path} from"), container)),
+        Err(err) if crate::error::is_not_found(&err) => Ok(None),
+        Err(err) => Err(DockerError::api(format!("read {path} from {container}"))(
+            err,
+        )),
+    }
+}
+
+/// Uploads an archive and extracts it at `/` in the container, keeping the
+/// owners and modes in the archive.
+pub fn upload(engine: &Engine, container: &str, archive: Vec<u8>) -> Result<(), DockerError> {
+    let options = UploadToContainerOptionsBuilder::default().path("/");
+    engine
+        .block_on(engine.docker.upload_to_container(
+            container,
+            Some(options.build()),
+            bollard::body_full(archive.into()),
+        ))
+        .map_err(DockerError::api(format!("copy files into {container}")))
+}
+
+/// Runs `argv` attached to the operator's terminal. Raw mode is restored
+/// on every way out (return, error, panic, SIGTERM/SIGHUP to `bottle`);
+/// the exec's TTY follows the terminal's size.
+fn interactive(engine: &Engine, container: &str, argv: &[String]) -> Result<i32, DockerError> {
+    let use_tty = tty::stdin_and_stdout_are_terminals();
+    // Dropped at the end of this function, after the exec, whatever happens.
+    let _raw = if use_tty {
+        Some(tty::RawMode::enable()?)
+    } else {
+        None
+    };
+    engine.block_on(interactive_async(engine, container, argv, use_tty))
+}
+
+async fn interactive_async(
+    engine: &Engine,
+    container: &str,
+    argv: &[String],
+    use_tty: bool,
+) -> Result<i32, DockerError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let docker = &engine.docker;
+    let env = use_tty.then(|| {
+        vec![format!(
+            "TERM={}",
+            std::env::var("TERM").unwrap_or_else(|_| "xterm-256color".into())
+        )]
+    });
+    let exec = docker
+        .create_exec(
+            container,
+            CreateExecOptions {
+                attach_stdin: Some(true),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                tty: Some(use_tty),
+                cmd: Some(argv.to_vec()),
+                env,
+                ..CreateExecOptions::default()
+            },
+        )
+        .await
+        .map_err(DockerError::api(format!("create an exec in {container}")))?;
+    let started = docker
+        .start_exec(
+            &exec.id,
+            Some(StartExecOptions {
+                detach: false,
+                tty: use_tty,
+                output_capacity: None,
+            }),
+        )
+        .await
+        .map_err(DockerError::api(format!("start an exec in {container}")))?;
+    let StartExecResults::Attached {
+        mut output,
+        mut input,
+    } = started
+    else {
+        return exit_code(engine, &exec.id, container).await;
+    };
+    let resize = |size: Option<(u16, u16)>| {
+        let id = exec.id.clone();
+        async move {
+            if let Some((rows, cols)) = size {
+                // A failed resize only garbles the layout; not worth failing.
+                let _ = docker
+                    .resize_exec(
+                        &id,
+                        bollard::exec::ResizeExecOptions {
+                            height: rows,
+                            width: cols,
+                        },
+                    )
+                    .await;
+            }
+        }
+    };
+    if use_tty {
+        resize(tty::window_size()).await;
+    }
+    let (stdin_rx, pump) = tty::StdinPump::start();
+    let mut stdin_rx = Some(stdin_rx);
+    let signal_err = |err: std::io::Error| DockerError::Terminal {
+        action: "watch for terminal signals".into(),
+        detail: err.to_string(),
+    };
+    let mut winch = signal(SignalKind::window_change()).map_err(signal_err)?;
+    // Only with a TTY: these handlers replace the default "terminate" for
+    // the rest of the process, which is wanted only while raw mode needs
+    // undoing.
+    let mut term = if use_tty {
+        Some(signal(SignalKind::terminate()).map_err(signal_err)?)
+    } else {
+        None
+    };
+    let mut hup = if use_tty {
+        Some(signal(SignalKind::hangup()).map_err(signal_err)?)
+    } else {
+        None
+    };
+    let mut stdout = std::io::stdout();
+    let mut stderr = std::io::stderr();
+    let mut interrupted = None;
+    loop {
+        tokio::select! {
+            chunk = output.next() => match chunk {
+                None => break,
+                Some(Err(err)) => {
+                    pump.stop();
+                    return Err(DockerError::api(format!("read exec output from {container}"))(err));
+                }
+                Some(Ok(bollard::container::LogOutput::StdErr { message })) => {
+                    let _ = stderr.write_all(&message).and_then(|()| stderr.flush());
+                }
+                Some(Ok(other)) => {
+                    let _ = stdout.write_all(other.as_ref()).and_then(|()| stdout.flush());
+                }
+            },
+            data = recv(&mut stdin_rx) => match data {
+                Some(bytes) => {
+                    if input.write_all(&bytes).await.is_err() {
+                        stdin_rx = None;
+                    }
+                }
+                None => {
+                    // Stdin ended: pass the EOF on (a TTY sees it as ^D).
+                    stdin_rx = None;
+                    if use_tty {
+                        let _ = input.write_all(&[4]).await;
+                    } else {
+                        let _ = input.shutdown().await;
+                    }
+                }
+            },
+            _ = winch.recv() => {
+                if use_tty {
+                    resize(tty::window_size()).await;
+                }
+            }
+            _ = maybe_recv(&mut term) => { interrupted = Some(128 + 15); break; }
+            _ = maybe_recv(&mut hup) => { interrupted = Some(128 + 1); break; }
+        }
+    }
+    pump.stop();
+    if let Some(code) = interrupted {
+        return Ok(code);
+    }
+    exit_code(engine, &exec.id, container).await
+}
+
+async fn recv(rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>>) -> Option<Vec<u8>> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn maybe_recv(signal: &mut Option<tokio::signal::unix::Signal>) {
+    match signal {
+        Some(signal) => {
+            signal.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}

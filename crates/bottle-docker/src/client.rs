@@ -1,0 +1,85 @@
+//! The connection to the Docker Engine: a bollard client and the tokio
+//! runtime the synchronous backend blocks on.
+//!
+//! The client's API version is negotiated down to the daemon's (bollard
+//! defaults to a newer one than Debian's dockerd 20.10 speaks), and every
+//! request this crate sends is valid at [`MIN_API_VERSION`].
+
+use std::future::Future;
+use std::sync::Arc;
+
+use bollard::Docker;
+
+use crate::error::DockerError;
+
+/// The oldest Engine API this backend drives (Docker 20.10).
+pub const MIN_API_VERSION: &str = "1.41";
+
+/// A connected client plus the runtime its futures run on.
+#[derive(Clone)]
+pub struct Engine {
+    /// The bollard client (cheap to clone).
+    pub docker: Docker,
+    runtime: Arc<tokio::runtime::Runtime>,
+    /// The daemon's API version after negotiation.
+    pub api_version: String,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("api_version", &self.api_version)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Connects to `host` (a `unix://` or `tcp://` URL), or to `DOCKER_HOST`
+    /// / the local socket when `None`, and negotiates the API version.
+    pub fn connect(host: Option<&str>) -> Result<Engine, DockerError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("bottle-docker")
+            .enable_all()
+            .build()
+            .map_err(DockerError::Runtime)?;
+        let endpoint = host
+            .map(str::to_string)
+            .or_else(|| std::env::var("DOCKER_HOST").ok())
+            .unwrap_or_else(|| "unix:///var/run/docker.sock".to_string());
+        let connect_err = |source| DockerError::Connect {
+            endpoint: endpoint.clone(),
+            source,
+        };
+        // bollard's client holds a hyper connection pool that must be
+        // created inside the runtime it will be driven by.
+        let docker = runtime.block_on(async {
+            let docker = match host {
+                Some(host) => Docker::connect_with_host(host),
+                None => Docker::connect_with_defaults(),
+            }
+            .map_err(connect_err)?;
+            docker.negotiate_version().await.map_err(connect_err)
+        })?;
+        let version = docker.client_version();
+        let api_version = format!("{}.{}", version.major_version, version.minor_version);
+        if (version.major_version, version.minor_version) < (1, 41) {
+            return Err(DockerError::ApiTooOld { found: api_version });
+        }
+        Ok(Engine {
+            docker,
+            runtime: Arc::new(runtime),
+            api_version,
+        })
+    }
+
+    /// Runs a future to completion on the backend's runtime.
+    pub fn block_on<F: Future>(&self, future: F) -> F::Output {
+        self.runtime.block_on(future)
+    }
+
+    /// The runtime, for spawning tasks that outlive one call.
+    pub fn handle(&self) -> tokio::runtime::Handle {
+        self.runtime.handle().clone()
+    }
+}

@@ -1,0 +1,645 @@
+//! Pure functions from a plan to the Docker objects a launch creates: the
+//! networks, the two containers, the agent's environment and the bundle's
+//! config. No I/O here, so the security-relevant shape of every request is
+//! unit-tested.
+//!
+//! **Isolation design.** The bottle's network is `--internal` *and* its
+//! bridge gets no IPv4 address on the host
+//! (`com.docker.network.bridge.inhibit_ipv4`). On Docker 20.10 a container
+//! on an internal network still gets a default route via the bridge's
+//! gateway, and the host answers on that address: the agent could reach
+//! every service listening on the host, and Docker's embedded DNS resolver
+//! forwards queries from the agent's namespace along that route (measured:
+//! a resolver on a host-local TEST-NET address received the agent's
+//! queries). Without a host address on the bridge, the gateway does not
+//! exist, so nothing beyond the bridge is routable from the agent. The
+//! embedded resolver is further pointed at the bundle's own address
+//! (`Dns: [bundle_ip]`, never a host loopback resolver, which dockerd would
+//! query from the host's namespace: CVE-2024-29018), where nothing answers
+//! DNS, and the agent's `/etc/resolv.conf` lists no nameserver at all.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+
+use bollard::models::{
+    ContainerCreateBody, DeviceMapping, EndpointIpamConfig, EndpointSettings, HostConfig, Ipam,
+    IpamConfig, NetworkCreateRequest, NetworkingConfig,
+};
+use bottle_core::Plan;
+use bottle_core::bundle::{
+    BUNDLE_CONFIG_PATH, BUNDLE_CONFIG_VERSION, BUNDLE_LOG_DIR, BundleConfig, BundleCredential,
+    BundleGitRepo, BundleLimits, EGRESS_PORT, GIT_GATE_PORT, PROXY_PORT,
+};
+
+use crate::data::DockerPlanData;
+use crate::names::{EGRESS_NETWORK, LABEL_MANAGED, LABEL_ROLE, role};
+use crate::pause::PAUSE_PATH;
+
+/// Where the bottle CA is installed in the agent.
+pub const AGENT_CA_PATH: &str = "/etc/bottle/ca.pem";
+/// Where the prompt file is copied in the agent.
+pub const AGENT_PROMPT_PATH: &str = "/etc/bottle/prompt.md";
+/// The directory skills are copied under in the agent (one subdirectory each).
+pub const AGENT_SKILLS_DIR: &str = "/etc/bottle/skills";
+/// The system trust bundle the CA is appended to when the image has one.
+pub const SYSTEM_TRUST_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// The CA certificate inside the bundle.
+pub const BUNDLE_CA_CERT: &str = "/run/bottle/ca.pem";
+/// The CA key inside the bundle.
+pub const BUNDLE_CA_KEY: &str = "/run/bottle/ca-key.pem";
+/// Credential files inside the bundle.
+pub const BUNDLE_CREDENTIALS_DIR: &str = "/run/bottle/credentials";
+/// The audit log inside the bundle.
+pub const BUNDLE_AUDIT_LOG: &str = "/var/log/bottle/audit.jsonl";
+/// Host-side repositories are bind-mounted under this directory.
+pub const BUNDLE_GIT_MOUNTS: &str = "/run/bottle/git";
+/// Mirrors of remote repositories live under this directory.
+pub const BUNDLE_GIT_MIRRORS: &str = "/var/lib/bottle/git";
+/// Git upstream credentials inside the bundle.
+pub const BUNDLE_GIT_CREDENTIALS_DIR: &str = "/run/bottle/git-credentials";
+/// Where the bundle binary sits in its image.
+pub const BUNDLE_BINARY_PATH: &str = "/bottle-bundle";
+
+/// Bundle memory limit: the proxy holds connection buffers, nothing more.
+pub const BUNDLE_MEMORY_BYTES: i64 = 512 << 20;
+/// Bundle process (thread) limit.
+pub const BUNDLE_PIDS: i64 = 512;
+
+/// The agent's `/etc/resolv.conf`: no nameserver, so libc resolvers have
+/// nothing to ask (they fall back to 127.0.0.1:53, where nothing listens).
+pub const AGENT_RESOLV_CONF: &str = "# bottle: this agent has no DNS. Use the proxy in HTTPS_PROXY; it resolves\n# the hosts your manifest allows.\noptions ndots:0 attempts:1 timeout:1\n";
+
+/// Driver option: give the host no address on the bridge.
+pub const OPT_INHIBIT_IPV4: &str = "com.docker.network.bridge.inhibit_ipv4";
+/// Driver option: inter-container communication on the bridge.
+pub const OPT_ENABLE_ICC: &str = "com.docker.network.bridge.enable_icc";
+/// Driver option: masquerade traffic leaving the bridge.
+pub const OPT_MASQUERADE: &str = "com.docker.network.bridge.enable_ip_masquerade";
+
+/// The bottle's private network: internal, no host address, no NAT.
+pub fn internal_network(
+    name: &str,
+    subnet: &str,
+    gateway: Ipv4Addr,
+    labels: HashMap<String, String>,
+) -> NetworkCreateRequest {
+    NetworkCreateRequest {
+        name: name.to_string(),
+        driver: Some("bridge".into()),
+        internal: Some(true),
+        attachable: Some(false),
+        enable_ipv6: Some(false),
+        ipam: Some(Ipam {
+            driver: Some("default".into()),
+            config: Some(vec![IpamConfig {
+                subnet: Some(subnet.to_string()),
+                gateway: Some(gateway.to_string()),
+                ..IpamConfig::default()
+            }]),
+            options: None,
+        }),
+        options: Some(HashMap::from([
+            (OPT_INHIBIT_IPV4.to_string(), "true".to_string()),
+            (OPT_MASQUERADE.to_string(), "false".to_string()),
+            (OPT_ENABLE_ICC.to_string(), "true".to_string()),
+        ])),
+        labels: Some(labels),
+        ..NetworkCreateRequest::default()
+    }
+}
+
+/// The shared egress network: a plain bridge with NAT, where bundles may
+/// not talk to one another (ICC off).
+pub fn egress_network() -> NetworkCreateRequest {
+    NetworkCreateRequest {
+        name: EGRESS_NETWORK.to_string(),
+        driver: Some("bridge".into()),
+        internal: Some(false),
+        attachable: Some(false),
+        enable_ipv6: Some(false),
+        options: Some(HashMap::from([(
+            OPT_ENABLE_ICC.to_string(),
+            "false".to_string(),
+        )])),
+        labels: Some(HashMap::from([
+            (LABEL_MANAGED.to_string(), "1".to_string()),
+            (LABEL_ROLE.to_string(), role::EGRESS.to_string()),
+        ])),
+        ..NetworkCreateRequest::default()
+    }
+}
+
+fn pinned_endpoint(network: &str, ip: Ipv4Addr) -> NetworkingConfig {
+    NetworkingConfig {
+        endpoints_config: Some(HashMap::from([(
+            network.to_string(),
+            EndpointSettings {
+                ipam_config: Some(EndpointIpamConfig {
+                    ipv4_address: Some(ip.to_string()),
+                    ..EndpointIpamConfig::default()
+                }),
+                ..EndpointSettings::default()
+            },
+        )])),
+    }
+}
+
+fn hardening(host: &mut HostConfig) {
+    host.cap_drop = Some(vec!["ALL".into()]);
+    host.security_opt = Some(vec!["no-new-privileges".into()]);
+    host.privileged = Some(false);
+}
+
+/// The bundle container. It starts on the internal network only; the
+/// egress network is connected before it starts (API 1.41 takes one
+/// network at create time).
+pub fn bundle_container(
+    data: &DockerPlanData,
+    log_dir: &str,
+    labels: HashMap<String, String>,
+) -> ContainerCreateBody {
+    let mut binds = vec![format!("{log_dir}:{BUNDLE_LOG_DIR}:rw")];
+    for repo in &data.git {
+        if let Some(path) = &repo.local_path {
+            let access = match repo.mode {
+                bottle_core::manifest::GitMode::ReadWrite => "rw",
+                bottle_core::manifest::GitMode::ReadOnly => "ro",
+            };
+            binds.push(format!(
+                "{}:{}:{access}",
+                path.display(),
+                git_path_in_bundle(repo)
+            ));
+        }
+    }
+    let mut host = HostConfig {
+        network_mode: Some(data.network.clone()),
+        binds: Some(binds),
+        memory: Some(BUNDLE_MEMORY_BYTES),
+        memory_swap: Some(BUNDLE_MEMORY_BYTES),
+        pids_limit: Some(BUNDLE_PIDS),
+        ..HostConfig::default()
+    };
+    hardening(&mut host);
+    ContainerCreateBody {
+        image: Some(data.bundle_image.clone()),
+        user: Some(format!("{}:{}", data.bundle_user.0, data.bundle_user.1)),
+        cmd: Some(vec![
+            "run".into(),
+            "--config".into(),
+            BUNDLE_CONFIG_PATH.into(),
+        ]),
+        labels: Some(labels),
+        host_config: Some(host),
+        networking_config: Some(pinned_endpoint(&data.network, data.bundle_ip)),
+        ..ContainerCreateBody::default()
+    }
+}
+
+/// The agent's environment: the manifest's, then the variables the
+/// backend owns (the manifest parser refuses those in `env`).
+pub fn agent_env(plan: &Plan, data: &DockerPlanData) -> Vec<String> {
+    let proxy = format!("http://{}:{PROXY_PORT}", data.bundle_ip);
+    let no_proxy = format!("localhost,127.0.0.1,{}", data.bundle_ip);
+    let mut env: Vec<String> = data.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    for key in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
+        env.push(format!("{key}={proxy}"));
+    }
+    for key in ["NO_PROXY", "no_proxy"] {
+        env.push(format!("{key}={no_proxy}"));
+    }
+    for key in ["NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"] {
+        env.push(format!("{key}={AGENT_CA_PATH}"));
+    }
+    if !plan.git.is_empty() {
+        env.push(format!(
+            "GIT_GATE_URL=http://{}:{GIT_GATE_PORT}",
+            data.bundle_ip
+        ));
+    }
+    env
+}
+
+/// The agent container: on the internal network only, every capability
+/// dropped, no privilege gain, the plan's limits, and the keep-alive
+/// program as its main process (commands run through exec).
+pub fn agent_container(
+    plan: &Plan,
+    data: &DockerPlanData,
+    resolv_conf: &str,
+    labels: HashMap<String, String>,
+) -> ContainerCreateBody {
+    let devices = plan
+        .devices
+        .iter()
+        .map(|device| DeviceMapping {
+            path_on_host: Some(device.host_path.clone()),
+            path_in_container: Some(device.container_path.clone()),
+            cgroup_permissions: Some("rwm".into()),
+        })
+        .collect::<Vec<_>>();
+    let memory = i64::try_from(plan.memory_bytes).unwrap_or(i64::MAX);
+    let mut host = HostConfig {
+        network_mode: Some(data.network.clone()),
+        memory: Some(memory),
+        // Equal to memory: no swap on top of the limit.
+        memory_swap: Some(memory),
+        pids_limit: Some(i64::from(plan.pids)),
+        nano_cpus: plan.cpus.map(|c| (c * 1e9) as i64),
+        init: Some(true),
+        dns: Some(vec![data.dns_upstream.to_string()]),
+        dns_search: Some(Vec::new()),
+        dns_options: Some(Vec::new()),
+        binds: Some(vec![format!("{resolv_conf}:/etc/resolv.conf:ro")]),
+        sysctls: Some(HashMap::from([
+            // Link-local IPv6 would reach the host's bridge interface.
+            (
+                "net.ipv6.conf.all.disable_ipv6".to_string(),
+                "1".to_string(),
+            ),
+            (
+                "net.ipv6.conf.default.disable_ipv6".to_string(),
+                "1".to_string(),
+            ),
+        ])),
+        devices: (!devices.is_empty()).then_some(devices),
+        ..HostConfig::default()
+    };
+    hardening(&mut host);
+    ContainerCreateBody {
+        image: Some(data.agent_image_id.clone()),
+        hostname: Some("bottle".into()),
+        user: (!data.agent_user.is_empty()).then(|| data.agent_user.clone()),
+        env: Some(agent_env(plan, data)),
+        entrypoint: Some(vec![PAUSE_PATH.into()]),
+        cmd: Some(Vec::new()),
+        labels: Some(labels),
+        host_config: Some(host),
+        networking_config: Some(pinned_endpoint(&data.network, data.agent_ip)),
+        ..ContainerCreateBody::default()
+    }
+}
+
+/// Where a repository lives inside the bundle: its bind mount, or its
+/// mirror.
+pub fn git_path_in_bundle(repo: &crate::data::GitRef) -> String {
+    let root = if repo.local_path.is_some() {
+        BUNDLE_GIT_MOUNTS
+    } else {
+        BUNDLE_GIT_MIRRORS
+    };
+    format!("{root}/{}.git", safe_name(&repo.name))
+}
+
+/// A git upstream credential's file inside the bundle.
+pub fn git_credential_file(index: usize, name: &str) -> String {
+    format!("{BUNDLE_GIT_CREDENTIALS_DIR}/{index}-{}", safe_name(name))
+}
+
+fn safe_name(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// The file name a credential's secret gets inside the bundle.
+pub fn credential_file(index: usize, name: &str) -> String {
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{BUNDLE_CREDENTIALS_DIR}/{index}-{safe}")
+}
+
+/// The bundle's config for this plan.
+pub fn bundle_config(plan: &Plan, data: &DockerPlanData) -> BundleConfig {
+    BundleConfig {
+        version: BUNDLE_CONFIG_VERSION,
+        bottle: plan.bottle.clone(),
+        proxy_listen: format!("0.0.0.0:{PROXY_PORT}"),
+        egress_listen: format!("127.0.0.1:{EGRESS_PORT}"),
+        allow: plan.egress_allow.clone(),
+        ports: plan.egress_ports.clone(),
+        credentials: data
+            .credentials
+            .iter()
+            .enumerate()
+            .map(|(i, c)| BundleCredential {
+                name: c.name.clone(),
+                host: c.host.clone(),
+                header: c.header.clone(),
+                format: c.format.clone(),
+                file: credential_file(i, &c.name),
+            })
+            .collect(),
+        ca_cert: BUNDLE_CA_CERT.into(),
+        ca_key: BUNDLE_CA_KEY.into(),
+        audit_log: BUNDLE_AUDIT_LOG.into(),
+        resolve: plan.egress_resolve.clone(),
+        upstream_roots: Vec::new(),
+        nameservers: Vec::new(),
+        limits: BundleLimits::default(),
+        git_gate_listen: (!data.git.is_empty()).then(|| format!("0.0.0.0:{GIT_GATE_PORT}")),
+        git: data
+            .git
+            .iter()
+            .enumerate()
+            .map(|(i, repo)| BundleGitRepo {
+                name: repo.name.clone(),
+                path_in_bundle: git_path_in_bundle(repo),
+                upstream: repo.upstream.clone(),
+                mode: repo.mode,
+                push: repo.push.clone(),
+                allow_force: repo.allow_force,
+                allow_delete: repo.allow_delete,
+                credential_file: repo
+                    .credential
+                    .as_ref()
+                    .map(|_| git_credential_file(i, &repo.name)),
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::collections::BTreeMap;
+
+    use bottle_core::BackendKind;
+
+    use super::*;
+    use crate::data::{CredentialRef, STATE_LAYOUT_VERSION};
+
+    pub(crate) fn sample_data() -> DockerPlanData {
+        DockerPlanData {
+            version: STATE_LAYOUT_VERSION,
+            network: "bot-bottle-demo".into(),
+            subnet: "192.168.40.0/24".into(),
+            gateway: Ipv4Addr::new(192, 168, 40, 1),
+            bundle_ip: Ipv4Addr::new(192, 168, 40, 2),
+            agent_ip: Ipv4Addr::new(192, 168, 40, 3),
+            bundle_container: "bot-bottle-demo-bundle".into(),
+            agent_container: "bot-bottle-demo-agent".into(),
+            bundle_image: "bottle-bundle:0123456789ab".into(),
+            agent_image_id: "sha256:abc".into(),
+            agent_image_ref: "demo:latest".into(),
+            agent_user: "agent".into(),
+            default_command: vec!["/bin/sh".into()],
+            arch: "x86_64".into(),
+            dns_upstream: Ipv4Addr::new(192, 168, 40, 2),
+            env: BTreeMap::from([("EDITOR".into(), "vi".into())]),
+            credentials: vec![CredentialRef {
+                name: "api key/1".into(),
+                host: "api.example.com".into(),
+                header: "x-api-key".into(),
+                format: "{}".into(),
+                file: None,
+                env: Some("KEY".into()),
+            }],
+            prompt: None,
+            skills: Vec::new(),
+            git: vec![
+                crate::data::GitRef {
+                    name: "local".into(),
+                    local_path: Some("/home/op/repo.git".into()),
+                    upstream: None,
+                    mode: bottle_core::manifest::GitMode::ReadWrite,
+                    push: vec!["agent/*".into()],
+                    allow_force: false,
+                    allow_delete: false,
+                    credential: None,
+                },
+                crate::data::GitRef {
+                    name: "remote".into(),
+                    local_path: None,
+                    upstream: Some("https://git.example.com/r.git".into()),
+                    mode: bottle_core::manifest::GitMode::ReadOnly,
+                    push: vec![],
+                    allow_force: false,
+                    allow_delete: false,
+                    credential: Some("/home/op/token".into()),
+                },
+            ],
+            detached: false,
+            bundle_user: (1000, 1000),
+        }
+    }
+
+    fn sample_plan() -> Plan {
+        Plan {
+            version: bottle_core::plan::PLAN_VERSION,
+            bottle: "bot-bottle-demo".into(),
+            slug: "demo".into(),
+            agent: "demo".into(),
+            backend: BackendKind::Docker,
+            image: "demo:latest".into(),
+            command: vec![],
+            egress_allow: vec!["api.example.com".into()],
+            egress_ports: vec![443],
+            egress_resolve: Default::default(),
+            credentials: vec![],
+            git: vec![],
+            devices: vec![bottle_core::plan::PlannedDevice {
+                host_path: "/dev/fuse".into(),
+                container_path: "/dev/fuse".into(),
+                summary: "/dev/fuse".into(),
+            }],
+            devices_dropped: vec![],
+            memory_bytes: 256 << 20,
+            pids: 128,
+            cpus: Some(1.5),
+            state_dir: "/state/demo".into(),
+            backend_lines: vec![],
+            backend_data: serde_json::Value::Null,
+        }
+    }
+
+    #[test]
+    fn the_internal_network_has_no_host_address_and_no_nat() {
+        let req = internal_network(
+            "bot-bottle-demo",
+            "192.168.40.0/24",
+            Ipv4Addr::new(192, 168, 40, 1),
+            HashMap::new(),
+        );
+        assert_eq!(req.internal, Some(true));
+        let options = req.options.unwrap();
+        assert_eq!(options[OPT_INHIBIT_IPV4], "true");
+        assert_eq!(options[OPT_MASQUERADE], "false");
+        let ipam = req.ipam.unwrap().config.unwrap();
+        assert_eq!(ipam[0].subnet.as_deref(), Some("192.168.40.0/24"));
+        assert_eq!(ipam[0].gateway.as_deref(), Some("192.168.40.1"));
+    }
+
+    #[test]
+    fn bundles_cannot_talk_to_each_other_on_the_egress_network() {
+        let req = egress_network();
+        assert_eq!(req.internal, Some(false));
+        assert_eq!(req.options.unwrap()[OPT_ENABLE_ICC], "false");
+        assert_eq!(req.labels.unwrap()[LABEL_ROLE], "egress");
+    }
+
+    #[test]
+    fn agent_container_shape() {
+        let plan = sample_plan();
+        let data = sample_data();
+        let body = agent_container(
+            &plan,
+            &data,
+            "/state/demo/stage/resolv.conf",
+            HashMap::new(),
+        );
+        let host = body.host_config.clone().unwrap();
+        assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(
+            host.security_opt,
+            Some(vec!["no-new-privileges".to_string()])
+        );
+        assert_eq!(host.memory, Some(256 << 20));
+        assert_eq!(host.memory_swap, Some(256 << 20));
+        assert_eq!(host.pids_limit, Some(128));
+        assert_eq!(host.nano_cpus, Some(1_500_000_000));
+        assert_eq!(host.network_mode.as_deref(), Some("bot-bottle-demo"));
+        assert_eq!(host.dns, Some(vec!["192.168.40.2".to_string()]));
+        assert_eq!(
+            host.binds,
+            Some(vec![
+                "/state/demo/stage/resolv.conf:/etc/resolv.conf:ro".to_string()
+            ])
+        );
+        assert_eq!(host.init, Some(true));
+        assert_eq!(host.cap_add, None);
+        assert_eq!(host.privileged, Some(false));
+        assert_eq!(
+            host.devices.unwrap()[0].path_on_host.as_deref(),
+            Some("/dev/fuse")
+        );
+        assert_eq!(body.user.as_deref(), Some("agent"));
+        assert_eq!(body.entrypoint, Some(vec![PAUSE_PATH.to_string()]));
+        let endpoints = body.networking_config.unwrap().endpoints_config.unwrap();
+        assert_eq!(endpoints.len(), 1);
+        assert_eq!(
+            endpoints["bot-bottle-demo"]
+                .ipam_config
+                .as_ref()
+                .unwrap()
+                .ipv4_address
+                .as_deref(),
+            Some("192.168.40.3")
+        );
+    }
+
+    #[test]
+    fn agent_env_is_ip_literal_and_points_at_the_ca() {
+        let mut plan = sample_plan();
+        let data = sample_data();
+        let env = agent_env(&plan, &data);
+        for want in [
+            "HTTPS_PROXY=http://192.168.40.2:8888",
+            "https_proxy=http://192.168.40.2:8888",
+            "HTTP_PROXY=http://192.168.40.2:8888",
+            "http_proxy=http://192.168.40.2:8888",
+            "NO_PROXY=localhost,127.0.0.1,192.168.40.2",
+            "no_proxy=localhost,127.0.0.1,192.168.40.2",
+            "NODE_EXTRA_CA_CERTS=/etc/bottle/ca.pem",
+            "SSL_CERT_FILE=/etc/bottle/ca.pem",
+            "REQUESTS_CA_BUNDLE=/etc/bottle/ca.pem",
+            "EDITOR=vi",
+        ] {
+            assert!(env.iter().any(|e| e == want), "missing {want}: {env:?}");
+        }
+        assert!(!env.iter().any(|e| e.starts_with("GIT_GATE_URL=")));
+        plan.git.push(bottle_core::plan::PlannedRepo {
+            name: "r".into(),
+            mode: "read-only".into(),
+            push: vec![],
+        });
+        let env = agent_env(&plan, &data);
+        assert!(
+            env.iter()
+                .any(|e| e == "GIT_GATE_URL=http://192.168.40.2:9418")
+        );
+    }
+
+    #[test]
+    fn bundle_container_shape() {
+        let data = sample_data();
+        let body = bundle_container(&data, "/state/demo/logs", HashMap::new());
+        let host = body.host_config.unwrap();
+        assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(
+            host.security_opt,
+            Some(vec!["no-new-privileges".to_string()])
+        );
+        assert_eq!(
+            host.binds,
+            Some(vec![
+                "/state/demo/logs:/var/log/bottle:rw".to_string(),
+                "/home/op/repo.git:/run/bottle/git/local.git:rw".to_string(),
+            ])
+        );
+        assert_eq!(body.user.as_deref(), Some("1000:1000"));
+        assert_eq!(
+            body.cmd,
+            Some(vec![
+                "run".to_string(),
+                "--config".into(),
+                "/run/bottle/bundle.json".into()
+            ])
+        );
+        let endpoints = body.networking_config.unwrap().endpoints_config.unwrap();
+        assert_eq!(
+            endpoints["bot-bottle-demo"]
+                .ipam_config
+                .as_ref()
+                .unwrap()
+                .ipv4_address
+                .as_deref(),
+            Some("192.168.40.2")
+        );
+    }
+
+    #[test]
+    fn bundle_config_keeps_egress_on_loopback_and_secrets_in_files() {
+        let config = bundle_config(&sample_plan(), &sample_data());
+        assert_eq!(config.proxy_listen, "0.0.0.0:8888");
+        assert_eq!(config.egress_listen, "127.0.0.1:9099");
+        assert_eq!(config.allow, ["api.example.com"]);
+        assert_eq!(
+            config.credentials[0].file,
+            "/run/bottle/credentials/0-api_key_1"
+        );
+        assert_eq!(config.ca_key, "/run/bottle/ca-key.pem");
+        assert_eq!(config.git_gate_listen.as_deref(), Some("0.0.0.0:9418"));
+        assert_eq!(config.git[0].path_in_bundle, "/run/bottle/git/local.git");
+        assert_eq!(
+            config.git[1].path_in_bundle,
+            "/var/lib/bottle/git/remote.git"
+        );
+        assert_eq!(
+            config.git[1].credential_file.as_deref(),
+            Some("/run/bottle/git-credentials/1-remote")
+        );
+        assert_eq!(
+            config.git[1].upstream.as_deref(),
+            Some("https://git.example.com/r.git")
+        );
+        let json = serde_json::to_string(&config).unwrap();
+        assert!(
+            !json.contains("KEY\""),
+            "the env var name is not the secret: {json}"
+        );
+    }
+}

@@ -1,0 +1,334 @@
+//! What `prepare` resolves for a launch ([`DockerPlanData`], stored in
+//! `Plan::backend_data`) and the files kept in the bottle's state dir.
+//!
+//! State dir layout (version [`STATE_LAYOUT_VERSION`]):
+//!
+//! ```text
+//! <state_dir>/plan.json        the confirmed plan (backend_data included)
+//! <state_dir>/owner.json       pid + start time of the launching process
+//! <state_dir>/launched         written when a launch completed
+//! <state_dir>/ca/ca.pem        the bottle CA certificate (0644)
+//! <state_dir>/ca/ca-key.pem    its private key (0600)
+//! <state_dir>/logs/            bind-mounted at /var/log/bottle in the bundle
+//! <state_dir>/stage/           generated files: bundle.json, resolv.conf
+//! ```
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use bottle_core::Plan;
+use serde::{Deserialize, Serialize};
+
+use crate::error::DockerError;
+use crate::names::Owner;
+
+/// Version of [`DockerPlanData`] and of the state dir layout.
+pub const STATE_LAYOUT_VERSION: u32 = 1;
+
+/// A credential as the backend needs it at launch: where the secret is
+/// read from on the host (never the secret itself).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CredentialRef {
+    /// The credential's name.
+    pub name: String,
+    /// The host it is injected for.
+    pub host: String,
+    /// The header.
+    pub header: String,
+    /// The header value template (`{}` is the secret).
+    pub format: String,
+    /// A host file holding the secret (resolved, `~` expanded).
+    pub file: Option<PathBuf>,
+    /// An environment variable of the `bottle` process holding it.
+    pub env: Option<String>,
+}
+
+/// A repository git-gate serves, as resolved at prepare time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GitRef {
+    /// The name the agent sees.
+    pub name: String,
+    /// A host-side repository, bind-mounted into the bundle.
+    pub local_path: Option<PathBuf>,
+    /// A remote URL the gate mirrors.
+    pub upstream: Option<String>,
+    /// Whether the agent may push.
+    pub mode: bottle_core::manifest::GitMode,
+    /// Ref globs the agent may push to.
+    pub push: Vec<String>,
+    /// Non-fast-forward pushes allowed.
+    pub allow_force: bool,
+    /// Deletions allowed.
+    pub allow_delete: bool,
+    /// Host file holding the upstream's credential.
+    pub credential: Option<PathBuf>,
+}
+
+/// Everything the docker backend resolved at prepare time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DockerPlanData {
+    /// [`STATE_LAYOUT_VERSION`].
+    pub version: u32,
+    /// The bottle's internal network.
+    pub network: String,
+    /// Its subnet, `a.b.c.d/len`.
+    pub subnet: String,
+    /// The subnet's gateway address (reserved by IPAM; no host address is
+    /// put on the bridge).
+    pub gateway: Ipv4Addr,
+    /// The bundle's pinned address.
+    pub bundle_ip: Ipv4Addr,
+    /// The agent's pinned address.
+    pub agent_ip: Ipv4Addr,
+    /// The bundle container.
+    pub bundle_container: String,
+    /// The agent container.
+    pub agent_container: String,
+    /// The bundle image tag (`bottle-bundle:<hash>`).
+    pub bundle_image: String,
+    /// The agent image's ID.
+    pub agent_image_id: String,
+    /// The agent image as the manifest named it (or the tag built).
+    pub agent_image_ref: String,
+    /// The user the image runs as; empty means root.
+    pub agent_user: String,
+    /// The image's entrypoint + cmd, run when no command is given.
+    pub default_command: Vec<String>,
+    /// The daemon's architecture (for the keep-alive program).
+    pub arch: String,
+    /// The DNS server the agent's embedded resolver forwards to: the
+    /// bundle's own address, which answers no DNS.
+    pub dns_upstream: Ipv4Addr,
+    /// Environment from the manifest.
+    pub env: BTreeMap<String, String>,
+    /// Credentials to hand to the bundle.
+    pub credentials: Vec<CredentialRef>,
+    /// Prompt file on the host.
+    pub prompt: Option<PathBuf>,
+    /// Skills directories on the host.
+    pub skills: Vec<PathBuf>,
+    /// Repositories behind git-gate.
+    #[serde(default)]
+    pub git: Vec<GitRef>,
+    /// Whether the bottle outlives the process that launches it.
+    pub detached: bool,
+    /// User and group the bundle runs as (the operator's, so it can write
+    /// the log dir it is given).
+    pub bundle_user: (u32, u32),
+}
+
+impl DockerPlanData {
+    /// Reads the docker section back out of a plan.
+    pub fn from_plan(plan: &Plan) -> Result<DockerPlanData, DockerError> {
+        if plan.backend != bottle_core::BackendKind::Docker {
+            return Err(DockerError::PlanData {
+                detail: format!("the plan is for the {} backend", plan.backend),
+            });
+        }
+        let data: DockerPlanData =
+            serde_json::from_value(plan.backend_data.clone()).map_err(|err| {
+                DockerError::PlanData {
+                    detail: err.to_string(),
+                }
+            })?;
+        if data.version != STATE_LAYOUT_VERSION {
+            return Err(DockerError::PlanData {
+                detail: format!(
+                    "version {} (this bottle reads {STATE_LAYOUT_VERSION})",
+                    data.version
+                ),
+            });
+        }
+        Ok(data)
+    }
+}
+
+/// The paths inside one bottle's state dir.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatePaths {
+    /// The state dir itself.
+    pub root: PathBuf,
+}
+
+impl StatePaths {
+    /// The layout under `root`.
+    pub fn new(root: impl Into<PathBuf>) -> StatePaths {
+        StatePaths { root: root.into() }
+    }
+    /// `plan.json`.
+    pub fn plan(&self) -> PathBuf {
+        self.root.join("plan.json")
+    }
+    /// `owner.json`.
+    pub fn owner(&self) -> PathBuf {
+        self.root.join("owner.json")
+    }
+    /// `launched`.
+    pub fn launched(&self) -> PathBuf {
+        self.root.join("launched")
+    }
+    /// `ca/ca.pem`.
+    pub fn ca_cert(&self) -> PathBuf {
+        self.root.join("ca").join("ca.pem")
+    }
+    /// `ca/ca-key.pem`.
+    pub fn ca_key(&self) -> PathBuf {
+        self.root.join("ca").join("ca-key.pem")
+    }
+    /// `logs/`.
+    pub fn logs(&self) -> PathBuf {
+        self.root.join("logs")
+    }
+    /// `stage/`.
+    pub fn stage(&self) -> PathBuf {
+        self.root.join("stage")
+    }
+    /// `stage/resolv.conf`: the agent's resolver config, with no servers.
+    pub fn agent_resolv_conf(&self) -> PathBuf {
+        self.stage().join("resolv.conf")
+    }
+    /// `stage/bundle.json`: the bundle config, for the operator to read.
+    pub fn bundle_config(&self) -> PathBuf {
+        self.stage().join("bundle.json")
+    }
+}
+
+/// The owner record in `owner.json`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerRecord {
+    /// PID.
+    pub pid: u32,
+    /// Start time in clock ticks.
+    pub start: u64,
+}
+
+impl From<Owner> for OwnerRecord {
+    fn from(owner: Owner) -> Self {
+        OwnerRecord {
+            pid: owner.pid,
+            start: owner.start,
+        }
+    }
+}
+
+impl From<OwnerRecord> for Owner {
+    fn from(record: OwnerRecord) -> Self {
+        Owner {
+            pid: record.pid,
+            start: record.start,
+        }
+    }
+}
+
+/// Writes `contents` to `path` with `mode`, creating parents (0700).
+pub fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), DockerError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    if let Some(parent) = path.parent() {
+        create_private_dir(parent)?;
+    }
+    let tmp = path.with_extension("tmp");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(DockerError::io("write", &tmp))?;
+    file.set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(DockerError::io("set permissions of", &tmp))?;
+    file.write_all(contents)
+        .and_then(|()| file.sync_all())
+        .map_err(DockerError::io("write", &tmp))?;
+    std::fs::rename(&tmp, path).map_err(DockerError::io("write", path))
+}
+
+/// Creates `dir` and its parents, the last one 0700.
+pub fn create_private_dir(dir: &Path) -> Result<(), DockerError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(DockerError::io("create directory", dir))
+}
+
+/// Reads the plan stored in a state dir.
+pub fn read_plan(paths: &StatePaths) -> Result<Plan, DockerError> {
+    let path = paths.plan();
+    let text = std::fs::read_to_string(&path).map_err(DockerError::io("read", &path))?;
+    serde_json::from_str(&text).map_err(|err| DockerError::PlanData {
+        detail: format!("{}: {err}", path.display()),
+    })
+}
+
+/// Writes the plan into its state dir.
+pub fn write_plan(paths: &StatePaths, plan: &Plan) -> Result<(), DockerError> {
+    let json = serde_json::to_vec_pretty(plan).map_err(|err| DockerError::PlanData {
+        detail: err.to_string(),
+    })?;
+    write_file(&paths.plan(), &json, 0o600)
+}
+
+/// Records who owns the state dir.
+pub fn write_owner(paths: &StatePaths, owner: Owner) -> Result<(), DockerError> {
+    let json =
+        serde_json::to_vec(&OwnerRecord::from(owner)).map_err(|err| DockerError::PlanData {
+            detail: err.to_string(),
+        })?;
+    write_file(&paths.owner(), &json, 0o600)
+}
+
+/// Who owns the state dir, if recorded.
+pub fn read_owner(paths: &StatePaths) -> Option<Owner> {
+    let text = std::fs::read_to_string(paths.owner()).ok()?;
+    serde_json::from_str::<OwnerRecord>(&text)
+        .ok()
+        .map(Owner::from)
+}
+
+/// Removes a state dir; a missing one is not an error.
+pub fn remove_state_dir(root: &Path) -> Result<bool, DockerError> {
+    match std::fs::remove_dir_all(root) {
+        Ok(()) => Ok(true),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(err) => Err(DockerError::io("remove", root)(err)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_are_written_with_their_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let paths = StatePaths::new(dir.path().join("x"));
+        write_file(&paths.ca_key(), b"secret", 0o600).unwrap();
+        let mode = std::fs::metadata(paths.ca_key())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let dir_mode = std::fs::metadata(paths.root.join("ca"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(dir_mode & 0o777, 0o700);
+        assert_eq!(std::fs::read(paths.ca_key()).unwrap(), b"secret");
+    }
+
+    #[test]
+    fn owner_round_trip_and_removal() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = StatePaths::new(dir.path().join("x"));
+        assert_eq!(read_owner(&paths), None);
+        let me = Owner::current();
+        write_owner(&paths, me).unwrap();
+        assert_eq!(read_owner(&paths), Some(me));
+        assert!(remove_state_dir(&paths.root).unwrap());
+        assert!(!remove_state_dir(&paths.root).unwrap());
+    }
+}

@@ -1,0 +1,361 @@
+//! Images: resolving the agent's (local only: no registry is reachable),
+//! building it from a Dockerfile context, and the bundle image built from
+//! the static `bottle-bundle` binary.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use bollard::query_parameters::BuildImageOptionsBuilder;
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+
+use crate::client::Engine;
+use crate::config::BUNDLE_BINARY_PATH;
+use crate::error::{DockerError, is_not_found};
+use crate::tarball::{Ownership, TarBuilder};
+
+/// Receives one line of progress (build output, provisioning steps).
+pub type Progress = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Environment variable naming the static bundle binary.
+pub const BUNDLE_BIN_ENV: &str = "BOTTLE_BUNDLE_BIN";
+
+/// Repository of the bundle image; the tag is the binary's hash.
+pub const BUNDLE_IMAGE_REPO: &str = "bottle-bundle";
+
+/// What an image is, as far as a launch cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageFacts {
+    /// The image ID (`sha256:...`).
+    pub id: String,
+    /// The configured user; empty means root.
+    pub user: String,
+    /// Entrypoint followed by cmd.
+    pub default_command: Vec<String>,
+}
+
+/// Inspects a local image; a missing one is [`DockerError::ImageNotFound`].
+pub fn inspect_image(engine: &Engine, reference: &str) -> Result<ImageFacts, DockerError> {
+    let image = engine
+        .block_on(engine.docker.inspect_image(reference))
+        .map_err(|err| {
+            if is_not_found(&err) {
+                DockerError::ImageNotFound {
+                    reference: reference.to_string(),
+                }
+            } else {
+                DockerError::api(format!("inspect image {reference}"))(err)
+            }
+        })?;
+    let config = image.config.unwrap_or_default();
+    let mut default_command = config.entrypoint.unwrap_or_default();
+    default_command.extend(config.cmd.unwrap_or_default());
+    Ok(ImageFacts {
+        id: image.id.unwrap_or_else(|| reference.to_string()),
+        user: config.user.unwrap_or_default(),
+        default_command,
+    })
+}
+
+/// True if a local image exists.
+pub fn image_exists(engine: &Engine, reference: &str) -> Result<bool, DockerError> {
+    match inspect_image(engine, reference) {
+        Ok(_) => Ok(true),
+        Err(DockerError::ImageNotFound { .. }) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+/// Builds `tag` from an in-memory tar context. Build output goes to
+/// `progress` line by line when given; on failure the error carries the
+/// last lines either way.
+pub fn build_from_tar(
+    engine: &Engine,
+    context: Vec<u8>,
+    dockerfile: &str,
+    tag: &str,
+    build_args: &HashMap<String, String>,
+    labels: &HashMap<String, String>,
+    progress: Option<&Progress>,
+) -> Result<ImageFacts, DockerError> {
+    let mut options = BuildImageOptionsBuilder::default()
+        .dockerfile(dockerfile)
+        .t(tag)
+        .rm(true)
+        .forcerm(true)
+        .labels(labels);
+    if !build_args.is_empty() {
+        options = options.buildargs(build_args);
+    }
+    let options = options.build();
+    let mut tail: Vec<String> = Vec::new();
+    let result: Result<(), String> = engine.block_on(async {
+        let mut stream =
+            engine
+                .docker
+                .build_image(options, None, Some(bollard::body_full(context.into())));
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(info) => {
+                    let text = info.stream.or(info.status).unwrap_or_default();
+                    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                        if let Some(progress) = progress {
+                            progress(line);
+                        }
+                        tail.push(line.to_string());
+                        if tail.len() > 20 {
+                            tail.remove(0);
+                        }
+                    }
+                }
+                Err(bollard::errors::Error::DockerStreamError { error }) => return Err(error),
+                Err(err) => return Err(err.to_string()),
+            }
+        }
+        Ok(())
+    });
+    if let Err(error) = result {
+        let mut detail = error.trim().to_string();
+        if !tail.is_empty() {
+            detail.push_str("\n  build output (last lines):\n    ");
+            detail.push_str(&tail.join("\n    "));
+        }
+        return Err(DockerError::Build {
+            tag: tag.to_string(),
+            detail,
+        });
+    }
+    inspect_image(engine, tag)
+}
+
+/// Tars a build context directory, honouring the simple forms of
+/// `.dockerignore` (one glob per line, matched against relative paths;
+/// `#` comments; `!` exceptions are not supported and are ignored).
+pub fn context_tar(dir: &Path) -> Result<Vec<u8>, DockerError> {
+    let meta = std::fs::metadata(dir).map_err(DockerError::io("read the build context", dir))?;
+    if !meta.is_dir() {
+        return Err(DockerError::Io {
+            action: "use as a build context".into(),
+            path: dir.to_path_buf(),
+            source: std::io::Error::other("not a directory"),
+        });
+    }
+    let patterns: Vec<glob::Pattern> = match std::fs::read_to_string(dir.join(".dockerignore")) {
+        Ok(text) => text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with('!'))
+            .filter_map(|l| {
+                glob::Pattern::new(l.trim_start_matches("./").trim_end_matches('/')).ok()
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    let mut tar = TarBuilder::new();
+    tar.tree(dir, "", Ownership::ROOT, &|rel| {
+        patterns.iter().any(|p| p.matches(rel))
+    })?;
+    tar.finish()
+}
+
+/// Where the static bundle binary is: the explicit option, then
+/// `BOTTLE_BUNDLE_BIN`, then `bottle-bundle` next to the running program.
+pub fn find_bundle_binary(explicit: Option<&Path>) -> Result<PathBuf, DockerError> {
+    let mut searched = Vec::new();
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(path) = explicit {
+        candidates.push(path.to_path_buf());
+    }
+    if let Some(path) = std::env::var_os(BUNDLE_BIN_ENV) {
+        candidates.push(PathBuf::from(path));
+    }
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+    {
+        candidates.push(dir.join("bottle-bundle"));
+    }
+    for candidate in candidates {
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+        searched.push(candidate.display().to_string());
+    }
+    Err(DockerError::BundleBinaryMissing { searched })
+}
+
+/// True if the ELF file asks for a program interpreter (a dynamic loader).
+pub fn elf_needs_interpreter(bytes: &[u8]) -> Option<bool> {
+    const PT_INTERP: u32 = 3;
+    if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 || bytes[5] != 1 {
+        return None;
+    }
+    let u16_at = |o: usize| {
+        bytes
+            .get(o..o + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    let u32_at = |o: usize| {
+        bytes
+            .get(o..o + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let u64_at = |o: usize| {
+        bytes
+            .get(o..o + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    let phoff = usize::try_from(u64_at(0x20)?).ok()?;
+    let phentsize = usize::from(u16_at(0x36)?);
+    let phnum = usize::from(u16_at(0x38)?);
+    for i in 0..phnum {
+        if u32_at(phoff + i * phentsize)? == PT_INTERP {
+            return Some(true);
+        }
+    }
+    Some(false)
+}
+
+/// The bundle image for a binary: `bottle-bundle:<first 12 hex of
+/// sha256>`, built `FROM scratch` if it is not there yet, so it is rebuilt
+/// exactly when the binary changes.
+pub fn ensure_bundle_image(
+    engine: &Engine,
+    binary: &Path,
+    progress: Option<&Progress>,
+) -> Result<String, DockerError> {
+    let bytes = std::fs::read(binary).map_err(DockerError::io("read", binary))?;
+    if elf_needs_interpreter(&bytes) != Some(false) {
+        return Err(DockerError::BundleBinaryNotStatic {
+            path: binary.to_path_buf(),
+        });
+    }
+    let digest = Sha256::digest(&bytes);
+    let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    let tag = format!("{BUNDLE_IMAGE_REPO}:{hex}");
+    if image_exists(engine, &tag)? {
+        return Ok(tag);
+    }
+    if let Some(progress) = progress {
+        progress(&format!(
+            "building bundle image {tag} from {}",
+            binary.display()
+        ));
+    }
+    let dockerfile = format!(
+        "FROM scratch\nCOPY bottle-bundle {BUNDLE_BINARY_PATH}\nENTRYPOINT [\"{BUNDLE_BINARY_PATH}\"]\nCMD [\"run\"]\n"
+    );
+    let mut tar = TarBuilder::new();
+    tar.file("Dockerfile", dockerfile.as_bytes(), 0o644, Ownership::ROOT)?;
+    tar.file("bottle-bundle", &bytes, 0o755, Ownership::ROOT)?;
+    let labels = HashMap::from([(
+        "bottle.bundle-sha256".to_string(),
+        digest
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>(),
+    )]);
+    build_from_tar(
+        engine,
+        tar.finish()?,
+        "Dockerfile",
+        &tag,
+        &HashMap::new(),
+        &labels,
+        progress,
+    )?;
+    Ok(tag)
+}
+
+/// Builds the demo agent image (`examples/demo-agent/`) as `tag`: the
+/// directory's files plus the static busybox at `busybox` (Debian's
+/// `busybox-static` installs it at `/bin/busybox`), which is copied into
+/// the context at build time rather than committed.
+pub fn build_demo_agent(
+    engine: &Engine,
+    demo_dir: &Path,
+    busybox: &Path,
+    tag: &str,
+    progress: Option<&Progress>,
+) -> Result<ImageFacts, DockerError> {
+    let busybox_bytes = std::fs::read(busybox).map_err(DockerError::io("read", busybox))?;
+    if elf_needs_interpreter(&busybox_bytes) != Some(false) {
+        return Err(DockerError::Build {
+            tag: tag.to_string(),
+            detail: format!(
+                "{} is not a static binary (install Debian's busybox-static)",
+                busybox.display()
+            ),
+        });
+    }
+    let mut tar = TarBuilder::new();
+    tar.tree(demo_dir, "", Ownership::ROOT, &|rel| rel == "busybox")?;
+    tar.file("busybox", &busybox_bytes, 0o755, Ownership::ROOT)?;
+    build_from_tar(
+        engine,
+        tar.finish()?,
+        "Dockerfile",
+        tag,
+        &HashMap::new(),
+        &HashMap::new(),
+        progress,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn static_and_dynamic_binaries_are_told_apart() {
+        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        // Test binaries are dynamically linked unless built with crt-static.
+        let dynamic = elf_needs_interpreter(&me).unwrap();
+        let pause = crate::pause::pause_elf("x86_64").unwrap();
+        assert_eq!(elf_needs_interpreter(&pause), Some(false));
+        assert_eq!(elf_needs_interpreter(b"#!/bin/sh\n"), None);
+        if cfg!(target_feature = "crt-static") {
+            assert!(!dynamic);
+        } else {
+            assert!(dynamic);
+        }
+    }
+
+    #[test]
+    fn the_bundle_binary_is_searched_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let present = dir.path().join("bottle-bundle");
+        std::fs::write(&present, b"x").unwrap();
+        assert_eq!(find_bundle_binary(Some(&present)).unwrap(), present);
+        let missing = dir.path().join("nope");
+        match find_bundle_binary(Some(&missing)) {
+            Err(DockerError::BundleBinaryMissing { searched }) => {
+                assert_eq!(searched[0], missing.display().to_string());
+            }
+            // BOTTLE_BUNDLE_BIN or a binary next to the test may exist.
+            Ok(found) => assert_ne!(found, missing),
+            Err(other) => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn context_tars_honour_dockerignore() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("Dockerfile"), "FROM scratch\n").unwrap();
+        std::fs::write(dir.path().join(".dockerignore"), "# c\nsecret*\ntarget\n").unwrap();
+        std::fs::write(dir.path().join("secret.txt"), "s").unwrap();
+        std::fs::create_dir(dir.path().join("target")).unwrap();
+        std::fs::write(dir.path().join("target/big"), "b").unwrap();
+        std::fs::create_dir(dir.path().join("src")).unwrap();
+        std::fs::write(dir.path().join("src/main.rs"), "m").unwrap();
+        let archive = context_tar(dir.path()).unwrap();
+        let mut names: Vec<String> = tar::Archive::new(&archive[..])
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, [".dockerignore", "Dockerfile", "src", "src/main.rs"]);
+    }
+}

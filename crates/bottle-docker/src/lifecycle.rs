@@ -1,0 +1,473 @@
+//! Finding bottles again and taking them down: `list`, `stop`, `cleanup`,
+//! and the removal helpers a failed launch unwinds with.
+//!
+//! Resources are found by label ([`crate::names`]), never by name alone, so
+//! a container that merely looks like a bottle's is never touched.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use bollard::query_parameters::{
+    ListContainersOptionsBuilder, ListNetworksOptionsBuilder, RemoveContainerOptionsBuilder,
+};
+use bottle_core::backend::{BackendKind, BottleInfo, CleanupReport};
+use bottle_core::slug::{bottle_name, slug_of};
+
+use crate::client::Engine;
+use crate::data::{self, StatePaths};
+use crate::error::{DockerError, is_not_found};
+use crate::names::{
+    EGRESS_NETWORK, LABEL_AGENT, LABEL_BUNDLE_IP, LABEL_DETACHED, LABEL_MANAGED, LABEL_NAME,
+    LABEL_ROLE, LABEL_SLUG, LABEL_STATE_DIR, Owner, ResourceNames, label_filter, role,
+};
+
+/// Removes a container (killing it first). `Ok(false)` if it was gone.
+pub fn remove_container(engine: &Engine, name: &str) -> Result<bool, DockerError> {
+    let options = RemoveContainerOptionsBuilder::default()
+        .force(true)
+        .v(true)
+        .build();
+    match engine.block_on(engine.docker.remove_container(name, Some(options))) {
+        Ok(()) => Ok(true),
+        Err(err) if is_not_found(&err) => Ok(false),
+        // "removal already in progress": someone else is removing it.
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 409, ..
+        }) => Ok(false),
+        Err(err) => Err(DockerError::api(format!("remove container {name}"))(err)),
+    }
+}
+
+/// Removes a network. `Ok(false)` if it was gone.
+pub fn remove_network(engine: &Engine, name: &str) -> Result<bool, DockerError> {
+    match engine.block_on(engine.docker.remove_network(name)) {
+        Ok(()) => Ok(true),
+        Err(err) if is_not_found(&err) => Ok(false),
+        Err(err) => Err(DockerError::api(format!("remove network {name}"))(err)),
+    }
+}
+
+/// Serialises "is the egress network unused? remove it" against launches
+/// that are between creating it and starting a bundle on it (a created
+/// container does not hold an endpoint, so the daemon would let the network
+/// go). Launches hold it shared, removal exclusive. Best effort: if the
+/// lock file cannot be opened (another user's), we go on without it.
+#[derive(Debug)]
+pub struct EgressLock {
+    _lock: Option<nix::fcntl::Flock<std::fs::File>>,
+}
+
+/// Takes the egress lock, shared (launch) or exclusive (removal).
+pub fn egress_lock(exclusive: bool) -> EgressLock {
+    let uid = nix::unistd::getuid().as_raw();
+    let path = std::env::temp_dir().join(format!("bottle-docker-egress-{uid}.lock"));
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .ok()
+        .and_then(|file| {
+            let arg = if exclusive {
+                nix::fcntl::FlockArg::LockExclusive
+            } else {
+                nix::fcntl::FlockArg::LockShared
+            };
+            nix::fcntl::Flock::lock(file, arg).ok()
+        });
+    EgressLock { _lock: lock }
+}
+
+/// Removes the shared egress network if no container uses it (created
+/// ones included). `Ok(false)` if it is in use or gone.
+pub fn remove_egress_if_unused(engine: &Engine) -> Result<bool, DockerError> {
+    let _lock = egress_lock(true);
+    let filters = HashMap::from([("network".to_string(), vec![EGRESS_NETWORK.to_string()])]);
+    let options = ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let users = engine
+        .block_on(engine.docker.list_containers(Some(options)))
+        .map_err(DockerError::api(format!(
+            "list the containers on {EGRESS_NETWORK}"
+        )))?;
+    if !users.is_empty() {
+        return Ok(false);
+    }
+    match engine.block_on(engine.docker.remove_network(EGRESS_NETWORK)) {
+        Ok(()) => Ok(true),
+        Err(err) if is_not_found(&err) => Ok(false),
+        // A launch attached a bundle since we looked: it is in use.
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 403 | 409,
+            ..
+        }) => Ok(false),
+        Err(err) => Err(DockerError::api(format!("remove network {EGRESS_NETWORK}"))(err)),
+    }
+}
+
+/// One managed container or network, as the list APIs report it.
+#[derive(Debug, Clone)]
+struct Resource {
+    kind: &'static str,
+    name: String,
+    labels: HashMap<String, String>,
+    state: String,
+    created: Option<i64>,
+}
+
+fn managed_containers(
+    engine: &Engine,
+    extra: &[(&str, &str)],
+) -> Result<Vec<Resource>, DockerError> {
+    let mut pairs = vec![(LABEL_MANAGED, "1")];
+    pairs.extend_from_slice(extra);
+    let filters = label_filter(&pairs);
+    let options = ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let containers = engine
+        .block_on(engine.docker.list_containers(Some(options)))
+        .map_err(DockerError::api("list bottle containers"))?;
+    Ok(containers
+        .into_iter()
+        .map(|c| Resource {
+            kind: "container",
+            name: c
+                .names
+                .and_then(|n| n.into_iter().next())
+                .map(|n| n.trim_start_matches('/').to_string())
+                .or(c.id)
+                .unwrap_or_default(),
+            labels: c.labels.unwrap_or_default(),
+            state: c.state.map(|s| s.to_string()).unwrap_or_default(),
+            created: c.created,
+        })
+        .collect())
+}
+
+fn managed_networks(engine: &Engine, extra: &[(&str, &str)]) -> Result<Vec<Resource>, DockerError> {
+    let mut pairs = vec![(LABEL_MANAGED, "1")];
+    pairs.extend_from_slice(extra);
+    let filters = label_filter(&pairs);
+    let options = ListNetworksOptionsBuilder::default()
+        .filters(&filters)
+        .build();
+    let networks = engine
+        .block_on(engine.docker.list_networks(Some(options)))
+        .map_err(DockerError::api("list bottle networks"))?;
+    Ok(networks
+        .into_iter()
+        .map(|n| Resource {
+            kind: "network",
+            name: n.name.unwrap_or_default(),
+            labels: n.labels.unwrap_or_default(),
+            state: String::new(),
+            created: None,
+        })
+        .filter(|r| r.labels.get(LABEL_ROLE).map(String::as_str) != Some(role::EGRESS))
+        .collect())
+}
+
+/// True if anything Docker holds is (or would be) this bottle's: labelled
+/// resources, or a container or network that has one of its names.
+pub fn bottle_resources_exist(engine: &Engine, slug: &str) -> Result<bool, DockerError> {
+    if !managed_containers(engine, &[(LABEL_SLUG, slug)])?.is_empty()
+        || !managed_networks(engine, &[(LABEL_SLUG, slug)])?.is_empty()
+    {
+        return Ok(true);
+    }
+    let names = ResourceNames::for_slug(slug);
+    match engine.block_on(engine.docker.inspect_network(&names.network, None)) {
+        Ok(_) => return Ok(true),
+        Err(err) if is_not_found(&err) => {}
+        Err(err) => {
+            return Err(DockerError::api(format!(
+                "inspect network {}",
+                names.network
+            ))(err));
+        }
+    }
+    for container in [&names.bundle, &names.agent] {
+        match engine.block_on(engine.docker.inspect_container(container, None)) {
+            Ok(_) => return Ok(true),
+            Err(err) if is_not_found(&err) => {}
+            Err(err) => {
+                return Err(DockerError::api(format!("inspect container {container}"))(
+                    err,
+                ));
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// Every bottle with at least one container.
+pub fn list_active(engine: &Engine) -> Result<Vec<BottleInfo>, DockerError> {
+    let mut by_name: BTreeMap<String, Vec<Resource>> = BTreeMap::new();
+    for container in managed_containers(engine, &[])? {
+        let Some(name) = container.labels.get(LABEL_NAME).cloned() else {
+            continue;
+        };
+        by_name.entry(name).or_default().push(container);
+    }
+    Ok(by_name
+        .into_iter()
+        .map(|(name, resources)| {
+            let of_role = |r: &str| {
+                resources
+                    .iter()
+                    .find(|c| c.labels.get(LABEL_ROLE).map(String::as_str) == Some(r))
+            };
+            let agent = of_role(role::AGENT);
+            let bundle = of_role(role::BUNDLE);
+            let any = agent.or(bundle).unwrap_or(&resources[0]);
+            let state = match (agent, bundle) {
+                (Some(a), Some(b)) if a.state == b.state => a.state.clone(),
+                (Some(a), Some(b)) => format!("{} (bundle {})", a.state, b.state),
+                (Some(a), None) => format!("{} (no bundle)", a.state),
+                (None, Some(b)) => format!("incomplete (bundle {})", b.state),
+                (None, None) => any.state.clone(),
+            };
+            BottleInfo {
+                name,
+                agent: any.labels.get(LABEL_AGENT).cloned().unwrap_or_default(),
+                backend: BackendKind::Docker,
+                state,
+                bundle_address: any.labels.get(LABEL_BUNDLE_IP).cloned(),
+                created: any.created.map(rfc3339),
+                pending_requests: 0,
+            }
+        })
+        .collect())
+}
+
+/// Only a directory named after the slug, holding a docker plan (or
+/// nothing at all), is ever removed as a state dir: a label is not proof
+/// enough to delete a path.
+fn removable_state_dir(dir: &Path, slug: &str) -> bool {
+    if dir.file_name().and_then(|n| n.to_str()) != Some(slug) {
+        return false;
+    }
+    let paths = StatePaths::new(dir);
+    match data::read_plan(&paths) {
+        Ok(plan) => plan.backend == BackendKind::Docker && plan.slug == slug,
+        Err(_) => std::fs::read_dir(dir)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(false),
+    }
+}
+
+/// Stops a bottle: removes its containers (agent first), its network, its
+/// state dir, and the egress network if nothing else uses it. Stopping a
+/// bottle that is already gone removes nothing and is not an error.
+pub fn stop(engine: &Engine, state_root: &Path, name: &str) -> Result<CleanupReport, DockerError> {
+    let slug = slug_of(name).to_string();
+    let mut report = CleanupReport::default();
+    let mut containers = managed_containers(engine, &[(LABEL_SLUG, &slug)])?;
+    containers.sort_by_key(|c| match c.labels.get(LABEL_ROLE).map(String::as_str) {
+        Some(role::AGENT) => 0,
+        Some(role::BUNDLE) => 1,
+        _ => 2,
+    });
+    let networks = managed_networks(engine, &[(LABEL_SLUG, &slug)])?;
+    let mut state_dirs: Vec<PathBuf> = containers
+        .iter()
+        .chain(&networks)
+        .filter_map(|r| r.labels.get(LABEL_STATE_DIR).map(PathBuf::from))
+        .collect();
+    state_dirs.push(state_root.join(&slug));
+    state_dirs.sort();
+    state_dirs.dedup();
+    for resource in containers.iter().chain(&networks) {
+        let result = if resource.kind == "container" {
+            remove_container(engine, &resource.name)
+        } else {
+            remove_network(engine, &resource.name)
+        };
+        match result {
+            Ok(true) => report
+                .removed
+                .push(format!("{} {}", resource.kind, resource.name)),
+            Ok(false) => {}
+            Err(err) => report.failed.push(format!(
+                "{} {}: {}",
+                resource.kind,
+                resource.name,
+                err.message()
+            )),
+        }
+    }
+    for dir in state_dirs {
+        if !dir.exists() || !removable_state_dir(&dir, &slug) {
+            continue;
+        }
+        match data::remove_state_dir(&dir) {
+            Ok(true) => report.removed.push(format!("state dir {}", dir.display())),
+            Ok(false) => {}
+            Err(err) => report.failed.push(err.message()),
+        }
+    }
+    match remove_egress_if_unused(engine) {
+        Ok(true) => report.removed.push(format!("network {EGRESS_NETWORK}")),
+        Ok(false) => {}
+        Err(err) => report.failed.push(err.message()),
+    }
+    Ok(report)
+}
+
+/// Whether a bottle is an orphan: its owner died and it was not a
+/// completed detached launch.
+fn is_orphan(labels: &HashMap<String, String>) -> bool {
+    let owner_alive = Owner::from_labels(labels).is_some_and(|o| o.is_alive());
+    if owner_alive {
+        return false;
+    }
+    let detached = labels.get(LABEL_DETACHED).map(String::as_str) == Some("1");
+    let completed = labels
+        .get(LABEL_STATE_DIR)
+        .is_some_and(|dir| StatePaths::new(dir).launched().exists());
+    !(detached && completed)
+}
+
+/// Removes what crashed launches and dead owners left behind: their
+/// containers, networks and state dirs, state dirs of plans that were never
+/// launched, and the egress network when unused.
+pub fn cleanup_orphans(engine: &Engine, state_root: &Path) -> Result<CleanupReport, DockerError> {
+    let mut report = CleanupReport::default();
+    let mut by_slug: BTreeMap<String, HashMap<String, String>> = BTreeMap::new();
+    for resource in managed_containers(engine, &[])?
+        .into_iter()
+        .chain(managed_networks(engine, &[])?)
+    {
+        if let Some(slug) = resource.labels.get(LABEL_SLUG).cloned() {
+            by_slug.entry(slug).or_insert(resource.labels);
+        }
+    }
+    for (slug, labels) in &by_slug {
+        if is_orphan(labels) {
+            merge(&mut report, stop(engine, state_root, &bottle_name(slug))?);
+        }
+    }
+    // State dirs with no Docker resources at all: prepared but never (or
+    // no longer) launched.
+    if let Ok(entries) = std::fs::read_dir(state_root) {
+        for entry in entries.flatten() {
+            let dir = entry.path();
+            let Some(slug) = dir.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
+                continue;
+            };
+            if by_slug.contains_key(&slug) || !dir.join("plan.json").exists() {
+                continue;
+            }
+            let paths = StatePaths::new(&dir);
+            let owner_alive = data::read_owner(&paths).is_some_and(|o| o.is_alive());
+            if owner_alive || !removable_state_dir(&dir, &slug) {
+                continue;
+            }
+            match data::remove_state_dir(&dir) {
+                Ok(true) => report.removed.push(format!("state dir {}", dir.display())),
+                Ok(false) => {}
+                Err(err) => report.failed.push(err.message()),
+            }
+        }
+    }
+    match remove_egress_if_unused(engine) {
+        Ok(true) => {
+            let line = format!("network {EGRESS_NETWORK}");
+            if !report.removed.contains(&line) {
+                report.removed.push(line);
+            }
+        }
+        Ok(false) => {}
+        Err(err) => report.failed.push(err.message()),
+    }
+    Ok(report)
+}
+
+fn merge(into: &mut CleanupReport, from: CleanupReport) {
+    for line in from.removed {
+        if !into.removed.contains(&line) {
+            into.removed.push(line);
+        }
+    }
+    into.failed.extend(from.failed);
+}
+
+/// Unix seconds as RFC 3339 UTC (`1970-01-01T00:00:00Z`).
+pub fn rfc3339(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::names::{LABEL_OWNER_PID, LABEL_OWNER_START};
+
+    #[test]
+    fn rfc3339_dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
+    }
+
+    fn labels(pid: u32, detached: bool, state_dir: &Path) -> HashMap<String, String> {
+        HashMap::from([
+            (LABEL_OWNER_PID.to_string(), pid.to_string()),
+            (LABEL_OWNER_START.to_string(), "0".to_string()),
+            (
+                LABEL_DETACHED.to_string(),
+                if detached { "1" } else { "0" }.to_string(),
+            ),
+            (LABEL_STATE_DIR.to_string(), state_dir.display().to_string()),
+        ])
+    }
+
+    #[test]
+    fn orphan_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        // A PID above the kernel's maximum is never alive.
+        let dead = 4_194_305;
+        assert!(!is_orphan(&labels(me, false, dir.path())));
+        assert!(is_orphan(&labels(dead, false, dir.path())));
+        // Detached but never completed: an orphan.
+        assert!(is_orphan(&labels(dead, true, dir.path())));
+        std::fs::write(dir.path().join("launched"), "1\n").unwrap();
+        assert!(!is_orphan(&labels(dead, true, dir.path())));
+        assert!(is_orphan(&HashMap::new()));
+    }
+
+    #[test]
+    fn only_docker_state_dirs_named_after_the_slug_are_removable() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("demo");
+        std::fs::create_dir(&dir).unwrap();
+        assert!(
+            removable_state_dir(&dir, "demo"),
+            "empty dirs are removable"
+        );
+        std::fs::write(dir.join("notes.txt"), "mine").unwrap();
+        assert!(!removable_state_dir(&dir, "demo"), "foreign files are kept");
+        assert!(!removable_state_dir(root.path(), "demo"));
+    }
+}

@@ -1,0 +1,122 @@
+//! The agent container's keep-alive program.
+//!
+//! The agent runs through `exec` (like `smolvm machine exec`), so the
+//! container's own main process must do nothing, forever, in any image,
+//! including `FROM scratch` images without `sleep`. We write a tiny static
+//! ELF into the container for that: one `PT_LOAD` segment whose code blocks
+//! in a syscall in a loop. Docker's init (`Init: true`, tini) runs it as its
+//! child, so orphaned exec processes are still reaped.
+//!
+//! The machine code, per architecture:
+//! - x86_64: `mov eax, 34 (pause); syscall; jmp -9`.
+//! - aarch64 (which has no `pause`): `x0..x3 = 0; x8 = 73 (ppoll); svc 0;
+//!   b -6` — `ppoll` with no fds and no timeout blocks until a signal.
+
+/// Where the keep-alive program lives inside the agent container.
+pub const PAUSE_PATH: &str = "/.bottle/pause";
+
+const BASE: u64 = 0x40_0000;
+const EHDR_SIZE: u16 = 64;
+const PHDR_SIZE: u16 = 56;
+
+const X86_64_CODE: &[u8] = &[
+    0xb8, 0x22, 0x00, 0x00, 0x00, // mov eax, 34 (SYS_pause)
+    0x0f, 0x05, // syscall
+    0xeb, 0xf7, // jmp back to the mov
+];
+
+const AARCH64_CODE: [u32; 7] = [
+    0xd280_0000, // mov x0, #0
+    0xd280_0001, // mov x1, #0
+    0xd280_0002, // mov x2, #0
+    0xd280_0003, // mov x3, #0
+    0xd280_0928, // mov x8, #73 (SYS_ppoll)
+    0xd400_0001, // svc #0
+    0x17ff_fffa, // b back to the first mov
+];
+
+/// The keep-alive ELF for a Docker architecture name (`x86_64`/`amd64`,
+/// `aarch64`/`arm64`), or `None` if we have none.
+pub fn pause_elf(arch: &str) -> Option<Vec<u8>> {
+    let (machine, code): (u16, Vec<u8>) = match arch {
+        "x86_64" | "amd64" => (0x3e, X86_64_CODE.to_vec()),
+        "aarch64" | "arm64" => (
+            0xb7,
+            AARCH64_CODE.iter().flat_map(|i| i.to_le_bytes()).collect(),
+        ),
+        _ => return None,
+    };
+    let code_offset = u64::from(EHDR_SIZE + PHDR_SIZE);
+    let total = code_offset + code.len() as u64;
+    let mut elf = Vec::with_capacity(usize::try_from(total).ok()?);
+    // ELF header.
+    elf.extend_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0]);
+    elf.extend_from_slice(&[0; 8]);
+    elf.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    elf.extend_from_slice(&machine.to_le_bytes());
+    elf.extend_from_slice(&1u32.to_le_bytes()); // EV_CURRENT
+    elf.extend_from_slice(&(BASE + code_offset).to_le_bytes()); // e_entry
+    elf.extend_from_slice(&u64::from(EHDR_SIZE).to_le_bytes()); // e_phoff
+    elf.extend_from_slice(&0u64.to_le_bytes()); // e_shoff
+    elf.extend_from_slice(&0u32.to_le_bytes()); // e_flags
+    elf.extend_from_slice(&EHDR_SIZE.to_le_bytes());
+    elf.extend_from_slice(&PHDR_SIZE.to_le_bytes());
+    elf.extend_from_slice(&1u16.to_le_bytes()); // e_phnum
+    elf.extend_from_slice(&0u16.to_le_bytes()); // e_shentsize
+    elf.extend_from_slice(&0u16.to_le_bytes()); // e_shnum
+    elf.extend_from_slice(&0u16.to_le_bytes()); // e_shstrndx
+    // One PT_LOAD, read + execute, covering the whole file.
+    elf.extend_from_slice(&1u32.to_le_bytes()); // PT_LOAD
+    elf.extend_from_slice(&5u32.to_le_bytes()); // PF_R | PF_X
+    elf.extend_from_slice(&0u64.to_le_bytes()); // p_offset
+    elf.extend_from_slice(&BASE.to_le_bytes()); // p_vaddr
+    elf.extend_from_slice(&BASE.to_le_bytes()); // p_paddr
+    elf.extend_from_slice(&total.to_le_bytes()); // p_filesz
+    elf.extend_from_slice(&total.to_le_bytes()); // p_memsz
+    elf.extend_from_slice(&0x1000u64.to_le_bytes()); // p_align
+    elf.extend_from_slice(&code);
+    Some(elf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_are_consistent() {
+        for (arch, machine) in [("x86_64", 0x3e), ("arm64", 0xb7)] {
+            let elf = pause_elf(arch).unwrap();
+            assert_eq!(&elf[..4], b"\x7fELF");
+            assert_eq!(u16::from_le_bytes([elf[18], elf[19]]), machine);
+            let entry = u64::from_le_bytes(elf[24..32].try_into().unwrap());
+            assert_eq!(entry, BASE + 120);
+            let filesz = u64::from_le_bytes(elf[96..104].try_into().unwrap());
+            assert_eq!(filesz, elf.len() as u64);
+            // aarch64 instructions must be 4-byte aligned.
+            assert_eq!((entry - BASE) % 4, 0);
+        }
+        assert_eq!(pause_elf("s390x"), None);
+    }
+
+    #[test]
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    fn the_x86_64_program_blocks_until_killed() {
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::process::ExitStatusExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pause");
+        std::fs::write(&path, pause_elf("x86_64").unwrap()).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "the test runs the generated program itself"
+        )]
+        let mut child = std::process::Command::new(&path).spawn().unwrap();
+        // Still running after a moment: it did not crash on load.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(child.try_wait().unwrap().is_none());
+        child.kill().unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(9));
+    }
+}

@@ -1,0 +1,296 @@
+//! Unwinding: a failure at any launch step leaves nothing behind, and
+//! `cleanup` removes what a killed launch left.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use bottle_core::BottleBackend;
+use bottle_docker::data::{self, StatePaths};
+use bottle_docker::names::Owner;
+
+use crate::support::{self, all_bottle_resources, name, resources_of};
+
+#[test]
+fn every_failed_step_unwinds_everything() {
+    let Some(fx) = support::setup("every_failed_step_unwinds_everything") else {
+        return;
+    };
+    for step in bottle_docker::STEPS {
+        let mut options = fx.backend.options().clone();
+        options.failpoint = Some((*step).to_string());
+        let backend = bottle_docker::DockerBackend::new(options).unwrap();
+        let name = name(&format!("fail-{step}"));
+        let spec = fx.spec(&name);
+        let guard = support::Guard {
+            backend: &fx.backend,
+            name: spec.name.clone(),
+        };
+        let plan = backend.prepare(&spec).unwrap();
+        let err = backend
+            .launch(&plan)
+            .err()
+            .unwrap_or_else(|| panic!("{step}: launch succeeded"));
+        assert_eq!(err.code, "BOT-D060", "{step}: {err}");
+        assert!(err.message.contains(step), "{step}: {err}");
+        assert_eq!(
+            resources_of(&fx.backend, &name),
+            Vec::<String>::new(),
+            "{step}: resources left behind"
+        );
+        assert!(!spec.state_dir.exists(), "{step}: state dir left behind");
+        drop(guard);
+    }
+    let (containers, networks) = all_bottle_resources(&fx.backend);
+    assert!(containers.is_empty(), "{containers:?}");
+    assert!(networks.is_empty(), "{networks:?}");
+}
+
+#[test]
+fn unknown_failpoints_are_refused() {
+    let mut options = bottle_docker::DockerOptions::new("/tmp/bottle-unused-state");
+    options.failpoint = Some("bundle-strat".into());
+    let err = bottle_docker::DockerBackend::new(options).unwrap_err();
+    assert_eq!(err.code, "BOT-D061");
+    assert!(err.message.contains("bundle-start"), "{err}");
+}
+
+/// The `launch` example, built by `cargo test` next to this test binary.
+fn launch_example() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let path = dir.join("examples").join("launch");
+    assert!(
+        path.is_file(),
+        "{} missing: run the tests with cargo test",
+        path.display()
+    );
+    path
+}
+
+/// Waits (bounded) for `cond`.
+fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn cleanup_removes_the_orphan_of_a_killed_launch() {
+    let Some(fx) = support::setup("cleanup_removes_the_orphan_of_a_killed_launch") else {
+        return;
+    };
+    let name = name("orphan");
+    let _guard = support::Guard {
+        backend: &fx.backend,
+        name: format!("bot-bottle-{name}"),
+    };
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the test needs a real owner process to kill mid-launch"
+    )]
+    let mut child = std::process::Command::new(launch_example())
+        .args([
+            fx.manifest().to_str().unwrap(),
+            "demo",
+            &name,
+            fx.state.path().to_str().unwrap(),
+        ])
+        .env("BOTTLE_FAILPOINT", "agent-start:sleep")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let agent = format!("bot-bottle-{name}-agent");
+    wait_until(
+        "the child to start the agent",
+        Duration::from_secs(90),
+        || {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "the launching child exited early"
+            );
+            let engine = fx.backend.engine().unwrap();
+            engine
+                .block_on(engine.docker.inspect_container(&agent, None))
+                .ok()
+                .and_then(|c| c.state)
+                .and_then(|s| s.running)
+                == Some(true)
+        },
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(
+        resources_of(&fx.backend, &name).len(),
+        3,
+        "the orphan should be there"
+    );
+
+    // A live owner's bottle is left alone (this test process owns nothing
+    // here, so launch one that it does own).
+    let (_live_guard, live) = fx.start(&support::name("orphan-live"));
+
+    let report = fx.backend.cleanup_orphans().unwrap();
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert!(
+        report.removed.contains(&format!("container {agent}")),
+        "{:?}",
+        report.removed
+    );
+    assert_eq!(resources_of(&fx.backend, &name), Vec::<String>::new());
+    assert!(!fx.state.path().join(&name).exists());
+    assert_eq!(
+        support::sh(&*live, "echo alive").stdout,
+        b"alive\n",
+        "cleanup touched a bottle whose owner lives"
+    );
+    fx.backend.stop(live.name()).unwrap();
+
+    let (containers, networks) = all_bottle_resources(&fx.backend);
+    assert!(containers.is_empty(), "{containers:?}");
+    // With no bottle left, the shared egress network is gone too.
+    assert!(fx.backend.cleanup_orphans().unwrap().failed.is_empty());
+    let (_, networks_after) = all_bottle_resources(&fx.backend);
+    assert!(
+        networks_after.is_empty(),
+        "{networks:?} -> {networks_after:?}"
+    );
+}
+
+#[test]
+fn detached_bottles_outlive_their_launcher() {
+    let Some(fx) = support::setup("detached_bottles_outlive_their_launcher") else {
+        return;
+    };
+    let name = name("detached");
+    let _guard = support::Guard {
+        backend: &fx.backend,
+        name: format!("bot-bottle-{name}"),
+    };
+    // `bottle start --detach`: the launching process exits once it is up.
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the launcher must be a process that exits"
+    )]
+    let status = std::process::Command::new(launch_example())
+        .args([
+            fx.manifest().to_str().unwrap(),
+            "demo",
+            &name,
+            fx.state.path().to_str().unwrap(),
+            "--detach",
+        ])
+        .env_remove("BOTTLE_FAILPOINT")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let agent = format!("bot-bottle-{name}-agent");
+    let labels = support::inspect(&fx.backend, &agent)
+        .config
+        .unwrap()
+        .labels
+        .unwrap();
+    assert_eq!(labels["bottle.detached"], "1");
+    let owner = Owner::from_labels(&labels).unwrap();
+    assert!(!owner.is_alive(), "the launcher should be gone");
+
+    let report = fx.backend.cleanup_orphans().unwrap();
+    assert!(
+        !report.removed.iter().any(|l| l.contains(&name)),
+        "cleanup removed a detached bottle: {:?}",
+        report.removed
+    );
+    let bottle = fx.backend.attach(&name).unwrap();
+    assert_eq!(support::sh(&*bottle, "echo up").stdout, b"up\n");
+    let report = fx.backend.stop(bottle.name()).unwrap();
+    assert!(report.removed.contains(&format!("container {agent}")));
+    assert_eq!(resources_of(&fx.backend, &name), Vec::<String>::new());
+}
+
+#[test]
+fn cleanup_removes_an_abandoned_stage_dir() {
+    let Some(fx) = support::setup("cleanup_removes_an_abandoned_stage_dir") else {
+        return;
+    };
+    let declined = name("declined");
+    let spec = fx.spec(&declined);
+    fx.backend.prepare(&spec).unwrap();
+    let paths = StatePaths::new(&spec.state_dir);
+    assert!(paths.plan().is_file());
+    assert!(paths.ca_key().is_file());
+    // While its owner (this process) lives, the stage stays.
+    fx.backend.cleanup_orphans().unwrap();
+    assert!(paths.plan().is_file());
+    // The owner is gone: a PID above the kernel's maximum is never alive.
+    data::write_owner(
+        &paths,
+        Owner {
+            pid: 4_194_305,
+            start: 1,
+        },
+    )
+    .unwrap();
+    let report = fx.backend.cleanup_orphans().unwrap();
+    assert!(
+        report
+            .removed
+            .contains(&format!("state dir {}", spec.state_dir.display())),
+        "{:?}",
+        report.removed
+    );
+    assert!(!spec.state_dir.exists());
+    // A directory that is not a docker stage is never removed.
+    let foreign = fx.state.path().join("not-a-bottle");
+    std::fs::create_dir(&foreign).unwrap();
+    std::fs::write(foreign.join("plan.json"), "{}").unwrap();
+    fx.backend.cleanup_orphans().unwrap();
+    assert!(foreign.join("plan.json").exists());
+}
+
+#[test]
+fn the_orphan_child_reports_its_launch() {
+    // The example launches and stops a bottle on its own; this is its
+    // happy path, so the orphan test above cannot pass by accident of the
+    // child never getting anywhere.
+    let Some(fx) = support::setup("the_orphan_child_reports_its_launch") else {
+        return;
+    };
+    let name = name("child");
+    let _guard = support::Guard {
+        backend: &fx.backend,
+        name: format!("bot-bottle-{name}"),
+    };
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "runs the example binary as a real launcher process"
+    )]
+    let mut child = std::process::Command::new(launch_example())
+        .args([
+            fx.manifest().to_str().unwrap(),
+            "demo",
+            &name,
+            fx.state.path().to_str().unwrap(),
+        ])
+        .env_remove("BOTTLE_FAILPOINT")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), format!("launched bot-bottle-{name}"));
+    assert_eq!(resources_of(&fx.backend, &name).len(), 3);
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    assert_eq!(resources_of(&fx.backend, &name), Vec::<String>::new());
+}
