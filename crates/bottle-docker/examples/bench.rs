@@ -6,7 +6,9 @@
 //!   exec, then `stop`;
 //! - raw: Engine API create + start + exec of the same image (no network,
 //!   no bundle, no provisioning), then remove;
+//!
 //! and the idle memory of one bottle (agent + bundle, cgroup usage).
+//!
 //! Prints Markdown for docs/PERF.md.
 
 use std::path::Path;
