@@ -8,6 +8,7 @@
     reason = "test helpers fail loudly on unexpected errors"
 )]
 
+mod devices;
 mod failure;
 mod isolation;
 mod lifecycle;
