@@ -146,6 +146,11 @@ async fn large_bodies_stream_both_ways() {
         .await
         .unwrap();
     tls.write_all(&up).await.unwrap();
+    // A TLS stream's write_all can return while the last records still sit
+    // in rustls's send buffer (the socket was full at the time); only
+    // flush pushes them out. Without it the proxy waits for a body tail
+    // that was never sent until its idle timeout answers 400 / 504.
+    tls.flush().await.unwrap();
     let resp = crate::support::read_response(&mut tls).await;
     assert_eq!(resp.status, 200);
     let seen = env.upstream.seen();
