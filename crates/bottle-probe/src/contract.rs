@@ -1,0 +1,108 @@
+//! The harness ⇄ probe contract. The harness (xtask) writes a [`ProbeConfig`]
+//! as JSON, copies it and the static probe into the bottle, runs
+//! `bottle-probe --config FILE`, and reads one [`ProbeResult`] per line from
+//! stdout. The same binary and config run on the host as the positive
+//! control (`control: true`): there every network probe must *reach* its
+//! canary, or the run fails.
+
+use serde::{Deserialize, Serialize};
+
+/// What the harness tells the probe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeConfig {
+    /// The run's secret token: every canary listener answers with it, so a
+    /// probe that sees it in a reply has reached a canary.
+    pub token: String,
+    /// Run on the host as the positive control: only the network probes
+    /// run, and the expected outcome is "reached".
+    #[serde(default)]
+    pub control: bool,
+    /// Run only these probes (by name); empty: all.
+    #[serde(default)]
+    pub only: Vec<String>,
+    /// Per-attempt timeout in milliseconds (connects, reads).
+    pub timeout_ms: u64,
+    /// The addresses and names the probes aim at.
+    pub targets: Targets,
+}
+
+/// Every canary and bottle address the probes aim at. All are on this
+/// machine: TEST-NET addresses on the harness's canary interface, host
+/// loopback, the Docker bridges of the run's bottles.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Targets {
+    /// "The internet": TCP 80/443/8443 answer HTTP with the token, UDP
+    /// 5353 echoes the token (e.g. `198.51.100.10`).
+    pub internet_v4: String,
+    /// "The internet" over IPv6, TCP 80 (e.g. `2001:db8::10`).
+    pub internet_v6: String,
+    /// The metadata address, held locally by the harness
+    /// (`169.254.169.254`, TCP 80).
+    pub metadata: String,
+    /// A private-range address held locally (TCP 80).
+    pub private: String,
+    /// The recording DNS server (UDP/TCP 53); any query it records from a
+    /// bottle is an escape. `ip` (port 53) or `ip:port`.
+    pub dns_server: String,
+    /// A TCP port listening on the host's 127.0.0.1.
+    pub host_loopback_port: u16,
+    /// A TCP port listening on the host's 0.0.0.0 (reachable on every host
+    /// address, including Docker bridge gateways).
+    pub host_any_port: u16,
+    /// The bottle's Docker gateway / host-side address of its network
+    /// (empty when the network has none, as on the docker backend).
+    #[serde(default)]
+    pub gateway: String,
+    /// This bottle's bundle IP.
+    pub own_bundle: String,
+    /// Another bottle's bundle IP (a second bottle of the same run).
+    pub other_bundle: String,
+    /// Another bottle's agent IP.
+    #[serde(default)]
+    pub other_agent: String,
+    /// The proxy URL as the agent sees it (`http://<bundle>:8888`).
+    pub proxy: String,
+    /// An allowlisted host pinned to `internet_v4`; `http://<it>/` through
+    /// the proxy answers with the token (the proxy's positive control).
+    pub allowed_host: String,
+    /// A host the manifest does not allow.
+    pub denied_host: String,
+    /// Allowed names the run's resolver maps to forbidden addresses:
+    /// loopback, metadata, the bundle itself, a private range.
+    pub rebind_hosts: Vec<String>,
+    /// Names whose lookups the DNS canary records if they get out.
+    pub canary_names: Vec<String>,
+}
+
+/// What counts as blocked for a probe, as one word for the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The attempt was refused, timed out, or never got an answer carrying
+    /// the token.
+    Blocked,
+    /// The attempt reached its target (an escape inside a bottle; the
+    /// expected result for a control).
+    Reached,
+    /// The probe could not run its attempt at all (a harness problem, not a
+    /// verdict); the harness treats it as a failed run.
+    Error,
+}
+
+/// One line of the probe's stdout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeResult {
+    /// Stable probe name, e.g. `tcp-internet-v4`.
+    pub probe: String,
+    /// Category: `network`, `dns`, `proxy`, `filesystem`, `kernel`,
+    /// `privilege`, `resources`, `secrets`.
+    pub category: String,
+    /// What was attempted and what counts as blocked, for the report.
+    pub expected: String,
+    /// The outcome.
+    pub outcome: Outcome,
+    /// What actually happened (the error, the status, the bytes seen).
+    pub observed: String,
+    /// Whether the probe is a network probe (the control runs only these).
+    pub network: bool,
+}

@@ -1,0 +1,192 @@
+//! Bounded socket helpers shared by the network, DNS, proxy and secrets
+//! probes: connect with a timeout, send a request, read what comes back
+//! until the peer closes, a size cap, or the deadline.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// The most a probe reads from one peer.
+pub const READ_CAP: usize = 64 * 1024;
+
+/// Parses a target address; the error names the field.
+pub fn parse_ip(field: &str, value: &str) -> Result<IpAddr, String> {
+    value
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .map_err(|_| format!("targets.{field} = {value:?} is not an IP address"))
+}
+
+/// An `ip` or `ip:port` target with a default port.
+pub fn parse_addr(field: &str, value: &str, default_port: u16) -> Result<SocketAddr, String> {
+    if let Ok(sa) = value.parse::<SocketAddr>() {
+        return Ok(sa);
+    }
+    parse_ip(field, value).map(|ip| SocketAddr::new(ip, default_port))
+}
+
+/// `host:port` for a request line or header (IPv6 bracketed).
+pub fn authority(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// A host for a URL or `Host:` header (IPv6 bracketed), no port.
+pub fn url_host(host: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_string()
+    }
+}
+
+/// Connects within `timeout`, with read and write timeouts set.
+pub fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+    let s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    Ok(s)
+}
+
+/// Reads until EOF, [`READ_CAP`], or `deadline`; whatever arrived is
+/// returned even when the read ends in an error or a timeout.
+pub fn read_until_close(s: &mut impl Read, deadline: Instant) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while got.len() < READ_CAP && Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    got
+}
+
+/// Reads an HTTP response head (up to the blank line), bounded.
+pub fn read_head(s: &mut impl Read, deadline: Instant) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut b = [0u8; 1];
+    while got.len() < READ_CAP && Instant::now() < deadline && !got.ends_with(b"\r\n\r\n") {
+        match s.read(&mut b) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => got.push(b[0]),
+        }
+    }
+    got
+}
+
+/// Sends `request` and returns everything the peer answers.
+pub fn exchange(addr: SocketAddr, request: &[u8], timeout: Duration) -> std::io::Result<Vec<u8>> {
+    let mut s = connect(addr, timeout)?;
+    s.write_all(request)?;
+    Ok(read_until_close(&mut s, Instant::now() + timeout))
+}
+
+/// A plain `GET` with `Connection: close`.
+pub fn http_get(
+    addr: SocketAddr,
+    host: &str,
+    target: &str,
+    timeout: Duration,
+) -> std::io::Result<Vec<u8>> {
+    let req = format!(
+        "GET {target} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: bottle-probe\r\nConnection: close\r\n\r\n"
+    );
+    exchange(addr, req.as_bytes(), timeout)
+}
+
+/// The status code of an HTTP response, if it starts like one.
+pub fn status(reply: &[u8]) -> Option<u16> {
+    let line = reply.split(|&b| b == b'\n').next()?;
+    let line = std::str::from_utf8(line).ok()?;
+    let mut parts = line.split_whitespace();
+    if !parts.next()?.starts_with("HTTP/") {
+        return None;
+    }
+    parts.next()?.parse().ok()
+}
+
+/// Resolves a `host:port` (used only for the proxy address, which the
+/// harness gives as an IP; a name goes through the system resolver).
+pub fn resolve_one(host_port: &str) -> Result<SocketAddr, String> {
+    if let Ok(sa) = host_port.parse::<SocketAddr>() {
+        return Ok(sa);
+    }
+    host_port
+        .to_socket_addrs()
+        .map_err(|e| format!("{host_port}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{host_port}: no address"))
+}
+
+/// Splits `http://host:port[/...]` into a socket address.
+pub fn proxy_addr(url: &str) -> Result<SocketAddr, String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("targets.proxy = {url:?} is not an http:// URL"))?;
+    let hostport = rest.split('/').next().unwrap_or(rest);
+    let with_port = if hostport.rsplit_once(':').is_some_and(|(h, p)| {
+        !p.is_empty()
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && (!h.contains(':') || h.ends_with(']'))
+    }) {
+        hostport.to_string()
+    } else {
+        format!("{hostport}:80")
+    };
+    resolve_one(&with_port)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_targets() {
+        assert_eq!(
+            parse_ip("x", "192.0.2.10").unwrap().to_string(),
+            "192.0.2.10"
+        );
+        assert_eq!(
+            parse_ip("x", "[2001:db8::10]").unwrap().to_string(),
+            "2001:db8::10"
+        );
+        assert!(parse_ip("x", "example").unwrap_err().contains("targets.x"));
+        assert_eq!(parse_addr("d", "203.0.113.53", 53).unwrap().port(), 53);
+        assert_eq!(parse_addr("d", "127.0.0.1:5300", 53).unwrap().port(), 5300);
+    }
+
+    #[test]
+    fn parses_proxy_urls() {
+        assert_eq!(
+            proxy_addr("http://192.0.2.1:8888").unwrap().to_string(),
+            "192.0.2.1:8888"
+        );
+        assert_eq!(proxy_addr("http://192.0.2.1:8888/").unwrap().port(), 8888);
+        assert_eq!(proxy_addr("http://192.0.2.1").unwrap().port(), 80);
+        assert_eq!(
+            proxy_addr("http://[2001:db8::1]:3128").unwrap().port(),
+            3128
+        );
+        assert!(proxy_addr("socks5://x").is_err());
+    }
+
+    #[test]
+    fn authorities_bracket_ipv6() {
+        assert_eq!(authority("2001:db8::10", 80), "[2001:db8::10]:80");
+        assert_eq!(authority("a.test", 443), "a.test:443");
+        assert_eq!(url_host("2001:db8::10"), "[2001:db8::10]");
+    }
+
+    #[test]
+    fn reads_status_codes() {
+        assert_eq!(status(b"HTTP/1.1 403 Forbidden\r\n\r\n"), Some(403));
+        assert_eq!(status(b"HTTP/1.0 200 OK\r\n"), Some(200));
+        assert_eq!(status(b"SSH-2.0-x\r\n"), None);
+        assert_eq!(status(b""), None);
+    }
+}
