@@ -20,31 +20,39 @@ pub fn target_dir() -> PathBuf {
 pub struct StaticBinaries {
     /// The sidecar bundle.
     pub bundle: PathBuf,
+    /// The sandbox-escape probe (`cargo xtask sandbox-escape` copies it
+    /// into bottles and runs it on the host as the positive control).
+    pub probe: PathBuf,
 }
 
 /// Builds the static binaries in release mode. With an explicit `--target`,
 /// RUSTFLAGS reach only the target crates, not build scripts or proc macros,
 /// which cannot be linked statically.
 pub fn run() -> anyhow::Result<StaticBinaries> {
+    let dir = build(&["bottle-bundle", "bottle-probe"])?;
+    let bundle = dir.join("bottle-bundle");
+    let probe = dir.join("bottle-probe");
+    for binary in [&bundle, &probe] {
+        if !binary.is_file() {
+            bail!("{} was not produced", binary.display());
+        }
+    }
+    Ok(StaticBinaries { bundle, probe })
+}
+
+/// Builds `packages` statically; returns the directory the binaries are in.
+pub fn build(packages: &[&str]) -> anyhow::Result<PathBuf> {
+    let mut args = vec!["build", "--release", "--target", STATIC_TARGET];
+    for package in packages {
+        args.extend(["-p", package]);
+    }
     let status = cargo()
-        .args([
-            "build",
-            "--release",
-            "--target",
-            STATIC_TARGET,
-            "-p",
-            "bottle-bundle",
-        ])
+        .args(&args)
         .env("RUSTFLAGS", "-C target-feature=+crt-static")
         .status()
         .context("could not run cargo")?;
     if !status.success() {
         bail!("building the static binaries failed ({status})");
     }
-    let dir = target_dir().join(STATIC_TARGET).join("release");
-    let bundle = dir.join("bottle-bundle");
-    if !bundle.is_file() {
-        bail!("{} was not produced", bundle.display());
-    }
-    Ok(StaticBinaries { bundle })
+    Ok(target_dir().join(STATIC_TARGET).join("release"))
 }

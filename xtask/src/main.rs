@@ -4,9 +4,11 @@
 //!   then run every test of the workspace.
 //! - `cargo xtask dist`: build the static binaries only.
 //! - `cargo xtask demo`: bring up the example bottle and show its policy.
+//! - `cargo xtask sandbox-escape`: the escape gate (see [`escape`]).
 
 mod demo;
 mod dist;
+mod escape;
 mod process;
 mod test;
 
@@ -22,8 +24,9 @@ fn main() -> ExitCode {
         "test" => test::run(rest),
         "demo" => demo::run(),
         "dist" => dist::run().map(|_| ExitCode::SUCCESS),
+        "sandbox-escape" => escape::run(rest),
         _ => {
-            eprintln!("usage: cargo xtask <test|dist|demo> [args]");
+            eprintln!("usage: cargo xtask <test|dist|demo|sandbox-escape> [args]");
             return ExitCode::from(2);
         }
     };

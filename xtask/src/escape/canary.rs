@@ -1,0 +1,418 @@
+//! Canaries on this machine: the interface holding the stand-in addresses
+//! and the listeners that record who reached them.
+//!
+//! Every listener answers with the run's token and logs the peer of every
+//! connection or datagram. The log is the harness's own evidence: a peer
+//! inside a bottle's network is an escape whatever the probe in that bottle
+//! reported, and a listener nobody reached from the host is a failed
+//! positive control.
+
+use std::io::{Read as _, Write as _};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+
+use super::route;
+use super::sys::Sys;
+use super::teardown;
+
+/// The canary interface (at most 15 characters).
+pub const IFACE: &str = "btlcanary0";
+
+/// "The internet": serves HTTP on 80, 443 and 8443, UDP echo on 5353.
+pub const INTERNET: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+/// The cloud-metadata stand-in for direct dials.
+pub const METADATA_STANDIN: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 254);
+/// The metadata address itself, held locally during the run so that a DNS
+/// answer pointing at it can only ever reach the gate's own listener.
+pub const METADATA: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
+/// A private address (RFC 1918) for the private-rebinding answer, held
+/// locally for the same reason.
+pub const PRIVATE: Ipv4Addr = Ipv4Addr::new(10, 213, 77, 10);
+/// The recording DNS server.
+pub const DNS: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 53);
+/// "The internet" over IPv6.
+pub const INTERNET_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x10);
+
+/// Every address the interface holds.
+pub fn addresses() -> Vec<IpAddr> {
+    vec![
+        IpAddr::V4(INTERNET),
+        IpAddr::V4(METADATA_STANDIN),
+        IpAddr::V4(METADATA),
+        IpAddr::V4(PRIVATE),
+        IpAddr::V4(DNS),
+        IpAddr::V6(INTERNET_V6),
+    ]
+}
+
+/// The canary interface; deleted when dropped (and on Ctrl-C).
+pub struct Interface {
+    sys: Arc<dyn Sys>,
+    teardown_id: u64,
+}
+
+impl Interface {
+    /// Creates [`IFACE`] holding [`addresses`]: a dummy interface, or an
+    /// empty bridge on kernels without the dummy driver (it behaves the
+    /// same: no ports, the addresses are local).
+    pub fn create(sys: Arc<dyn Sys>) -> anyhow::Result<Interface> {
+        // A leftover from a killed run.
+        let _ = sys.run("ip", &["link", "del", IFACE]);
+        let created = sys
+            .run("ip", &["link", "add", IFACE, "type", "dummy"])
+            .is_ok()
+            || sys
+                .run("ip", &["link", "add", IFACE, "type", "bridge"])
+                .is_ok();
+        if !created {
+            bail!(
+                "could not create the canary interface {IFACE} (needs root and a dummy or bridge driver)\n  fix: run the gate as root"
+            );
+        }
+        let teardown_sys = sys.clone();
+        let teardown_id = teardown::register("delete the canary interface", move || {
+            let _ = teardown_sys.run("ip", &["link", "del", IFACE]);
+        });
+        let iface = Interface { sys, teardown_id };
+        for addr in addresses() {
+            let (cidr, extra): (String, &[&str]) = match addr {
+                IpAddr::V4(a) => (format!("{a}/32"), &[]),
+                IpAddr::V6(a) => (format!("{a}/128"), &["nodad"]),
+            };
+            let mut args = vec!["addr", "add", cidr.as_str(), "dev", IFACE];
+            args.extend_from_slice(extra);
+            iface.sys.run("ip", &args)?;
+        }
+        iface.sys.run("ip", &["link", "set", IFACE, "up"])?;
+        Ok(iface)
+    }
+
+    /// Aborts unless every canary address routes locally and sits on the
+    /// canary interface.
+    pub fn verify(&self) -> anyhow::Result<()> {
+        let listed =
+            route::parse_addr_show(&self.sys.run("ip", &["-o", "addr", "show", "dev", IFACE])?);
+        for addr in addresses() {
+            let text = addr.to_string();
+            let out = self.sys.run("ip", &["route", "get", &text])?;
+            route::check_local(addr, &out).map_err(anyhow::Error::msg)?;
+            if !listed.contains(&addr) {
+                bail!("{addr} routes locally but is not on {IFACE}; refusing to run");
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Interface {
+    fn drop(&mut self) {
+        teardown::run(self.teardown_id);
+    }
+}
+
+/// How a canary is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Proto {
+    /// TCP, answered with an HTTP 200 carrying the token.
+    Tcp,
+    /// UDP, echoed back after the token.
+    Udp,
+}
+
+/// One connection or datagram a canary received.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Hit {
+    /// The canary's name.
+    pub canary: String,
+    /// The address it was reached at.
+    pub local: SocketAddr,
+    /// Who reached it.
+    pub peer: SocketAddr,
+    /// TCP or UDP.
+    pub proto: Proto,
+    /// The HTTP Host header, when the peer sent a request.
+    pub host: Option<String>,
+}
+
+/// A listener to start.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// Its name in reports (`internet:80`, `host-loopback`, ...).
+    pub name: String,
+    /// Where to bind (port 0: any free port).
+    pub bind: SocketAddr,
+    /// TCP or UDP.
+    pub proto: Proto,
+}
+
+/// A started listener.
+#[derive(Debug, Clone)]
+pub struct Bound {
+    /// Its name.
+    pub name: String,
+    /// The address it is bound to (port filled in).
+    pub addr: SocketAddr,
+    /// TCP or UDP.
+    pub proto: Proto,
+}
+
+/// The running listeners; stopped and joined when dropped.
+pub struct Listeners {
+    /// The listeners, in start order.
+    pub bound: Vec<Bound>,
+    log: Arc<Mutex<Vec<Hit>>>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// The body every TCP canary answers with.
+pub fn http_body(token: &str, canary: &str) -> String {
+    format!("bottle-canary {token} {canary}\n")
+}
+
+impl Listeners {
+    /// Binds and serves every listener in `specs`.
+    pub fn start(specs: &[Spec], token: &str) -> anyhow::Result<Listeners> {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut listeners = Listeners {
+            bound: Vec::new(),
+            log,
+            stop,
+            threads: Vec::new(),
+        };
+        for spec in specs {
+            let (log, stop, token, name) = (
+                listeners.log.clone(),
+                listeners.stop.clone(),
+                token.to_string(),
+                spec.name.clone(),
+            );
+            let addr = match spec.proto {
+                Proto::Tcp => {
+                    let listener = TcpListener::bind(spec.bind).with_context(|| {
+                        format!("could not bind canary {} on tcp {}", spec.name, spec.bind)
+                    })?;
+                    listener.set_nonblocking(true)?;
+                    let addr = listener.local_addr()?;
+                    listeners.threads.push(std::thread::spawn(move || {
+                        serve_tcp(&listener, &name, &token, &log, &stop)
+                    }));
+                    addr
+                }
+                Proto::Udp => {
+                    let socket = UdpSocket::bind(spec.bind).with_context(|| {
+                        format!("could not bind canary {} on udp {}", spec.name, spec.bind)
+                    })?;
+                    socket.set_read_timeout(Some(Duration::from_millis(100)))?;
+                    let addr = socket.local_addr()?;
+                    listeners.threads.push(std::thread::spawn(move || {
+                        serve_udp(&socket, &name, &token, &log, &stop)
+                    }));
+                    addr
+                }
+            };
+            listeners.bound.push(Bound {
+                name: spec.name.clone(),
+                addr,
+                proto: spec.proto,
+            });
+        }
+        Ok(listeners)
+    }
+
+    /// The listener named `name`.
+    pub fn get(&self, name: &str) -> Option<&Bound> {
+        self.bound.iter().find(|b| b.name == name)
+    }
+
+    /// Everything received so far.
+    pub fn hits(&self) -> Vec<Hit> {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for Listeners {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn serve_tcp(
+    listener: &TcpListener,
+    name: &str,
+    token: &str,
+    log: &Arc<Mutex<Vec<Hit>>>,
+    stop: &Arc<AtomicBool>,
+) {
+    let mut workers: Vec<JoinHandle<()>> = Vec::new();
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                let local = stream.local_addr().unwrap_or(peer);
+                let (name, token, log) = (name.to_string(), token.to_string(), log.clone());
+                workers.retain(|w| !w.is_finished());
+                // Bounded: a flood of connections waits in the backlog.
+                if workers.len() < 32 {
+                    workers.push(std::thread::spawn(move || {
+                        serve_tcp_conn(stream, local, peer, &name, &token, &log);
+                    }));
+                } else {
+                    serve_tcp_conn(stream, local, peer, name.as_str(), &token, &log);
+                }
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    for worker in workers {
+        let _ = worker.join();
+    }
+}
+
+/// The Host header of a request head, if any.
+pub fn host_header(head: &str) -> Option<String> {
+    head.lines().skip(1).find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        key.trim()
+            .eq_ignore_ascii_case("host")
+            .then(|| value.trim().to_ascii_lowercase())
+    })
+}
+
+fn serve_tcp_conn(
+    mut stream: TcpStream,
+    local: SocketAddr,
+    peer: SocketAddr,
+    name: &str,
+    token: &str,
+    log: &Mutex<Vec<Hit>>,
+) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(1500)));
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut head = Vec::new();
+    let mut buf = [0u8; 2048];
+    // Read a request head if the peer sends one; a bare connect is a hit too.
+    while head.len() < 16 * 1024 && Instant::now() < deadline {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                head.extend_from_slice(&buf[..n]);
+                if head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+        }
+    }
+    let head = String::from_utf8_lossy(&head);
+    if let Ok(mut log) = log.lock() {
+        log.push(Hit {
+            canary: name.to_string(),
+            local,
+            peer,
+            proto: Proto::Tcp,
+            host: host_header(&head),
+        });
+    }
+    let body = http_body(token, name);
+    let response = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(response.as_bytes());
+}
+
+fn serve_udp(
+    socket: &UdpSocket,
+    name: &str,
+    token: &str,
+    log: &Mutex<Vec<Hit>>,
+    stop: &AtomicBool,
+) {
+    let local = socket
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
+    let mut buf = [0u8; 1500];
+    while !stop.load(Ordering::SeqCst) {
+        if let Ok((n, peer)) = socket.recv_from(&mut buf) {
+            if let Ok(mut log) = log.lock() {
+                log.push(Hit {
+                    canary: name.to_string(),
+                    local,
+                    peer,
+                    proto: Proto::Udp,
+                    host: None,
+                });
+            }
+            let mut reply = http_body(token, name).into_bytes();
+            reply.extend_from_slice(&buf[..n.min(512)]);
+            let _ = socket.send_to(&reply, peer);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_headers_are_found_case_insensitively() {
+        let head = "GET / HTTP/1.1\r\nHOST: Allowed.Bottle.Test\r\nAccept: */*\r\n\r\n";
+        assert_eq!(host_header(head).as_deref(), Some("allowed.bottle.test"));
+        assert_eq!(host_header("GET / HTTP/1.1\r\n\r\n"), None);
+        assert_eq!(host_header(""), None);
+    }
+
+    #[test]
+    fn listeners_answer_with_the_token_and_log_the_peer() {
+        let specs = [
+            Spec {
+                name: "t".into(),
+                bind: "127.0.0.1:0".parse().unwrap(),
+                proto: Proto::Tcp,
+            },
+            Spec {
+                name: "u".into(),
+                bind: "127.0.0.1:0".parse().unwrap(),
+                proto: Proto::Udp,
+            },
+        ];
+        let listeners = Listeners::start(&specs, "tok123").unwrap();
+        let tcp = listeners.get("t").unwrap().addr;
+        let mut stream = TcpStream::connect(tcp).unwrap();
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nHost: a.bottle.test\r\n\r\n")
+            .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        assert!(response.starts_with("HTTP/1.1 200 OK"), "{response}");
+        assert!(response.ends_with(&http_body("tok123", "t")), "{response}");
+
+        let udp = listeners.get("u").unwrap().addr;
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        socket.send_to(b"ping", udp).unwrap();
+        let mut buf = [0u8; 512];
+        let (n, _) = socket.recv_from(&mut buf).unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).contains("tok123"));
+
+        let hits = listeners.hits();
+        let tcp_hit = hits.iter().find(|h| h.canary == "t").unwrap();
+        assert_eq!(tcp_hit.peer.ip(), stream.local_addr().unwrap().ip());
+        assert_eq!(tcp_hit.host.as_deref(), Some("a.bottle.test"));
+        let udp_hit = hits.iter().find(|h| h.canary == "u").unwrap();
+        assert_eq!(udp_hit.peer, socket.local_addr().unwrap());
+        assert_eq!(udp_hit.proto, Proto::Udp);
+    }
+}

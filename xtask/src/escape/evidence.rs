@@ -1,0 +1,422 @@
+//! The harness's own evidence, judged without trusting the probe: what the
+//! canary listeners and the DNS recorder logged while a bottle was being
+//! probed. A connection or query the allowlist does not explain is an
+//! escape, whatever the probe in the bottle printed.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use super::canary::{Hit, Proto};
+use super::dns::Recorded;
+use super::report::{Expect, Observed, Row};
+
+/// An IPv4 network, `a.b.c.d/len`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    /// The network address.
+    pub addr: Ipv4Addr,
+    /// The prefix length.
+    pub len: u8,
+}
+
+impl Cidr {
+    /// Parses `a.b.c.d/len` (a bare address is a /32).
+    pub fn parse(text: &str) -> Option<Cidr> {
+        let (addr, len) = match text.trim().split_once('/') {
+            Some((a, l)) => (a, l.parse().ok()?),
+            None => (text.trim(), 32),
+        };
+        (len <= 32).then_some(())?;
+        Some(Cidr {
+            addr: addr.parse().ok()?,
+            len,
+        })
+    }
+
+    /// Whether `ip` is inside the network.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let IpAddr::V4(ip) = ip.to_canonical() else {
+            return false;
+        };
+        let mask = u32::MAX.checked_shl(32 - u32::from(self.len)).unwrap_or(0);
+        u32::from(ip) & mask == u32::from(self.addr) & mask
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+/// What a probing phase may legitimately cause at the canaries: the
+/// bundles' proxied fetches of the allowlisted hosts, nothing else.
+#[derive(Debug, Clone, Default)]
+pub struct Allowance {
+    /// The shared egress network (the bundles' source addresses).
+    pub egress: Vec<Cidr>,
+    /// Where the allowlisted hosts are pinned (the internet canary's HTTP
+    /// and HTTPS ports).
+    pub pinned: Vec<SocketAddr>,
+    /// The allowlisted hosts (the Host header a proxied fetch carries).
+    pub allowed_hosts: Vec<String>,
+}
+
+/// Why one canary hit is not explained by `allowance` (`None`: it is).
+pub fn unexplained_hit(hit: &Hit, allowance: &Allowance) -> Option<String> {
+    let from_a_bundle = allowance.egress.iter().any(|c| c.contains(hit.peer.ip()));
+    let pinned = hit.proto == Proto::Tcp && allowance.pinned.contains(&hit.local);
+    let host_ok = match &hit.host {
+        // A proxied plain-HTTP fetch names its host.
+        Some(host) => allowance
+            .allowed_hosts
+            .iter()
+            .any(|a| a.eq_ignore_ascii_case(host.split(':').next().unwrap_or(host))),
+        // A CONNECT tunnel carries TLS (or nothing), not a Host header.
+        None => hit.local.port() == 443,
+    };
+    if from_a_bundle && pinned && host_ok {
+        return None;
+    }
+    Some(format!(
+        "canary {} ({} {}) reached from {}{}",
+        hit.canary,
+        match hit.proto {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        },
+        hit.local,
+        hit.peer,
+        hit.host
+            .as_ref()
+            .map(|h| format!(" with Host {h}"))
+            .unwrap_or_default()
+    ))
+}
+
+/// The row for every canary hit of a probing phase.
+pub fn canary_row(phase: &str, hits: &[Hit], allowance: &Allowance) -> Row {
+    let problems: Vec<String> = hits
+        .iter()
+        .filter_map(|h| unexplained_hit(h, allowance))
+        .collect();
+    let explained = hits.len() - problems.len();
+    evidence_row(
+        phase,
+        "canary-listeners",
+        "network",
+        problems,
+        format!("{explained} connections, all proxied fetches of allowed hosts"),
+    )
+}
+
+/// What the DNS recorder may legitimately see during a probing phase.
+#[derive(Debug, Clone, Default)]
+pub struct DnsAllowance {
+    /// Every bottle's internal network: nothing from there may reach the
+    /// recorder.
+    pub bottle_subnets: Vec<Cidr>,
+    /// Names only a probe asks for: recorded from anywhere, they got out.
+    pub canary_names: Vec<String>,
+    /// Names the manifests pin: the bundle must not look them up.
+    pub pinned_names: Vec<String>,
+}
+
+/// The DNS rows of a probing phase: escapes (queries from a bottle, or for
+/// a name only the probe knows) and pinned names that were looked up anyway
+/// (a wrong resolver path, not an escape: an error).
+pub fn dns_rows(phase: &str, queries: &[Recorded], allowance: &DnsAllowance) -> Vec<Row> {
+    let matches = |name: &str, list: &[String]| {
+        list.iter()
+            .any(|c| name == c || name.ends_with(&format!(".{c}")))
+    };
+    let mut escapes = Vec::new();
+    let mut pinned = Vec::new();
+    for q in queries {
+        if allowance
+            .bottle_subnets
+            .iter()
+            .any(|c| c.contains(q.source.ip()))
+        {
+            escapes.push(format!(
+                "{} asked for {} from inside a bottle network",
+                q.source, q.name
+            ));
+        } else if matches(&q.name, &allowance.canary_names) {
+            escapes.push(format!(
+                "the probe's own name {} reached the recorder (from {})",
+                q.name, q.source
+            ));
+        } else if matches(&q.name, &allowance.pinned_names) {
+            pinned.push(format!(
+                "{} looked up {} though it is pinned",
+                q.source, q.name
+            ));
+        }
+    }
+    let mut rows = vec![evidence_row(
+        phase,
+        "dns-recorder",
+        "dns",
+        escapes,
+        format!(
+            "{} queries, none from a bottle network or for a probe name",
+            queries.len()
+        ),
+    )];
+    let mut pin_row = Row::new(
+        phase,
+        "dns-pinned-not-queried",
+        "dns",
+        Expect::Blocked,
+        Observed::Blocked,
+        None,
+        "no lookups of pinned names",
+    );
+    if !pinned.is_empty() {
+        pin_row = Row::new(
+            phase,
+            "dns-pinned-not-queried",
+            "dns",
+            Expect::Blocked,
+            Observed::Error,
+            None,
+            pinned.join("; "),
+        );
+    }
+    rows.push(pin_row);
+    rows
+}
+
+/// The DNS positive control of a phase that probed rebinding names: the
+/// bundle's lookups of them reached the recorder, so the Engine really
+/// forwards to it. Returns the row and whether the control passed.
+pub fn upstream_control(
+    phase: &str,
+    queries: &[Recorded],
+    rebind_hosts: &[String],
+    bottle_subnets: &[Cidr],
+) -> (Row, bool) {
+    let seen: Vec<&Recorded> = queries
+        .iter()
+        .filter(|q| rebind_hosts.iter().any(|h| h == &q.name))
+        .filter(|q| !bottle_subnets.iter().any(|c| c.contains(q.source.ip())))
+        .collect();
+    let ok = !seen.is_empty();
+    let detail = match seen.first() {
+        Some(q) => format!(
+            "{} lookups of rebinding names reached the recorder (first: {} from {})",
+            seen.len(),
+            q.name,
+            q.source
+        ),
+        None => "no lookup of a rebinding name reached the recorder: the Engine does not forward to it, so the rebinding probes prove nothing".to_string(),
+    };
+    let observed = if ok {
+        Observed::Reached
+    } else {
+        Observed::Blocked
+    };
+    (
+        Row::new(
+            phase,
+            "control-engine-dns-upstream",
+            "control",
+            Expect::Reached,
+            observed,
+            None,
+            detail,
+        ),
+        ok,
+    )
+}
+
+/// A row that passes when `problems` is empty and is an escape otherwise.
+pub fn evidence_row(
+    phase: &str,
+    probe: &str,
+    category: &str,
+    problems: Vec<String>,
+    ok: String,
+) -> Row {
+    if problems.is_empty() {
+        Row::new(
+            phase,
+            probe,
+            category,
+            Expect::Blocked,
+            Observed::Blocked,
+            None,
+            ok,
+        )
+    } else {
+        Row::new(
+            phase,
+            probe,
+            category,
+            Expect::Blocked,
+            Observed::Reached,
+            None,
+            problems.join("; "),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::escape::report::Verdict;
+
+    fn hit(local: &str, peer: &str, proto: Proto, host: Option<&str>) -> Hit {
+        Hit {
+            canary: "c".into(),
+            local: local.parse().unwrap(),
+            peer: peer.parse().unwrap(),
+            proto,
+            host: host.map(str::to_string),
+        }
+    }
+
+    fn allowance() -> Allowance {
+        Allowance {
+            egress: vec![Cidr::parse("172.18.0.0/16").unwrap()],
+            pinned: vec![
+                "198.51.100.10:80".parse().unwrap(),
+                "198.51.100.10:443".parse().unwrap(),
+            ],
+            allowed_hosts: vec!["allowed-a.bottle.test".into()],
+        }
+    }
+
+    #[test]
+    fn cidrs_parse_and_contain() {
+        let c = Cidr::parse("10.1.2.0/24").unwrap();
+        assert!(c.contains("10.1.2.200".parse().unwrap()));
+        assert!(!c.contains("10.1.3.1".parse().unwrap()));
+        assert!(!c.contains("2001:db8::1".parse().unwrap()));
+        assert!(c.contains("::ffff:10.1.2.3".parse().unwrap()));
+        assert!(
+            Cidr::parse("0.0.0.0/0")
+                .unwrap()
+                .contains("1.2.3.4".parse().unwrap())
+        );
+        assert_eq!(Cidr::parse("10.0.0.1").unwrap().len, 32);
+        assert_eq!(Cidr::parse("10.0.0.0/33"), None);
+        assert_eq!(Cidr::parse("nonsense/8"), None);
+        assert_eq!(c.to_string(), "10.1.2.0/24");
+    }
+
+    #[test]
+    fn only_proxied_fetches_of_allowed_hosts_are_explained() {
+        let a = allowance();
+        let proxied = hit(
+            "198.51.100.10:80",
+            "172.18.0.5:40000",
+            Proto::Tcp,
+            Some("allowed-a.bottle.test"),
+        );
+        assert_eq!(unexplained_hit(&proxied, &a), None);
+        let tunnel = hit("198.51.100.10:443", "172.18.0.5:40000", Proto::Tcp, None);
+        assert_eq!(unexplained_hit(&tunnel, &a), None);
+        let bad = [
+            // Another host through the proxy.
+            hit(
+                "198.51.100.10:80",
+                "172.18.0.5:1",
+                Proto::Tcp,
+                Some("denied.bottle.test"),
+            ),
+            // Straight from a bottle network.
+            hit(
+                "198.51.100.10:80",
+                "10.77.0.3:1",
+                Proto::Tcp,
+                Some("allowed-a.bottle.test"),
+            ),
+            // The bundle dialling metadata after a rebinding answer.
+            hit(
+                "169.254.169.254:80",
+                "172.18.0.5:1",
+                Proto::Tcp,
+                Some("allowed-a.bottle.test"),
+            ),
+            // UDP never goes through the proxy.
+            hit("198.51.100.10:443", "172.18.0.5:1", Proto::Udp, None),
+            // A host address (NAT or a userland proxy in between).
+            hit("127.0.0.1:4000", "127.0.0.1:1", Proto::Tcp, None),
+        ];
+        for h in bad {
+            assert!(unexplained_hit(&h, &a).is_some(), "{h:?}");
+        }
+        let row = canary_row(
+            "bottle A",
+            &[
+                proxied,
+                hit("127.0.0.1:4000", "127.0.0.1:1", Proto::Tcp, None),
+            ],
+            &a,
+        );
+        assert_eq!(row.verdict, Verdict::Escape);
+        assert!(row.detail.contains("127.0.0.1:4000"), "{}", row.detail);
+        assert_eq!(canary_row("bottle A", &[], &a).verdict, Verdict::Pass);
+    }
+
+    fn q(source: &str, name: &str) -> Recorded {
+        Recorded {
+            source: source.parse().unwrap(),
+            name: name.into(),
+            qtype: 1,
+            transport: "udp",
+        }
+    }
+
+    #[test]
+    fn dns_escapes_and_pinned_lookups() {
+        let a = DnsAllowance {
+            bottle_subnets: vec![Cidr::parse("10.77.0.0/24").unwrap()],
+            canary_names: vec!["exfil-abc.bottle.test".into()],
+            pinned_names: vec!["allowed-a.bottle.test".into()],
+        };
+        let clean = dns_rows(
+            "A",
+            &[q("172.18.0.5:3000", "rebind-loopback.bottle.test")],
+            &a,
+        );
+        assert!(
+            clean.iter().all(|r| r.verdict == Verdict::Pass),
+            "{clean:?}"
+        );
+
+        let from_bottle = dns_rows("A", &[q("10.77.0.3:53", "anything.example")], &a);
+        assert_eq!(from_bottle[0].verdict, Verdict::Escape);
+        // Forwarded by dockerd from the host's namespace: the source is not
+        // a bottle, the name gives it away.
+        let forwarded = dns_rows("A", &[q("192.0.2.1:5300", "x1.exfil-abc.bottle.test")], &a);
+        assert_eq!(forwarded[0].verdict, Verdict::Escape);
+        let pinned = dns_rows("A", &[q("172.18.0.5:3000", "allowed-a.bottle.test")], &a);
+        assert_eq!(pinned[0].verdict, Verdict::Pass);
+        assert_eq!(pinned[1].verdict, Verdict::Error);
+    }
+
+    #[test]
+    fn the_upstream_control_needs_a_bundle_lookup() {
+        let hosts = vec!["rebind-loopback.bottle.test".to_string()];
+        let subnets = vec![Cidr::parse("10.77.0.0/24").unwrap()];
+        let (row, ok) = upstream_control(
+            "A",
+            &[q("172.18.0.5:1", "rebind-loopback.bottle.test")],
+            &hosts,
+            &subnets,
+        );
+        assert!(ok);
+        assert_eq!(row.verdict, Verdict::Pass);
+        let (row, ok) = upstream_control(
+            "A",
+            &[q("10.77.0.3:1", "rebind-loopback.bottle.test")],
+            &hosts,
+            &subnets,
+        );
+        assert!(!ok);
+        assert_eq!(row.verdict, Verdict::ControlFailed);
+        assert!(!upstream_control("A", &[], &hosts, &subnets).1);
+    }
+}

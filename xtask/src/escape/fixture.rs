@@ -1,0 +1,179 @@
+//! What the gate launches: the agent image's build context (the demo agent,
+//! static busybox on an empty image) and the manifest naming one agent per
+//! bottle the run starts, each with its own allowlist.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, bail};
+
+use crate::process::workspace_root;
+
+/// The DNS zone every test name lives in.
+pub const ZONE: &str = super::dns::ZONE;
+
+/// The name allowed to agent `agent`, answered with the internet canary.
+pub fn allowed_host(agent: &str) -> String {
+    format!("allowed-{}.{ZONE}", short(agent))
+}
+
+/// The rebinding name that resolves to `agent`'s own bundle.
+pub fn rebind_bundle_host(agent: &str) -> String {
+    format!("rebind-bundle-{}.{ZONE}", short(agent))
+}
+
+/// The rebinding names every probing agent is allowed (they resolve to
+/// addresses egress must refuse to dial).
+pub const REBIND_HOSTS: &[&str] = &[
+    "rebind-loopback.bottle.test",
+    "rebind-metadata.bottle.test",
+    "rebind-private.bottle.test",
+];
+
+/// The agent key without the common prefix (`escape-a` -> `a`).
+pub fn short(agent: &str) -> &str {
+    agent.strip_prefix("escape-").unwrap_or(agent)
+}
+
+/// One agent of the run's manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentDef {
+    /// `[agents.<key>]`; also the bottle's name (`bot-bottle-<key>`).
+    pub key: String,
+    /// Whether its allowlist includes the rebinding names.
+    pub rebind: bool,
+}
+
+/// Memory limit every agent gets.
+pub const MEMORY: &str = "256m";
+/// The same in bytes.
+pub const MEMORY_BYTES: i64 = 256 << 20;
+/// PID limit every agent gets.
+pub const PIDS: i64 = 128;
+/// Ports the proxy lets through.
+pub const PORTS: &[u16] = &[80, 443];
+
+/// The manifest for `agents`, building the image from `context`. Each
+/// agent's allowed host is pinned to `pin` (the internet canary), so the
+/// bundle never looks it up; the rebinding names are not pinned and go
+/// through the Engine's resolver to the DNS recorder.
+pub fn manifest(context: &Path, agents: &[AgentDef], pin: &str) -> String {
+    let mut out =
+        String::from("# Written by `cargo xtask sandbox-escape` for one run.\nversion = 1\n");
+    for agent in agents {
+        let mut allow = vec![allowed_host(&agent.key)];
+        if agent.rebind {
+            allow.extend(REBIND_HOSTS.iter().map(|h| h.to_string()));
+            allow.push(rebind_bundle_host(&agent.key));
+        }
+        let allow = allow
+            .iter()
+            .map(|h| format!("{h:?}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let ports = PORTS
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let _ = write!(
+            out,
+            "\n[agents.{key}]\nbuild = {{ context = {context:?} }}\ncommand = [\"/bin/sh\"]\n\n\
+             [agents.{key}.egress]\nallow = [{allow}]\nports = [{ports}]\nresolve = {{ {pinned:?} = {pin:?} }}\n\n\
+             [agents.{key}.limits]\nmemory = \"{MEMORY}\"\npids = {PIDS}\n",
+            key = agent.key,
+            pinned = allowed_host(&agent.key),
+            context = context.display().to_string(),
+        );
+    }
+    out
+}
+
+/// Writes the demo agent's build context into `dir`: the files of
+/// `examples/demo-agent/` plus the host's static busybox.
+pub fn write_context(dir: &Path) -> anyhow::Result<PathBuf> {
+    let source = workspace_root().join("examples/demo-agent");
+    std::fs::create_dir_all(dir)?;
+    for entry in std::fs::read_dir(&source)
+        .with_context(|| format!("could not read {}", source.display()))?
+    {
+        let entry = entry?;
+        if entry.file_type()?.is_file() && entry.file_name() != ".gitignore" {
+            std::fs::copy(entry.path(), dir.join(entry.file_name()))?;
+        }
+    }
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.is_file());
+    let Some(busybox) = busybox else {
+        bail!("no static busybox for the demo agent image\n  fix: apt-get install busybox-static");
+    };
+    std::fs::copy(busybox, dir.join("busybox"))?;
+    Ok(dir.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_manifest_gives_each_agent_its_own_allowlist() {
+        let agents = [
+            AgentDef {
+                key: "escape-a".into(),
+                rebind: true,
+            },
+            AgentDef {
+                key: "escape-p1".into(),
+                rebind: false,
+            },
+        ];
+        let text = manifest(Path::new("/tmp/ctx"), &agents, "198.51.100.10");
+        let expected = r#"# Written by `cargo xtask sandbox-escape` for one run.
+version = 1
+
+[agents.escape-a]
+build = { context = "/tmp/ctx" }
+command = ["/bin/sh"]
+
+[agents.escape-a.egress]
+allow = ["allowed-a.bottle.test", "rebind-loopback.bottle.test", "rebind-metadata.bottle.test", "rebind-private.bottle.test", "rebind-bundle-a.bottle.test"]
+ports = [80, 443]
+resolve = { "allowed-a.bottle.test" = "198.51.100.10" }
+
+[agents.escape-a.limits]
+memory = "256m"
+pids = 128
+
+[agents.escape-p1]
+build = { context = "/tmp/ctx" }
+command = ["/bin/sh"]
+
+[agents.escape-p1.egress]
+allow = ["allowed-p1.bottle.test"]
+ports = [80, 443]
+resolve = { "allowed-p1.bottle.test" = "198.51.100.10" }
+
+[agents.escape-p1.limits]
+memory = "256m"
+pids = 128
+"#;
+        assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn the_manifest_parses_with_the_real_parser() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bottle.toml");
+        let agents = [AgentDef {
+            key: "escape-a".into(),
+            rebind: true,
+        }];
+        std::fs::write(&path, manifest(dir.path(), &agents, "198.51.100.10")).unwrap();
+        let parsed = bottle_core::manifest::load(&path).unwrap();
+        let agent = &parsed.agents["escape-a"];
+        assert_eq!(agent.egress.allow.len(), 5);
+        assert_eq!(agent.limits.pids, Some(128));
+    }
+}

@@ -1,0 +1,198 @@
+//! The host programs the gate runs (`ip`, `bottle`, `dockerd`, the probe),
+//! behind one trait so the pure parts can be tested with a fake, and with a
+//! time bound on every run.
+
+use std::io::Read as _;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+
+use crate::process::command;
+
+/// What a finished program left.
+#[derive(Debug, Clone, Default)]
+pub struct Output {
+    /// Exit code; `None` when killed by a signal or the time bound.
+    pub code: Option<i32>,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+    /// True when the time bound ran out and the program was killed.
+    pub timed_out: bool,
+}
+
+impl Output {
+    /// Exit code 0.
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+}
+
+/// One program to run.
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// The program.
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Extra environment.
+    pub env: Vec<(String, String)>,
+    /// Killed after this long.
+    pub timeout: Duration,
+}
+
+impl Run {
+    /// `program args...` with a 30 s bound.
+    pub fn new<S: AsRef<str>>(program: &str, args: &[S]) -> Run {
+        Run {
+            program: program.to_string(),
+            args: args.iter().map(|a| a.as_ref().to_string()).collect(),
+            env: Vec::new(),
+            timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// With another time bound.
+    pub fn timeout(mut self, timeout: Duration) -> Run {
+        self.timeout = timeout;
+        self
+    }
+
+    /// With an extra environment variable.
+    pub fn env(mut self, key: &str, value: &str) -> Run {
+        self.env.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// The command line, for messages.
+    pub fn display(&self) -> String {
+        std::iter::once(self.program.as_str())
+            .chain(self.args.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// Runs host programs.
+pub trait Sys: Send + Sync {
+    /// Runs `run` to completion (or its time bound). `Err` only when it
+    /// could not be started.
+    fn output(&self, run: &Run) -> anyhow::Result<Output>;
+
+    /// Runs `program args` and returns its stdout; a non-zero exit is an
+    /// error carrying stderr.
+    fn run(&self, program: &str, args: &[&str]) -> anyhow::Result<String> {
+        checked(
+            self.output(&Run::new(program, args))?,
+            &Run::new(program, args),
+        )
+    }
+}
+
+/// Stdout of a successful run, or an error saying what failed.
+pub fn checked(out: Output, run: &Run) -> anyhow::Result<String> {
+    if out.timed_out {
+        bail!(
+            "`{}` did not finish within {:?}",
+            run.display(),
+            run.timeout
+        );
+    }
+    if !out.success() {
+        bail!(
+            "`{}` failed ({}): {}",
+            run.display(),
+            out.code
+                .map_or_else(|| "killed".to_string(), |c| format!("exit {c}")),
+            out.stderr.trim()
+        );
+    }
+    Ok(out.stdout)
+}
+
+/// Spawns real processes through xtask's one spawning point.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RealSys;
+
+impl Sys for RealSys {
+    fn output(&self, run: &Run) -> anyhow::Result<Output> {
+        let mut child = command(&run.program)
+            .args(&run.args)
+            .envs(run.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("could not start `{}`", run.display()))?;
+        let mut stdout = child.stdout.take();
+        let mut stderr = child.stderr.take();
+        let out_reader = std::thread::spawn(move || {
+            let mut text = Vec::new();
+            if let Some(s) = stdout.as_mut() {
+                let _ = s.read_to_end(&mut text);
+            }
+            text
+        });
+        let err_reader = std::thread::spawn(move || {
+            let mut text = Vec::new();
+            if let Some(s) = stderr.as_mut() {
+                let _ = s.read_to_end(&mut text);
+            }
+            text
+        });
+        let deadline = Instant::now() + run.timeout;
+        let mut timed_out = false;
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break Some(status);
+            }
+            if Instant::now() >= deadline {
+                timed_out = true;
+                let _ = child.kill();
+                break child.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let stdout = String::from_utf8_lossy(&out_reader.join().unwrap_or_default()).into_owned();
+        let stderr = String::from_utf8_lossy(&err_reader.join().unwrap_or_default()).into_owned();
+        Ok(Output {
+            code: if timed_out {
+                None
+            } else {
+                status.and_then(|s| s.code())
+            },
+            stdout,
+            stderr,
+            timed_out,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_and_exit_codes_are_captured() {
+        let out = RealSys
+            .output(&Run::new("sh", &["-c", "echo out; echo err >&2; exit 3"]))
+            .unwrap();
+        assert_eq!(out.code, Some(3));
+        assert_eq!(out.stdout, "out\n");
+        assert_eq!(out.stderr, "err\n");
+        let err = checked(out, &Run::new("sh", &["x"])).unwrap_err();
+        assert!(err.to_string().contains("exit 3"), "{err}");
+        assert_eq!(RealSys.run("echo", &["hi"]).unwrap(), "hi\n");
+    }
+
+    #[test]
+    fn a_program_past_its_bound_is_killed() {
+        let out = RealSys
+            .output(&Run::new("sleep", &["30"]).timeout(Duration::from_millis(200)))
+            .unwrap();
+        assert!(out.timed_out);
+        assert_eq!(out.code, None);
+    }
+}
