@@ -42,7 +42,7 @@ pub struct AuditRecord {
     pub time: String,
     /// The bottle.
     pub bottle: String,
-    /// `proxy` or `egress`.
+    /// `proxy`, `egress`, `git-gate` or `supervise`.
     pub daemon: String,
     /// The decision.
     pub decision: Decision,

@@ -479,6 +479,12 @@ impl Egress {
         })
     }
 
+    /// Also allows what `rules` allows (operator approvals through
+    /// supervise), from now on.
+    pub fn share_runtime_rules(&mut self, rules: crate::policy::RuntimeRules) {
+        self.policy.share_runtime(rules);
+    }
+
     /// Serves connections from `listener` until it fails.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) -> Result<(), BundleError> {
         let local = listener.local_addr().map_err(|e| BundleError::Daemon {

@@ -124,6 +124,24 @@ pub enum BundleError {
         /// What failed.
         detail: String,
     },
+    /// A git-gate repository is misconfigured or missing.
+    #[error(
+        "git-gate repository {repo}: {detail}; fix: check the repository's entry in the manifest and that the backend mounted it into the bundle"
+    )]
+    GitRepo {
+        /// The repository's name.
+        repo: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// Git itself cannot be found or set up (host side or in the bundle).
+    #[error(
+        "git runtime: {detail}; fix: install git on the host (Debian: apt-get install git) and rebuild the bundle image"
+    )]
+    GitRuntime {
+        /// What failed.
+        detail: String,
+    },
 }
 
 impl Coded for BundleError {
@@ -141,6 +159,8 @@ impl Coded for BundleError {
             Self::Audit { .. } => "BOT-B010",
             Self::CrashLoop { .. } => "BOT-B011",
             Self::Daemon { .. } => "BOT-B012",
+            Self::GitRepo { .. } => "BOT-B013",
+            Self::GitRuntime { .. } => "BOT-B014",
         }
     }
 }

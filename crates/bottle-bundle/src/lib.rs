@@ -4,20 +4,25 @@
 //!
 //! Entry points: [`start`] (library, used by the binary and the tests),
 //! [`generate_ca`] (the backend calls it at prepare time), [`read_audit`] /
-//! [`AuditFollower`] (`bottle logs`).
+//! [`AuditFollower`] (`bottle logs`), [`git_runtime_files`] (the backend
+//! copies them into the bundle image so that git-gate can run git),
+//! [`supervise`] (the MCP server through which the agent asks the operator).
 
 pub mod audit;
 pub mod body;
 pub mod ca;
 pub mod egress;
 mod error;
+pub mod gitgate;
 pub mod io;
 pub mod policy;
 pub mod proxy;
 pub mod scan;
+pub mod supervise;
 pub mod supervisor;
 
 pub use audit::{AuditFollower, AuditLog, AuditRecord, Decision, read_audit};
 pub use ca::{CaPair, generate_ca};
 pub use error::BundleError;
+pub use gitgate::git_runtime_files;
 pub use supervisor::{RunningBundle, load_config, start};

@@ -50,6 +50,13 @@ enum Command {
         #[arg(long)]
         key: PathBuf,
     },
+    /// git-gate's pre-receive hook (run by git through the hook's `#!`
+    /// line, never by hand).
+    #[command(hide = true)]
+    GitHook {
+        /// The hook script's path (appended by the kernel).
+        script: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -58,6 +65,7 @@ fn main() -> ExitCode {
         Command::Run { config } => run(&config),
         Command::Health { addr } => health(addr),
         Command::GenCa { bottle, cert, key } => gen_ca(&bottle, &cert, &key),
+        Command::GitHook { script: _ } => ExitCode::from(bottle_bundle::gitgate::hook::main()),
     }
 }
 
@@ -90,6 +98,12 @@ fn run(config: &std::path::Path) -> ExitCode {
             "bottle-bundle: proxy on {}, egress on {}",
             running.proxy_addr, running.egress_addr
         );
+        if let Some(addr) = running.git_gate_addr {
+            eprintln!("bottle-bundle: git-gate on {addr}");
+        }
+        if let Some(addr) = running.supervise_addr {
+            eprintln!("bottle-bundle: supervise on {addr}");
+        }
         // As PID 1 in a container, an unhandled SIGTERM would be ignored
         // and `docker stop` would wait for its SIGKILL timeout.
         let mut term = match signal(SignalKind::terminate()) {

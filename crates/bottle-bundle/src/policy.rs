@@ -10,6 +10,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use crate::BundleError;
 
@@ -202,11 +203,93 @@ impl Denial {
     }
 }
 
+fn parse_rule(raw: &str) -> Result<Matcher, BundleError> {
+    let bad = |reason: &str| BundleError::Rule {
+        rule: raw.to_string(),
+        reason: reason.to_string(),
+    };
+    let trimmed = raw.trim();
+    if let Some(suffix) = trimmed.strip_prefix("*.") {
+        match normalize_host(suffix) {
+            Ok(Host::Name(n)) => Ok(Matcher::Suffix(format!(".{n}"))),
+            Ok(Host::Ip(_)) => Err(bad("a suffix rule cannot name an IP address")),
+            Err(e) => Err(bad(&e.to_string())),
+        }
+    } else if trimmed.contains('*') {
+        Err(bad("`*` is only allowed as a leading `*.` label"))
+    } else {
+        match normalize_host(trimmed) {
+            Ok(Host::Name(n)) => Ok(Matcher::Exact(n)),
+            Ok(Host::Ip(ip)) => Ok(Matcher::Ip(ip)),
+            Err(e) => Err(bad(&e.to_string())),
+        }
+    }
+}
+
+fn matches(m: &Matcher, host: &Host) -> bool {
+    match (m, host) {
+        (Matcher::Exact(r), Host::Name(n)) => r == n,
+        (Matcher::Suffix(s), Host::Name(n)) => n.len() > s.len() && n.ends_with(s.as_str()),
+        (Matcher::Ip(r), Host::Ip(ip)) => r == ip,
+        _ => false,
+    }
+}
+
+/// Rules added while the bundle runs (hosts the operator approved through
+/// supervise). Cheap to clone; every clone is the same list, so the proxy
+/// and egress see an approval at the same moment, without a restart.
+#[derive(Debug, Clone, Default)]
+pub struct RuntimeRules {
+    rules: Arc<RwLock<Vec<(Matcher, String)>>>,
+}
+
+impl RuntimeRules {
+    /// Adds `rule` (same syntax as the config's `allow`); returns whether
+    /// it was new.
+    pub fn allow(&self, rule: &str) -> Result<bool, BundleError> {
+        let matcher = parse_rule(rule)?;
+        let mut rules = self.rules.write().unwrap_or_else(PoisonError::into_inner);
+        if rules.iter().any(|(_, r)| r == rule) {
+            return Ok(false);
+        }
+        rules.push((matcher, rule.to_string()));
+        Ok(true)
+    }
+
+    /// The rules added so far, in order.
+    pub fn rules(&self) -> Vec<String> {
+        self.rules
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(_, r)| r.clone())
+            .collect()
+    }
+
+    fn find(&self, host: &Host) -> Option<String> {
+        self.rules
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .find(|(m, _)| matches(m, host))
+            .map(|(_, r)| r.clone())
+    }
+
+    fn lists_ip(&self, ip: IpAddr) -> bool {
+        self.rules
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .any(|(m, _)| matches!(m, Matcher::Ip(r) if *r == ip))
+    }
+}
+
 /// The allowlist: rules plus allowed ports.
 #[derive(Debug, Clone)]
 pub struct Policy {
     rules: Vec<(Matcher, String)>,
     ports: BTreeSet<u16>,
+    runtime: RuntimeRules,
 }
 
 impl Policy {
@@ -214,32 +297,18 @@ impl Policy {
     pub fn new(allow: &[String], ports: &[u16]) -> Result<Self, BundleError> {
         let mut rules = Vec::with_capacity(allow.len());
         for raw in allow {
-            let bad = |reason: &str| BundleError::Rule {
-                rule: raw.clone(),
-                reason: reason.to_string(),
-            };
-            let trimmed = raw.trim();
-            let matcher = if let Some(suffix) = trimmed.strip_prefix("*.") {
-                match normalize_host(suffix) {
-                    Ok(Host::Name(n)) => Matcher::Suffix(format!(".{n}")),
-                    Ok(Host::Ip(_)) => return Err(bad("a suffix rule cannot name an IP address")),
-                    Err(e) => return Err(bad(&e.to_string())),
-                }
-            } else if trimmed.contains('*') {
-                return Err(bad("`*` is only allowed as a leading `*.` label"));
-            } else {
-                match normalize_host(trimmed) {
-                    Ok(Host::Name(n)) => Matcher::Exact(n),
-                    Ok(Host::Ip(ip)) => Matcher::Ip(ip),
-                    Err(e) => return Err(bad(&e.to_string())),
-                }
-            };
-            rules.push((matcher, raw.clone()));
+            rules.push((parse_rule(raw)?, raw.clone()));
         }
         Ok(Self {
             rules,
             ports: ports.iter().copied().collect(),
+            runtime: RuntimeRules::default(),
         })
+    }
+
+    /// Makes this policy also allow what `runtime` allows (now and later).
+    pub fn share_runtime(&mut self, runtime: RuntimeRules) {
+        self.runtime = runtime;
     }
 
     /// Whether `host` is explicitly listed as an IP literal rule.
@@ -247,17 +316,18 @@ impl Policy {
         self.rules
             .iter()
             .any(|(m, _)| matches!(m, Matcher::Ip(r) if *r == ip))
+            || self.runtime.lists_ip(ip)
     }
 
     /// Decides whether the agent may reach `host:port`.
     pub fn check(&self, host: &Host, port: u16) -> Verdict {
-        let rule = self.rules.iter().find(|(m, _)| match (m, host) {
-            (Matcher::Exact(r), Host::Name(n)) => r == n,
-            (Matcher::Suffix(s), Host::Name(n)) => n.len() > s.len() && n.ends_with(s.as_str()),
-            (Matcher::Ip(r), Host::Ip(ip)) => r == ip,
-            _ => false,
-        });
-        let Some((_, rule)) = rule else {
+        let rule = self
+            .rules
+            .iter()
+            .find(|(m, _)| matches(m, host))
+            .map(|(_, r)| r.clone())
+            .or_else(|| self.runtime.find(host));
+        let Some(rule) = rule else {
             return Verdict::Deny(match host {
                 Host::Ip(ip) => Denial {
                     reason: "ip_literal",
@@ -284,7 +354,7 @@ impl Policy {
                 ),
             });
         }
-        Verdict::Allow { rule: rule.clone() }
+        Verdict::Allow { rule }
     }
 }
 
@@ -395,6 +465,34 @@ mod tests {
         assert!(parse_authority("example.com:+443", None).is_err());
         assert!(parse_authority("example.com:65536", None).is_err());
         assert!(parse_authority("::1:443", None).is_err());
+    }
+
+    #[test]
+    fn runtime_rules_apply_to_every_sharing_policy() {
+        let runtime = RuntimeRules::default();
+        let mut a = policy();
+        let mut b = policy();
+        a.share_runtime(runtime.clone());
+        b.share_runtime(runtime.clone());
+        let host = normalize_host("docs.rs").unwrap();
+        assert!(matches!(a.check(&host, 443), Verdict::Deny(_)));
+        assert!(runtime.allow("docs.rs").unwrap());
+        assert!(!runtime.allow("docs.rs").unwrap(), "added once");
+        for p in [&a, &b] {
+            assert_eq!(
+                p.check(&host, 443),
+                Verdict::Allow {
+                    rule: "docs.rs".into()
+                }
+            );
+            assert!(
+                matches!(p.check(&host, 22), Verdict::Deny(_)),
+                "ports still apply"
+            );
+        }
+        assert!(matches!(policy().check(&host, 443), Verdict::Deny(_)));
+        assert!(runtime.allow("*.*.bad").is_err());
+        assert_eq!(runtime.rules(), ["docs.rs"]);
     }
 
     #[test]

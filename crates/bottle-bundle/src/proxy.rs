@@ -102,6 +102,12 @@ impl Proxy {
         })
     }
 
+    /// Also allows what `rules` allows (operator approvals through
+    /// supervise), from now on.
+    pub fn share_runtime_rules(&mut self, rules: crate::policy::RuntimeRules) {
+        self.policy.share_runtime(rules);
+    }
+
     fn http1(&self) -> hyper::server::conn::http1::Builder {
         let mut b = hyper::server::conn::http1::Builder::new();
         b.timer(TokioTimer::new())

@@ -199,6 +199,10 @@ pub struct RunningBundle {
     pub proxy_addr: SocketAddr,
     /// Where egress listens.
     pub egress_addr: SocketAddr,
+    /// Where git-gate listens (`None`: not configured).
+    pub git_gate_addr: Option<SocketAddr>,
+    /// Where supervise listens (`None`: not configured).
+    pub supervise_addr: Option<SocketAddr>,
     task: Option<JoinHandle<Result<(), BundleError>>>,
 }
 
@@ -250,7 +254,12 @@ pub async fn start(config: BundleConfig) -> Result<RunningBundle, BundleError> {
     let proxy_addr = listen_addr("proxy", &config.proxy_listen)?;
     let audit = AuditLog::open(Path::new(&config.audit_log), &config.bottle)?;
 
-    let egress = Arc::new(Egress::new(&config, audit.clone())?);
+    // Operator approvals (supervise) reach the proxy and egress through
+    // this one shared list.
+    let runtime_rules = crate::policy::RuntimeRules::default();
+    let mut egress = Egress::new(&config, audit.clone())?;
+    egress.share_runtime_rules(runtime_rules.clone());
+    let egress = Arc::new(egress);
     let egress_listener = bind("egress", egress_addr)?;
     let egress_addr = egress_listener
         .local_addr()
@@ -259,7 +268,13 @@ pub async fn start(config: BundleConfig) -> Result<RunningBundle, BundleError> {
             addr: egress_addr.to_string(),
             source,
         })?;
-    let proxy = Arc::new(Proxy::new(&config, audit, egress_addr)?);
+    // Push approvals reach git-gate the same way.
+    let push_rules = crate::gitgate::policy::RuntimePushRules::default();
+    let git_gate = crate::gitgate::daemon(&config, &audit, &push_rules)?;
+    let supervise_daemon = crate::supervise::daemon(&config, &audit, &runtime_rules, &push_rules)?;
+    let mut proxy = Proxy::new(&config, audit, egress_addr)?;
+    proxy.share_runtime_rules(runtime_rules);
+    let proxy = Arc::new(proxy);
     let proxy_listener = bind("proxy", proxy_addr)?;
     let proxy_addr = proxy_listener
         .local_addr()
@@ -269,7 +284,7 @@ pub async fn start(config: BundleConfig) -> Result<RunningBundle, BundleError> {
             source,
         })?;
 
-    let daemons = vec![
+    let mut daemons = vec![
         Daemon {
             name: "egress",
             addr: egress_addr,
@@ -283,6 +298,10 @@ pub async fn start(config: BundleConfig) -> Result<RunningBundle, BundleError> {
             serve: Arc::new(move |l| Box::pin(proxy.clone().serve(l))),
         },
     ];
+    let git_gate_addr = git_gate.as_ref().map(|d| d.addr);
+    daemons.extend(git_gate);
+    let supervise_addr = supervise_daemon.as_ref().map(|d| d.addr);
+    daemons.extend(supervise_daemon);
     let task = tokio::spawn(supervise(
         daemons,
         RestartPolicy::from_limits(&config.limits),
@@ -290,6 +309,8 @@ pub async fn start(config: BundleConfig) -> Result<RunningBundle, BundleError> {
     Ok(RunningBundle {
         proxy_addr,
         egress_addr,
+        git_gate_addr,
+        supervise_addr,
         task: Some(task),
     })
 }

@@ -64,6 +64,12 @@ pub enum Command {
     /// Show a bottle's audit log.
     #[command(visible_alias = "audit")]
     Logs(LogsArgs),
+    /// List what agents asked the operator for (supervise).
+    Requests(RequestsArgs),
+    /// Approve a request (an egress host opens at once).
+    Approve(DecideArgs),
+    /// Deny a request.
+    Deny(DecideArgs),
     /// Check this host for every backend.
     Doctor,
     /// Print shell completions.
@@ -130,6 +136,26 @@ pub struct LogsArgs {
     /// Keep printing new lines as they arrive.
     #[arg(long, short = 'f')]
     pub follow: bool,
+}
+
+/// `bottle requests`.
+#[derive(Debug, Args)]
+pub struct RequestsArgs {
+    /// Only this bottle's requests (`bot-bottle-<slug>` or just `<slug>`).
+    pub bottle: Option<String>,
+    /// Also show the requests already answered.
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// `bottle approve` / `bottle deny`.
+#[derive(Debug, Args)]
+pub struct DecideArgs {
+    /// The request's id, as `bottle requests` shows it (like `claude-3`).
+    pub id: String,
+    /// Why (shown to the agent).
+    #[arg(long)]
+    pub reason: Option<String>,
 }
 
 /// `bottle completions`.

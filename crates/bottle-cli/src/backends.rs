@@ -1,4 +1,14 @@
 //! Choosing and constructing a backend.
+//!
+//! The smolmachines backend runs `smolvm` from `PATH`, or the program
+//! [`SMOLVM_ENV`] names; its bundle runs on the Docker Engine
+//! (`bottle_docker::DockerBundleHost`), its agent images come from there
+//! too (`bottle_docker::EngineImages`), and its host check is
+//! bottle-preflight's platform and KVM checks. [`FAKE_NO_KVM_ENV`] is the
+//! one, test-only, way to run without KVM: see [`vm_host_check`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bottle_core::backend::{BackendError, BackendErrorKind};
 use bottle_core::{BackendKind, BottleBackend};
@@ -57,8 +67,82 @@ pub fn open(
             options.progress = progress(global);
             Ok(Box::new(bottle_docker::DockerBackend::new(options)?))
         }
-        BackendKind::Smolmachines => Err(not_landed(kind, "issue 5")),
+        BackendKind::Smolmachines => Ok(Box::new(smolmachines(state_root, global, mode)?)),
     }
+}
+
+/// Names the `smolvm` program to run (default: `smolvm` on `PATH`).
+pub const SMOLVM_ENV: &str = "BOTTLE_SMOLVM";
+
+/// Test-only: `1` skips the KVM check, but only while [`SMOLVM_ENV`] names
+/// the `fake-smolvm` test double (which boots nothing); it is ignored, with
+/// a warning, for any other program, and announced on stderr every time.
+pub const FAKE_NO_KVM_ENV: &str = "BOTTLE_TEST_FAKE_SMOLVM_NO_KVM";
+
+/// The file name of the test double (`crates/bottle-smolvm/src/bin`).
+const FAKE_SMOLVM: &str = "fake-smolvm";
+
+fn smolmachines(
+    state_root: PathBuf,
+    global: &Global,
+    mode: Mode,
+) -> Result<bottle_smolvm::SmolvmBackend, BackendError> {
+    let program = std::env::var_os(SMOLVM_ENV)
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| bottle_preflight::smolvm::PROGRAM.into());
+    let smolvm = bottle_smolvm::Smolvm::with_program(
+        program.clone(),
+        Arc::new(bottle_core::exec::SystemRunner),
+    );
+    let mut options = bottle_docker::DockerOptions::new(&state_root);
+    options.detach = mode.detach;
+    options.progress = progress(global);
+    // Without HOME or XDG_CACHE_HOME the packed images stay beside the
+    // bottles' state rather than nowhere.
+    let cache = bottle_smolvm::pack::default_cache_dir(|key| std::env::var(key).ok())
+        .unwrap_or_else(|| state_root.join(".smolmachines-cache"));
+    let images = bottle_docker::EngineImages::new(options.clone(), cache)?;
+    let bundles = bottle_docker::DockerBundleHost::new(options)?;
+    let fake_without_kvm = std::env::var(FAKE_NO_KVM_ENV).is_ok_and(|v| v == "1");
+    let host_check = vm_host_check(Path::new(&program), fake_without_kvm, global.quiet);
+    Ok(
+        bottle_smolvm::SmolvmBackend::new(smolvm, Arc::new(images), Arc::new(bundles), state_root)
+            .with_host_check(host_check),
+    )
+}
+
+/// The host check run before anything else: bottle-preflight's platform
+/// and KVM checks, failing with their remediation. Skipped only when the
+/// test switch is on *and* `program` is the test double; never silently.
+fn vm_host_check(
+    program: &Path,
+    fake_without_kvm: bool,
+    quiet: bool,
+) -> Arc<bottle_smolvm::backend::HostCheck> {
+    let is_fake = program.file_name().is_some_and(|n| n == FAKE_SMOLVM);
+    if fake_without_kvm && is_fake {
+        eprintln!(
+            "warning: {FAKE_NO_KVM_ENV}=1 and {SMOLVM_ENV} is the test double {}: the KVM check is skipped (nothing here is isolated)",
+            program.display()
+        );
+        return Arc::new(|| Ok(()));
+    }
+    if fake_without_kvm && !quiet {
+        eprintln!(
+            "warning: {FAKE_NO_KVM_ENV} is ignored: {SMOLVM_ENV} does not name the {FAKE_SMOLVM} test double, so KVM is checked"
+        );
+    }
+    Arc::new(|| {
+        let runner = bottle_core::exec::SystemRunner;
+        let ctx = bottle_preflight::Context::from_host(&runner, BackendKind::Smolmachines);
+        let checks = [
+            bottle_preflight::platform::check_platform(&ctx),
+            bottle_preflight::kvm::check_device(&ctx)?,
+            bottle_preflight::kvm::check_access(&ctx)?,
+            bottle_preflight::kvm::check_module(&ctx)?,
+        ];
+        Ok(bottle_preflight::require(&checks)?)
+    })
 }
 
 /// Build output and provisioning notes go to stderr when it is a terminal
@@ -69,13 +153,4 @@ fn progress(global: &Global) -> Option<bottle_docker::Progress> {
         return None;
     }
     Some(std::sync::Arc::new(|line: &str| eprintln!("{line}")))
-}
-
-fn not_landed(kind: BackendKind, issue: &str) -> BackendError {
-    BackendError::new(
-        BackendErrorKind::Unsupported,
-        "BOT-C002",
-        format!("the {kind} backend is not available in this build yet (it lands with {issue})"),
-        "run `bottle plan` and `bottle doctor` meanwhile",
-    )
 }

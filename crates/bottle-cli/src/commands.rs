@@ -27,6 +27,19 @@ pub fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Exec(args) => exec(global, &args),
         Command::Cp(args) => cp(global, &args),
         Command::Logs(args) => logs(&args),
+        Command::Requests(args) => crate::requests::list(global, &args, &state_root()?),
+        Command::Approve(args) => crate::requests::decide(
+            global,
+            &args,
+            bottle_core::requests::Status::Approved,
+            &state_root()?,
+        ),
+        Command::Deny(args) => crate::requests::decide(
+            global,
+            &args,
+            bottle_core::requests::Status::Denied,
+            &state_root()?,
+        ),
         Command::Doctor => doctor(global),
         Command::Completions(args) => completions(&args),
     }
@@ -181,6 +194,12 @@ fn list(global: &Global) -> Result<ExitCode, Failure> {
     let mut all = Vec::new();
     for backend in backends_to_ask(global)? {
         all.extend(backend.list_active()?);
+    }
+    // The queue lives in the host state dir, the same for every backend.
+    if let Ok(root) = state_root() {
+        for b in &mut all {
+            b.pending_requests = crate::requests::pending_count(&root, &b.name);
+        }
     }
     if global.json {
         output::json(&all)?;

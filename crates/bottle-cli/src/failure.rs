@@ -81,7 +81,11 @@ impl From<BackendError> for Failure {
         let mut message = err.message.clone();
         let mut source = std::error::Error::source(&err);
         while let Some(cause) = source {
-            message.push_str(&format!(": {cause}"));
+            // Backends often spell their cause into the message already.
+            let text = cause.to_string();
+            if !message.contains(&text) {
+                message.push_str(&format!(": {text}"));
+            }
             source = cause.source();
         }
         if !err.fix.is_empty() {

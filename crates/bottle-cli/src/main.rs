@@ -9,6 +9,7 @@ mod commands;
 mod devices;
 mod failure;
 mod output;
+mod requests;
 
 use std::process::ExitCode;
 

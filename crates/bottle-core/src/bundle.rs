@@ -24,6 +24,30 @@ pub const EGRESS_PORT: u16 = 9099;
 pub const GIT_GATE_PORT: u16 = 9418;
 /// The agent-facing supervise (MCP) port.
 pub const SUPERVISE_PORT: u16 = 9100;
+/// Where the bottle's request queue (`<state_dir>/requests` on the host) is
+/// mounted inside the bundle.
+pub const BUNDLE_REQUESTS_DIR: &str = "/run/bottle/requests";
+/// Where the agent finds its MCP configuration naming supervise.
+pub const AGENT_MCP_CONFIG: &str = "/etc/bottle/mcp.json";
+
+/// Supervise's MCP endpoint for a bundle at `address` (an IP literal).
+pub fn supervise_url(address: &str) -> String {
+    format!("http://{address}:{SUPERVISE_PORT}/mcp")
+}
+
+/// The agent's MCP configuration (the `mcpServers` format Claude Code and
+/// most MCP clients read) pointing at supervise on `address`.
+pub fn mcp_config(address: &str) -> String {
+    let config = serde_json::json!({
+        "mcpServers": {
+            "supervise": {
+                "type": "http",
+                "url": supervise_url(address),
+            }
+        }
+    });
+    format!("{config:#}\n")
+}
 
 /// A credential the bundle injects.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,6 +110,22 @@ pub struct BundleConfig {
     /// The repositories git-gate serves.
     #[serde(default)]
     pub git: Vec<BundleGitRepo>,
+    /// The program git-gate's `pre-receive` hook runs (`<program>
+    /// git-hook`): a `bottle-bundle` binary. `None`: the running
+    /// executable, which is right inside the bundle; tests that run the
+    /// bundle library in-process name the built binary here.
+    #[serde(default)]
+    pub git_hook_program: Option<String>,
+    /// Supervise (MCP) listen address, normally `0.0.0.0:9100`. `None`:
+    /// supervise does not run.
+    #[serde(default)]
+    pub supervise_listen: Option<String>,
+    /// The request queue supervise writes to and reads the operator's
+    /// decisions from, normally [`BUNDLE_REQUESTS_DIR`] (a bind mount of
+    /// the bottle's `<state_dir>/requests`). Required with
+    /// `supervise_listen`.
+    #[serde(default)]
+    pub requests_dir: Option<String>,
 }
 
 /// One repository behind git-gate, as the bundle sees it.

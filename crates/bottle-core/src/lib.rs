@@ -4,7 +4,9 @@
 //!
 //! It knows nothing of Docker or smolvm, spawns no process and opens no
 //! socket. The only I/O it does is reading the manifest file it is asked to
-//! parse, so that parse errors can quote the file.
+//! parse, so that parse errors can quote the file, and the plain file I/O
+//! of the supervise request queue ([`requests`]), which the bundle and the
+//! CLI must agree on.
 
 pub mod backend;
 pub mod bundle;
@@ -13,6 +15,7 @@ pub mod error;
 pub mod exec;
 pub mod manifest;
 pub mod plan;
+pub mod requests;
 pub mod slug;
 pub mod spec;
 pub mod state;

@@ -186,8 +186,19 @@ impl DockerBackend {
         // anything is written.
         let (image_ref, image) = self.agent_image(engine, spec)?;
         let bundle_bin = images::find_bundle_binary(self.options.bundle_bin.as_deref())?;
-        let bundle_image =
-            images::ensure_bundle_image(engine, &bundle_bin, self.options.progress.as_ref())?;
+        // git-gate runs the host's git: only bottles with repositories
+        // need it (and need it installed).
+        let git_files = if plan.git.is_empty() {
+            Vec::new()
+        } else {
+            images::git_runtime_files(&bottle_core::exec::SystemRunner)?
+        };
+        let bundle_image = images::ensure_bundle_image(
+            engine,
+            &bundle_bin,
+            &git_files,
+            self.options.progress.as_ref(),
+        )?;
         let info = engine
             .block_on(engine.docker.info())
             .map_err(DockerError::api("read the daemon's info"))?;
@@ -196,7 +207,7 @@ impl DockerBackend {
             return Err(DockerError::UnsupportedArch { arch });
         }
 
-        let subnet = self.choose_subnet(engine, &spec.slug)?;
+        let subnet = choose_subnet(engine, &spec.slug)?;
         let (uid, gid) = (
             nix::unistd::getuid().as_raw(),
             nix::unistd::getgid().as_raw(),
@@ -218,45 +229,10 @@ impl DockerBackend {
             arch,
             dns_upstream: self.options.dns_upstream.unwrap_or(subnet.bundle_ip),
             env: spec.agent.env.clone(),
-            credentials: spec
-                .agent
-                .credentials
-                .iter()
-                .map(|c| CredentialRef {
-                    name: c.name.clone(),
-                    host: c.host.clone(),
-                    header: c.header.clone(),
-                    format: c.format.clone().unwrap_or_else(|| "{}".into()),
-                    file: match &c.source {
-                        CredentialSource::File(path) => Some(expand_home(spec, path)),
-                        CredentialSource::Env(_) => None,
-                    },
-                    env: match &c.source {
-                        CredentialSource::Env(var) => Some(var.clone()),
-                        CredentialSource::File(_) => None,
-                    },
-                })
-                .collect(),
+            credentials: credential_refs(spec),
             prompt: spec.agent.prompt.as_deref().map(|p| spec.resolve(p)),
             skills: spec.agent.skills.iter().map(|s| spec.resolve(s)).collect(),
-            git: spec
-                .agent
-                .git
-                .iter()
-                .map(|repo| {
-                    let remote = is_remote_url(&repo.url);
-                    GitRef {
-                        name: repo.name.clone(),
-                        local_path: (!remote).then(|| expand_home(spec, &repo.url)),
-                        upstream: remote.then(|| repo.url.clone()),
-                        mode: repo.mode,
-                        push: repo.push.clone(),
-                        allow_force: repo.allow_force,
-                        allow_delete: repo.allow_delete,
-                        credential: repo.credential.as_deref().map(|c| expand_home(spec, c)),
-                    }
-                })
-                .collect(),
+            git: git_refs(spec),
             detached: self.options.detach,
             bundle_user: (uid, gid),
         };
@@ -328,29 +304,6 @@ impl DockerBackend {
         Ok((tag, facts))
     }
 
-    /// The slug's subnet, skipping every subnet an existing Docker network
-    /// or a host route overlaps.
-    fn choose_subnet(
-        &self,
-        engine: &Engine,
-        slug: &str,
-    ) -> Result<bottle_net::BottleSubnet, DockerError> {
-        let networks = engine
-            .block_on(engine.docker.list_networks(None))
-            .map_err(DockerError::api("list networks"))?;
-        let taken: Vec<Ipv4Net> = networks
-            .iter()
-            .filter_map(|n| n.ipam.as_ref()?.config.as_ref())
-            .flatten()
-            .filter_map(|c| c.subnet.as_deref())
-            .filter_map(parse_cidr)
-            .collect();
-        let routes = HostRoutes::read(Path::new("/"))?;
-        Ok(bottle_net::bottle_subnet(slug, &|net| {
-            taken.iter().any(|t| t.overlaps(&net)) || routes.overlaps(net)
-        })?)
-    }
-
     fn attach_inner(&self, name: &str) -> Result<DockerBottle, DockerError> {
         let engine = self.engine()?;
         let names = ResourceNames::for_slug(slug_of(name));
@@ -391,7 +344,12 @@ impl DockerBackend {
         let data = plan
             .as_ref()
             .and_then(|p| DockerPlanData::from_plan(p).ok());
+        let user = labels
+            .get(crate::names::LABEL_AGENT_USER)
+            .filter(|u| !u.is_empty())
+            .cloned();
         Ok(DockerBottle {
+            user,
             engine: engine.clone(),
             name: names.bottle.clone(),
             container: names.agent.clone(),
@@ -425,6 +383,72 @@ impl DockerBackend {
     pub fn attach_bottle(&self, name: &str) -> Result<DockerBottle, BackendError> {
         Ok(self.attach_inner(name)?)
     }
+}
+
+/// The slug's subnet, skipping every subnet an existing Docker network or a
+/// host route overlaps.
+pub(crate) fn choose_subnet(
+    engine: &Engine,
+    slug: &str,
+) -> Result<bottle_net::BottleSubnet, DockerError> {
+    let networks = engine
+        .block_on(engine.docker.list_networks(None))
+        .map_err(DockerError::api("list networks"))?;
+    let taken: Vec<Ipv4Net> = networks
+        .iter()
+        .filter_map(|n| n.ipam.as_ref()?.config.as_ref())
+        .flatten()
+        .filter_map(|c| c.subnet.as_deref())
+        .filter_map(parse_cidr)
+        .collect();
+    let routes = HostRoutes::read(Path::new("/"))?;
+    Ok(bottle_net::bottle_subnet(slug, &|net| {
+        taken.iter().any(|t| t.overlaps(&net)) || routes.overlaps(net)
+    })?)
+}
+
+/// The spec's credentials as the bundle reads them at launch (sources,
+/// never secrets).
+pub(crate) fn credential_refs(spec: &BottleSpec) -> Vec<CredentialRef> {
+    spec.agent
+        .credentials
+        .iter()
+        .map(|c| CredentialRef {
+            name: c.name.clone(),
+            host: c.host.clone(),
+            header: c.header.clone(),
+            format: c.format.clone().unwrap_or_else(|| "{}".into()),
+            file: match &c.source {
+                CredentialSource::File(path) => Some(expand_home(spec, path)),
+                CredentialSource::Env(_) => None,
+            },
+            env: match &c.source {
+                CredentialSource::Env(var) => Some(var.clone()),
+                CredentialSource::File(_) => None,
+            },
+        })
+        .collect()
+}
+
+/// The spec's repositories as git-gate serves them.
+pub(crate) fn git_refs(spec: &BottleSpec) -> Vec<GitRef> {
+    spec.agent
+        .git
+        .iter()
+        .map(|repo| {
+            let remote = is_remote_url(&repo.url);
+            GitRef {
+                name: repo.name.clone(),
+                local_path: (!remote).then(|| expand_home(spec, &repo.url)),
+                upstream: remote.then(|| repo.url.clone()),
+                mode: repo.mode,
+                push: repo.push.clone(),
+                allow_force: repo.allow_force,
+                allow_delete: repo.allow_delete,
+                credential: repo.credential.as_deref().map(|c| expand_home(spec, c)),
+            }
+        })
+        .collect()
 }
 
 fn parse_cidr(text: &str) -> Option<Ipv4Net> {

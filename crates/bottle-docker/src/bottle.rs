@@ -25,9 +25,17 @@ pub struct DockerBottle {
     /// The image's entrypoint + cmd, run when no command is given.
     pub(crate) default_command: Vec<String>,
     pub(crate) image: String,
+    /// Who the agent's commands run as (`None`: the image's root).
+    pub(crate) user: Option<String>,
 }
 
 impl DockerBottle {
+    /// The user every exec names: the container's own user is the
+    /// keep-alive's, never the agent's.
+    fn exec_user(&self) -> &str {
+        self.user.as_deref().unwrap_or("0:0")
+    }
+
     fn command(&self, argv: &[String]) -> Result<Vec<String>, DockerError> {
         if !argv.is_empty() {
             return Ok(argv.to_vec());
@@ -125,14 +133,22 @@ impl Bottle for DockerBottle {
 
     fn exec(&self, argv: &[String]) -> Result<ExecOutput, BackendError> {
         let argv = self.command(argv)?;
-        Ok(self
-            .engine
-            .block_on(exec_captured(&self.engine, &self.container, &argv, None))?)
+        Ok(self.engine.block_on(exec_captured(
+            &self.engine,
+            &self.container,
+            &argv,
+            Some(self.exec_user()),
+        ))?)
     }
 
     fn exec_interactive(&self, argv: &[String]) -> Result<i32, BackendError> {
         let argv = self.command(argv)?;
-        Ok(interactive(&self.engine, &self.container, &argv)?)
+        Ok(interactive(
+            &self.engine,
+            &self.container,
+            &argv,
+            self.exec_user(),
+        )?)
     }
 
     fn copy_in(&self, host_path: &Path, guest_dir: &str) -> Result<(), BackendError> {
@@ -178,7 +194,17 @@ pub fn container_owner(engine: &Engine, container: &str) -> Result<Ownership, Do
     let inspect = engine
         .block_on(engine.docker.inspect_container(container, None))
         .map_err(DockerError::api(format!("inspect container {container}")))?;
-    let user = inspect.config.and_then(|c| c.user).unwrap_or_default();
+    let config = inspect.config.unwrap_or_default();
+    // Agent containers run their own processes as the keep-alive user; the
+    // files copied in belong to the agent's user.
+    let user = match config
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(crate::names::LABEL_AGENT_USER))
+    {
+        Some(agent) => agent.clone(),
+        None => config.user.unwrap_or_default(),
+    };
     if user.is_empty() {
         return Ok(Ownership::ROOT);
     }
@@ -237,7 +263,12 @@ pub fn upload(engine: &Engine, container: &str, archive: Vec<u8>) -> Result<(), 
 /// Runs `argv` attached to the operator's terminal. Raw mode is restored
 /// on every way out (return, error, panic, SIGTERM/SIGHUP to `bottle`);
 /// the exec's TTY follows the terminal's size.
-fn interactive(engine: &Engine, container: &str, argv: &[String]) -> Result<i32, DockerError> {
+fn interactive(
+    engine: &Engine,
+    container: &str,
+    argv: &[String],
+    user: &str,
+) -> Result<i32, DockerError> {
     let use_tty = tty::stdin_and_stdout_are_terminals();
     // Dropped at the end of this function, after the exec, whatever happens.
     let _raw = if use_tty {
@@ -245,13 +276,14 @@ fn interactive(engine: &Engine, container: &str, argv: &[String]) -> Result<i32,
     } else {
         None
     };
-    engine.block_on(interactive_async(engine, container, argv, use_tty))
+    engine.block_on(interactive_async(engine, container, argv, user, use_tty))
 }
 
 async fn interactive_async(
     engine: &Engine,
     container: &str,
     argv: &[String],
+    user: &str,
     use_tty: bool,
 ) -> Result<i32, DockerError> {
     use tokio::signal::unix::{SignalKind, signal};
@@ -271,6 +303,7 @@ async fn interactive_async(
                 attach_stderr: Some(true),
                 tty: Some(use_tty),
                 cmd: Some(argv.to_vec()),
+                user: Some(user.to_string()),
                 env,
                 ..CreateExecOptions::default()
             },

@@ -27,8 +27,9 @@ use bollard::models::{
 };
 use bottle_core::Plan;
 use bottle_core::bundle::{
-    BUNDLE_CONFIG_PATH, BUNDLE_CONFIG_VERSION, BUNDLE_LOG_DIR, BundleConfig, BundleCredential,
-    BundleGitRepo, BundleLimits, EGRESS_PORT, GIT_GATE_PORT, PROXY_PORT,
+    AGENT_MCP_CONFIG, BUNDLE_CONFIG_PATH, BUNDLE_CONFIG_VERSION, BUNDLE_LOG_DIR,
+    BUNDLE_REQUESTS_DIR, BundleConfig, BundleCredential, BundleGitRepo, BundleLimits, EGRESS_PORT,
+    GIT_GATE_PORT, PROXY_PORT, SUPERVISE_PORT,
 };
 
 use crate::data::DockerPlanData;
@@ -153,12 +154,17 @@ fn hardening(host: &mut HostConfig) {
 /// The bundle container. It starts on the internal network only; the
 /// egress network is connected before it starts (API 1.41 takes one
 /// network at create time).
+/// `requests_dir` is the bottle's supervise queue on the host.
 pub fn bundle_container(
     data: &DockerPlanData,
     log_dir: &str,
+    requests_dir: &str,
     labels: HashMap<String, String>,
 ) -> ContainerCreateBody {
-    let mut binds = vec![format!("{log_dir}:{BUNDLE_LOG_DIR}:rw")];
+    let mut binds = vec![
+        format!("{log_dir}:{BUNDLE_LOG_DIR}:rw"),
+        format!("{requests_dir}:{BUNDLE_REQUESTS_DIR}:rw"),
+    ];
     for repo in &data.git {
         if let Some(path) = &repo.local_path {
             let access = match repo.mode {
@@ -217,6 +223,11 @@ pub fn agent_env(plan: &Plan, data: &DockerPlanData) -> Vec<String> {
             data.bundle_ip
         ));
     }
+    env.push(format!(
+        "MCP_SUPERVISE_URL={}",
+        bottle_core::bundle::supervise_url(&data.bundle_ip.to_string())
+    ));
+    env.push(format!("BOTTLE_MCP_CONFIG={AGENT_MCP_CONFIG}"));
     env
 }
 
@@ -227,8 +238,12 @@ pub fn agent_container(
     plan: &Plan,
     data: &DockerPlanData,
     resolv_conf: &str,
-    labels: HashMap<String, String>,
+    mut labels: HashMap<String, String>,
 ) -> ContainerCreateBody {
+    labels.insert(
+        crate::names::LABEL_AGENT_USER.to_string(),
+        data.agent_user.clone(),
+    );
     let devices = plan
         .devices
         .iter()
@@ -269,7 +284,7 @@ pub fn agent_container(
     ContainerCreateBody {
         image: Some(data.agent_image_id.clone()),
         hostname: Some("bottle".into()),
-        user: (!data.agent_user.is_empty()).then(|| data.agent_user.clone()),
+        user: Some(crate::names::KEEPALIVE_USER.into()),
         env: Some(agent_env(plan, data)),
         entrypoint: Some(vec![PAUSE_PATH.into()]),
         cmd: Some(Vec::new()),
@@ -370,6 +385,11 @@ pub fn bundle_config(plan: &Plan, data: &DockerPlanData) -> BundleConfig {
                     .map(|_| git_credential_file(i, &repo.name)),
             })
             .collect(),
+        git_hook_program: None,
+        // Always on: it costs nothing, and an agent that can ask is better
+        // than one that is stuck.
+        supervise_listen: Some(format!("0.0.0.0:{SUPERVISE_PORT}")),
+        requests_dir: Some(BUNDLE_REQUESTS_DIR.into()),
     }
 }
 
@@ -526,7 +546,13 @@ pub(crate) mod tests {
             host.devices.unwrap()[0].path_on_host.as_deref(),
             Some("/dev/fuse")
         );
-        assert_eq!(body.user.as_deref(), Some("agent"));
+        // The agent's commands run as `agent` (exec's user); the
+        // container's own processes as another uid.
+        assert_eq!(body.user.as_deref(), Some(crate::names::KEEPALIVE_USER));
+        assert_eq!(
+            body.labels.as_ref().unwrap()[crate::names::LABEL_AGENT_USER],
+            "agent"
+        );
         assert_eq!(body.entrypoint, Some(vec![PAUSE_PATH.to_string()]));
         let endpoints = body.networking_config.unwrap().endpoints_config.unwrap();
         assert_eq!(endpoints.len(), 1);
@@ -561,6 +587,11 @@ pub(crate) mod tests {
             assert!(env.iter().any(|e| e == want), "missing {want}: {env:?}");
         }
         assert!(!env.iter().any(|e| e.starts_with("GIT_GATE_URL=")));
+        assert!(
+            env.iter()
+                .any(|e| e == "MCP_SUPERVISE_URL=http://192.168.40.2:9100/mcp"),
+            "{env:?}"
+        );
         plan.git.push(bottle_core::plan::PlannedRepo {
             name: "r".into(),
             mode: "read-only".into(),
@@ -576,7 +607,12 @@ pub(crate) mod tests {
     #[test]
     fn bundle_container_shape() {
         let data = sample_data();
-        let body = bundle_container(&data, "/state/demo/logs", HashMap::new());
+        let body = bundle_container(
+            &data,
+            "/state/demo/logs",
+            "/state/demo/requests",
+            HashMap::new(),
+        );
         let host = body.host_config.unwrap();
         assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
         assert_eq!(
@@ -587,6 +623,7 @@ pub(crate) mod tests {
             host.binds,
             Some(vec![
                 "/state/demo/logs:/var/log/bottle:rw".to_string(),
+                "/state/demo/requests:/run/bottle/requests:rw".to_string(),
                 "/home/op/repo.git:/run/bottle/git/local.git:rw".to_string(),
             ])
         );
@@ -623,6 +660,8 @@ pub(crate) mod tests {
         );
         assert_eq!(config.ca_key, "/run/bottle/ca-key.pem");
         assert_eq!(config.git_gate_listen.as_deref(), Some("0.0.0.0:9418"));
+        assert_eq!(config.supervise_listen.as_deref(), Some("0.0.0.0:9100"));
+        assert_eq!(config.requests_dir.as_deref(), Some("/run/bottle/requests"));
         assert_eq!(config.git[0].path_in_bundle, "/run/bottle/git/local.git");
         assert_eq!(
             config.git[1].path_in_bundle,

@@ -10,6 +10,7 @@
 //! <state_dir>/ca/ca.pem        the bottle CA certificate (0644)
 //! <state_dir>/ca/ca-key.pem    its private key (0600)
 //! <state_dir>/logs/            bind-mounted at /var/log/bottle in the bundle
+//! <state_dir>/requests/        supervise's queue, bind-mounted at /run/bottle/requests
 //! <state_dir>/stage/           generated files: bundle.json, resolv.conf
 //! ```
 
@@ -180,6 +181,10 @@ impl StatePaths {
     /// `logs/`.
     pub fn logs(&self) -> PathBuf {
         self.root.join("logs")
+    }
+    /// `requests/`: supervise's queue, bind-mounted into the bundle.
+    pub fn requests(&self) -> PathBuf {
+        bottle_core::requests::requests_dir(&self.root)
     }
     /// `stage/`.
     pub fn stage(&self) -> PathBuf {

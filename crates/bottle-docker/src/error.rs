@@ -65,6 +65,12 @@ pub enum DockerError {
         /// The binary.
         path: PathBuf,
     },
+    /// Git's runtime files (for the bundle's git-gate) could not be
+    /// collected on the host.
+    GitRuntime {
+        /// What failed (the bundle's own message).
+        detail: String,
+    },
     /// A bottle with this name already has Docker resources.
     AlreadyExists {
         /// The bottle.
@@ -195,6 +201,9 @@ impl DockerError {
                 format!("image {reference} is not in the local image store")
             }
             DockerError::Build { tag, detail } => format!("could not build image {tag}: {detail}"),
+            DockerError::GitRuntime { detail } => {
+                format!("cannot put git into the bundle image for git-gate: {detail}")
+            }
             DockerError::Io {
                 action,
                 path,
@@ -268,6 +277,7 @@ impl DockerError {
             ),
             DockerError::Build { .. } => "fix the Dockerfile or its context; no registry is reachable, so base images must already be local (or use FROM scratch)".into(),
             DockerError::Io { .. } => "check that the path exists and that you may read and write it".into(),
+            DockerError::GitRuntime { .. } => "install git on the host (Debian: `apt-get install git`), or remove the agent's git repositories from the manifest".into(),
             DockerError::BundleBinaryMissing { .. } | DockerError::BundleBinaryNotStatic { .. } => format!(
                 "build it with `{BUNDLE_BUILD_HINT}` and point BOTTLE_BUNDLE_BIN at target/x86_64-unknown-linux-gnu/release/bottle-bundle (or put it next to the bottle binary)"
             ),
@@ -366,6 +376,7 @@ impl Coded for DockerError {
             DockerError::BundleBinaryMissing { .. } => "BOT-D020",
             DockerError::BundleBinaryNotStatic { .. } => "BOT-D021",
             DockerError::UnsupportedArch { .. } => "BOT-D022",
+            DockerError::GitRuntime { .. } => "BOT-D023",
             DockerError::AlreadyExists { .. } => "BOT-D030",
             DockerError::NotFound { .. } => "BOT-D031",
             DockerError::NotRunning { .. } => "BOT-D032",

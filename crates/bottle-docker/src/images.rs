@@ -3,6 +3,7 @@
 //! the static `bottle-bundle` binary.
 
 use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use bollard::query_parameters::BuildImageOptionsBuilder;
@@ -173,6 +174,11 @@ pub fn find_bundle_binary(explicit: Option<&Path>) -> Result<PathBuf, DockerErro
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf))
     {
+        // A cargo checkout: `cargo xtask dist` leaves the static build under
+        // target/<triple>/release, beside target/debug where `bottle` runs
+        // from (whose own bottle-bundle there is a dynamic debug build).
+        candidates.push(dir.join("../x86_64-unknown-linux-gnu/release/bottle-bundle"));
+        // An installation: both binaries in one directory.
         candidates.push(dir.join("bottle-bundle"));
     }
     for candidate in candidates {
@@ -217,12 +223,33 @@ pub fn elf_needs_interpreter(bytes: &[u8]) -> Option<bool> {
     Some(false)
 }
 
+/// The host files git-gate needs in the bundle image (git, its helpers,
+/// their shared libraries): `(host path, path in the image)`, from
+/// [`bottle_bundle::git_runtime_files`], which runs `git --exec-path` and
+/// `ldd` through `runner`.
+pub fn git_runtime_files(
+    runner: &dyn bottle_core::exec::CommandRunner,
+) -> Result<Vec<(PathBuf, String)>, DockerError> {
+    bottle_bundle::git_runtime_files(runner).map_err(|err| DockerError::GitRuntime {
+        detail: match err {
+            bottle_bundle::BundleError::GitRuntime { detail } => detail,
+            other => other.to_string(),
+        },
+    })
+}
+
 /// The bundle image for a binary: `bottle-bundle:<first 12 hex of
 /// sha256>`, built `FROM scratch` if it is not there yet, so it is rebuilt
 /// exactly when the binary changes.
+///
+/// `git_files` (from [`git_runtime_files`]; empty when the bottle has no
+/// git repositories) go into the image at their paths, with a
+/// world-writable `/tmp` for git-gate's work dir; the hash then covers
+/// them too, so the image is rebuilt when the host's git changes.
 pub fn ensure_bundle_image(
     engine: &Engine,
     binary: &Path,
+    git_files: &[(PathBuf, String)],
     progress: Option<&Progress>,
 ) -> Result<String, DockerError> {
     let bytes = std::fs::read(binary).map_err(DockerError::io("read", binary))?;
@@ -232,7 +259,30 @@ pub fn ensure_bundle_image(
         });
     }
     let digest = Sha256::digest(&bytes);
-    let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    let mut rootfs = Vec::with_capacity(git_files.len());
+    let mut image_hash = Sha256::new();
+    image_hash.update(digest);
+    for (host, in_image) in git_files {
+        let data = std::fs::read(host).map_err(DockerError::io("read", host))?;
+        let mode = std::fs::metadata(host)
+            .map_err(DockerError::io("read", host))?
+            .permissions()
+            .mode()
+            & 0o755;
+        let name = format!("rootfs/{}", in_image.trim_start_matches('/'));
+        image_hash.update((name.len() as u64).to_le_bytes());
+        image_hash.update(name.as_bytes());
+        image_hash.update((data.len() as u64).to_le_bytes());
+        image_hash.update(&data);
+        rootfs.push((name, data, mode));
+    }
+    let hex: String = if rootfs.is_empty() {
+        digest.iter().take(6).map(|b| format!("{b:02x}")).collect()
+    } else {
+        let full = image_hash.finalize();
+        let hex: String = full.iter().take(6).map(|b| format!("{b:02x}")).collect();
+        format!("{hex}-git")
+    };
     let tag = format!("{BUNDLE_IMAGE_REPO}:{hex}");
     if image_exists(engine, &tag)? {
         return Ok(tag);
@@ -243,12 +293,24 @@ pub fn ensure_bundle_image(
             binary.display()
         ));
     }
+    let copy_rootfs = if rootfs.is_empty() {
+        ""
+    } else {
+        "COPY rootfs/ /\n"
+    };
     let dockerfile = format!(
-        "FROM scratch\nCOPY bottle-bundle {BUNDLE_BINARY_PATH}\nENTRYPOINT [\"{BUNDLE_BINARY_PATH}\"]\nCMD [\"run\"]\n"
+        "FROM scratch\nCOPY bottle-bundle {BUNDLE_BINARY_PATH}\n{copy_rootfs}ENTRYPOINT [\"{BUNDLE_BINARY_PATH}\"]\nCMD [\"run\"]\n"
     );
     let mut tar = TarBuilder::new();
     tar.file("Dockerfile", dockerfile.as_bytes(), 0o644, Ownership::ROOT)?;
     tar.file("bottle-bundle", &bytes, 0o755, Ownership::ROOT)?;
+    if !rootfs.is_empty() {
+        tar.dir("rootfs", 0o755, Ownership::ROOT)?;
+        tar.dir("rootfs/tmp", 0o1777, Ownership::ROOT)?;
+    }
+    for (name, data, mode) in &rootfs {
+        tar.file(name, data, *mode, Ownership::ROOT)?;
+    }
     let labels = HashMap::from([(
         "bottle.bundle-sha256".to_string(),
         digest

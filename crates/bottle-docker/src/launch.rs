@@ -22,8 +22,14 @@
 //! | `agent-start` | start it |
 //! | `agent-verify` | check it is running, on the bottle network only, at its address, with every capability dropped |
 //! | `provision-git` | git repositories: served by the bundle's git-gate (mounts and mirrors are set up with the bundle); this step reports them |
-//! | `provision-supervise` | supervise config (placeholder) |
+//! | `provision-supervise` | the MCP config naming supervise (`/etc/bottle/mcp.json`) |
 //! | `complete` | mark the launch complete in the state dir |
+//!
+//! [`launch_bundle`] runs the steps up to `bundle-health` only, for a
+//! microVM bottle ([`LaunchMode::BundleForVm`]): the bottle network is
+//! still internal but gives the host its gateway address, because smolvm
+//! dials the guest's traffic from the host, and `bundle-health` also
+//! requires the host to connect to the bundle's proxy port.
 //!
 //! `BOTTLE_FAILPOINT=<step>` makes the launch fail right after that step
 //! (and unwind); `BOTTLE_FAILPOINT=<step>:sleep` makes it stop there for up
@@ -129,6 +135,23 @@ enum Undo {
     Network(String),
     EgressIfUnused,
     StateDir,
+    /// Only the files a bundle-only launch writes (the state dir is shared
+    /// with the microVM backend's own files).
+    BundleFiles,
+}
+
+/// What a launch brings up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaunchMode {
+    /// The whole bottle: bundle and agent container. The bottle network
+    /// gives the host no address.
+    Bottle,
+    /// Only the bundle, for a microVM bottle whose traffic smolvm dials
+    /// from the host: the bottle network (still internal) gives the host
+    /// its gateway address so the host reaches the bundle's pinned `.2`,
+    /// the resources carry [`crate::names::MANAGED_FOR_VM`], and the steps
+    /// end at `bundle-health`, which also checks the host can connect.
+    BundleForVm,
 }
 
 /// Settings of one launch that come from the backend's options.
@@ -148,6 +171,7 @@ struct Launch<'a> {
     data: DockerPlanData,
     paths: StatePaths,
     labels: BottleLabels,
+    mode: LaunchMode,
     undo: Vec<Undo>,
     /// Held from ensuring the egress network until the bundle holds an
     /// endpoint on it, so `stop` elsewhere cannot remove it in between.
@@ -161,43 +185,77 @@ pub fn launch(
     settings: &LaunchSettings,
     plan: &Plan,
 ) -> Result<DockerBottle, DockerError> {
-    let data = DockerPlanData::from_plan(plan)?;
-    if lifecycle::bottle_resources_exist(engine, &plan.slug)? {
-        return Err(DockerError::AlreadyExists {
+    let mut launch = Launch::begin(engine, settings, plan, LaunchMode::Bottle)?;
+    let result = launch.run();
+    launch.finish(result)
+}
+
+/// Launches only the bundle of `plan` ([`LaunchMode::BundleForVm`]): the
+/// steps up to `bundle-health`, unwound the same way on failure.
+pub fn launch_bundle(
+    engine: &Engine,
+    settings: &LaunchSettings,
+    plan: &Plan,
+) -> Result<(), DockerError> {
+    let mut launch = Launch::begin(engine, settings, plan, LaunchMode::BundleForVm)?;
+    let result = launch.run_bundle();
+    launch.finish(result)
+}
+
+impl<'a> Launch<'a> {
+    fn begin(
+        engine: &'a Engine,
+        settings: &'a LaunchSettings,
+        plan: &'a Plan,
+        mode: LaunchMode,
+    ) -> Result<Launch<'a>, DockerError> {
+        let data = DockerPlanData::from_plan(plan)?;
+        if lifecycle::bottle_resources_exist(engine, &plan.slug)? {
+            return Err(DockerError::AlreadyExists {
+                name: plan.bottle.clone(),
+            });
+        }
+        let paths = StatePaths::new(&plan.state_dir);
+        let owner = Owner::current();
+        let labels = BottleLabels {
             name: plan.bottle.clone(),
-        });
+            agent: plan.agent.clone(),
+            slug: plan.slug.clone(),
+            owner,
+            state_dir: plan.state_dir.display().to_string(),
+            detached: data.detached,
+            bundle_ip: data.bundle_ip.to_string(),
+        };
+        Ok(Launch {
+            engine,
+            settings,
+            plan,
+            data,
+            paths,
+            labels,
+            mode,
+            // From here on the state dir (or, for a bundle alone, the bundle's
+            // files in it) is this launch's to remove on failure.
+            undo: vec![match mode {
+                LaunchMode::Bottle => Undo::StateDir,
+                LaunchMode::BundleForVm => Undo::BundleFiles,
+            }],
+            egress_lock: None,
+        })
     }
-    let paths = StatePaths::new(&plan.state_dir);
-    let owner = Owner::current();
-    let labels = BottleLabels {
-        name: plan.bottle.clone(),
-        agent: plan.agent.clone(),
-        slug: plan.slug.clone(),
-        owner,
-        state_dir: plan.state_dir.display().to_string(),
-        detached: data.detached,
-        bundle_ip: data.bundle_ip.to_string(),
-    };
-    let mut launch = Launch {
-        engine,
-        settings,
-        plan,
-        data,
-        paths,
-        labels,
-        // From here on the state dir is this launch's to remove on failure.
-        undo: vec![Undo::StateDir],
-        egress_lock: None,
-    };
-    match launch.run() {
-        Ok(bottle) => Ok(bottle),
-        Err(err) => {
-            launch.egress_lock = None;
-            let failures = launch.unwind();
-            for failure in failures {
-                launch.note(&format!("unwinding: {failure}"));
+
+    /// Unwinds a failed launch.
+    fn finish<T>(&mut self, result: Result<T, DockerError>) -> Result<T, DockerError> {
+        match result {
+            Ok(value) => Ok(value),
+            Err(err) => {
+                self.egress_lock = None;
+                let failures = self.unwind();
+                for failure in failures {
+                    self.note(&format!("unwinding: {failure}"));
+                }
+                Err(err)
             }
-            Err(err)
         }
     }
 }
@@ -207,6 +265,20 @@ impl Launch<'_> {
         if let Some(progress) = &self.settings.progress {
             progress(line);
         }
+    }
+
+    /// The labels of a resource of `role`; a bundle launched for a microVM
+    /// is marked so the docker backend's list, stop and cleanup leave it
+    /// to the smolmachines backend.
+    fn labels_for(&self, role: &str) -> std::collections::HashMap<String, String> {
+        let mut labels = self.labels.for_role(role);
+        if self.mode == LaunchMode::BundleForVm {
+            labels.insert(
+                crate::names::LABEL_MANAGED.to_string(),
+                crate::names::MANAGED_FOR_VM.to_string(),
+            );
+        }
+        labels
     }
 
     /// Ends a step: fails here if the failpoint names it.
@@ -226,53 +298,9 @@ impl Launch<'_> {
     }
 
     fn run(&mut self) -> Result<DockerBottle, DockerError> {
-        data::write_owner(&self.paths, self.labels.owner)?;
-        data::create_private_dir(&self.paths.logs())?;
-        let names = (
-            self.data.network.clone(),
-            self.data.bundle_container.clone(),
-            self.data.agent_container.clone(),
-        );
-        let (network, bundle, agent) = (&names.0, &names.1, &names.2);
-
-        self.create_network(network)?;
-        self.step_done("network")?;
-
-        self.egress_lock = Some(lifecycle::egress_lock(false));
-        self.ensure_egress_network()?;
-        self.step_done("egress-network")?;
-
-        self.create_bundle(bundle)?;
-        self.step_done("bundle-create")?;
-
-        self.block("connect the bundle to the egress network", async {
-            self.engine
-                .docker
-                .connect_network(
-                    EGRESS_NETWORK,
-                    NetworkConnectRequest {
-                        container: bundle.clone(),
-                        endpoint_config: None,
-                    },
-                )
-                .await
-        })?;
-        self.step_done("bundle-connect")?;
-
-        self.write_bundle_files(bundle)?;
-        self.step_done("bundle-files")?;
-
-        self.block(&format!("start {bundle}"), async {
-            self.engine.docker.start_container(bundle, None).await
-        })?;
-        self.egress_lock = None;
-        self.step_done("bundle-start")?;
-
-        self.verify_bundle(network, bundle)?;
-        self.step_done("bundle-verify")?;
-
-        self.wait_healthy(bundle)?;
-        self.step_done("bundle-health")?;
+        self.run_bundle()?;
+        let (network, agent) = (self.data.network.clone(), self.data.agent_container.clone());
+        let (network, agent) = (&network, &agent);
 
         self.create_agent(agent)?;
         self.step_done("agent-create")?;
@@ -315,7 +343,7 @@ impl Launch<'_> {
         }
         self.step_done("provision-git")?;
 
-        self.note("supervise: not configured, skipped");
+        self.provision_supervise(agent)?;
         self.step_done("provision-supervise")?;
 
         data::write_file(&self.paths.launched(), b"1\n", 0o600)?;
@@ -327,7 +355,71 @@ impl Launch<'_> {
             container: agent.clone(),
             default_command: self.data.default_command.clone(),
             image: self.data.agent_image_ref.clone(),
+            user: (!self.data.agent_user.is_empty()).then(|| self.data.agent_user.clone()),
         })
+    }
+
+    /// The steps up to `bundle-health`: the bottle network, the egress
+    /// network, and the bundle running, verified and healthy.
+    fn run_bundle(&mut self) -> Result<(), DockerError> {
+        data::write_owner(&self.paths, self.labels.owner)?;
+        if self.mode == LaunchMode::BundleForVm {
+            crate::smolvm_host::write_stage(&self.paths, self.plan, &self.data)?;
+        }
+        data::create_private_dir(&self.paths.logs())?;
+        data::create_private_dir(&self.paths.requests())?;
+        let names = (
+            self.data.network.clone(),
+            self.data.bundle_container.clone(),
+        );
+        let (network, bundle) = (&names.0, &names.1);
+
+        self.create_network(network)?;
+        self.step_done("network")?;
+
+        // Exclusive until the bundle is attached: Docker does not keep
+        // network names unique, so two launches that both saw no egress
+        // network would each create one, and every later launch would
+        // fail on the ambiguous name.
+        self.egress_lock = Some(lifecycle::egress_lock());
+        self.ensure_egress_network()?;
+        self.step_done("egress-network")?;
+
+        self.create_bundle(bundle)?;
+        self.step_done("bundle-create")?;
+
+        self.block("connect the bundle to the egress network", async {
+            self.engine
+                .docker
+                .connect_network(
+                    EGRESS_NETWORK,
+                    NetworkConnectRequest {
+                        container: bundle.clone(),
+                        endpoint_config: None,
+                    },
+                )
+                .await
+        })?;
+        self.step_done("bundle-connect")?;
+
+        self.write_bundle_files(bundle)?;
+        self.step_done("bundle-files")?;
+
+        self.block(&format!("start {bundle}"), async {
+            self.engine.docker.start_container(bundle, None).await
+        })?;
+        self.egress_lock = None;
+        self.step_done("bundle-start")?;
+
+        self.verify_bundle(network, bundle)?;
+        self.step_done("bundle-verify")?;
+
+        self.wait_healthy(bundle)?;
+        if self.mode == LaunchMode::BundleForVm {
+            self.wait_host_reaches(bundle)?;
+        }
+        self.step_done("bundle-health")?;
+        Ok(())
     }
 
     fn block<T>(
@@ -341,12 +433,18 @@ impl Launch<'_> {
     }
 
     fn create_network(&mut self, network: &str) -> Result<(), DockerError> {
-        let request = config::internal_network(
-            network,
-            &self.data.subnet,
-            self.data.gateway,
-            self.labels.for_role(role::NETWORK),
-        );
+        let labels = self.labels_for(role::NETWORK);
+        let request = match self.mode {
+            LaunchMode::Bottle => {
+                config::internal_network(network, &self.data.subnet, self.data.gateway, labels)
+            }
+            LaunchMode::BundleForVm => crate::smolvm_host::vm_bundle_network(
+                network,
+                &self.data.subnet,
+                self.data.gateway,
+                labels,
+            ),
+        };
         self.block(&format!("create network {network}"), async {
             self.engine.docker.create_network(request).await
         })?;
@@ -355,7 +453,8 @@ impl Launch<'_> {
     }
 
     /// Fails closed unless the network is internal, has no host address
-    /// and has the planned subnet.
+    /// (for a bundle alone: has one, see [`LaunchMode::BundleForVm`]) and
+    /// has the planned subnet.
     fn check_network(&self, network: &str) -> Result<(), DockerError> {
         let inspect = self.block(&format!("inspect network {network}"), async {
             self.engine.docker.inspect_network(network, None).await
@@ -369,10 +468,18 @@ impl Launch<'_> {
             .as_ref()
             .and_then(|o| o.get(OPT_INHIBIT_IPV4))
             .map(String::as_str);
-        if inhibit != Some("true") {
-            return refuse(format!(
-                "network {network} gives the host an address on the bridge ({OPT_INHIBIT_IPV4} is not set)"
-            ));
+        match self.mode {
+            LaunchMode::Bottle if inhibit != Some("true") => {
+                return refuse(format!(
+                    "network {network} gives the host an address on the bridge ({OPT_INHIBIT_IPV4} is not set)"
+                ));
+            }
+            LaunchMode::BundleForVm if inhibit == Some("true") => {
+                return refuse(format!(
+                    "network {network} gives the host no address on the bridge ({OPT_INHIBIT_IPV4} is set), so smolvm could not dial the bundle"
+                ));
+            }
+            _ => {}
         }
         let subnets: Vec<String> = inspect
             .ipam
@@ -424,7 +531,9 @@ impl Launch<'_> {
 
     fn create_bundle(&mut self, bundle: &str) -> Result<(), DockerError> {
         let logs = self.paths.logs().display().to_string();
-        let body = config::bundle_container(&self.data, &logs, self.labels.for_role(role::BUNDLE));
+        let requests = self.paths.requests().display().to_string();
+        let body =
+            config::bundle_container(&self.data, &logs, &requests, self.labels_for(role::BUNDLE));
         let options = CreateContainerOptionsBuilder::default()
             .name(bundle)
             .build();
@@ -574,6 +683,30 @@ impl Launch<'_> {
         }
     }
 
+    /// Polls a TCP connection from the host to the bundle's proxy port,
+    /// the path smolvm's gateway takes for the guest's traffic.
+    fn wait_host_reaches(&self, bundle: &str) -> Result<(), DockerError> {
+        let addr =
+            std::net::SocketAddr::from((self.data.bundle_ip, bottle_core::bundle::PROXY_PORT));
+        let deadline = Instant::now() + self.settings.health_timeout;
+        loop {
+            let last = match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                Ok(_) => return Ok(()),
+                Err(err) => err,
+            };
+            if Instant::now() >= deadline {
+                return Err(self.unhealthy(
+                    bundle,
+                    format!(
+                        "the host cannot connect to {addr} within {} s (last: {last}); smolvm dials the bundle from the host",
+                        self.settings.health_timeout.as_secs()
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     fn unhealthy(&self, bundle: &str, reason: String) -> DockerError {
         DockerError::BundleUnhealthy {
             name: self.plan.bottle.clone(),
@@ -631,6 +764,26 @@ impl Launch<'_> {
                 "ca: installed at {AGENT_CA_PATH} (the image has no {SYSTEM_TRUST_BUNDLE})"
             )),
         }
+        Ok(())
+    }
+
+    fn provision_supervise(&self, agent: &str) -> Result<(), DockerError> {
+        let address = self.data.bundle_ip.to_string();
+        let mcp = bottle_core::bundle::mcp_config(&address);
+        let mut tar = TarBuilder::new();
+        tar.dir("etc/bottle", 0o755, Ownership::ROOT)?;
+        tar.file(
+            &entry_name(bottle_core::bundle::AGENT_MCP_CONFIG),
+            mcp.as_bytes(),
+            0o644,
+            Ownership::ROOT,
+        )?;
+        upload(self.engine, agent, tar.finish()?)?;
+        self.note(&format!(
+            "supervise: MCP at {} (MCP_SUPERVISE_URL), config in {}",
+            bottle_core::bundle::supervise_url(&address),
+            bottle_core::bundle::AGENT_MCP_CONFIG
+        ));
         Ok(())
     }
 
@@ -732,6 +885,9 @@ impl Launch<'_> {
                 Undo::Network(name) => lifecycle::remove_network(self.engine, name).map(drop),
                 Undo::EgressIfUnused => lifecycle::remove_egress_if_unused(self.engine).map(drop),
                 Undo::StateDir => data::remove_state_dir(&self.paths.root).map(drop),
+                Undo::BundleFiles => {
+                    crate::smolvm_host::remove_bundle_files(&self.paths.root).map(drop)
+                }
             };
             if let Err(err) = result {
                 failures.push(err.message());

@@ -1,6 +1,8 @@
 //! `bottle-docker` is the docker backend: a [`DockerBackend`] implementing
 //! [`bottle_core::BottleBackend`] over the Docker Engine API (bollard). It
-//! never shells out to the `docker` CLI and runs no host program.
+//! never shells out to the `docker` CLI; the only host programs it runs are
+//! `git --exec-path` and `ldd`, when a bottle has git repositories, to
+//! collect the git runtime the bundle image carries for git-gate.
 //!
 //! A bottle is a per-bottle internal bridge `bot-bottle-<slug>` whose host
 //! side has no address, the bundle container `bot-bottle-<slug>-bundle`
@@ -12,7 +14,9 @@
 //! Module map: [`backend`] (the trait impl, prepare), [`launch`] (steps,
 //! unwinding, failpoints), [`lifecycle`] (list, stop, cleanup),
 //! [`bottle`] (exec, copy-in), [`config`] (pure request builders),
-//! [`images`], [`names`] (labels), [`data`] (plan data, state dir).
+//! [`images`], [`names`] (labels), [`data`] (plan data, state dir),
+//! [`smolvm_host`] (the bundle and the agent image of a smolmachines
+//! bottle).
 //!
 //! **Architecture Invariant:** every Docker resource a launch creates
 //! carries the `bottle.*` labels of [`names`] and is registered for undo
@@ -29,6 +33,7 @@ pub mod launch;
 pub mod lifecycle;
 pub mod names;
 pub mod pause;
+pub mod smolvm_host;
 pub mod tarball;
 mod tty;
 pub mod users;
@@ -38,3 +43,4 @@ pub use bottle::DockerBottle;
 pub use error::{BUNDLE_BUILD_HINT, DockerError};
 pub use images::{BUNDLE_BIN_ENV, Progress};
 pub use launch::{FAILPOINT_ENV, STEPS};
+pub use smolvm_host::{DockerBundleHost, EngineImages};

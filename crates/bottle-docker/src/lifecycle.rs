@@ -23,11 +23,15 @@ use crate::names::{
 
 /// Removes a container (killing it first). `Ok(false)` if it was gone.
 pub fn remove_container(engine: &Engine, name: &str) -> Result<bool, DockerError> {
+    engine.block_on(remove_container_async(engine, name))
+}
+
+async fn remove_container_async(engine: &Engine, name: &str) -> Result<bool, DockerError> {
     let options = RemoveContainerOptionsBuilder::default()
         .force(true)
         .v(true)
         .build();
-    match engine.block_on(engine.docker.remove_container(name, Some(options))) {
+    match engine.docker.remove_container(name, Some(options)).await {
         Ok(()) => Ok(true),
         Err(err) if is_not_found(&err) => Ok(false),
         // "removal already in progress": someone else is removing it.
@@ -50,15 +54,16 @@ pub fn remove_network(engine: &Engine, name: &str) -> Result<bool, DockerError> 
 /// Serialises "is the egress network unused? remove it" against launches
 /// that are between creating it and starting a bundle on it (a created
 /// container does not hold an endpoint, so the daemon would let the network
-/// go). Launches hold it shared, removal exclusive. Best effort: if the
-/// lock file cannot be opened (another user's), we go on without it.
+/// go), and launches against each other (Docker lets two networks share a
+/// name). Best effort: if the lock file cannot be
+/// opened (another user's), we go on without it.
 #[derive(Debug)]
 pub struct EgressLock {
     _lock: Option<nix::fcntl::Flock<std::fs::File>>,
 }
 
-/// Takes the egress lock, shared (launch) or exclusive (removal).
-pub fn egress_lock(exclusive: bool) -> EgressLock {
+/// Takes the egress lock.
+pub fn egress_lock() -> EgressLock {
     let uid = nix::unistd::getuid().as_raw();
     let path = std::env::temp_dir().join(format!("bottle-docker-egress-{uid}.lock"));
     let lock = std::fs::OpenOptions::new()
@@ -67,21 +72,14 @@ pub fn egress_lock(exclusive: bool) -> EgressLock {
         .write(true)
         .open(path)
         .ok()
-        .and_then(|file| {
-            let arg = if exclusive {
-                nix::fcntl::FlockArg::LockExclusive
-            } else {
-                nix::fcntl::FlockArg::LockShared
-            };
-            nix::fcntl::Flock::lock(file, arg).ok()
-        });
+        .and_then(|file| nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).ok());
     EgressLock { _lock: lock }
 }
 
 /// Removes the shared egress network if no container uses it (created
 /// ones included). `Ok(false)` if it is in use or gone.
 pub fn remove_egress_if_unused(engine: &Engine) -> Result<bool, DockerError> {
-    let _lock = egress_lock(true);
+    let _lock = egress_lock();
     let filters = HashMap::from([("network".to_string(), vec![EGRESS_NETWORK.to_string()])]);
     let options = ListContainersOptionsBuilder::default()
         .all(true)
@@ -266,12 +264,7 @@ fn removable_state_dir(dir: &Path, slug: &str) -> bool {
 pub fn stop(engine: &Engine, state_root: &Path, name: &str) -> Result<CleanupReport, DockerError> {
     let slug = slug_of(name).to_string();
     let mut report = CleanupReport::default();
-    let mut containers = managed_containers(engine, &[(LABEL_SLUG, &slug)])?;
-    containers.sort_by_key(|c| match c.labels.get(LABEL_ROLE).map(String::as_str) {
-        Some(role::AGENT) => 0,
-        Some(role::BUNDLE) => 1,
-        _ => 2,
-    });
+    let containers = managed_containers(engine, &[(LABEL_SLUG, &slug)])?;
     let networks = managed_networks(engine, &[(LABEL_SLUG, &slug)])?;
     let mut state_dirs: Vec<PathBuf> = containers
         .iter()
@@ -281,12 +274,19 @@ pub fn stop(engine: &Engine, state_root: &Path, name: &str) -> Result<CleanupRep
     state_dirs.push(state_root.join(&slug));
     state_dirs.sort();
     state_dirs.dedup();
-    for resource in containers.iter().chain(&networks) {
-        let result = if resource.kind == "container" {
-            remove_container(engine, &resource.name)
-        } else {
-            remove_network(engine, &resource.name)
-        };
+    // The containers go together (half of `stop`'s time is the daemon
+    // killing them); the networks can only go once they are empty.
+    let removed_containers = engine.block_on(futures_util::future::join_all(
+        containers
+            .iter()
+            .map(|c| remove_container_async(engine, &c.name)),
+    ));
+    let removed_networks = networks.iter().map(|n| remove_network(engine, &n.name));
+    for (resource, result) in containers
+        .iter()
+        .chain(&networks)
+        .zip(removed_containers.into_iter().chain(removed_networks))
+    {
         match result {
             Ok(true) => report
                 .removed

@@ -12,6 +12,11 @@ use bottle_core::slug::bottle_name;
 
 /// `1` on everything this backend creates.
 pub const LABEL_MANAGED: &str = "bottle.managed";
+/// [`LABEL_MANAGED`]'s value on a bundle (and its network) run for a
+/// microVM bottle: the smolmachines backend owns its lifetime, so the
+/// docker backend's `list`, `stop` and `cleanup` (which select `1`) leave
+/// it alone.
+pub const MANAGED_FOR_VM: &str = "smolmachines";
 /// The bottle's name, `bot-bottle-<slug>`.
 pub const LABEL_NAME: &str = "bottle.name";
 /// The manifest agent running in the bottle.
@@ -31,6 +36,12 @@ pub const LABEL_DETACHED: &str = "bottle.detached";
 pub const LABEL_ROLE: &str = "bottle.role";
 /// The bundle's IP on the bottle's internal network.
 pub const LABEL_BUNDLE_IP: &str = "bottle.bundle-ip";
+/// The user the agent's commands run as (empty: the image's root).
+pub const LABEL_AGENT_USER: &str = "bottle.agent-user";
+/// The agent container's own user, running only its init and keep-alive.
+/// Not the agent's user: a process of another uid cannot be ptraced or
+/// signalled by the agent without capabilities it does not have.
+pub const KEEPALIVE_USER: &str = "65534:65534";
 
 /// The shared, non-internal bridge every bundle reaches the internet by.
 pub const EGRESS_NETWORK: &str = "bot-bottle-egress";

@@ -8,8 +8,9 @@
 //! 2. the agent image as a `.smolmachine` (cached by image ID);
 //! 3. the bottle's state file (before anything that could leak, so
 //!    `cleanup` finds it);
-//! 4. the bundle, through the [`BundleHost`]; its address must be a valid
-//!    one-address allowlist;
+//! 4. the bundle, through the [`BundleHost`] (which resolved it at
+//!    `prepare`, so the plan shows the exact `/32`); its address must be a
+//!    valid one-address allowlist and the one the plan showed;
 //! 5. `machine create --from … --allow-cidr <bundle>/32`;
 //! 6. the state-DB patch: the record must hold exactly that `/32` and no
 //!    DNS names, confirmed by reading it back, else the launch is refused;
@@ -34,7 +35,7 @@ use bottle_core::slug::{RESOURCE_PREFIX, bottle_name, slug_of};
 use bottle_core::spec::BottleSpec;
 use serde::{Deserialize, Serialize};
 
-use crate::bundle_host::{BundleHost, validate_bundle_address};
+use crate::bundle_host::{BundleHost, BundlePlan, validate_bundle_address};
 use crate::cli::{MachineEntry, Smolvm};
 use crate::error::{SmolvmError, io_err};
 use crate::interactive::{InteractiveRunner, TerminalRunner, stdin_is_tty};
@@ -73,6 +74,9 @@ pub struct PlanData {
     pub image: AgentImage,
     /// What provisioning copies in.
     pub inputs: ProvisionInputs,
+    /// What the bundle host resolved for the bundle.
+    #[serde(default)]
+    pub bundle: BundlePlan,
 }
 
 /// Where a launch got to.
@@ -255,12 +259,21 @@ impl SmolvmBackend {
         let image = self.images.inspect(reference)?;
         let mut plan = Plan::from_spec(spec, BackendKind::Smolmachines, spec.agent.memory_bytes());
         plan.image = format!("{reference} ({})", short_id(&image.id));
+        let bundle = self
+            .bundles
+            .prepare(spec, &plan)
+            .map_err(SmolvmError::External)?;
         plan.backend_lines = vec![
             ("vm".into(), format!("libkrun microVM via smolvm {version}")),
             (
                 "allowlist".into(),
-                "one /32: the bundle's address on its per-bottle network (assigned at launch)"
-                    .into(),
+                match bundle.address {
+                    Some(address) => {
+                        format!("{address}/32 only: the bundle on its per-bottle network")
+                    }
+                    None => "one /32: the bundle's address on its per-bottle network (assigned at launch)"
+                        .into(),
+                },
             ),
             (
                 "dns".into(),
@@ -274,11 +287,13 @@ impl SmolvmBackend {
                 },
             ),
         ];
+        plan.backend_lines.extend(bundle.lines.iter().cloned());
         let data = PlanData {
             version: PLAN_DATA_VERSION,
             machine: spec.name.clone(),
             image,
             inputs: ProvisionInputs::from_spec(spec),
+            bundle,
         };
         plan.backend_data = serde_json::to_value(&data).map_err(|err| SmolvmError::BadOutput {
             argv: vec!["plan".into()],
@@ -363,7 +378,10 @@ impl SmolvmBackend {
             unwind.push("bottle state files", move || remove_own_files(&state_dir));
         }
 
-        let endpoint = self.bundles.start(plan).map_err(SmolvmError::External)?;
+        let endpoint = self
+            .bundles
+            .start(plan, &data.bundle)
+            .map_err(SmolvmError::External)?;
         {
             let bundles = Arc::clone(&self.bundles);
             let bottle = plan.bottle.clone();
@@ -372,6 +390,14 @@ impl SmolvmBackend {
             });
         }
         validate_bundle_address(endpoint.address)?;
+        if let Some(planned) = data.bundle.address
+            && planned != endpoint.address
+        {
+            return Err(SmolvmError::BundleAddress {
+                address: endpoint.address.to_string(),
+                reason: format!("the confirmed plan put the bundle at {planned}"),
+            });
+        }
         let policy = EgressPolicy::one_address(endpoint.address);
         let env = provision::agent_env(
             &data.inputs.env,

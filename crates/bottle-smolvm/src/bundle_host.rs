@@ -34,8 +34,27 @@ use std::path::PathBuf;
 
 use bottle_core::backend::{BackendError, CleanupReport};
 use bottle_core::plan::Plan;
+use bottle_core::spec::BottleSpec;
+use serde::{Deserialize, Serialize};
 
 use crate::error::SmolvmError;
+
+/// What a bundle host resolved at `prepare` (images, the per-bottle
+/// network), before the operator confirms and before anything is created.
+/// It travels in the plan to [`BundleHost::start`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BundlePlan {
+    /// Lines for the plan summary (label, value).
+    #[serde(default)]
+    pub lines: Vec<(String, String)>,
+    /// Where the guest will reach the bundle, when already known; the
+    /// launch refuses an endpoint at any other address.
+    #[serde(default)]
+    pub address: Option<Ipv4Addr>,
+    /// The host's own data, opaque to this backend.
+    #[serde(default)]
+    pub data: serde_json::Value,
+}
 
 /// Where the agent reaches its bundle.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,10 +73,18 @@ pub struct BundleEndpoint {
 
 /// Runs sidecar bundles for microVM bottles.
 pub trait BundleHost: Send + Sync {
-    /// Starts the bundle for `plan` on a per-bottle network, waits until its
-    /// agent-facing daemons listen, and says where the guest reaches it.
-    /// On failure everything it created is removed before it returns.
-    fn start(&self, plan: &Plan) -> Result<BundleEndpoint, BackendError>;
+    /// Resolves what the bundle of `plan` needs without creating anything
+    /// (the operator may still decline). The default resolves nothing.
+    fn prepare(&self, spec: &BottleSpec, plan: &Plan) -> Result<BundlePlan, BackendError> {
+        let _ = (spec, plan);
+        Ok(BundlePlan::default())
+    }
+
+    /// Starts the bundle for `plan`, as `prepared`, on a per-bottle
+    /// network, waits until its agent-facing daemons listen, and says where
+    /// the guest reaches it. On failure everything it created is removed
+    /// before it returns.
+    fn start(&self, plan: &Plan, prepared: &BundlePlan) -> Result<BundleEndpoint, BackendError>;
 
     /// Stops and removes `bottle`'s bundle and its network. Succeeds (with
     /// an empty report) when there is nothing to remove.

@@ -39,7 +39,7 @@ pub mod statedb;
 pub mod version;
 
 pub use backend::{SmolvmBackend, SmolvmBottle};
-pub use bundle_host::{BundleEndpoint, BundleHost};
+pub use bundle_host::{BundleEndpoint, BundleHost, BundlePlan};
 pub use cli::Smolvm;
 pub use error::SmolvmError;
 pub use host::real_smolvm_available;

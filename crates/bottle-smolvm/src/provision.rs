@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-use bottle_core::bundle::{GIT_GATE_PORT, PROXY_PORT, SUPERVISE_PORT};
+use bottle_core::bundle::{GIT_GATE_PORT, PROXY_PORT};
 use bottle_core::spec::BottleSpec;
 use serde::{Deserialize, Serialize};
 
@@ -112,14 +112,14 @@ pub fn agent_env(
     if git_gate {
         env.insert(
             "GIT_GATE_URL".into(),
-            format!("git://{address}:{GIT_GATE_PORT}"),
+            format!("http://{address}:{GIT_GATE_PORT}"),
         );
         env.insert("GIT_CONFIG_GLOBAL".into(), GUEST_GITCONFIG.into());
     }
     if supervise {
         env.insert(
             "MCP_SUPERVISE_URL".into(),
-            format!("http://{address}:{SUPERVISE_PORT}"),
+            bottle_core::bundle::supervise_url(&address.to_string()),
         );
         env.insert("BOTTLE_MCP_CONFIG".into(), GUEST_MCP.into());
     }
@@ -141,25 +141,12 @@ pub fn shell_quote(value: &str) -> String {
     format!("'{}'", value.replace('\'', r"'\''"))
 }
 
-/// The MCP configuration pointing the agent at supervise.
-pub fn mcp_config(address: Ipv4Addr) -> String {
-    serde_json::json!({
-        "mcpServers": {
-            "supervise": {
-                "type": "http",
-                "url": format!("http://{address}:{SUPERVISE_PORT}/mcp"),
-            }
-        }
-    })
-    .to_string()
-}
-
 /// The git configuration sending every manifest repository to git-gate.
 pub fn gitconfig(address: Ipv4Addr, repos: &[GitRoute]) -> String {
     let mut out = String::new();
     for repo in repos {
         out.push_str(&format!(
-            "[url \"git://{address}:{GIT_GATE_PORT}/{}.git\"]\n\tinsteadOf = {}\n",
+            "[url \"http://{address}:{GIT_GATE_PORT}/{}.git\"]\n\tinsteadOf = {}\n",
             repo.name, repo.url
         ));
     }
@@ -232,7 +219,10 @@ pub fn provision(
         smolvm.copy_in(machine, &file, GUEST_GITCONFIG)?;
     }
     if endpoint.supervise {
-        let file = write("guest-mcp.json", &mcp_config(endpoint.address))?;
+        let file = write(
+            "guest-mcp.json",
+            &bottle_core::bundle::mcp_config(&endpoint.address.to_string()),
+        )?;
         smolvm.copy_in(machine, &file, GUEST_MCP)?;
     }
     let file = write("guest-env", &env_file(env))?;
@@ -262,7 +252,7 @@ mod tests {
         };
         assert_eq!(get("HTTPS_PROXY"), Some("http://192.168.7.2:8888"));
         assert_eq!(get("EDITOR"), Some("vi"));
-        assert_eq!(get("GIT_GATE_URL"), Some("git://192.168.7.2:9418"));
+        assert_eq!(get("GIT_GATE_URL"), Some("http://192.168.7.2:9418"));
         assert_eq!(get("MCP_SUPERVISE_URL"), None);
         assert_eq!(get("NO_PROXY"), Some(""));
         assert_eq!(get("NODE_EXTRA_CA_CERTS"), Some(GUEST_CA));

@@ -242,6 +242,9 @@ pub fn base_config(dir: &Path, upstream: &Upstream, opts: &Options) -> (BundleCo
         limits: opts.limits.clone(),
         git_gate_listen: None,
         git: Vec::new(),
+        supervise_listen: None,
+        requests_dir: None,
+        git_hook_program: None,
     };
     (config, ca.cert_pem)
 }
@@ -317,6 +320,8 @@ impl Env {
         let host = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
         let mut tls = self.tls(authority, host).await.unwrap();
         tls.write_all(request).await.unwrap();
+        // Sends what rustls may still hold back after write_all.
+        tls.flush().await.unwrap();
         read_response(&mut tls).await
     }
 }

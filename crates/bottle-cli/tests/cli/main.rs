@@ -7,6 +7,9 @@
 
 mod catalogue;
 mod commands;
+mod errors;
+mod requests;
+mod smolmachines;
 
 use std::path::PathBuf;
 

@@ -10,6 +10,8 @@
 
 mod devices;
 mod failure;
+mod git;
 mod isolation;
 mod lifecycle;
+mod supervise;
 mod support;

@@ -135,6 +135,41 @@ fn a_patch_that_does_not_take_refuses_the_launch_and_unwinds() {
 }
 
 #[test]
+fn the_bundle_plan_travels_to_start_and_its_address_binds_the_launch() {
+    let s = setup("1.9.3", "");
+    *s.bundles.planned.lock().unwrap() = bottle_smolvm::BundlePlan {
+        lines: vec![("bundle".into(), "recorded".into())],
+        address: Some(Ipv4Addr::new(192, 168, 78, 2)),
+        data: json!({ "network": "n" }),
+    };
+    let plan = s.backend.prepare(&s.spec).unwrap();
+    assert!(
+        plan.backend_lines
+            .contains(&("bundle".to_string(), "recorded".to_string()))
+    );
+    let allowlist = plan.backend_lines.iter().find(|(k, _)| k == "allowlist");
+    assert!(
+        allowlist.is_some_and(|(_, v)| v.starts_with("192.168.78.2/32 only")),
+        "{allowlist:?}"
+    );
+    // The host then puts the bundle somewhere else: refused, unwound.
+    let err = s.backend.launch(&plan).err().expect("refused");
+    assert_eq!(err.code, "BOT-K060", "{err}");
+    assert_eq!(err.kind, BackendErrorKind::IsolationUnconfirmed);
+    assert_eq!(
+        s.bundles
+            .started_with
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|p| &p.data),
+        Some(&json!({ "network": "n" }))
+    );
+    assert!(s.world.booted(MACHINE).is_none());
+    assert_nothing_left(&s);
+}
+
+#[test]
 fn a_missing_record_refuses_the_launch() {
     let s = setup("1.9.3", "no-row");
     let plan = s.backend.prepare(&s.spec).unwrap();

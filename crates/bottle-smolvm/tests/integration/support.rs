@@ -11,7 +11,7 @@ use bottle_core::backend::{BackendError, CleanupReport};
 use bottle_core::exec::SystemRunner;
 use bottle_core::plan::Plan;
 use bottle_smolvm::pack::{self, AgentImage, ImageSource};
-use bottle_smolvm::{BundleEndpoint, BundleHost, Smolvm, SmolvmError};
+use bottle_smolvm::{BundleEndpoint, BundleHost, BundlePlan, Smolvm, SmolvmError};
 use sha2::{Digest as _, Sha256};
 
 /// The fake smolvm binary built with this crate.
@@ -262,6 +262,10 @@ pub struct RecordingBundles {
     pub supervise: bool,
     pub calls: Mutex<Vec<String>>,
     pub live: Mutex<Vec<String>>,
+    /// What `prepare` says (the address it plans the bundle at).
+    pub planned: Mutex<BundlePlan>,
+    /// What `start` was handed back from the plan.
+    pub started_with: Mutex<Option<BundlePlan>>,
 }
 
 impl RecordingBundles {
@@ -279,6 +283,8 @@ impl RecordingBundles {
             supervise: true,
             calls: Mutex::new(Vec::new()),
             live: Mutex::new(Vec::new()),
+            planned: Mutex::new(BundlePlan::default()),
+            started_with: Mutex::new(None),
         })
     }
 
@@ -292,7 +298,16 @@ impl RecordingBundles {
 }
 
 impl BundleHost for RecordingBundles {
-    fn start(&self, plan: &Plan) -> Result<BundleEndpoint, BackendError> {
+    fn prepare(
+        &self,
+        _spec: &bottle_core::spec::BottleSpec,
+        _plan: &Plan,
+    ) -> Result<BundlePlan, BackendError> {
+        Ok(self.planned.lock().unwrap().clone())
+    }
+
+    fn start(&self, plan: &Plan, prepared: &BundlePlan) -> Result<BundleEndpoint, BackendError> {
+        *self.started_with.lock().unwrap() = Some(prepared.clone());
         self.calls
             .lock()
             .unwrap()

@@ -1,0 +1,144 @@
+//! `bottle requests`, `bottle approve`, `bottle deny`: the operator's side
+//! of supervise's request queue (`bottle_core::requests`).
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use bottle_core::Coded as _;
+use bottle_core::requests::{self, RequestError, Status};
+use bottle_core::slug;
+
+use crate::args::{DecideArgs, Global, RequestsArgs};
+use crate::failure::{EXIT_USAGE, Failure};
+use crate::output::{self, note, out};
+
+impl From<RequestError> for Failure {
+    fn from(err: RequestError) -> Failure {
+        let exit = match err {
+            RequestError::Io { .. } | RequestError::Invalid { .. } => 1,
+            RequestError::Unknown { .. }
+            | RequestError::BadId { .. }
+            | RequestError::AlreadyDecided { .. } => EXIT_USAGE,
+        };
+        Failure::new(err.code(), exit, err.to_string())
+    }
+}
+
+/// `bottle requests [BOTTLE] [--all]`.
+pub fn list(global: &Global, args: &RequestsArgs, state_root: &Path) -> Result<ExitCode, Failure> {
+    let mut all = match &args.bottle {
+        Some(bottle) => {
+            let dir = requests::requests_dir(&state_root.join(slug::slug_of(bottle)));
+            requests::list(&dir)?
+        }
+        None => requests::list_all(state_root, true)?,
+    };
+    if !args.all {
+        all.retain(|r| r.status == Status::Pending);
+    }
+    if global.json {
+        output::json(&all)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if all.is_empty() {
+        note(
+            global.quiet,
+            if args.all {
+                "no requests"
+            } else {
+                "no pending requests"
+            },
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rows: Vec<Vec<String>> = all
+        .iter()
+        .map(|r| {
+            vec![
+                r.id.clone(),
+                r.bottle.clone(),
+                r.ask.kind().to_string(),
+                one_line(&r.ask.summary(), 60),
+                r.status.to_string(),
+                one_line(&r.reason, 60),
+            ]
+        })
+        .collect();
+    out(&output::table(
+        &["ID", "BOTTLE", "KIND", "WHAT", "STATUS", "REASON"],
+        &rows,
+    ));
+    if !args.all {
+        note(
+            global.quiet,
+            "answer with `bottle approve ID` or `bottle deny ID [--reason TEXT]`",
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `bottle approve ID` / `bottle deny ID`.
+pub fn decide(
+    global: &Global,
+    args: &DecideArgs,
+    decision: Status,
+    state_root: &Path,
+) -> Result<ExitCode, Failure> {
+    let request = requests::decide_in(state_root, &args.id, decision, args.reason.as_deref())?;
+    if global.json {
+        output::json(&request)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let effect = match (&request.ask, decision) {
+        (requests::Ask::Egress { host }, Status::Approved) => {
+            format!("; {host} is allowed for {} from now on", request.bottle)
+        }
+        (requests::Ask::Push { repo, git_ref }, Status::Approved) => {
+            format!("; {git_ref} can be pushed to {repo} from now on")
+        }
+        _ => String::new(),
+    };
+    out(&format!(
+        "{} {}: {} {}{effect}\n",
+        request.status,
+        request.id,
+        request.ask.kind(),
+        one_line(&request.ask.summary(), 80)
+    ));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Pending requests of the bottle named `bottle` (for `bottle list`).
+pub fn pending_count(state_root: &Path, bottle: &str) -> usize {
+    let dir = requests::requests_dir(&state_root.join(slug::slug_of(bottle)));
+    requests::pending(&dir).map_or(0, |p| p.len())
+}
+
+/// `text` on one line, cut to `max` characters: the agent wrote it, so it
+/// must not be able to forge extra table rows or terminal escapes.
+fn one_line(text: &str, max: usize) -> String {
+    let clean: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if clean.chars().count() > max {
+        clean
+            .chars()
+            .take(max.saturating_sub(1))
+            .collect::<String>()
+            + "…"
+    } else {
+        clean
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_text_stays_on_one_line() {
+        assert_eq!(one_line("a\nb\x1b[2J", 80), "a b [2J");
+        assert_eq!(one_line("abcdef", 4), "abc…");
+    }
+}

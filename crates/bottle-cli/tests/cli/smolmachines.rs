@@ -1,0 +1,501 @@
+//! The smolmachines backend through the real `bottle` binary, with the
+//! `fake-smolvm` test double standing in for `smolvm` (its state in a real
+//! SQLite database of smolvm's schema under a temp `SMOLVM_DATA_DIR`) and
+//! the real Docker daemon running the bundle.
+//!
+//! The double boots nothing, so these runs set `BOTTLE_SMOLVM` to it and
+//! `BOTTLE_TEST_FAKE_SMOLVM_NO_KVM=1`, the only way to skip the KVM check
+//! (honoured for the double alone, and announced on stderr).
+//!
+//! The double is built on first use with `cargo build -p bottle-smolvm
+//! --bin fake-smolvm` into this build's target dir (a binary of another
+//! package is not built for these tests otherwise); set
+//! `BOTTLE_FAKE_SMOLVM` to a built one to skip that. Tests needing Docker
+//! print a skip line unless `BOTTLE_REQUIRE_DOCKER=1`; they also need
+//! `BOTTLE_BUNDLE_BIN` (the static bundle from `cargo xtask dist`).
+
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use bottle_core::exec::{CommandRunner as _, CommandSpec, SystemRunner};
+use bottle_docker::client::Engine;
+use bottle_smolvm::SmolvmError;
+use predicates::prelude::*;
+use serde_json::Value;
+
+use crate::{bottle, repo_root};
+
+/// The Docker-backed cases assert on this bottle's resources only, but
+/// launches choose subnets: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn required() -> bool {
+    std::env::var("BOTTLE_REQUIRE_DOCKER").as_deref() == Ok("1")
+}
+
+/// The test double, built once per test process.
+fn fake_smolvm() -> PathBuf {
+    static FAKE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = FAKE.get_or_init(|| {
+        if let Some(path) = std::env::var_os("BOTTLE_FAKE_SMOLVM") {
+            return Ok(PathBuf::from(path));
+        }
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut spec = CommandSpec::new(cargo).args([
+            "build",
+            "--quiet",
+            "-p",
+            "bottle-smolvm",
+            "--bin",
+            "fake-smolvm",
+            "--message-format=json",
+        ]);
+        spec.cwd = Some(repo_root());
+        let out = SystemRunner.run(&spec).map_err(|e| e.to_string())?;
+        if !out.success() {
+            return Err(format!(
+                "building fake-smolvm failed: {}",
+                out.stderr_text()
+            ));
+        }
+        out.stdout_text()
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|msg| msg["reason"] == "compiler-artifact")
+            .filter(|msg| msg["target"]["name"] == "fake-smolvm")
+            .find_map(|msg| msg["executable"].as_str().map(PathBuf::from))
+            .ok_or_else(|| "cargo reported no fake-smolvm executable".to_string())
+    });
+    match built {
+        Ok(path) => {
+            assert!(path.is_file(), "{} is not a file", path.display());
+            path.clone()
+        }
+        Err(err) => panic!("{err}"),
+    }
+}
+
+/// One test's world: temp state, cache, home and smolvm data dirs, and a
+/// manifest whose agent image is `image`.
+struct World {
+    dir: tempfile::TempDir,
+    fake: PathBuf,
+    prefix: String,
+}
+
+impl World {
+    fn new(image: &str, prefix: &str) -> World {
+        let dir = tempfile::tempdir().unwrap();
+        for sub in ["state", "cache", "home", "smolvm", "project"] {
+            std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        }
+        std::fs::write(dir.path().join("project/prompt.md"), "do the thing\n").unwrap();
+        std::fs::write(
+            dir.path().join("project/bottle.toml"),
+            format!(
+                "[agents.coder]\nimage = \"{image}\"\nprompt = \"prompt.md\"\n\n[agents.coder.egress]\nallow = [\"api.example.com\"]\n"
+            ),
+        )
+        .unwrap();
+        World {
+            dir,
+            fake: fake_smolvm(),
+            prefix: prefix.to_string(),
+        }
+    }
+
+    /// A bottle name no other test run uses.
+    fn name(&self) -> String {
+        format!("{}-{}", self.prefix, std::process::id())
+    }
+
+    fn machine(&self) -> String {
+        bottle_core::slug::bottle_name(&self.name())
+    }
+
+    /// `bottle` against the double pretending to be `version`, with `mode`
+    /// faults.
+    fn bottle(&self, version: &str, mode: &str) -> assert_cmd::Command {
+        let root = self.dir.path();
+        let mut cmd = bottle(&root.join("state"));
+        cmd.env("HOME", root.join("home"))
+            .env("XDG_CACHE_HOME", root.join("cache"))
+            .env("SMOLVM_DATA_DIR", root.join("smolvm"))
+            .env_remove("XDG_DATA_HOME")
+            .env("BOTTLE_SMOLVM", &self.fake)
+            .env("BOTTLE_TEST_FAKE_SMOLVM_NO_KVM", "1")
+            .env("FAKE_SMOLVM_VERSION", version)
+            .env("FAKE_SMOLVM_MODE", mode)
+            .arg("--manifest")
+            .arg(root.join("project/bottle.toml"));
+        cmd
+    }
+
+    /// Where the double keeps smolvm's state database.
+    fn db(&self) -> PathBuf {
+        self.dir
+            .path()
+            .join("smolvm/.local/share/smolvm/server/smolvm.db")
+    }
+
+    /// What the double's `machine start` booted the machine with.
+    fn booted(&self) -> Option<Value> {
+        let path = self
+            .dir
+            .path()
+            .join("smolvm/.local/share/smolvm/fake/started")
+            .join(format!("{}.json", self.machine()));
+        std::fs::read(path)
+            .ok()
+            .map(|b| serde_json::from_slice(&b).unwrap())
+    }
+
+    fn guest(&self) -> PathBuf {
+        self.dir
+            .path()
+            .join("smolvm/.local/share/smolvm/fake/guests")
+            .join(self.machine())
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state/bottle").join(self.name())
+    }
+
+    /// Whether smolvm's database holds a record of the machine.
+    fn has_record(&self) -> bool {
+        match bottle_smolvm::statedb::read(&self.db(), &self.machine()) {
+            Ok(_) => true,
+            Err(SmolvmError::StateRowMissing { .. } | SmolvmError::StateDbMissing { .. }) => false,
+            Err(err) => panic!("{err}"),
+        }
+    }
+}
+
+/// Docker, the bundle binary and the agent image (the bundle image doubles
+/// as one: the double runs guest commands on the host, so its contents do
+/// not matter), or a printed skip.
+struct Docker {
+    engine: Engine,
+    image: String,
+    _serial: MutexGuard<'static, ()>,
+}
+
+fn docker(test: &str) -> Option<Docker> {
+    let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let skip = |why: String| {
+        assert!(
+            !required(),
+            "{test}: {why} (BOTTLE_REQUIRE_DOCKER=1, so this fails instead of skipping)"
+        );
+        println!(
+            "SKIP smolmachines test {test}: {why}; set BOTTLE_REQUIRE_DOCKER=1 to make this a failure"
+        );
+        None
+    };
+    let Some(bundle) = std::env::var_os("BOTTLE_BUNDLE_BIN").map(PathBuf::from) else {
+        return skip(format!(
+            "BOTTLE_BUNDLE_BIN is not set (build the static bundle with `{}`)",
+            bottle_docker::BUNDLE_BUILD_HINT
+        ));
+    };
+    let engine = match Engine::connect(None) {
+        Ok(engine) => engine,
+        Err(err) => return skip(format!("Docker is not reachable: {}", err.message())),
+    };
+    if let Err(err) = engine.block_on(engine.docker.ping()) {
+        return skip(format!("Docker is not reachable: {err}"));
+    }
+    let image = bottle_docker::images::ensure_bundle_image(&engine, &bundle, &[], None)
+        .unwrap_or_else(|err| panic!("{test}: the bundle image: {}", err.message()));
+    Some(Docker {
+        engine,
+        image,
+        _serial: serial,
+    })
+}
+
+/// Whether the double can confine guest commands here (user and mount
+/// namespaces); provisioning needs it.
+fn sandbox_available(world: &World, test: &str) -> bool {
+    let data = world.dir.path().join("probe");
+    let smolvm =
+        bottle_smolvm::Smolvm::with_program(&world.fake, std::sync::Arc::new(SystemRunner))
+            .env("SMOLVM_DATA_DIR", &data)
+            .env("FAKE_SMOLVM_VERSION", "1.9.3");
+    let artifact = world.dir.path().join("probe.smolmachine");
+    std::fs::write(
+        &artifact,
+        r#"{"format":"fake-smolmachine/1","image":"probe"}"#,
+    )
+    .unwrap();
+    smolvm.create("bot-bottle-probe", &artifact, &[]).unwrap();
+    smolvm.start("bot-bottle-probe").unwrap();
+    let ok = match smolvm.exec("bot-bottle-probe", &["true".into()], &[]) {
+        Ok(out) => out.exit_code == 0,
+        Err(err) => {
+            println!(
+                "SKIP smolmachines test {test}: fake-smolvm cannot sandbox guest commands here: {}",
+                err.message()
+            );
+            false
+        }
+    };
+    smolvm.delete("bot-bottle-probe").unwrap();
+    std::fs::remove_dir_all(&data).unwrap();
+    ok
+}
+
+fn container_exists(engine: &Engine, name: &str) -> bool {
+    match engine.block_on(engine.docker.inspect_container(name, None)) {
+        Ok(_) => true,
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => false,
+        Err(err) => panic!("inspect container {name}: {err}"),
+    }
+}
+
+fn network(engine: &Engine, name: &str) -> Option<bollard::models::NetworkInspect> {
+    match engine.block_on(engine.docker.inspect_network(name, None)) {
+        Ok(inspect) => Some(inspect),
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => None,
+        Err(err) => panic!("inspect network {name}: {err}"),
+    }
+}
+
+/// Nothing a launch of `world`'s bottle creates remains: no machine record,
+/// no bundle container or network, no state dir.
+fn assert_nothing_left(world: &World, engine: &Engine) {
+    let machine = world.machine();
+    assert!(!world.has_record(), "machine {machine} left in smolvm's db");
+    assert!(!container_exists(engine, &format!("{machine}-bundle")));
+    assert!(
+        network(engine, &machine).is_none(),
+        "network {machine} left"
+    );
+    assert!(
+        !world.state_dir().exists(),
+        "state dir left: {:?}",
+        std::fs::read_dir(world.state_dir())
+            .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+    );
+}
+
+fn list(world: &World, backend: &str) -> Vec<Value> {
+    let out = world
+        .bottle("1.9.3", "")
+        .env("BOT_BOTTLE_BACKEND", backend)
+        .args(["--json", "list"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "list: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice::<Vec<Value>>(&out.stdout).unwrap()
+}
+
+#[test]
+fn a_launch_whose_allowlist_takes_runs_is_listed_and_stops_clean() {
+    let test = "a_launch_whose_allowlist_takes_runs_is_listed_and_stops_clean";
+    let Some(docker) = docker(test) else { return };
+    let world = World::new(&docker.image, "smol-ok");
+    if !sandbox_available(&world, test) {
+        return;
+    }
+    let machine = world.machine();
+    let start = world
+        .bottle("1.9.3", "")
+        .args(["--backend", "smolmachines", "--yes", "start", "coder"])
+        .args(["--name", &world.name(), "--detach"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&start.stderr);
+    assert!(start.status.success(), "start failed: {stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&start.stdout),
+        format!("{machine}\n")
+    );
+    assert!(stderr.contains("the KVM check is skipped"), "{stderr}");
+    assert!(
+        stderr.contains("/32 only"),
+        "the plan shows the allowlist: {stderr}"
+    );
+
+    // Listed (BOT_BOTTLE_BACKEND picks the backend) with its bundle address.
+    let listed = list(&world, "smolmachines");
+    let entry = listed
+        .iter()
+        .find(|b| b["name"] == machine.as_str())
+        .unwrap_or_else(|| panic!("{machine} not listed: {listed:?}"));
+    assert_eq!(entry["backend"], "smolmachines");
+    assert_eq!(entry["agent"], "coder");
+    assert_eq!(entry["state"], "running");
+    let address: Ipv4Addr = entry["bundle_address"].as_str().unwrap().parse().unwrap();
+    let [a, b, _, d] = address.octets();
+    assert_eq!((a, b, d), (192, 168, 2), "{address}");
+
+    // smolvm's record, read back from its database, allows that /32 only,
+    // and the machine booted with it.
+    let cidr = format!("{address}/32");
+    let record = bottle_smolvm::statedb::read(&world.db(), &machine).unwrap();
+    assert_eq!(record["allowed_cidrs"], serde_json::json!([cidr]));
+    assert_eq!(record["dns_filter_hosts"], serde_json::json!([]));
+    assert_eq!(
+        world.booted().unwrap()["allowed_cidrs"],
+        serde_json::json!([cidr])
+    );
+
+    // The bundle runs at that address on an internal bridge whose host side
+    // has an address, and the host reaches the proxy there (smolvm dials it
+    // from the host).
+    let engine = &docker.engine;
+    let bundle = engine
+        .block_on(
+            engine
+                .docker
+                .inspect_container(&format!("{machine}-bundle"), None),
+        )
+        .unwrap();
+    assert_eq!(bundle.state.unwrap().running, Some(true));
+    let labels = bundle.config.unwrap().labels.unwrap();
+    assert_eq!(labels["bottle.managed"], "smolmachines");
+    let net = network(engine, &machine).expect("the bottle network exists");
+    assert_eq!(net.internal, Some(true));
+    assert!(
+        !net.options
+            .unwrap_or_default()
+            .contains_key("com.docker.network.bridge.inhibit_ipv4"),
+        "the host needs its gateway address on the bridge"
+    );
+    TcpStream::connect_timeout(
+        &SocketAddr::from((address, bottle_core::bundle::PROXY_PORT)),
+        Duration::from_secs(5),
+    )
+    .unwrap_or_else(|err| panic!("the host cannot reach the bundle at {address}: {err}"));
+
+    // The guest trusts the bundle's CA and got the prompt.
+    let ca = std::fs::read_to_string(world.state_dir().join("ca/ca.pem")).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(world.guest().join("etc/bottle/ca.pem")).unwrap(),
+        ca
+    );
+    assert_eq!(
+        std::fs::read_to_string(world.guest().join("etc/bottle/prompt.md")).unwrap(),
+        "do the thing\n"
+    );
+
+    // The docker backend neither lists nor owns the microVM's bundle.
+    assert!(
+        !list(&world, "docker")
+            .iter()
+            .any(|b| b["name"] == machine.as_str()),
+        "the docker backend lists a microVM's bundle"
+    );
+
+    world
+        .bottle("1.9.3", "")
+        .args(["--backend", "smolmachines", "stop", &world.name()])
+        .assert()
+        .success()
+        .stdout(format!("stopped {machine}\n"))
+        .stderr(predicate::str::contains(format!("removed vm {machine}")))
+        .stderr(predicate::str::contains(format!(
+            "removed container {machine}-bundle"
+        )))
+        .stderr(predicate::str::contains(format!(
+            "removed network {machine}"
+        )));
+    assert_nothing_left(&world, engine);
+    assert!(list(&world, "smolmachines").is_empty());
+}
+
+#[test]
+fn a_patch_that_does_not_take_is_refused_and_leaves_nothing() {
+    let test = "a_patch_that_does_not_take_is_refused_and_leaves_nothing";
+    let Some(docker) = docker(test) else { return };
+    let world = World::new(&docker.image, "smol-refused");
+    // 1.7.7 drops --allow-cidr with --from, so the state-DB patch is what
+    // would put the /32 there; the double's trigger undoes every write.
+    world
+        .bottle("1.7.7", "revert-db-writes")
+        .args(["--backend", "smolmachines", "--yes", "start", "coder"])
+        .args(["--name", &world.name(), "--detach"])
+        .assert()
+        .code(5)
+        .stdout("")
+        .stderr(predicate::str::contains("error[BOT-K015]"))
+        .stderr(predicate::str::contains("did not persist"))
+        .stderr(predicate::str::contains("fix: "));
+    assert!(world.booted().is_none(), "the machine must never start");
+    assert_nothing_left(&world, &docker.engine);
+}
+
+#[test]
+fn a_smolvm_that_does_not_enforce_allowlists_is_a_preflight_failure() {
+    let world = World::new("unused:latest", "smol-old");
+    world
+        .bottle("1.1.2", "")
+        .args(["--backend", "smolmachines", "--yes", "start", "coder"])
+        .args(["--name", &world.name(), "--detach"])
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains("error[BOT-K004]"))
+        .stderr(predicate::str::contains(
+            "smolvm 1.1.2 does not enforce an egress allowlist",
+        ))
+        .stderr(predicate::str::contains(
+            "fix: upgrade smolvm to 1.1.3 or later",
+        ));
+    assert!(!world.state_dir().exists());
+    assert!(
+        !world.db().exists(),
+        "nothing was asked of smolvm but its version"
+    );
+}
+
+#[test]
+fn a_missing_smolvm_is_a_preflight_failure_and_the_kvm_switch_is_for_the_double_only() {
+    let world = World::new("unused:latest", "smol-missing");
+    let missing = world.dir.path().join("no/smolvm");
+    // Whichever check fails first on this host (KVM, then smolvm), it is a
+    // preflight failure with a fix, and the test switch does not apply to
+    // a program that is not the double.
+    world
+        .bottle("1.9.3", "")
+        .env("BOTTLE_SMOLVM", &missing)
+        .args(["--backend", "smolmachines", "--yes", "start", "coder"])
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains(
+            "BOTTLE_TEST_FAKE_SMOLVM_NO_KVM is ignored",
+        ))
+        .stderr(predicate::str::contains("fix: "))
+        .stderr(predicate::str::contains("smolvm").or(predicate::str::contains("kvm")));
+    assert!(!world.state_dir().exists());
+}
+
+#[test]
+fn the_kvm_check_runs_without_the_test_switch() {
+    // On a host without usable KVM this is the preflight failure with its
+    // remediation; where KVM works, the double passes it and says nothing
+    // about skipping.
+    let world = World::new("unused:latest", "smol-kvm");
+    let kvm = bottle_smolvm::host::kvm_usable();
+    let assert = world
+        .bottle("1.1.2", "")
+        .env_remove("BOTTLE_TEST_FAKE_SMOLVM_NO_KVM")
+        .args(["--backend", "smolmachines", "--yes", "start", "coder"])
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains("KVM check is skipped").not());
+    match kvm {
+        Ok(()) => assert.stderr(predicate::str::contains("error[BOT-K004]")),
+        Err(_) => assert.stderr(predicate::str::contains("error[BOT-P004]")),
+    };
+}
