@@ -494,32 +494,11 @@ impl Egress {
         check_egress_listen(&local)?;
         let slots = Arc::new(Semaphore::new(self.limits.max_connections.max(1)));
         loop {
-            let permit = slots
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|e| BundleError::Daemon {
-                    daemon: "egress".into(),
-                    detail: e.to_string(),
-                })?;
-            let (stream, peer) = match listener.accept().await {
-                Ok(s) => s,
-                Err(e) if is_transient_accept_error(&e) => {
-                    eprintln!("bottle-bundle: egress accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-                Err(e) => {
-                    return Err(BundleError::Daemon {
-                        daemon: "egress".into(),
-                        detail: format!("accept failed: {e}"),
-                    });
-                }
-            };
+            let (stream, peer, permit) =
+                crate::accept::next_connection(&listener, &slots, "egress").await?;
             if !peer.ip().is_loopback() {
                 continue;
             }
-            let _ = stream.set_nodelay(true);
             let this = self.clone();
             tokio::spawn(async move {
                 let io = TokioIo::new(IdleIo::new(
@@ -805,16 +784,6 @@ fn classify_upstream_error(
         "upstream_error",
         format!("bottle: upstream {host} failed: {detail}"),
     )
-}
-
-/// Accept errors that do not mean the listener is broken (a peer reset
-/// before accept, running out of fds for a moment).
-pub(crate) fn is_transient_accept_error(e: &std::io::Error) -> bool {
-    use std::io::ErrorKind::*;
-    matches!(
-        e.kind(),
-        ConnectionAborted | ConnectionReset | Interrupted | WouldBlock
-    ) || matches!(e.raw_os_error(), Some(23 | 24 | 12 | 105))
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! copies them into the bundle image so that git-gate can run git),
 //! [`supervise`] (the MCP server through which the agent asks the operator).
 
+mod accept;
 pub mod audit;
 pub mod body;
 pub mod ca;

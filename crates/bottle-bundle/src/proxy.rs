@@ -121,29 +121,8 @@ impl Proxy {
     pub async fn serve(self: Arc<Self>, listener: TcpListener) -> Result<(), BundleError> {
         let slots = Arc::new(Semaphore::new(self.limits.max_connections.max(1)));
         loop {
-            let permit = slots
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|e| BundleError::Daemon {
-                    daemon: "proxy".into(),
-                    detail: e.to_string(),
-                })?;
-            let stream = match listener.accept().await {
-                Ok((s, _)) => s,
-                Err(e) if crate::egress::is_transient_accept_error(&e) => {
-                    eprintln!("bottle-bundle: proxy accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-                Err(e) => {
-                    return Err(BundleError::Daemon {
-                        daemon: "proxy".into(),
-                        detail: format!("accept failed: {e}"),
-                    });
-                }
-            };
-            let _ = stream.set_nodelay(true);
+            let (stream, _, permit) =
+                crate::accept::next_connection(&listener, &slots, "proxy").await?;
             let this = self.clone();
             tokio::spawn(async move {
                 let io = TokioIo::new(IdleIo::new(

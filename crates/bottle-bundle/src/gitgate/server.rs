@@ -396,29 +396,8 @@ impl GitGate {
         }
         let conns = Arc::new(Semaphore::new(self.limits.max_connections.max(1)));
         loop {
-            let permit = conns
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|e| BundleError::Daemon {
-                    daemon: DAEMON.into(),
-                    detail: e.to_string(),
-                })?;
-            let stream = match listener.accept().await {
-                Ok((s, _)) => s,
-                Err(e) if crate::egress::is_transient_accept_error(&e) => {
-                    eprintln!("bottle-bundle: git-gate accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-                Err(e) => {
-                    return Err(BundleError::Daemon {
-                        daemon: DAEMON.into(),
-                        detail: format!("accept failed: {e}"),
-                    });
-                }
-            };
-            let _ = stream.set_nodelay(true);
+            let (stream, _, permit) =
+                crate::accept::next_connection(&listener, &conns, DAEMON).await?;
             let this = self.clone();
             tokio::spawn(async move {
                 let io = TokioIo::new(IdleIo::new(stream, this.limits.idle_timeout));
