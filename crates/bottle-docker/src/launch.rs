@@ -57,22 +57,26 @@ use crate::names::{BottleLabels, EGRESS_NETWORK, Owner, role};
 use crate::pause::{PAUSE_PATH, pause_elf};
 use crate::tarball::{Ownership, TarBuilder, entry_name};
 
-/// The launch steps, in order.
+/// The launch steps, in the order of a bottle's launch. Both containers
+/// are created and filled first and started together (each start is a
+/// third of a launch's time); the agent's keep-alive runs nothing, and no
+/// command reaches the agent before every check below has passed. A
+/// bundle for a microVM runs the bundle steps only.
 pub const STEPS: &[&str] = &[
     "network",
     "egress-network",
     "bundle-create",
     "bundle-connect",
     "bundle-files",
-    "bundle-start",
-    "bundle-verify",
-    "bundle-health",
     "agent-create",
     "agent-files",
     "provision-ca",
     "provision-prompt",
     "provision-skills",
+    "bundle-start",
     "agent-start",
+    "bundle-verify",
+    "bundle-health",
     "agent-verify",
     "provision-git",
     "provision-supervise",
@@ -298,9 +302,10 @@ impl Launch<'_> {
     }
 
     fn run(&mut self) -> Result<DockerBottle, DockerError> {
-        self.run_bundle()?;
+        self.prepare_bundle()?;
         let (network, agent) = (self.data.network.clone(), self.data.agent_container.clone());
         let (network, agent) = (&network, &agent);
+        let bundle = self.data.bundle_container.clone();
 
         self.create_agent(agent)?;
         self.step_done("agent-create")?;
@@ -322,10 +327,19 @@ impl Launch<'_> {
         self.provision_skills(agent)?;
         self.step_done("provision-skills")?;
 
-        self.block(&format!("start {agent}"), async {
-            self.engine.docker.start_container(agent, None).await
-        })?;
+        let (bundle_started, agent_started) = self.engine.block_on(async {
+            tokio::join!(
+                self.engine.docker.start_container(&bundle, None),
+                self.engine.docker.start_container(agent, None)
+            )
+        });
+        bundle_started.map_err(DockerError::api(format!("start {bundle}")))?;
+        self.egress_lock = None;
+        self.step_done("bundle-start")?;
+        agent_started.map_err(DockerError::api(format!("start {agent}")))?;
         self.step_done("agent-start")?;
+
+        self.check_bundle()?;
 
         self.verify_agent(network, agent)?;
         self.step_done("agent-verify")?;
@@ -359,9 +373,22 @@ impl Launch<'_> {
         })
     }
 
-    /// The steps up to `bundle-health`: the bottle network, the egress
-    /// network, and the bundle running, verified and healthy.
+    /// The bundle steps alone (a microVM's bundle): the bottle network,
+    /// the egress network, and the bundle running, verified and healthy.
     fn run_bundle(&mut self) -> Result<(), DockerError> {
+        self.prepare_bundle()?;
+        let bundle = self.data.bundle_container.clone();
+        self.block(&format!("start {bundle}"), async {
+            self.engine.docker.start_container(&bundle, None).await
+        })?;
+        self.egress_lock = None;
+        self.step_done("bundle-start")?;
+        self.check_bundle()
+    }
+
+    /// Up to `bundle-files`: the networks and the bundle container, created
+    /// and filled but not started. Leaves the egress lock held.
+    fn prepare_bundle(&mut self) -> Result<(), DockerError> {
         data::write_owner(&self.paths, self.labels.owner)?;
         if self.mode == LaunchMode::BundleForVm {
             crate::smolvm_host::write_stage(&self.paths, self.plan, &self.data)?;
@@ -404,13 +431,16 @@ impl Launch<'_> {
 
         self.write_bundle_files(bundle)?;
         self.step_done("bundle-files")?;
+        Ok(())
+    }
 
-        self.block(&format!("start {bundle}"), async {
-            self.engine.docker.start_container(bundle, None).await
-        })?;
-        self.egress_lock = None;
-        self.step_done("bundle-start")?;
-
+    /// `bundle-verify` and `bundle-health` of a started bundle.
+    fn check_bundle(&mut self) -> Result<(), DockerError> {
+        let (network, bundle) = (
+            self.data.network.clone(),
+            self.data.bundle_container.clone(),
+        );
+        let (network, bundle) = (&network, &bundle);
         self.verify_bundle(network, bundle)?;
         self.step_done("bundle-verify")?;
 
