@@ -53,11 +53,32 @@ pub const PIDS: i64 = 128;
 /// Ports the proxy lets through.
 pub const PORTS: &[u16] = &[80, 443];
 
-/// The manifest for `agents`, building the image from `context`. Each
-/// agent's allowed host is pinned to `pin` (the internet canary), so the
-/// bundle never looks it up; the rebinding names are not pinned and go
-/// through the Engine's resolver to the DNS recorder.
-pub fn manifest(context: &Path, agents: &[AgentDef], pin: &str) -> String {
+/// Where the agents' image comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentSource {
+    /// Built by the backend from this context (docker).
+    Build(PathBuf),
+    /// An image the Engine already holds (smolmachines, which cannot build
+    /// Dockerfiles itself).
+    Image(String),
+}
+
+impl AgentSource {
+    fn line(&self) -> String {
+        match self {
+            AgentSource::Build(context) => {
+                format!("build = {{ context = {:?} }}", context.display().to_string())
+            }
+            AgentSource::Image(tag) => format!("image = {tag:?}"),
+        }
+    }
+}
+
+/// The manifest for `agents`, their image from `source`. Each agent's
+/// allowed host is pinned to `pin` (the internet canary), so the bundle
+/// never looks it up; the rebinding names are not pinned and go through
+/// the Engine's resolver to the DNS recorder.
+pub fn manifest(source: &AgentSource, agents: &[AgentDef], pin: &str) -> String {
     let mut out =
         String::from("# Written by `cargo xtask sandbox-escape` for one run.\nversion = 1\n");
     for agent in agents {
@@ -78,12 +99,12 @@ pub fn manifest(context: &Path, agents: &[AgentDef], pin: &str) -> String {
             .join(", ");
         let _ = write!(
             out,
-            "\n[agents.{key}]\nbuild = {{ context = {context:?} }}\ncommand = [\"/bin/sh\"]\n\n\
+            "\n[agents.{key}]\n{source}\ncommand = [\"/bin/sh\"]\n\n\
              [agents.{key}.egress]\nallow = [{allow}]\nports = [{ports}]\nresolve = {{ {pinned:?} = {pin:?} }}\n\n\
              [agents.{key}.limits]\nmemory = \"{MEMORY}\"\npids = {PIDS}\n",
             key = agent.key,
             pinned = allowed_host(&agent.key),
-            context = context.display().to_string(),
+            source = source.line(),
         );
     }
     out
@@ -129,7 +150,11 @@ mod tests {
                 rebind: false,
             },
         ];
-        let text = manifest(Path::new("/tmp/ctx"), &agents, "198.51.100.10");
+        let text = manifest(
+            &AgentSource::Build("/tmp/ctx".into()),
+            &agents,
+            "198.51.100.10",
+        );
         let expected = r#"# Written by `cargo xtask sandbox-escape` for one run.
 version = 1
 
@@ -170,10 +195,30 @@ pids = 128
             key: "escape-a".into(),
             rebind: true,
         }];
-        std::fs::write(&path, manifest(dir.path(), &agents, "198.51.100.10")).unwrap();
+        std::fs::write(
+            &path,
+            manifest(
+                &AgentSource::Build(dir.path().to_path_buf()),
+                &agents,
+                "198.51.100.10",
+            ),
+        )
+        .unwrap();
         let parsed = bottle_core::manifest::load(&path).unwrap();
         let agent = &parsed.agents["escape-a"];
         assert_eq!(agent.egress.allow.len(), 5);
         assert_eq!(agent.limits.pids, Some(128));
+        std::fs::write(
+            &path,
+            manifest(
+                &AgentSource::Image("bottle-escape-agent:latest".into()),
+                &agents,
+                "198.51.100.10",
+            ),
+        )
+        .unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\nimage = \"bottle-escape-agent:latest\"\n"), "{text}");
+        bottle_core::manifest::load(&path).unwrap();
     }
 }

@@ -1,7 +1,18 @@
-//! The docker-backend run of the gate, start to finish: canaries up and
+//! The gate's run, start to finish, on either backend: canaries up and
 //! proven local, the positive controls from the host, two probed bottles,
 //! the host-side posture checks, the faults, and a teardown that runs
 //! however the run ends.
+//!
+//! Both backends go through the same CLI, the same probes and the same
+//! evidence; they differ where the host looks. A smolmachines bottle has
+//! no agent container: its agent address is unknown (the probe skips that
+//! target), its gateway is the host's `.1` on the bundle bridge (the VM's
+//! allowlist is the bundle's `/32`, so it must not reach it), and its
+//! posture is the machine's record in smolvm's state database (exactly the
+//! bundle's `/32`), the VM process, and the bundle container's own
+//! hardening. smolvm dials a guest's traffic from the host, so before a
+//! smolmachines probe runs every address it will dial must route locally
+//! or onto a bottle bridge of this run.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -18,12 +29,13 @@ use super::cli::{BottleCli, BottleGuard};
 use super::dns::{self, DnsRecorder};
 use super::engine::Engine;
 use super::evidence::{self, Allowance, Cidr, DnsAllowance};
-use super::fixture::{self, AgentDef};
+use super::fixture::{self, AgentDef, AgentSource};
 use super::posture;
 use super::probe;
 use super::report::{Expect, Observed, Report, Row};
 use super::resolv::{RESOLV_CONF, ResolvGuard};
 use super::route;
+use super::smol::{self, SysRunner};
 use super::sys::{Run, Sys};
 use super::{dockerd, teardown};
 use crate::dist;
@@ -47,9 +59,36 @@ const PARALLEL: &[&str] = &["escape-p1", "escape-p2", "escape-p3"];
 /// The probe aiming at the other bottle's proxy port.
 const OTHER_BUNDLE_PROBE: &str = "tcp-other-bundle";
 
+/// The image the smolmachines run builds with the Engine (smolmachines
+/// cannot build a Dockerfile itself).
+const SMOL_AGENT_IMAGE: &str = "bottle-escape-agent:latest";
+/// The prefix of every bottle the run starts.
+const RUN_PREFIX: &str = "bot-bottle-escape-";
+
+/// The backend under test.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// Containers.
+    Docker,
+    /// microVMs through this smolvm (real, or the test double).
+    Smolmachines(smol::Target),
+}
+
+impl Backend {
+    /// The name `bottle --backend` takes.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Docker => "docker",
+            Backend::Smolmachines(_) => "smolmachines",
+        }
+    }
+}
+
 /// Options of the run.
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// The backend under test.
+    pub backend: Backend,
     /// Go on to the next phase after a harness error in one.
     pub keep_going: bool,
     /// Skip the daemon restart (it disturbs everything else using this
@@ -70,6 +109,8 @@ struct Bottle {
 /// The run's shared state.
 struct Gate {
     sys: Arc<dyn Sys>,
+    /// smolvm, on a smolmachines run.
+    smolvm: Option<bottle_smolvm::Smolvm>,
     engine: Engine,
     cli: BottleCli,
     token: String,
@@ -83,11 +124,14 @@ struct Gate {
     extra_controls: BTreeMap<String, bool>,
     egress: Vec<Cidr>,
     bottle_subnets: Vec<Cidr>,
+    /// Each bottle network's subnet and bridge device (what a smolmachines
+    /// probe may dial from the host besides local addresses).
+    bottle_bridges: Vec<(Cidr, String)>,
     config_seq: usize,
     report: Report,
 }
 
-/// Runs the gate against the docker backend; rows and harness errors go
+/// Runs the gate against `options.backend`; rows and harness errors go
 /// into `report`. Everything it sets up is undone before it returns.
 pub fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
@@ -127,17 +171,25 @@ pub fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> anyhow:
             key: k.to_string(),
             rebind: false,
         }));
+        let source = match &options.backend {
+            Backend::Docker => AgentSource::Build(context),
+            Backend::Smolmachines(_) => {
+                progress("building the agent image with the Engine (smolmachines cannot build)");
+                build_agent_image(&sys, &context)?;
+                AgentSource::Image(SMOL_AGENT_IMAGE.to_string())
+            }
+        };
         let manifest = work.join("bottle.toml");
         std::fs::write(
             &manifest,
-            fixture::manifest(&context, &agents, &canary::INTERNET.to_string()),
+            fixture::manifest(&source, &agents, &canary::INTERNET.to_string()),
         )?;
         let cli = BottleCli {
             bin: bottle_bin,
             manifest,
             state_home: work.join("state"),
             bundle_bin: binaries.bundle.clone(),
-            backend: "docker".into(),
+            backend: options.backend.name().into(),
             sys: sys.clone(),
         };
         // Leftovers of a killed run.
@@ -158,7 +210,19 @@ pub fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> anyhow:
     result?;
 
     let after = bottle_resources(&engine)?;
-    let left = leftovers(&before, &after);
+    let mut left = leftovers(&before, &after);
+    if let Backend::Smolmachines(target) = &options.backend {
+        let smolvm = smolvm_of(target, &sys);
+        let machines = smolvm
+            .list()
+            .map_err(|e| anyhow::anyhow!("listing smolvm machines after the run: {e}"))?;
+        left.extend(
+            machines
+                .into_iter()
+                .filter(|m| m.name.starts_with(RUN_PREFIX))
+                .map(|m| format!("machine {}", m.name)),
+        );
+    }
     if !left.is_empty() {
         bail!("resources of the run remain after teardown: {left:?}\n  fix: `bottle cleanup`");
     }
@@ -197,8 +261,13 @@ fn docker_run(
     }
     let resolv = ResolvGuard::swap(Path::new(RESOLV_CONF), canary::DNS)?;
 
+    let smolvm = match &options.backend {
+        Backend::Docker => None,
+        Backend::Smolmachines(target) => Some(smolvm_of(target, &sys)),
+    };
     let mut gate = Gate {
         sys,
+        smolvm,
         engine,
         cli,
         token: report.token.clone(),
@@ -210,6 +279,7 @@ fn docker_run(
         extra_controls: BTreeMap::new(),
         egress: Vec::new(),
         bottle_subnets: Vec::new(),
+        bottle_bridges: Vec::new(),
         config_seq: 0,
         report: std::mem::take(report),
     };
@@ -544,18 +614,28 @@ impl Gate {
             .as_str()
             .and_then(Cidr::parse)
             .with_context(|| format!("network {} has no IPv4 subnet", guard.name))?;
+        // smolmachines: the host's `.1` on the bundle bridge, which the VM
+        // must not reach (its allowlist is the bundle's /32).
         let gateway = ipam["Gateway"].as_str().unwrap_or_default().to_string();
-        let agent = self
-            .engine
-            .inspect_container(&format!("{}-agent", guard.name))?;
-        let agent_ip = agent["NetworkSettings"]["Networks"][&guard.name]["IPAddress"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        if agent_ip.is_empty() {
-            bail!("the agent of {} has no address on its network", guard.name);
-        }
+        // smolmachines: no agent container, so no agent address (the probe
+        // skips the other-agent target).
+        let agent_ip = if self.smolvm.is_some() {
+            String::new()
+        } else {
+            let agent = self
+                .engine
+                .inspect_container(&format!("{}-agent", guard.name))?;
+            let ip = agent["NetworkSettings"]["Networks"][&guard.name]["IPAddress"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if ip.is_empty() {
+                bail!("the agent of {} has no address on its network", guard.name);
+            }
+            ip
+        };
         self.bottle_subnets.push(subnet);
+        self.bottle_bridges.push((subnet, bridge_device(&network)));
         Ok(Bottle {
             guard,
             key: key.to_string(),
@@ -667,6 +747,9 @@ impl Gate {
                 self.extra_controls.remove(OTHER_BUNDLE_PROBE);
             }
         }
+        if self.smolvm.is_some() {
+            self.check_dialled_from_host(&config)?;
+        }
         let hits_before = self.listeners.hits().len();
         let dns_before = self.dns.queries().len();
         let out = self.exec_probe(bottle, &config)?;
@@ -739,6 +822,9 @@ impl Gate {
     /// The agent as the Engine and the kernel see it, while an exec'd
     /// process runs in it too.
     fn posture(&mut self, phase: &str, bottle: &Bottle) -> anyhow::Result<()> {
+        if self.smolvm.is_some() {
+            return self.vm_posture(phase, bottle);
+        }
         let agent = format!("{}-agent", bottle.guard.name);
         let spec = posture::Spec {
             memory: fixture::MEMORY_BYTES,
@@ -764,6 +850,114 @@ impl Gate {
             .rows
             .extend(posture::check_processes(phase, &pids, &spec));
         let _ = sleeper.join();
+        Ok(())
+    }
+
+    /// Whether the bottle's agent (container or VM) still runs.
+    fn agent_running(&self, bottle: &Bottle) -> bool {
+        match &self.smolvm {
+            Some(smolvm) => smolvm.list().is_ok_and(|machines| {
+                machines
+                    .iter()
+                    .any(|m| m.name == bottle.guard.name && m.state() == "running")
+            }),
+            None => self
+                .engine
+                .inspect_container(&format!("{}-agent", bottle.guard.name))
+                .map(|i| i["State"]["Running"].as_bool() == Some(true))
+                .unwrap_or(false),
+        }
+    }
+
+    /// smolvm dials a guest's traffic from the host: every address a
+    /// smolmachines probe config names must route locally, or straight onto
+    /// a bottle bridge this run created. (On the fake the probe itself runs
+    /// on the host, so this is what keeps it on this machine.)
+    fn check_dialled_from_host(
+        &self,
+        config: &bottle_probe::contract::ProbeConfig,
+    ) -> anyhow::Result<()> {
+        for addr in probe::dialled_addresses(config) {
+            let ip: IpAddr = addr
+                .parse()
+                .with_context(|| format!("probe target {addr:?}"))?;
+            let out = self.sys.run("ip", &["route", "get", &addr])?;
+            route::check_local_or_bridge(ip, &out, &self.bottle_bridges)
+                .map_err(anyhow::Error::msg)?;
+        }
+        Ok(())
+    }
+
+    /// A microVM bottle from the host side: the machine's record in
+    /// smolvm's state database holds exactly the bundle's /32 (and no DNS
+    /// names), the VM process runs, and the bundle container is hardened.
+    fn vm_posture(&mut self, phase: &str, bottle: &Bottle) -> anyhow::Result<()> {
+        let Some(smolvm) = &self.smolvm else {
+            bail!("no smolvm on a smolmachines run");
+        };
+        let machine = &bottle.guard.name;
+        let bundle: std::net::Ipv4Addr = bottle
+            .bundle_ip
+            .parse()
+            .with_context(|| format!("bundle address {:?} of {machine}", bottle.bundle_ip))?;
+        let policy = bottle_smolvm::statedb::EgressPolicy::one_address(bundle);
+        let db = bottle_smolvm::statedb::state_db_path_from_env(smolvm.version().ok())
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let (observed, detail) = match bottle_smolvm::statedb::verify(&db, machine, &policy) {
+            Ok(()) => (
+                Observed::Blocked,
+                format!("{}: {}", db.display(), policy.describe()),
+            ),
+            Err(err @ bottle_smolvm::SmolvmError::AllowlistNotPersisted { .. }) => {
+                (Observed::Reached, err.to_string())
+            }
+            Err(err) => (Observed::Error, err.to_string()),
+        };
+        self.report.rows.push(Row::new(
+            phase,
+            "vm-allowlist",
+            "posture",
+            Expect::Blocked,
+            observed,
+            None,
+            detail,
+        ));
+
+        let entry = smolvm
+            .list()
+            .map_err(|e| anyhow::anyhow!("smolvm machine ls: {e}"))?
+            .into_iter()
+            .find(|m| &m.name == machine);
+        let (observed, detail) = match &entry {
+            Some(m) if m.state() == "running" => match m.pid {
+                Some(pid) if Path::new(&format!("/proc/{pid}")).exists() => (
+                    Observed::Blocked,
+                    format!("running, VM process {pid} alive"),
+                ),
+                pid => (
+                    Observed::Error,
+                    format!("running, but its VM process {pid:?} does not exist on this host"),
+                ),
+            },
+            Some(m) => (Observed::Error, format!("machine is {}", m.state())),
+            None => (Observed::Error, "`smolvm machine ls` does not list it".into()),
+        };
+        self.report.rows.push(Row::new(
+            phase,
+            "vm-process",
+            "posture",
+            Expect::Blocked,
+            observed,
+            None,
+            detail,
+        ));
+
+        let inspect = self
+            .engine
+            .inspect_container(&format!("{machine}-bundle"))?;
+        self.report
+            .rows
+            .extend(posture::check_bundle_inspect(phase, &inspect, machine));
         Ok(())
     }
 
@@ -813,11 +1007,7 @@ impl Gate {
             .collect();
         let (targets_a, targets_b) = (self.targets(a, b), self.targets(b, a));
         for (label, bottle, targets) in [("A", &mut *a, targets_a), ("B", &mut *b, targets_b)] {
-            let running = self
-                .engine
-                .inspect_container(&format!("{}-agent", bottle.guard.name))
-                .map(|i| i["State"]["Running"].as_bool() == Some(true))
-                .unwrap_or(false);
+            let running = self.agent_running(bottle);
             let sub = format!("{phase}: old bottle {label}");
             if !running {
                 self.report.rows.push(Row::new(
@@ -982,7 +1172,7 @@ fn fetch_token(addr: SocketAddr) -> anyhow::Result<String> {
 pub fn leftovers(before: &BTreeSet<String>, after: &BTreeSet<String>) -> Vec<String> {
     let ours = |r: &str| {
         r.split_once(' ')
-            .is_some_and(|(_, name)| name.starts_with("bot-bottle-escape-"))
+            .is_some_and(|(_, name)| name.starts_with(RUN_PREFIX))
     };
     let others_remain = after
         .iter()
@@ -1020,6 +1210,43 @@ fn bottle_resources(engine: &Engine) -> anyhow::Result<BTreeSet<String>> {
         }
     }
     Ok(out)
+}
+
+/// The Linux bridge of a Docker bridge network: its `bridge.name` option,
+/// else Docker's default `br-<first 12 of the id>`.
+pub fn bridge_device(network: &Value) -> String {
+    match network["Options"]["com.docker.network.bridge.name"].as_str() {
+        Some(name) if !name.is_empty() => name.to_string(),
+        _ => {
+            let id = network["Id"].as_str().unwrap_or_default();
+            format!("br-{}", id.get(..12).unwrap_or(id))
+        }
+    }
+}
+
+fn smolvm_of(target: &smol::Target, sys: &Arc<dyn Sys>) -> bottle_smolvm::Smolvm {
+    bottle_smolvm::Smolvm::with_program(
+        target.program.clone().into_os_string(),
+        Arc::new(SysRunner(sys.clone())),
+    )
+}
+
+/// Builds the demo agent image from `context` with the Engine, as
+/// [`SMOL_AGENT_IMAGE`].
+fn build_agent_image(sys: &Arc<dyn Sys>, context: &Path) -> anyhow::Result<()> {
+    let run = Run::new(
+        "docker",
+        &[
+            "build".to_string(),
+            "--quiet".to_string(),
+            "--tag".to_string(),
+            SMOL_AGENT_IMAGE.to_string(),
+            context.display().to_string(),
+        ],
+    )
+    .timeout(Duration::from_secs(600));
+    super::sys::checked(sys.output(&run)?, &run)?;
+    Ok(())
 }
 
 fn build_cli() -> anyhow::Result<PathBuf> {
@@ -1088,6 +1315,17 @@ mod tests {
         );
         // There before the run: not the run's doing.
         assert!(leftovers(&after, &after).is_empty());
+    }
+
+    #[test]
+    fn bridge_devices_follow_docker_naming() {
+        let net = serde_json::json!({"Id": "0123456789abcdef0123", "Options": {}});
+        assert_eq!(bridge_device(&net), "br-0123456789ab");
+        let named = serde_json::json!({
+            "Id": "0123456789abcdef0123",
+            "Options": {"com.docker.network.bridge.name": "docker0"}
+        });
+        assert_eq!(bridge_device(&named), "docker0");
     }
 
     #[test]

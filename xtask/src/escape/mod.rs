@@ -108,18 +108,32 @@ pub fn run(args: &[String]) -> anyhow::Result<ExitCode> {
         token: token(),
         ..Report::default()
     };
-    if args.backend == "smolmachines" {
-        let reason = match smol::available(sys.clone()) {
-            Err(reason) => reason,
-            Ok(version) => format!(
-                "smolvm {version} is usable, but the gate's smolmachines run is not implemented yet"
-            ),
-        };
-        eprintln!("sandbox-escape: --backend smolmachines cannot run on this host: {reason}");
-        eprintln!("  not a pass: nothing was probed");
-        return Ok(ExitCode::from(report::EXIT_FAILED));
-    }
+    let backend = if args.backend == "smolmachines" {
+        match smol::select(sys.clone()) {
+            Ok(target) => {
+                if target.fake {
+                    eprintln!(
+                        "sandbox-escape: WARNING: {}={} with {}=1: the phases run against the fake-smolvm test double, whose `machine exec` runs on the host; nothing is isolated and escapes are expected (the gate's negative control)",
+                        smol::SMOLVM_ENV,
+                        target.program.display(),
+                        smol::FAKE_NO_KVM_ENV
+                    );
+                }
+                gate::Backend::Smolmachines(target)
+            }
+            Err(reason) => {
+                eprintln!(
+                    "sandbox-escape: --backend smolmachines cannot run on this host: {reason}"
+                );
+                eprintln!("  not a pass: nothing was probed");
+                return Ok(ExitCode::from(report::EXIT_FAILED));
+            }
+        }
+    } else {
+        gate::Backend::Docker
+    };
     let options = gate::Options {
+        backend,
         keep_going: args.keep_going,
         skip_dockerd_restart: args.skip_dockerd_restart,
     };

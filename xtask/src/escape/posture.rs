@@ -287,6 +287,91 @@ pub fn check_inspect(phase: &str, inspect: &Value, spec: &Spec) -> Vec<Row> {
     rows
 }
 
+/// Checks a microVM bottle's bundle container (smolmachines): hardened
+/// like every container bottle runs (no capabilities, no-new-privileges,
+/// seccomp on, no host namespaces or devices, no Docker socket), and on
+/// exactly its bottle's bridge `network` and the shared egress network.
+pub fn check_bundle_inspect(phase: &str, inspect: &Value, network: &str) -> Vec<Row> {
+    let host = &inspect["HostConfig"];
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(str::to_string)
+            .collect()
+    };
+    let mut caps = Vec::new();
+    let drop = strings(&host["CapDrop"]);
+    if !drop.iter().any(|c| c.eq_ignore_ascii_case("ALL")) {
+        caps.push(format!("CapDrop is {drop:?}, not ALL"));
+    }
+    let add = strings(&host["CapAdd"]);
+    if !add.is_empty() {
+        caps.push(format!("CapAdd is {add:?}"));
+    }
+    if host["Privileged"].as_bool() == Some(true) {
+        caps.push("Privileged".into());
+    }
+    let security = strings(&host["SecurityOpt"]);
+    if !security
+        .iter()
+        .any(|o| o == "no-new-privileges" || o == "no-new-privileges:true")
+    {
+        caps.push(format!("SecurityOpt {security:?} lacks no-new-privileges"));
+    }
+    if security.iter().any(|o| o.contains("unconfined")) {
+        caps.push(format!("SecurityOpt {security:?} is unconfined"));
+    }
+    let mut ns = Vec::new();
+    for key in ["PidMode", "IpcMode", "UTSMode", "UsernsMode", "NetworkMode"] {
+        if host[key].as_str() == Some("host") {
+            ns.push(format!("{key}=host"));
+        }
+    }
+    if host["Devices"].as_array().is_some_and(|d| !d.is_empty()) {
+        ns.push(format!("devices {}", host["Devices"]));
+    }
+    let mut networks: Vec<&str> = inspect["NetworkSettings"]["Networks"]
+        .as_object()
+        .map(|m| m.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    networks.sort_unstable();
+    let mut want = vec![network, "bot-bottle-egress"];
+    want.sort_unstable();
+    if networks != want {
+        ns.push(format!("attached to {networks:?}, want {want:?}"));
+    }
+    let sockets: Vec<String> = strings(&host["Binds"])
+        .into_iter()
+        .chain(
+            inspect["Mounts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|m| m["Source"].as_str().map(str::to_string)),
+        )
+        .filter(|b| b.contains("docker.sock"))
+        .collect();
+    if !sockets.is_empty() {
+        ns.push(format!("the Docker socket is mounted: {sockets:?}"));
+    }
+    vec![
+        row(
+            phase,
+            "bundle-hardening",
+            caps,
+            "bundle: CapDrop ALL, no CapAdd, not privileged, no-new-privileges, seccomp on",
+        ),
+        row(
+            phase,
+            "bundle-namespaces",
+            ns,
+            "bundle: own namespaces, no devices, no Docker socket, only its bridge and egress",
+        ),
+    ]
+}
+
 /// Checks every process of the agent (host PIDs) in the kernel's view.
 pub fn check_processes(phase: &str, pids: &[u32], spec: &Spec) -> Vec<Row> {
     let mut proc_problems = Vec::new();
@@ -494,6 +579,58 @@ mod tests {
             let mut inspect = good_inspect();
             weaken(&mut inspect);
             let rows = check_inspect("posture A", &inspect, &spec());
+            let row = rows.iter().find(|r| r.probe == probe).unwrap();
+            assert_eq!(row.verdict, Verdict::Escape, "{probe}: {inspect}");
+        }
+    }
+
+    fn good_bundle() -> Value {
+        json!({
+            "HostConfig": {
+                "CapDrop": ["ALL"], "CapAdd": null, "Privileged": false,
+                "SecurityOpt": ["no-new-privileges"], "NetworkMode": "bot-bottle-a",
+                "Devices": [], "Binds": ["/state/a/logs:/var/log/bottle:rw"]
+            },
+            "NetworkSettings": { "Networks": { "bot-bottle-a": {}, "bot-bottle-egress": {} } },
+            "Mounts": [{ "Type": "bind", "Source": "/state/a/logs", "Destination": "/var/log/bottle", "RW": true }]
+        })
+    }
+
+    #[test]
+    fn a_hardened_bundle_passes_and_each_weakening_is_an_escape() {
+        for r in check_bundle_inspect("posture A", &good_bundle(), "bot-bottle-a") {
+            assert_eq!(r.verdict, Verdict::Pass, "{r:?}");
+        }
+        type Weaken = Box<dyn Fn(&mut Value)>;
+        let weakenings: Vec<(&str, Weaken)> = vec![
+            (
+                "bundle-hardening",
+                Box::new(|v| v["HostConfig"]["CapAdd"] = json!(["NET_ADMIN"])),
+            ),
+            (
+                "bundle-hardening",
+                Box::new(|v| v["HostConfig"]["SecurityOpt"] = json!([])),
+            ),
+            (
+                "bundle-namespaces",
+                Box::new(|v| v["HostConfig"]["PidMode"] = json!("host")),
+            ),
+            (
+                "bundle-namespaces",
+                Box::new(|v| v["NetworkSettings"]["Networks"]["bridge"] = json!({})),
+            ),
+            (
+                "bundle-namespaces",
+                Box::new(|v| {
+                    v["HostConfig"]["Binds"] =
+                        json!(["/var/run/docker.sock:/var/run/docker.sock"])
+                }),
+            ),
+        ];
+        for (probe, weaken) in weakenings {
+            let mut inspect = good_bundle();
+            weaken(&mut inspect);
+            let rows = check_bundle_inspect("posture A", &inspect, "bot-bottle-a");
             let row = rows.iter().find(|r| r.probe == probe).unwrap();
             assert_eq!(row.verdict, Verdict::Escape, "{probe}: {inspect}");
         }

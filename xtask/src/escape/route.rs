@@ -10,6 +10,8 @@
 
 use std::net::IpAddr;
 
+use super::evidence::Cidr;
+
 /// What `ip route get ADDR` said about one address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteGet {
@@ -85,6 +87,36 @@ pub fn check_local(addr: IpAddr, route_get_output: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Why an address is neither provably local nor straight on one of
+/// `bridges` (bottle networks the run created, as subnet and bridge
+/// device): a direct route (no `via`) through that very device to an
+/// address inside its subnet.
+pub fn check_local_or_bridge(
+    addr: IpAddr,
+    route_get_output: &str,
+    bridges: &[(Cidr, String)],
+) -> Result<(), String> {
+    if check_local(addr, route_get_output).is_ok() {
+        return Ok(());
+    }
+    let route = parse_route_get(route_get_output);
+    let on_bridge = route.as_ref().is_some_and(|r| {
+        r.kind.is_none()
+            && r.via.is_none()
+            && r.destination.parse::<IpAddr>().is_ok_and(|d| d == addr)
+            && bridges
+                .iter()
+                .any(|(cidr, dev)| cidr.contains(addr) && r.dev.as_deref() == Some(dev.as_str()))
+    });
+    if on_bridge {
+        return Ok(());
+    }
+    Err(format!(
+        "{addr} is neither local nor on a bottle network of this run (`ip route get` says {:?}); refusing to send anything to it",
+        route_get_output.lines().next().unwrap_or_default().trim()
+    ))
+}
+
 /// The addresses `ip -o addr show dev IFACE` lists (prefix lengths
 /// dropped).
 pub fn parse_addr_show(output: &str) -> Vec<IpAddr> {
@@ -144,6 +176,30 @@ mod tests {
         assert!(check_local("198.51.100.77".parse().unwrap(), other).is_err());
         let not_lo = "local 198.51.100.77 dev eth0 src 198.51.100.77";
         assert!(check_local("198.51.100.77".parse().unwrap(), not_lo).is_err());
+    }
+
+    #[test]
+    fn only_local_or_a_runs_own_bridge_passes_the_host_dial_check() {
+        let bridges = [(
+            Cidr::parse("192.168.77.0/24").unwrap(),
+            "br-0123abcd".to_string(),
+        )];
+        let local = "local 192.168.77.1 dev lo table local src 192.168.77.1 uid 0";
+        check_local_or_bridge("192.168.77.1".parse().unwrap(), local, &bridges).unwrap();
+        let bridge = "192.168.77.2 dev br-0123abcd src 192.168.77.1 uid 0 \n    cache";
+        check_local_or_bridge("192.168.77.2".parse().unwrap(), bridge, &bridges).unwrap();
+        // The same direct route, but not a network of this run.
+        assert!(check_local_or_bridge("192.168.77.2".parse().unwrap(), bridge, &[]).is_err());
+        // The run's subnet, but another device (a LAN of the same range).
+        let eth = "192.168.77.2 dev eth0 src 192.168.77.9 uid 0";
+        assert!(check_local_or_bridge("192.168.77.2".parse().unwrap(), eth, &bridges).is_err());
+        // A LAN address, or anything behind a gateway, never passes.
+        let lan = "192.168.77.2 via 10.0.0.1 dev eth0 src 10.0.0.2";
+        assert!(check_local_or_bridge("192.168.77.2".parse().unwrap(), lan, &bridges).is_err());
+        let unreachable = "unreachable 192.168.77.2";
+        assert!(
+            check_local_or_bridge("192.168.77.2".parse().unwrap(), unreachable, &bridges).is_err()
+        );
     }
 
     #[test]
