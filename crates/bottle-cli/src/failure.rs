@@ -81,10 +81,12 @@ impl From<BackendError> for Failure {
         let mut message = err.message.clone();
         let mut source = std::error::Error::source(&err);
         while let Some(cause) = source {
-            // Backends often spell their cause into the message already.
+            // Backends often spell their cause into the message already,
+            // and a cause's own `fix:` lines repeat the one printed below.
             let text = cause.to_string();
-            if !message.contains(&text) {
-                message.push_str(&format!(": {text}"));
+            let first = text.lines().next().unwrap_or_default();
+            if !first.is_empty() && !message.contains(first) {
+                message.push_str(&format!(": {first}"));
             }
             source = cause.source();
         }

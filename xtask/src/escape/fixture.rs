@@ -67,7 +67,10 @@ impl AgentSource {
     fn line(&self) -> String {
         match self {
             AgentSource::Build(context) => {
-                format!("build = {{ context = {:?} }}", context.display().to_string())
+                format!(
+                    "build = {{ context = {:?} }}",
+                    context.display().to_string()
+                )
             }
             AgentSource::Image(tag) => format!("image = {tag:?}"),
         }
@@ -218,7 +221,10 @@ pids = 128
         )
         .unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
-        assert!(text.contains("\nimage = \"bottle-escape-agent:latest\"\n"), "{text}");
+        assert!(
+            text.contains("\nimage = \"bottle-escape-agent:latest\"\n"),
+            "{text}"
+        );
         bottle_core::manifest::load(&path).unwrap();
     }
 }

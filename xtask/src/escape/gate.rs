@@ -940,7 +940,10 @@ impl Gate {
                 ),
             },
             Some(m) => (Observed::Error, format!("machine is {}", m.state())),
-            None => (Observed::Error, "`smolvm machine ls` does not list it".into()),
+            None => (
+                Observed::Error,
+                "`smolvm machine ls` does not list it".into(),
+            ),
         };
         self.report.rows.push(Row::new(
             phase,

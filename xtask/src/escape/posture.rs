@@ -622,8 +622,7 @@ mod tests {
             (
                 "bundle-namespaces",
                 Box::new(|v| {
-                    v["HostConfig"]["Binds"] =
-                        json!(["/var/run/docker.sock:/var/run/docker.sock"])
+                    v["HostConfig"]["Binds"] = json!(["/var/run/docker.sock:/var/run/docker.sock"])
                 }),
             ),
         ];
