@@ -563,10 +563,19 @@ impl BottleBackend for DockerBackend {
     }
 
     fn cleanup_orphans(&self) -> Result<CleanupReport, BackendError> {
-        Ok(lifecycle::cleanup_orphans(
-            self.engine()?,
-            &self.options.state_root,
-        )?)
+        let engine = self.engine()?;
+        let mut report = lifecycle::cleanup_orphans(engine, &self.options.state_root)?;
+        // Without the current binary there is no telling which image is
+        // still wanted; then nothing is pruned.
+        if let Ok(current) = images::find_bundle_binary(self.options.bundle_bin.as_deref()) {
+            match images::prune_bundle_images(engine, &current) {
+                Ok(tags) => report
+                    .removed
+                    .extend(tags.into_iter().map(|t| format!("image {t}"))),
+                Err(err) => report.failed.push(err.message()),
+            }
+        }
+        Ok(report)
     }
 }
 

@@ -312,7 +312,7 @@ pub fn ensure_bundle_image(
         tar.file(name, data, *mode, Ownership::ROOT)?;
     }
     let labels = HashMap::from([(
-        "bottle.bundle-sha256".to_string(),
+        LABEL_BUNDLE_SHA256.to_string(),
         digest
             .iter()
             .map(|b| format!("{b:02x}"))
@@ -328,6 +328,59 @@ pub fn ensure_bundle_image(
         progress,
     )?;
     Ok(tag)
+}
+
+/// The label every bundle image carries: the sha256 of the bundle binary
+/// it was built from.
+pub const LABEL_BUNDLE_SHA256: &str = "bottle.bundle-sha256";
+
+/// Removes the bundle images built from another bundle binary than
+/// `current` that no container uses (each new binary leaves one behind);
+/// returns their tags. Images a container still uses, even a stopped one,
+/// are refused by the daemon and kept. Nothing is removed when `current`
+/// cannot be read, so the image a launch is about to use is never pruned.
+pub fn prune_bundle_images(engine: &Engine, current: &Path) -> Result<Vec<String>, DockerError> {
+    use bollard::query_parameters::{ListImagesOptionsBuilder, RemoveImageOptionsBuilder};
+    let Ok(bytes) = std::fs::read(current) else {
+        return Ok(Vec::new());
+    };
+    let current: String = Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let filters = HashMap::from([("label".to_string(), vec![LABEL_BUNDLE_SHA256.to_string()])]);
+    let images = engine
+        .block_on(
+            engine.docker.list_images(Some(
+                ListImagesOptionsBuilder::default()
+                    .filters(&filters)
+                    .build(),
+            )),
+        )
+        .map_err(DockerError::api("list the bundle images"))?;
+    let mut removed = Vec::new();
+    for image in images {
+        if image.labels.get(LABEL_BUNDLE_SHA256) == Some(&current) {
+            continue;
+        }
+        let name = image
+            .repo_tags
+            .iter()
+            .find(|t| t.starts_with(&format!("{BUNDLE_IMAGE_REPO}:")))
+            .cloned()
+            .unwrap_or_else(|| image.id.clone());
+        let options = RemoveImageOptionsBuilder::default().build();
+        match engine.block_on(engine.docker.remove_image(&image.id, Some(options), None)) {
+            Ok(_) => removed.push(name),
+            // In use by a container, or already gone: not ours to remove now.
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404 | 409,
+                ..
+            }) => {}
+            Err(err) => return Err(DockerError::api(format!("remove image {name}"))(err)),
+        }
+    }
+    Ok(removed)
 }
 
 /// Builds the demo agent image (`examples/demo-agent/`) as `tag`: the

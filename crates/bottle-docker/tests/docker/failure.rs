@@ -294,3 +294,49 @@ fn the_orphan_child_reports_its_launch() {
     assert!(child.wait().unwrap().success());
     assert_eq!(resources_of(&fx.backend, &name), Vec::<String>::new());
 }
+
+#[test]
+fn cleanup_prunes_bundle_images_of_other_binaries_only() {
+    use std::collections::HashMap;
+
+    use bottle_docker::images::{self, LABEL_BUNDLE_SHA256};
+    use bottle_docker::tarball::{Ownership, TarBuilder};
+    let Some(fx) = support::setup("cleanup_prunes_bundle_images_of_other_binaries_only") else {
+        return;
+    };
+    // The current binary's image, as a launch builds it.
+    let bundle = std::env::var_os("BOTTLE_BUNDLE_BIN")
+        .map(PathBuf::from)
+        .unwrap();
+    let engine = fx.backend.engine().unwrap();
+    let current = images::ensure_bundle_image(engine, &bundle, &[], None).unwrap();
+    // A bundle image from some older binary.
+    let stale = "bottle-bundle:stale-test";
+    let mut tar = TarBuilder::new();
+    tar.file("Dockerfile", b"FROM scratch\n", 0o644, Ownership::ROOT)
+        .unwrap();
+    let labels = HashMap::from([(LABEL_BUNDLE_SHA256.to_string(), "0".repeat(64))]);
+    images::build_from_tar(
+        engine,
+        tar.finish().unwrap(),
+        "Dockerfile",
+        stale,
+        &HashMap::new(),
+        &labels,
+        None,
+    )
+    .unwrap();
+    assert!(images::image_exists(engine, stale).unwrap());
+
+    let report = fx.backend.cleanup_orphans().unwrap();
+    assert!(
+        report.removed.contains(&format!("image {stale}")),
+        "{:?}",
+        report.removed
+    );
+    assert!(!images::image_exists(engine, stale).unwrap());
+    assert!(
+        images::image_exists(engine, &current).unwrap(),
+        "the current bundle image was pruned"
+    );
+}
