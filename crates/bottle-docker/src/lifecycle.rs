@@ -107,21 +107,37 @@ pub fn remove_egress_if_unused(engine: &Engine) -> Result<bool, DockerError> {
 
 /// One managed container or network, as the list APIs report it.
 #[derive(Debug, Clone)]
-struct Resource {
-    kind: &'static str,
-    name: String,
-    labels: HashMap<String, String>,
+pub(crate) struct Resource {
+    pub(crate) kind: &'static str,
+    pub(crate) name: String,
+    pub(crate) labels: HashMap<String, String>,
     state: String,
     created: Option<i64>,
 }
 
+/// A docker bottle's containers: `bottle.managed=1` and `extra`.
 fn managed_containers(
     engine: &Engine,
     extra: &[(&str, &str)],
 ) -> Result<Vec<Resource>, DockerError> {
     let mut pairs = vec![(LABEL_MANAGED, "1")];
     pairs.extend_from_slice(extra);
-    let filters = label_filter(&pairs);
+    labelled_containers(engine, &pairs)
+}
+
+/// A docker bottle's networks: `bottle.managed=1` and `extra`.
+fn managed_networks(engine: &Engine, extra: &[(&str, &str)]) -> Result<Vec<Resource>, DockerError> {
+    let mut pairs = vec![(LABEL_MANAGED, "1")];
+    pairs.extend_from_slice(extra);
+    labelled_networks(engine, &pairs)
+}
+
+/// Every container (running or not) carrying all the label `pairs`.
+pub(crate) fn labelled_containers(
+    engine: &Engine,
+    pairs: &[(&str, &str)],
+) -> Result<Vec<Resource>, DockerError> {
+    let filters = label_filter(pairs);
     let options = ListContainersOptionsBuilder::default()
         .all(true)
         .filters(&filters)
@@ -146,10 +162,13 @@ fn managed_containers(
         .collect())
 }
 
-fn managed_networks(engine: &Engine, extra: &[(&str, &str)]) -> Result<Vec<Resource>, DockerError> {
-    let mut pairs = vec![(LABEL_MANAGED, "1")];
-    pairs.extend_from_slice(extra);
-    let filters = label_filter(&pairs);
+/// Every network carrying all the label `pairs`, except the shared egress
+/// network, which belongs to no one bottle.
+pub(crate) fn labelled_networks(
+    engine: &Engine,
+    pairs: &[(&str, &str)],
+) -> Result<Vec<Resource>, DockerError> {
+    let filters = label_filter(pairs);
     let options = ListNetworksOptionsBuilder::default()
         .filters(&filters)
         .build();
@@ -266,16 +285,50 @@ pub fn stop(engine: &Engine, state_root: &Path, name: &str) -> Result<CleanupRep
     let mut report = CleanupReport::default();
     let containers = managed_containers(engine, &[(LABEL_SLUG, &slug)])?;
     let networks = managed_networks(engine, &[(LABEL_SLUG, &slug)])?;
-    let mut state_dirs: Vec<PathBuf> = containers
+    let state_dirs = labelled_state_dirs(&containers, &networks, state_root, &slug);
+    remove_resources(engine, &containers, &networks, &mut report);
+    for dir in state_dirs {
+        if !dir.exists() || !removable_state_dir(&dir, &slug) {
+            continue;
+        }
+        match data::remove_state_dir(&dir) {
+            Ok(true) => report.removed.push(format!("state dir {}", dir.display())),
+            Ok(false) => {}
+            Err(err) => report.failed.push(err.message()),
+        }
+    }
+    remove_egress_into(engine, &mut report);
+    Ok(report)
+}
+
+/// The state dirs a bottle's resources name in their labels, and
+/// `<state_root>/<slug>`: candidates only, each checked before removal.
+pub(crate) fn labelled_state_dirs(
+    containers: &[Resource],
+    networks: &[Resource],
+    state_root: &Path,
+    slug: &str,
+) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = containers
         .iter()
-        .chain(&networks)
+        .chain(networks)
         .filter_map(|r| r.labels.get(LABEL_STATE_DIR).map(PathBuf::from))
         .collect();
-    state_dirs.push(state_root.join(&slug));
-    state_dirs.sort();
-    state_dirs.dedup();
-    // The containers go together (half of `stop`'s time is the daemon
-    // killing them); the networks can only go once they are empty.
+    dirs.push(state_root.join(slug));
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}
+
+/// Removes `containers`, then `networks`, recording each outcome in
+/// `report`. The containers go together (most of `stop`'s time is the
+/// daemon killing them); the networks can only go once they are empty.
+pub(crate) fn remove_resources(
+    engine: &Engine,
+    containers: &[Resource],
+    networks: &[Resource],
+    report: &mut CleanupReport,
+) {
     let removed_containers = engine.block_on(futures_util::future::join_all(
         containers
             .iter()
@@ -284,7 +337,7 @@ pub fn stop(engine: &Engine, state_root: &Path, name: &str) -> Result<CleanupRep
     let removed_networks = networks.iter().map(|n| remove_network(engine, &n.name));
     for (resource, result) in containers
         .iter()
-        .chain(&networks)
+        .chain(networks)
         .zip(removed_containers.into_iter().chain(removed_networks))
     {
         match result {
@@ -300,22 +353,15 @@ pub fn stop(engine: &Engine, state_root: &Path, name: &str) -> Result<CleanupRep
             )),
         }
     }
-    for dir in state_dirs {
-        if !dir.exists() || !removable_state_dir(&dir, &slug) {
-            continue;
-        }
-        match data::remove_state_dir(&dir) {
-            Ok(true) => report.removed.push(format!("state dir {}", dir.display())),
-            Ok(false) => {}
-            Err(err) => report.failed.push(err.message()),
-        }
-    }
+}
+
+/// [`remove_egress_if_unused`], recorded in `report`.
+pub(crate) fn remove_egress_into(engine: &Engine, report: &mut CleanupReport) {
     match remove_egress_if_unused(engine) {
         Ok(true) => report.removed.push(format!("network {EGRESS_NETWORK}")),
         Ok(false) => {}
         Err(err) => report.failed.push(err.message()),
     }
-    Ok(report)
 }
 
 /// Whether a bottle is an orphan: its owner died and it was not a

@@ -28,7 +28,6 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use bollard::models::NetworkCreateRequest;
-use bollard::query_parameters::{ListContainersOptionsBuilder, ListNetworksOptionsBuilder};
 use bottle_core::backend::{BackendError, CleanupReport};
 use bottle_core::slug::slug_of;
 use bottle_core::{BottleSpec, Plan};
@@ -45,8 +44,7 @@ use crate::images;
 use crate::launch::{self, Failpoint, LaunchSettings};
 use crate::lifecycle;
 use crate::names::{
-    EGRESS_NETWORK, LABEL_MANAGED, LABEL_NAME, LABEL_SLUG, LABEL_STATE_DIR, MANAGED_FOR_VM,
-    ResourceNames, label_filter,
+    EGRESS_NETWORK, LABEL_MANAGED, LABEL_NAME, LABEL_SLUG, MANAGED_FOR_VM, ResourceNames,
 };
 
 /// The entries of a bottle's state dir that a bundle-only launch writes.
@@ -244,35 +242,16 @@ impl DockerBundleHost {
         let engine = self.engine()?;
         let slug = slug_of(bottle).to_string();
         let pairs = [(LABEL_MANAGED, MANAGED_FOR_VM), (LABEL_SLUG, slug.as_str())];
-        let containers = vm_containers(engine, &pairs)?;
-        let networks = vm_networks(engine, &pairs)?;
+        let containers = lifecycle::labelled_containers(engine, &pairs)?;
+        let networks = lifecycle::labelled_networks(engine, &pairs)?;
         let mut report = CleanupReport::default();
-        let mut state_dirs: Vec<PathBuf> = containers
-            .iter()
-            .chain(&networks)
-            .filter_map(|(_, labels)| labels.get(LABEL_STATE_DIR).map(PathBuf::from))
-            .collect();
-        state_dirs.push(self.options().state_root.join(&slug));
-        state_dirs.sort();
-        state_dirs.dedup();
-        for (name, _) in &containers {
-            match lifecycle::remove_container(engine, name) {
-                Ok(true) => report.removed.push(format!("container {name}")),
-                Ok(false) => {}
-                Err(err) => report
-                    .failed
-                    .push(format!("container {name}: {}", err.message())),
-            }
-        }
-        for (name, _) in &networks {
-            match lifecycle::remove_network(engine, name) {
-                Ok(true) => report.removed.push(format!("network {name}")),
-                Ok(false) => {}
-                Err(err) => report
-                    .failed
-                    .push(format!("network {name}: {}", err.message())),
-            }
-        }
+        let state_dirs = lifecycle::labelled_state_dirs(
+            &containers,
+            &networks,
+            &self.options().state_root,
+            &slug,
+        );
+        lifecycle::remove_resources(engine, &containers, &networks, &mut report);
         for dir in state_dirs {
             // A label is not proof enough to delete a path: only a dir
             // named after the slug.
@@ -287,21 +266,17 @@ impl DockerBundleHost {
                 Err(err) => report.failed.push(err.message()),
             }
         }
-        match lifecycle::remove_egress_if_unused(engine) {
-            Ok(true) => report.removed.push(format!("network {EGRESS_NETWORK}")),
-            Ok(false) => {}
-            Err(err) => report.failed.push(err.message()),
-        }
+        lifecycle::remove_egress_into(engine, &mut report);
         Ok(report)
     }
 
     fn bottles_inner(&self) -> Result<Vec<String>, DockerError> {
         let engine = self.engine()?;
         let pairs = [(LABEL_MANAGED, MANAGED_FOR_VM)];
-        let mut names: Vec<String> = vm_containers(engine, &pairs)?
+        let mut names: Vec<String> = lifecycle::labelled_containers(engine, &pairs)?
             .into_iter()
-            .chain(vm_networks(engine, &pairs)?)
-            .filter_map(|(_, labels)| labels.get(LABEL_NAME).cloned())
+            .chain(lifecycle::labelled_networks(engine, &pairs)?)
+            .filter_map(|r| r.labels.get(LABEL_NAME).cloned())
             .collect();
         names.sort();
         names.dedup();
@@ -325,44 +300,6 @@ impl BundleHost for DockerBundleHost {
     fn bottles(&self) -> Result<Vec<String>, BackendError> {
         Ok(self.bottles_inner()?)
     }
-}
-
-type Labelled = (String, HashMap<String, String>);
-
-fn vm_containers(engine: &Engine, pairs: &[(&str, &str)]) -> Result<Vec<Labelled>, DockerError> {
-    let filters = label_filter(pairs);
-    let options = ListContainersOptionsBuilder::default()
-        .all(true)
-        .filters(&filters)
-        .build();
-    let containers = engine
-        .block_on(engine.docker.list_containers(Some(options)))
-        .map_err(DockerError::api("list microVM bundle containers"))?;
-    Ok(containers
-        .into_iter()
-        .filter_map(|c| {
-            let name = c
-                .names
-                .and_then(|n| n.into_iter().next())
-                .map(|n| n.trim_start_matches('/').to_string())
-                .or(c.id)?;
-            Some((name, c.labels.unwrap_or_default()))
-        })
-        .collect())
-}
-
-fn vm_networks(engine: &Engine, pairs: &[(&str, &str)]) -> Result<Vec<Labelled>, DockerError> {
-    let filters = label_filter(pairs);
-    let options = ListNetworksOptionsBuilder::default()
-        .filters(&filters)
-        .build();
-    let networks = engine
-        .block_on(engine.docker.list_networks(Some(options)))
-        .map_err(DockerError::api("list microVM bundle networks"))?;
-    Ok(networks
-        .into_iter()
-        .filter_map(|n| Some((n.name?, n.labels.unwrap_or_default())))
-        .collect())
 }
 
 /// Agent images from the Docker Engine, packed into `.smolmachine`s
