@@ -48,6 +48,29 @@ impl<T> IdleIo<T> {
             Poll::Pending => Ok(()),
         }
     }
+
+    /// What the inner stream answered, seen by the idle timer: `moved` bytes
+    /// push the deadline out; a pending call fails once it has passed.
+    fn observe<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: Poll<io::Result<R>>,
+        moved: bool,
+    ) -> Poll<io::Result<R>> {
+        match poll {
+            Poll::Ready(Ok(r)) => {
+                if moved {
+                    self.progress();
+                }
+                Poll::Ready(Ok(r))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => match self.check(cx) {
+                Ok(()) => Poll::Pending,
+                Err(e) => Poll::Ready(Err(e)),
+            },
+        }
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
@@ -58,19 +81,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
-        match Pin::new(&mut this.inner).poll_read(cx, buf) {
-            Poll::Ready(Ok(())) => {
-                if buf.filled().len() > before {
-                    this.progress();
-                }
-                Poll::Ready(Ok(()))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => match this.check(cx) {
-                Ok(()) => Poll::Pending,
-                Err(e) => Poll::Ready(Err(e)),
-            },
-        }
+        let poll = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let moved = buf.filled().len() > before;
+        this.observe(cx, poll, moved)
     }
 }
 
@@ -81,19 +94,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_write(cx, data) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    this.progress();
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => match this.check(cx) {
-                Ok(()) => Poll::Pending,
-                Err(e) => Poll::Ready(Err(e)),
-            },
-        }
+        let poll = Pin::new(&mut this.inner).poll_write(cx, data);
+        let moved = matches!(poll, Poll::Ready(Ok(n)) if n > 0);
+        this.observe(cx, poll, moved)
     }
 
     fn poll_write_vectored(
@@ -102,19 +105,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_write_vectored(cx, bufs) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    this.progress();
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => match this.check(cx) {
-                Ok(()) => Poll::Pending,
-                Err(e) => Poll::Ready(Err(e)),
-            },
-        }
+        let poll = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        let moved = matches!(poll, Poll::Ready(Ok(n)) if n > 0);
+        this.observe(cx, poll, moved)
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -229,7 +229,8 @@ impl Drop for RunningBundle {
     }
 }
 
-fn listen_addr(daemon: &'static str, raw: &str) -> Result<SocketAddr, BundleError> {
+/// A daemon's listen address from the config, or the error naming it.
+pub(crate) fn listen_addr(daemon: &'static str, raw: &str) -> Result<SocketAddr, BundleError> {
     raw.parse().map_err(|_| BundleError::ListenAddr {
         daemon,
         addr: raw.to_string(),

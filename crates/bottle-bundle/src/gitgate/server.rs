@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -1337,10 +1336,7 @@ pub fn daemon(
     let Some(listen) = &config.git_gate_listen else {
         return Ok(None);
     };
-    let addr: SocketAddr = listen.parse().map_err(|_| BundleError::ListenAddr {
-        daemon: DAEMON,
-        addr: listen.clone(),
-    })?;
+    let addr = crate::supervisor::listen_addr(DAEMON, listen)?;
     let mut gate = GitGate::new(
         config,
         audit.clone(),

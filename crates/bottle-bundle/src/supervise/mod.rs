@@ -37,7 +37,6 @@
 pub mod mcp;
 
 use std::collections::{BTreeMap, HashSet};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -612,10 +611,7 @@ pub fn daemon(
     let Some(listen) = &config.supervise_listen else {
         return Ok(None);
     };
-    let addr: SocketAddr = listen.parse().map_err(|_| BundleError::ListenAddr {
-        daemon: DAEMON,
-        addr: listen.clone(),
-    })?;
+    let addr = crate::supervisor::listen_addr(DAEMON, listen)?;
     let supervise = Arc::new(Supervise::new(
         config,
         audit.clone(),
