@@ -33,11 +33,14 @@ fn mcp(bottle: &dyn bottle_core::Bottle, message: &str) -> String {
 }
 
 /// The proxy's status line for `CONNECT host:443`, asked from the agent.
+/// The client keeps its side open for a second: a client that half-closes right after the
+/// request can lose the answer to the proxy's connection teardown, which
+/// showed as an empty status under load.
 fn connect_status(bottle: &dyn bottle_core::Bottle, host: &str) -> String {
     let out = sh(
         bottle,
         &format!(
-            "proxy=${{HTTP_PROXY#http://}}; printf 'CONNECT {host}:443 HTTP/1.1\\r\\nHost: {host}:443\\r\\n\\r\\n' | timeout 5 nc -w 2 ${{proxy%:*}} ${{proxy##*:}} | head -n 1"
+            "proxy=${{HTTP_PROXY#http://}}; (printf 'CONNECT {host}:443 HTTP/1.1\\r\\nHost: {host}:443\\r\\n\\r\\n'; sleep 1) | timeout 5 nc -w 2 ${{proxy%:*}} ${{proxy##*:}} | head -n 1"
         ),
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
