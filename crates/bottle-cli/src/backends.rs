@@ -45,12 +45,33 @@ pub struct Mode {
     pub detach: bool,
 }
 
+/// The smolmachines backend as the CLI composes it: bundles and agent
+/// images from the Docker Engine.
+pub type Smolmachines = bottle_smolvm::SmolvmBackend<bottle_docker::DockerBundleHost>;
+
+/// One of the backends, each with its own typed plans (youki's
+/// `AnyCgroupManager` pattern): `start` dispatches on it, every other
+/// command sees a `dyn BottleBackend` through `Deref`.
+pub enum AnyBackend {
+    /// `--backend docker`.
+    Docker(bottle_docker::DockerBackend),
+    /// `--backend smolmachines`.
+    Smolmachines(Smolmachines),
+}
+
+impl std::ops::Deref for AnyBackend {
+    type Target = dyn BottleBackend;
+
+    fn deref(&self) -> &Self::Target {
+        match self {
+            AnyBackend::Docker(backend) => backend,
+            AnyBackend::Smolmachines(backend) => backend,
+        }
+    }
+}
+
 /// Constructs a backend.
-pub fn open(
-    kind: BackendKind,
-    global: &Global,
-    mode: Mode,
-) -> Result<Box<dyn BottleBackend>, BackendError> {
+pub fn open(kind: BackendKind, global: &Global, mode: Mode) -> Result<AnyBackend, BackendError> {
     let state_root =
         bottle_core::state::state_root(|key| std::env::var(key).ok()).map_err(|err| {
             BackendError::new(
@@ -65,9 +86,13 @@ pub fn open(
             let mut options = bottle_docker::DockerOptions::new(state_root);
             options.detach = mode.detach;
             options.progress = progress(global);
-            Ok(Box::new(bottle_docker::DockerBackend::new(options)?))
+            Ok(AnyBackend::Docker(bottle_docker::DockerBackend::new(
+                options,
+            )?))
         }
-        BackendKind::Smolmachines => Ok(Box::new(smolmachines(state_root, global, mode)?)),
+        BackendKind::Smolmachines => Ok(AnyBackend::Smolmachines(smolmachines(
+            state_root, global, mode,
+        )?)),
     }
 }
 
@@ -86,7 +111,7 @@ fn smolmachines(
     state_root: PathBuf,
     global: &Global,
     mode: Mode,
-) -> Result<bottle_smolvm::SmolvmBackend, BackendError> {
+) -> Result<Smolmachines, BackendError> {
     let program = std::env::var_os(SMOLVM_ENV)
         .filter(|p| !p.is_empty())
         .unwrap_or_else(|| bottle_preflight::smolvm::PROGRAM.into());
@@ -101,14 +126,18 @@ fn smolmachines(
     // bottles' state rather than nowhere.
     let cache = bottle_smolvm::pack::default_cache_dir(|key| std::env::var(key).ok())
         .unwrap_or_else(|| state_root.join(".smolmachines-cache"));
-    let images = bottle_docker::EngineImages::new(options.clone(), cache)?;
+    let images = bottle_docker::EngineImages::new(options.clone())?;
     let bundles = bottle_docker::DockerBundleHost::new(options)?;
     let fake_without_kvm = std::env::var(FAKE_NO_KVM_ENV).is_ok_and(|v| v == "1");
     let host_check = vm_host_check(Path::new(&program), fake_without_kvm, global.quiet);
-    Ok(
-        bottle_smolvm::SmolvmBackend::new(smolvm, Arc::new(images), Arc::new(bundles), state_root)
-            .with_host_check(host_check),
+    Ok(bottle_smolvm::SmolvmBackend::new(
+        smolvm,
+        Arc::new(images),
+        bottle_smolvm::pack::SmolmachineCache::new(cache),
+        Arc::new(bundles),
+        state_root,
     )
+    .with_host_check(host_check))
 }
 
 /// The host check run before anything else: bottle-preflight's platform

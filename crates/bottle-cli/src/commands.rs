@@ -4,7 +4,7 @@ use std::io::{self, BufRead as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use bottle_core::{BottleSpec, Manifest, Plan, manifest, slug};
+use bottle_core::{BottleLauncher, BottleSpec, Manifest, Plan, manifest, slug};
 
 use crate::args::{
     Cli, Command, CompletionsArgs, CpArgs, ExecArgs, Global, LogsArgs, PlanArgs, StartArgs,
@@ -135,13 +135,28 @@ fn start(global: &Global, args: &StartArgs) -> Result<ExitCode, Failure> {
         },
     )?;
     backend.preflight()?;
-    let mut plan = backend.prepare(&spec)?;
+    match &backend {
+        backends::AnyBackend::Docker(b) => start_on(b, global, args, &spec, &resolved),
+        backends::AnyBackend::Smolmachines(b) => start_on(b, global, args, &spec, &resolved),
+    }
+}
+
+/// `start` on one backend: prepare, show, confirm, launch, attach.
+fn start_on<B: BottleLauncher>(
+    backend: &B,
+    global: &Global,
+    args: &StartArgs,
+    spec: &BottleSpec,
+    resolved: &bottle_core::devices::ResolvedDevices,
+) -> Result<ExitCode, Failure> {
+    let kind = backend.kind();
+    let mut plan = backend.prepare(spec)?;
     resolved.fill_plan(&mut plan, Path::new("/"));
     for warning in &resolved.warnings {
         note(global.quiet, &format!("warning: {warning}"));
     }
     if !kind.supports_devices() {
-        if let Some(warning) = bottle_core::devices::unsupported_warning(kind, &resolved) {
+        if let Some(warning) = bottle_core::devices::unsupported_warning(kind, resolved) {
             note(global.quiet, &format!("warning: {warning}"));
         }
         plan.devices.clear();
@@ -168,7 +183,7 @@ fn start(global: &Global, args: &StartArgs) -> Result<ExitCode, Failure> {
 }
 
 /// The backends to ask when the operator did not pick one.
-fn backends_to_ask(global: &Global) -> Result<Vec<Box<dyn bottle_core::BottleBackend>>, Failure> {
+fn backends_to_ask(global: &Global) -> Result<Vec<backends::AnyBackend>, Failure> {
     let kinds = if backends::explicit(global) {
         vec![backends::selected(global)?]
     } else {

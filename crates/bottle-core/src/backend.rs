@@ -7,6 +7,7 @@
 use std::fmt;
 use std::path::Path;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Coded;
@@ -174,21 +175,15 @@ pub struct CleanupReport {
     pub failed: Vec<String>,
 }
 
-/// A backend: prepares plans, launches bottles and finds them again.
+/// A backend: finds its bottles, stops them and cleans up after them.
+/// Object-safe, so commands that work on any bottle hold a
+/// `Box<dyn BottleBackend>`; launching is [`BottleLauncher`].
 pub trait BottleBackend {
     /// Which backend this is.
     fn kind(&self) -> BackendKind;
 
     /// Refuses early when the host cannot run this backend.
     fn preflight(&self) -> Result<(), BackendError>;
-
-    /// Resolves everything a launch needs (images, subnet, CA) into a plan,
-    /// without starting anything the operator has not yet confirmed.
-    fn prepare(&self, spec: &BottleSpec) -> Result<Plan, BackendError>;
-
-    /// Starts the bottle the plan describes. On failure everything created
-    /// so far is removed before the error is returned.
-    fn launch(&self, plan: &Plan) -> Result<Box<dyn Bottle>, BackendError>;
 
     /// Finds a running bottle by name (for `bottle exec`).
     fn attach(&self, name: &str) -> Result<Box<dyn Bottle>, BackendError>;
@@ -201,6 +196,21 @@ pub trait BottleBackend {
 
     /// Removes what crashed launches left behind.
     fn cleanup_orphans(&self) -> Result<CleanupReport, BackendError>;
+}
+
+/// A backend that launches bottles from plans it prepared, with its own
+/// typed plan data.
+pub trait BottleLauncher: BottleBackend {
+    /// What `prepare` resolves for `launch`.
+    type PlanData: Clone + fmt::Debug + Serialize + DeserializeOwned;
+
+    /// Resolves everything a launch needs (images, subnet, addresses) into
+    /// a plan, without creating anything: the operator may still decline.
+    fn prepare(&self, spec: &BottleSpec) -> Result<Plan<Self::PlanData>, BackendError>;
+
+    /// Starts the bottle the plan describes. On failure everything created
+    /// so far is removed before the error is returned.
+    fn launch(&self, plan: &Plan<Self::PlanData>) -> Result<Box<dyn Bottle>, BackendError>;
 }
 
 /// A running bottle.

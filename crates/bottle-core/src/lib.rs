@@ -8,11 +8,14 @@
 //! of the supervise request queue ([`requests`]), which the bundle and the
 //! CLI must agree on.
 
+pub mod agent;
 pub mod backend;
 pub mod bundle;
+pub mod bundle_host;
 pub mod devices;
 pub mod error;
 pub mod exec;
+pub mod images;
 pub mod manifest;
 pub mod plan;
 pub mod requests;
@@ -21,7 +24,8 @@ pub mod spec;
 pub mod state;
 
 pub use backend::{
-    BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, CleanupReport, ExecOutput,
+    BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupReport,
+    ExecOutput,
 };
 pub use error::Coded;
 pub use manifest::{Manifest, ManifestError};

@@ -55,9 +55,10 @@ pub struct DroppedDevice {
     pub reason: String,
 }
 
-/// Everything a launch will do.
+/// Everything a launch will do. `D` is what the backend resolved for it
+/// (its typed plan data); a plan made before any backend saw it has `()`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Plan {
+pub struct Plan<D = ()> {
     /// [`PLAN_VERSION`].
     pub version: u32,
     /// `bot-bottle-<slug>`.
@@ -97,8 +98,8 @@ pub struct Plan {
     pub state_dir: PathBuf,
     /// Backend-specific lines for the summary (label, value).
     pub backend_lines: Vec<(String, String)>,
-    /// Backend-specific data the backend reads back at launch and stop.
-    pub backend_data: serde_json::Value,
+    /// What the backend resolved at prepare and reads back at launch.
+    pub backend_data: D,
 }
 
 impl Plan {
@@ -149,10 +150,38 @@ impl Plan {
             cpus: agent.limits.cpus,
             state_dir: spec.state_dir.clone(),
             backend_lines: Vec::new(),
-            backend_data: serde_json::Value::Null,
+            backend_data: (),
         }
     }
 
+    /// This plan with the backend's resolved data.
+    pub fn with_data<D>(self, backend_data: D) -> Plan<D> {
+        Plan {
+            version: self.version,
+            bottle: self.bottle,
+            slug: self.slug,
+            agent: self.agent,
+            backend: self.backend,
+            image: self.image,
+            command: self.command,
+            egress_allow: self.egress_allow,
+            egress_ports: self.egress_ports,
+            egress_resolve: self.egress_resolve,
+            credentials: self.credentials,
+            git: self.git,
+            devices: self.devices,
+            devices_dropped: self.devices_dropped,
+            memory_bytes: self.memory_bytes,
+            pids: self.pids,
+            cpus: self.cpus,
+            state_dir: self.state_dir,
+            backend_lines: self.backend_lines,
+            backend_data,
+        }
+    }
+}
+
+impl<D> Plan<D> {
     /// The summary the operator confirms with y/N.
     pub fn render(&self) -> String {
         let mut out = String::new();

@@ -18,7 +18,7 @@ use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder, StatsOptionsBuilder,
 };
-use bottle_core::{BottleBackend, BottleSpec};
+use bottle_core::{BottleBackend, BottleLauncher, BottleSpec};
 use bottle_docker::bottle::exec_captured;
 use bottle_docker::{DockerBackend, DockerOptions};
 use futures_util::StreamExt;

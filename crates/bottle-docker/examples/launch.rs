@@ -11,7 +11,7 @@ use std::io::Read as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use bottle_core::{BottleBackend, BottleSpec};
+use bottle_core::{BottleBackend, BottleLauncher, BottleSpec};
 use bottle_docker::{DockerBackend, DockerOptions};
 
 fn main() -> ExitCode {

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use bottle_core::backend::{
-    BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, CleanupReport,
+    BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupReport,
 };
 use bottle_core::manifest::CredentialSource;
 use bottle_core::slug::slug_of;
@@ -15,13 +15,15 @@ use bottle_net::{HostRoutes, Ipv4Net};
 
 use crate::bottle::DockerBottle;
 use crate::client::Engine;
-use crate::config;
-use crate::data::{self, CredentialRef, DockerPlanData, GitRef, STATE_LAYOUT_VERSION, StatePaths};
+use crate::data::{
+    self, AgentData, BundleData, CredentialRef, DockerPlan, DockerPlanData, GitRef,
+    STATE_LAYOUT_VERSION, StatePaths,
+};
 use crate::error::{DockerError, is_not_found};
 use crate::images::{self, Progress};
 use crate::launch::{self, Failpoint, LaunchSettings};
 use crate::lifecycle;
-use crate::names::{Owner, ResourceNames};
+use crate::names::ResourceNames;
 use crate::pause::pause_elf;
 
 /// How long `launch` waits for the bundle to answer by default.
@@ -172,33 +174,15 @@ impl DockerBackend {
         }
     }
 
-    fn prepare_inner(&self, spec: &BottleSpec) -> Result<Plan, DockerError> {
+    fn prepare_inner(&self, spec: &BottleSpec) -> Result<DockerPlan, DockerError> {
         let engine = self.engine()?;
-        if lifecycle::bottle_resources_exist(engine, &spec.slug)? {
-            return Err(DockerError::AlreadyExists {
-                name: spec.name.clone(),
-            });
-        }
         let names = ResourceNames::for_slug(&spec.slug);
-        let mut plan = Plan::from_spec(spec, BackendKind::Docker, spec.agent.memory_bytes());
+        let plan = Plan::from_spec(spec, BackendKind::Docker, spec.agent.memory_bytes());
 
         // Images first: a missing image or bundle binary should fail before
-        // anything is written.
+        // anything is resolved further.
         let (image_ref, image) = self.agent_image(engine, spec)?;
-        let bundle_bin = images::find_bundle_binary(self.options.bundle_bin.as_deref())?;
-        // git-gate runs the host's git: only bottles with repositories
-        // need it (and need it installed).
-        let git_files = if plan.git.is_empty() {
-            Vec::new()
-        } else {
-            images::git_runtime_files(&bottle_core::exec::SystemRunner)?
-        };
-        let bundle_image = images::ensure_bundle_image(
-            engine,
-            &bundle_bin,
-            &git_files,
-            self.options.progress.as_ref(),
-        )?;
+        let (bundle, subnet) = self.prepare_bundle(spec, self.options.detach)?;
         let info = engine
             .block_on(engine.docker.info())
             .map_err(DockerError::api("read the daemon's info"))?;
@@ -206,65 +190,76 @@ impl DockerBackend {
         if pause_elf(&arch).is_none() {
             return Err(DockerError::UnsupportedArch { arch });
         }
+        let agent = AgentData {
+            ip: subnet.agent_ip,
+            container: names.agent.clone(),
+            image_id: image.id.clone(),
+            image_ref: image_ref.clone(),
+            user: image.user.clone(),
+            default_command: image.default_command.clone(),
+            arch,
+            dns_upstream: self.options.dns_upstream.unwrap_or(bundle.ip),
+            env: bottle_core::agent::agent_env_of(spec, bundle.ip),
+            prompt: spec.agent.prompt.as_deref().map(|p| spec.resolve(p)),
+            skills: spec.agent.skills.iter().map(|s| spec.resolve(s)).collect(),
+        };
+        let data = DockerPlanData { bundle, agent };
+        let mut plan = plan.with_data(data);
+        plan.image = format!("{image_ref} ({})", short_id(&image.id));
+        plan.backend_lines = backend_lines(&plan.backend_data);
+        // Nothing is written yet: the CA, the bundle config and the plan go
+        // into the state dir at launch, so a declined plan leaves nothing.
+        Ok(plan)
+    }
 
+    /// Resolves the bundle of `spec` (its image, network and pinned
+    /// address) without creating anything: for a docker bottle and for a
+    /// microVM's bundle alike, with the subnet it chose. `detached`: the
+    /// bottle outlives the process that launches it.
+    pub(crate) fn prepare_bundle(
+        &self,
+        spec: &BottleSpec,
+        detached: bool,
+    ) -> Result<(BundleData, bottle_net::BottleSubnet), DockerError> {
+        let engine = self.engine()?;
+        if lifecycle::bottle_resources_exist(engine, &spec.slug)? {
+            return Err(DockerError::AlreadyExists {
+                name: spec.name.clone(),
+            });
+        }
+        let names = ResourceNames::for_slug(&spec.slug);
+        let bundle_bin = images::find_bundle_binary(self.options.bundle_bin.as_deref())?;
+        // git-gate runs the host's git: only bottles with repositories
+        // need it (and need it installed).
+        let git_files = if spec.agent.git.is_empty() {
+            Vec::new()
+        } else {
+            images::git_runtime_files(&bottle_core::exec::SystemRunner)?
+        };
+        let image = images::ensure_bundle_image(
+            engine,
+            &bundle_bin,
+            &git_files,
+            self.options.progress.as_ref(),
+        )?;
         let subnet = choose_subnet(engine, &spec.slug)?;
-        let (uid, gid) = (
-            nix::unistd::getuid().as_raw(),
-            nix::unistd::getgid().as_raw(),
-        );
-        let data = DockerPlanData {
+        let bundle = BundleData {
             version: STATE_LAYOUT_VERSION,
             network: names.network.clone(),
             subnet: subnet.network.to_string(),
             gateway: subnet.gateway,
-            bundle_ip: subnet.bundle_ip,
-            agent_ip: subnet.agent_ip,
-            bundle_container: names.bundle.clone(),
-            agent_container: names.agent.clone(),
-            bundle_image: bundle_image.clone(),
-            agent_image_id: image.id.clone(),
-            agent_image_ref: image_ref.clone(),
-            agent_user: image.user.clone(),
-            default_command: image.default_command.clone(),
-            arch,
-            dns_upstream: self.options.dns_upstream.unwrap_or(subnet.bundle_ip),
-            env: spec.agent.env.clone(),
+            ip: subnet.bundle_ip,
+            container: names.bundle.clone(),
+            image,
             credentials: credential_refs(spec),
-            prompt: spec.agent.prompt.as_deref().map(|p| spec.resolve(p)),
-            skills: spec.agent.skills.iter().map(|s| spec.resolve(s)).collect(),
             git: git_refs(spec),
-            detached: self.options.detach,
-            bundle_user: (uid, gid),
+            detached,
+            user: (
+                nix::unistd::getuid().as_raw(),
+                nix::unistd::getgid().as_raw(),
+            ),
         };
-
-        plan.image = format!("{image_ref} ({})", short_id(&image.id));
-        plan.backend_lines = backend_lines(&data);
-        plan.backend_data = serde_json::to_value(&data).map_err(|err| DockerError::PlanData {
-            detail: err.to_string(),
-        })?;
-
-        // The stage: CA (0600 key), the bundle config for the operator to
-        // read, the plan, the owner. Nothing in Docker yet.
-        let paths = StatePaths::new(&plan.state_dir);
-        data::create_private_dir(&paths.root)?;
-        let ca = bottle_bundle::generate_ca(&plan.bottle).map_err(|err| DockerError::Ca {
-            detail: err.to_string(),
-        })?;
-        data::write_file(&paths.ca_cert(), ca.cert_pem.as_bytes(), 0o644)?;
-        data::write_file(&paths.ca_key(), ca.key_pem.as_bytes(), 0o600)?;
-        let bundle_config = serde_json::to_vec_pretty(&config::bundle_config(&plan, &data))
-            .map_err(|err| DockerError::PlanData {
-                detail: err.to_string(),
-            })?;
-        data::write_file(&paths.bundle_config(), &bundle_config, 0o600)?;
-        data::write_file(
-            &paths.agent_resolv_conf(),
-            config::AGENT_RESOLV_CONF.as_bytes(),
-            0o644,
-        )?;
-        data::write_plan(&paths, &plan)?;
-        data::write_owner(&paths, Owner::current())?;
-        Ok(plan)
+        Ok((bundle, subnet))
     }
 
     fn agent_image(
@@ -338,12 +333,10 @@ impl DockerBackend {
                 state: state.status.map(|s| s.to_string()).unwrap_or_default(),
             });
         }
-        let plan = labels
+        let agent = labels
             .get(crate::names::LABEL_STATE_DIR)
-            .and_then(|dir| data::read_plan(&StatePaths::new(dir)).ok());
-        let data = plan
-            .as_ref()
-            .and_then(|p| DockerPlanData::from_plan(p).ok());
+            .and_then(|dir| data::read_plan(&StatePaths::new(dir)).ok())
+            .map(|plan| plan.backend_data.agent);
         let user = labels
             .get(crate::names::LABEL_AGENT_USER)
             .filter(|u| !u.is_empty())
@@ -353,30 +346,32 @@ impl DockerBackend {
             engine: engine.clone(),
             name: names.bottle.clone(),
             container: names.agent.clone(),
-            default_command: data
+            default_command: agent
                 .as_ref()
-                .map(|d| d.default_command.clone())
+                .map(|a| a.default_command.clone())
                 .unwrap_or_default(),
-            image: data
-                .map(|d| d.agent_image_ref)
+            image: agent
+                .map(|a| a.image_ref)
                 .unwrap_or_else(|| inspect.image.unwrap_or_default()),
         })
     }
 
     /// Launches and returns the concrete bottle (the trait returns it boxed).
-    pub fn launch_bottle(&self, plan: &Plan) -> Result<DockerBottle, BackendError> {
+    pub fn launch_bottle(&self, plan: &DockerPlan) -> Result<DockerBottle, BackendError> {
         let engine = self.engine()?;
-        let settings = LaunchSettings {
+        Ok(launch::launch(engine, &self.launch_settings()?, plan)?)
+    }
+
+    /// The settings of a launch: progress, health timeout, failpoint.
+    pub(crate) fn launch_settings(&self) -> Result<LaunchSettings, DockerError> {
+        Ok(LaunchSettings {
             progress: self.options.progress.clone(),
             health_timeout: self.options.health_timeout,
             failpoint: match &self.options.failpoint {
                 Some(value) => Failpoint::parse(value)?,
                 None => Failpoint::from_env()?,
             },
-        };
-        // The confirmed plan is what stop and cleanup read back.
-        data::write_plan(&StatePaths::new(&plan.state_dir), plan)?;
-        Ok(launch::launch(engine, &settings, plan)?)
+        })
     }
 
     /// Finds a running bottle (concrete type).
@@ -482,31 +477,32 @@ fn expand_home(spec: &BottleSpec, path: &str) -> PathBuf {
 }
 
 fn backend_lines(data: &DockerPlanData) -> Vec<(String, String)> {
+    let DockerPlanData { bundle, agent } = data;
     vec![
         (
             "network".into(),
             format!(
                 "{} ({}, internal, no host address)",
-                data.network, data.subnet
+                bundle.network, bundle.subnet
             ),
         ),
         (
             "bundle".into(),
             format!(
                 "{} at {} ({}), also on bot-bottle-egress",
-                data.bundle_container, data.bundle_ip, data.bundle_image
+                bundle.container, bundle.ip, bundle.image
             ),
         ),
         (
             "agent".into(),
             format!(
                 "{} at {} as {}",
-                data.agent_container,
-                data.agent_ip,
-                if data.agent_user.is_empty() {
+                agent.container,
+                agent.ip,
+                if agent.user.is_empty() {
                     "root (the image sets no user)"
                 } else {
-                    data.agent_user.as_str()
+                    agent.user.as_str()
                 }
             ),
         ),
@@ -516,13 +512,25 @@ fn backend_lines(data: &DockerPlanData) -> Vec<(String, String)> {
         ),
         (
             "lifetime".into(),
-            if data.detached {
+            if bundle.detached {
                 "detached: runs until `bottle stop`".into()
             } else {
                 "stopped when this command exits".into()
             },
         ),
     ]
+}
+
+impl BottleLauncher for DockerBackend {
+    type PlanData = DockerPlanData;
+
+    fn prepare(&self, spec: &BottleSpec) -> Result<DockerPlan, BackendError> {
+        Ok(self.prepare_inner(spec)?)
+    }
+
+    fn launch(&self, plan: &DockerPlan) -> Result<Box<dyn Bottle>, BackendError> {
+        Ok(Box::new(self.launch_bottle(plan)?))
+    }
 }
 
 impl BottleBackend for DockerBackend {
@@ -536,14 +544,6 @@ impl BottleBackend for DockerBackend {
             .block_on(engine.docker.ping())
             .map_err(DockerError::api("ping the docker daemon"))?;
         Ok(())
-    }
-
-    fn prepare(&self, spec: &BottleSpec) -> Result<Plan, BackendError> {
-        Ok(self.prepare_inner(spec)?)
-    }
-
-    fn launch(&self, plan: &Plan) -> Result<Box<dyn Bottle>, BackendError> {
-        Ok(Box::new(self.launch_bottle(plan)?))
     }
 
     fn attach(&self, name: &str) -> Result<Box<dyn Bottle>, BackendError> {

@@ -27,21 +27,16 @@ use bollard::models::{
 };
 use bottle_core::Plan;
 use bottle_core::bundle::{
-    AGENT_MCP_CONFIG, BUNDLE_CONFIG_PATH, BUNDLE_CONFIG_VERSION, BUNDLE_LOG_DIR,
-    BUNDLE_REQUESTS_DIR, BundleConfig, BundleCredential, BundleGitRepo, BundleLimits, EGRESS_PORT,
-    GIT_GATE_PORT, PROXY_PORT, SUPERVISE_PORT,
+    BUNDLE_CONFIG_PATH, BUNDLE_CONFIG_VERSION, BUNDLE_LOG_DIR, BUNDLE_REQUESTS_DIR, BundleConfig,
+    BundleCredential, BundleGitRepo, BundleLimits, EGRESS_PORT, GIT_GATE_PORT, PROXY_PORT,
+    SUPERVISE_PORT,
 };
 
-use crate::data::DockerPlanData;
+use crate::data::{BundleData, DockerPlan, DockerPlanData};
 use crate::names::{EGRESS_NETWORK, LABEL_MANAGED, LABEL_ROLE, role};
 use crate::pause::PAUSE_PATH;
 
-/// Where the bottle CA is installed in the agent.
-pub const AGENT_CA_PATH: &str = "/etc/bottle/ca.pem";
-/// Where the prompt file is copied in the agent.
-pub const AGENT_PROMPT_PATH: &str = "/etc/bottle/prompt.md";
-/// The directory skills are copied under in the agent (one subdirectory each).
-pub const AGENT_SKILLS_DIR: &str = "/etc/bottle/skills";
+pub use bottle_core::agent::{AGENT_CA_PATH, AGENT_PROMPT_PATH, AGENT_SKILLS_DIR};
 /// The system trust bundle the CA is appended to when the image has one.
 pub const SYSTEM_TRUST_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// The CA certificate inside the bundle.
@@ -109,6 +104,22 @@ pub fn internal_network(
     }
 }
 
+/// The bottle network of a microVM's bundle: [`config::internal_network`]
+/// (internal, no NAT) except that the host keeps its gateway address on
+/// the bridge, so smolvm can dial the bundle from the host.
+pub fn vm_bundle_network(
+    name: &str,
+    subnet: &str,
+    gateway: Ipv4Addr,
+    labels: HashMap<String, String>,
+) -> NetworkCreateRequest {
+    let mut request = internal_network(name, subnet, gateway, labels);
+    if let Some(options) = request.options.as_mut() {
+        options.remove(OPT_INHIBIT_IPV4);
+    }
+    request
+}
+
 /// The shared egress network: a plain bridge with NAT, where bundles may
 /// not talk to one another (ICC off).
 pub fn egress_network() -> NetworkCreateRequest {
@@ -156,7 +167,7 @@ fn hardening(host: &mut HostConfig) {
 /// network at create time).
 /// `requests_dir` is the bottle's supervise queue on the host.
 pub fn bundle_container(
-    data: &DockerPlanData,
+    bundle: &BundleData,
     log_dir: &str,
     requests_dir: &str,
     labels: HashMap<String, String>,
@@ -165,7 +176,7 @@ pub fn bundle_container(
         format!("{log_dir}:{BUNDLE_LOG_DIR}:rw"),
         format!("{requests_dir}:{BUNDLE_REQUESTS_DIR}:rw"),
     ];
-    for repo in &data.git {
+    for repo in &bundle.git {
         if let Some(path) = &repo.local_path {
             let access = match repo.mode {
                 bottle_core::manifest::GitMode::ReadWrite => "rw",
@@ -179,7 +190,7 @@ pub fn bundle_container(
         }
     }
     let mut host = HostConfig {
-        network_mode: Some(data.network.clone()),
+        network_mode: Some(bundle.network.clone()),
         binds: Some(binds),
         memory: Some(BUNDLE_MEMORY_BYTES),
         memory_swap: Some(BUNDLE_MEMORY_BYTES),
@@ -188,8 +199,8 @@ pub fn bundle_container(
     };
     hardening(&mut host);
     ContainerCreateBody {
-        image: Some(data.bundle_image.clone()),
-        user: Some(format!("{}:{}", data.bundle_user.0, data.bundle_user.1)),
+        image: Some(bundle.image.clone()),
+        user: Some(format!("{}:{}", bundle.user.0, bundle.user.1)),
         cmd: Some(vec![
             "run".into(),
             "--config".into(),
@@ -197,53 +208,24 @@ pub fn bundle_container(
         ]),
         labels: Some(labels),
         host_config: Some(host),
-        networking_config: Some(pinned_endpoint(&data.network, data.bundle_ip)),
+        networking_config: Some(pinned_endpoint(&bundle.network, bundle.ip)),
         ..ContainerCreateBody::default()
     }
-}
-
-/// The agent's environment: the manifest's, then the variables the
-/// backend owns (the manifest parser refuses those in `env`).
-pub fn agent_env(plan: &Plan, data: &DockerPlanData) -> Vec<String> {
-    let proxy = format!("http://{}:{PROXY_PORT}", data.bundle_ip);
-    let no_proxy = format!("localhost,127.0.0.1,{}", data.bundle_ip);
-    let mut env: Vec<String> = data.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    for key in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
-        env.push(format!("{key}={proxy}"));
-    }
-    for key in ["NO_PROXY", "no_proxy"] {
-        env.push(format!("{key}={no_proxy}"));
-    }
-    for key in ["NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"] {
-        env.push(format!("{key}={AGENT_CA_PATH}"));
-    }
-    if !plan.git.is_empty() {
-        env.push(format!(
-            "GIT_GATE_URL=http://{}:{GIT_GATE_PORT}",
-            data.bundle_ip
-        ));
-    }
-    env.push(format!(
-        "MCP_SUPERVISE_URL={}",
-        bottle_core::bundle::supervise_url(&data.bundle_ip.to_string())
-    ));
-    env.push(format!("BOTTLE_MCP_CONFIG={AGENT_MCP_CONFIG}"));
-    env
 }
 
 /// The agent container: on the internal network only, every capability
 /// dropped, no privilege gain, the plan's limits, and the keep-alive
 /// program as its main process (commands run through exec).
 pub fn agent_container(
-    plan: &Plan,
-    data: &DockerPlanData,
+    plan: &DockerPlan,
     resolv_conf: &str,
     mut labels: HashMap<String, String>,
 ) -> ContainerCreateBody {
     labels.insert(
         crate::names::LABEL_AGENT_USER.to_string(),
-        data.agent_user.clone(),
+        plan.backend_data.agent.user.clone(),
     );
+    let DockerPlanData { bundle, agent } = &plan.backend_data;
     let devices = plan
         .devices
         .iter()
@@ -255,14 +237,14 @@ pub fn agent_container(
         .collect::<Vec<_>>();
     let memory = i64::try_from(plan.memory_bytes).unwrap_or(i64::MAX);
     let mut host = HostConfig {
-        network_mode: Some(data.network.clone()),
+        network_mode: Some(bundle.network.clone()),
         memory: Some(memory),
         // Equal to memory: no swap on top of the limit.
         memory_swap: Some(memory),
         pids_limit: Some(i64::from(plan.pids)),
         nano_cpus: plan.cpus.map(|c| (c * 1e9) as i64),
         init: Some(true),
-        dns: Some(vec![data.dns_upstream.to_string()]),
+        dns: Some(vec![agent.dns_upstream.to_string()]),
         dns_search: Some(Vec::new()),
         dns_options: Some(Vec::new()),
         binds: Some(vec![format!("{resolv_conf}:/etc/resolv.conf:ro")]),
@@ -282,15 +264,15 @@ pub fn agent_container(
     };
     hardening(&mut host);
     ContainerCreateBody {
-        image: Some(data.agent_image_id.clone()),
+        image: Some(agent.image_id.clone()),
         hostname: Some("bottle".into()),
         user: Some(crate::names::KEEPALIVE_USER.into()),
-        env: Some(agent_env(plan, data)),
+        env: Some(agent.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
         entrypoint: Some(vec![PAUSE_PATH.into()]),
         cmd: Some(Vec::new()),
         labels: Some(labels),
         host_config: Some(host),
-        networking_config: Some(pinned_endpoint(&data.network, data.agent_ip)),
+        networking_config: Some(pinned_endpoint(&bundle.network, agent.ip)),
         ..ContainerCreateBody::default()
     }
 }
@@ -339,7 +321,7 @@ pub fn credential_file(index: usize, name: &str) -> String {
 }
 
 /// The bundle's config for this plan.
-pub fn bundle_config(plan: &Plan, data: &DockerPlanData) -> BundleConfig {
+pub fn bundle_config<D>(plan: &Plan<D>, bundle: &BundleData) -> BundleConfig {
     BundleConfig {
         version: BUNDLE_CONFIG_VERSION,
         bottle: plan.bottle.clone(),
@@ -347,7 +329,7 @@ pub fn bundle_config(plan: &Plan, data: &DockerPlanData) -> BundleConfig {
         egress_listen: format!("127.0.0.1:{EGRESS_PORT}"),
         allow: plan.egress_allow.clone(),
         ports: plan.egress_ports.clone(),
-        credentials: data
+        credentials: bundle
             .credentials
             .iter()
             .enumerate()
@@ -366,8 +348,8 @@ pub fn bundle_config(plan: &Plan, data: &DockerPlanData) -> BundleConfig {
         upstream_roots: Vec::new(),
         nameservers: Vec::new(),
         limits: BundleLimits::default(),
-        git_gate_listen: (!data.git.is_empty()).then(|| format!("0.0.0.0:{GIT_GATE_PORT}")),
-        git: data
+        git_gate_listen: (!bundle.git.is_empty()).then(|| format!("0.0.0.0:{GIT_GATE_PORT}")),
+        git: bundle
             .git
             .iter()
             .enumerate()
@@ -395,69 +377,71 @@ pub fn bundle_config(plan: &Plan, data: &DockerPlanData) -> BundleConfig {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use std::collections::BTreeMap;
-
     use bottle_core::BackendKind;
 
     use super::*;
-    use crate::data::{CredentialRef, STATE_LAYOUT_VERSION};
+    use crate::data::{AgentData, CredentialRef, STATE_LAYOUT_VERSION};
 
     pub(crate) fn sample_data() -> DockerPlanData {
         DockerPlanData {
-            version: STATE_LAYOUT_VERSION,
-            network: "bot-bottle-demo".into(),
-            subnet: "192.168.40.0/24".into(),
-            gateway: Ipv4Addr::new(192, 168, 40, 1),
-            bundle_ip: Ipv4Addr::new(192, 168, 40, 2),
-            agent_ip: Ipv4Addr::new(192, 168, 40, 3),
-            bundle_container: "bot-bottle-demo-bundle".into(),
-            agent_container: "bot-bottle-demo-agent".into(),
-            bundle_image: "bottle-bundle:0123456789ab".into(),
-            agent_image_id: "sha256:abc".into(),
-            agent_image_ref: "demo:latest".into(),
-            agent_user: "agent".into(),
-            default_command: vec!["/bin/sh".into()],
-            arch: "x86_64".into(),
-            dns_upstream: Ipv4Addr::new(192, 168, 40, 2),
-            env: BTreeMap::from([("EDITOR".into(), "vi".into())]),
-            credentials: vec![CredentialRef {
-                name: "api key/1".into(),
-                host: "api.example.com".into(),
-                header: "x-api-key".into(),
-                format: "{}".into(),
-                file: None,
-                env: Some("KEY".into()),
-            }],
-            prompt: None,
-            skills: Vec::new(),
-            git: vec![
-                crate::data::GitRef {
-                    name: "local".into(),
-                    local_path: Some("/home/op/repo.git".into()),
-                    upstream: None,
-                    mode: bottle_core::manifest::GitMode::ReadWrite,
-                    push: vec!["agent/*".into()],
-                    allow_force: false,
-                    allow_delete: false,
-                    credential: None,
-                },
-                crate::data::GitRef {
-                    name: "remote".into(),
-                    local_path: None,
-                    upstream: Some("https://git.example.com/r.git".into()),
-                    mode: bottle_core::manifest::GitMode::ReadOnly,
-                    push: vec![],
-                    allow_force: false,
-                    allow_delete: false,
-                    credential: Some("/home/op/token".into()),
-                },
-            ],
-            detached: false,
-            bundle_user: (1000, 1000),
+            bundle: BundleData {
+                version: STATE_LAYOUT_VERSION,
+                network: "bot-bottle-demo".into(),
+                subnet: "192.168.40.0/24".into(),
+                gateway: Ipv4Addr::new(192, 168, 40, 1),
+                ip: Ipv4Addr::new(192, 168, 40, 2),
+                container: "bot-bottle-demo-bundle".into(),
+                image: "bottle-bundle:0123456789ab".into(),
+                credentials: vec![CredentialRef {
+                    name: "api key/1".into(),
+                    host: "api.example.com".into(),
+                    header: "x-api-key".into(),
+                    format: "{}".into(),
+                    file: None,
+                    env: Some("KEY".into()),
+                }],
+                git: vec![
+                    crate::data::GitRef {
+                        name: "local".into(),
+                        local_path: Some("/home/op/repo.git".into()),
+                        upstream: None,
+                        mode: bottle_core::manifest::GitMode::ReadWrite,
+                        push: vec!["agent/*".into()],
+                        allow_force: false,
+                        allow_delete: false,
+                        credential: None,
+                    },
+                    crate::data::GitRef {
+                        name: "remote".into(),
+                        local_path: None,
+                        upstream: Some("https://git.example.com/r.git".into()),
+                        mode: bottle_core::manifest::GitMode::ReadOnly,
+                        push: vec![],
+                        allow_force: false,
+                        allow_delete: false,
+                        credential: Some("/home/op/token".into()),
+                    },
+                ],
+                detached: false,
+                user: (1000, 1000),
+            },
+            agent: AgentData {
+                ip: Ipv4Addr::new(192, 168, 40, 3),
+                container: "bot-bottle-demo-agent".into(),
+                image_id: "sha256:abc".into(),
+                image_ref: "demo:latest".into(),
+                user: "agent".into(),
+                default_command: vec!["/bin/sh".into()],
+                arch: "x86_64".into(),
+                dns_upstream: Ipv4Addr::new(192, 168, 40, 2),
+                env: vec![("EDITOR".into(), "vi".into())],
+                prompt: None,
+                skills: Vec::new(),
+            },
         }
     }
 
-    fn sample_plan() -> Plan {
+    fn sample_plan() -> DockerPlan {
         Plan {
             version: bottle_core::plan::PLAN_VERSION,
             bottle: "bot-bottle-demo".into(),
@@ -482,7 +466,7 @@ pub(crate) mod tests {
             cpus: Some(1.5),
             state_dir: "/state/demo".into(),
             backend_lines: vec![],
-            backend_data: serde_json::Value::Null,
+            backend_data: sample_data(),
         }
     }
 
@@ -504,6 +488,30 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_vm_bundle_network_is_internal_and_gives_the_host_its_gateway() {
+        let req = vm_bundle_network(
+            "bot-bottle-demo",
+            "192.168.40.0/24",
+            Ipv4Addr::new(192, 168, 40, 1),
+            HashMap::from([(
+                LABEL_MANAGED.to_string(),
+                crate::names::MANAGED_FOR_VM.to_string(),
+            )]),
+        );
+        assert_eq!(req.internal, Some(true));
+        let options = req.options.unwrap();
+        assert!(!options.contains_key(OPT_INHIBIT_IPV4), "{options:?}");
+        assert_eq!(options[OPT_MASQUERADE], "false");
+        let ipam = req.ipam.unwrap().config.unwrap();
+        assert_eq!(ipam[0].subnet.as_deref(), Some("192.168.40.0/24"));
+        assert_eq!(ipam[0].gateway.as_deref(), Some("192.168.40.1"));
+        assert_eq!(
+            req.labels.unwrap()[LABEL_MANAGED],
+            crate::names::MANAGED_FOR_VM
+        );
+    }
+
+    #[test]
     fn bundles_cannot_talk_to_each_other_on_the_egress_network() {
         let req = egress_network();
         assert_eq!(req.internal, Some(false));
@@ -514,13 +522,7 @@ pub(crate) mod tests {
     #[test]
     fn agent_container_shape() {
         let plan = sample_plan();
-        let data = sample_data();
-        let body = agent_container(
-            &plan,
-            &data,
-            "/state/demo/stage/resolv.conf",
-            HashMap::new(),
-        );
+        let body = agent_container(&plan, "/state/demo/stage/resolv.conf", HashMap::new());
         let host = body.host_config.clone().unwrap();
         assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
         assert_eq!(
@@ -568,47 +570,16 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn agent_env_is_ip_literal_and_points_at_the_ca() {
-        let mut plan = sample_plan();
-        let data = sample_data();
-        let env = agent_env(&plan, &data);
-        for want in [
-            "HTTPS_PROXY=http://192.168.40.2:8888",
-            "https_proxy=http://192.168.40.2:8888",
-            "HTTP_PROXY=http://192.168.40.2:8888",
-            "http_proxy=http://192.168.40.2:8888",
-            "NO_PROXY=localhost,127.0.0.1,192.168.40.2",
-            "no_proxy=localhost,127.0.0.1,192.168.40.2",
-            "NODE_EXTRA_CA_CERTS=/etc/bottle/ca.pem",
-            "SSL_CERT_FILE=/etc/bottle/ca.pem",
-            "REQUESTS_CA_BUNDLE=/etc/bottle/ca.pem",
-            "EDITOR=vi",
-        ] {
-            assert!(env.iter().any(|e| e == want), "missing {want}: {env:?}");
-        }
-        assert!(!env.iter().any(|e| e.starts_with("GIT_GATE_URL=")));
-        assert!(
-            env.iter()
-                .any(|e| e == "MCP_SUPERVISE_URL=http://192.168.40.2:9100/mcp"),
-            "{env:?}"
-        );
-        plan.git.push(bottle_core::plan::PlannedRepo {
-            name: "r".into(),
-            mode: "read-only".into(),
-            push: vec![],
-        });
-        let env = agent_env(&plan, &data);
-        assert!(
-            env.iter()
-                .any(|e| e == "GIT_GATE_URL=http://192.168.40.2:9418")
-        );
+    fn the_agent_container_carries_the_planned_environment() {
+        let body = agent_container(&sample_plan(), "/r", HashMap::new());
+        assert_eq!(body.env, Some(vec!["EDITOR=vi".to_string()]));
     }
 
     #[test]
     fn bundle_container_shape() {
         let data = sample_data();
         let body = bundle_container(
-            &data,
+            &data.bundle,
             "/state/demo/logs",
             "/state/demo/requests",
             HashMap::new(),
@@ -650,7 +621,7 @@ pub(crate) mod tests {
 
     #[test]
     fn bundle_config_keeps_egress_on_loopback_and_secrets_in_files() {
-        let config = bundle_config(&sample_plan(), &sample_data());
+        let config = bundle_config(&sample_plan(), &sample_data().bundle);
         assert_eq!(config.proxy_listen, "0.0.0.0:8888");
         assert_eq!(config.egress_listen, "127.0.0.1:9099");
         assert_eq!(config.allow, ["api.example.com"]);

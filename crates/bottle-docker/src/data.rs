@@ -1,4 +1,4 @@
-//! What `prepare` resolves for a launch ([`DockerPlanData`], stored in
+//! What `prepare` resolves for a launch ([`DockerPlanData`], the typed
 //! `Plan::backend_data`) and the files kept in the bottle's state dir.
 //!
 //! State dir layout (version [`STATE_LAYOUT_VERSION`]):
@@ -14,7 +14,6 @@
 //! <state_dir>/stage/           generated files: bundle.json, resolv.conf
 //! ```
 
-use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -67,34 +66,49 @@ pub struct GitRef {
     pub credential: Option<PathBuf>,
 }
 
-/// Everything the docker backend resolved at prepare time.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DockerPlanData {
+/// The bundle of one bottle as resolved at prepare time: what runs it on
+/// the Docker Engine, for a docker bottle and for a microVM's alike.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BundleData {
     /// [`STATE_LAYOUT_VERSION`].
     pub version: u32,
-    /// The bottle's internal network.
+    /// The bottle's network.
     pub network: String,
     /// Its subnet, `a.b.c.d/len`.
     pub subnet: String,
-    /// The subnet's gateway address (reserved by IPAM; no host address is
-    /// put on the bridge).
+    /// The subnet's gateway address (reserved by IPAM; the host holds it
+    /// on the bridge only for a microVM's bundle).
     pub gateway: Ipv4Addr,
     /// The bundle's pinned address.
-    pub bundle_ip: Ipv4Addr,
-    /// The agent's pinned address.
-    pub agent_ip: Ipv4Addr,
+    pub ip: Ipv4Addr,
     /// The bundle container.
-    pub bundle_container: String,
-    /// The agent container.
-    pub agent_container: String,
+    pub container: String,
     /// The bundle image tag (`bottle-bundle:<hash>`).
-    pub bundle_image: String,
+    pub image: String,
+    /// Credentials to hand to the bundle.
+    pub credentials: Vec<CredentialRef>,
+    /// Repositories behind git-gate.
+    pub git: Vec<GitRef>,
+    /// Whether the bottle outlives the process that launches it.
+    pub detached: bool,
+    /// User and group the bundle runs as (the operator's, so it can write
+    /// the log dir it is given).
+    pub user: (u32, u32),
+}
+
+/// The agent container of a docker bottle as resolved at prepare time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentData {
+    /// The agent's pinned address.
+    pub ip: Ipv4Addr,
+    /// The agent container.
+    pub container: String,
     /// The agent image's ID.
-    pub agent_image_id: String,
+    pub image_id: String,
     /// The agent image as the manifest named it (or the tag built).
-    pub agent_image_ref: String,
+    pub image_ref: String,
     /// The user the image runs as; empty means root.
-    pub agent_user: String,
+    pub user: String,
     /// The image's entrypoint + cmd, run when no command is given.
     pub default_command: Vec<String>,
     /// The daemon's architecture (for the keep-alive program).
@@ -102,49 +116,26 @@ pub struct DockerPlanData {
     /// The DNS server the agent's embedded resolver forwards to: the
     /// bundle's own address, which answers no DNS.
     pub dns_upstream: Ipv4Addr,
-    /// Environment from the manifest.
-    pub env: BTreeMap<String, String>,
-    /// Credentials to hand to the bundle.
-    pub credentials: Vec<CredentialRef>,
+    /// The agent's whole environment (`bottle_core::agent::agent_env`).
+    pub env: Vec<(String, String)>,
     /// Prompt file on the host.
     pub prompt: Option<PathBuf>,
     /// Skills directories on the host.
     pub skills: Vec<PathBuf>,
-    /// Repositories behind git-gate.
-    #[serde(default)]
-    pub git: Vec<GitRef>,
-    /// Whether the bottle outlives the process that launches it.
-    pub detached: bool,
-    /// User and group the bundle runs as (the operator's, so it can write
-    /// the log dir it is given).
-    pub bundle_user: (u32, u32),
 }
 
-impl DockerPlanData {
-    /// Reads the docker section back out of a plan.
-    pub fn from_plan(plan: &Plan) -> Result<DockerPlanData, DockerError> {
-        if plan.backend != bottle_core::BackendKind::Docker {
-            return Err(DockerError::PlanData {
-                detail: format!("the plan is for the {} backend", plan.backend),
-            });
-        }
-        let data: DockerPlanData =
-            serde_json::from_value(plan.backend_data.clone()).map_err(|err| {
-                DockerError::PlanData {
-                    detail: err.to_string(),
-                }
-            })?;
-        if data.version != STATE_LAYOUT_VERSION {
-            return Err(DockerError::PlanData {
-                detail: format!(
-                    "version {} (this bottle reads {STATE_LAYOUT_VERSION})",
-                    data.version
-                ),
-            });
-        }
-        Ok(data)
-    }
+/// Everything the docker backend resolved at prepare time: a bundle and
+/// an agent container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DockerPlanData {
+    /// The bundle.
+    pub bundle: BundleData,
+    /// The agent container.
+    pub agent: AgentData,
 }
+
+/// A docker bottle's plan.
+pub type DockerPlan = Plan<DockerPlanData>;
 
 /// The paths inside one bottle's state dir.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -260,7 +251,7 @@ pub fn create_private_dir(dir: &Path) -> Result<(), DockerError> {
 }
 
 /// Reads the plan stored in a state dir.
-pub fn read_plan(paths: &StatePaths) -> Result<Plan, DockerError> {
+pub fn read_plan(paths: &StatePaths) -> Result<DockerPlan, DockerError> {
     let path = paths.plan();
     let text = std::fs::read_to_string(&path).map_err(DockerError::io("read", &path))?;
     serde_json::from_str(&text).map_err(|err| DockerError::PlanData {
@@ -269,7 +260,7 @@ pub fn read_plan(paths: &StatePaths) -> Result<Plan, DockerError> {
 }
 
 /// Writes the plan into its state dir.
-pub fn write_plan(paths: &StatePaths, plan: &Plan) -> Result<(), DockerError> {
+pub fn write_plan(paths: &StatePaths, plan: &DockerPlan) -> Result<(), DockerError> {
     let json = serde_json::to_vec_pretty(plan).map_err(|err| DockerError::PlanData {
         detail: err.to_string(),
     })?;
@@ -291,6 +282,37 @@ pub fn read_owner(paths: &StatePaths) -> Option<Owner> {
     serde_json::from_str::<OwnerRecord>(&text)
         .ok()
         .map(Owner::from)
+}
+
+/// The entries of a bottle's state dir that a bundle-only launch writes.
+const BUNDLE_FILES: [&str; 6] = ["owner.json", "launched", "ca", "logs", "stage", "requests"];
+
+/// Removes what a bundle-only launch (a microVM's bundle) wrote into the
+/// state dir `dir`, and `dir` itself if nothing else is left in it. `Ok(true)` if anything was
+/// removed.
+pub fn remove_bundle_files(dir: &Path) -> Result<bool, DockerError> {
+    let mut removed = false;
+    for name in BUNDLE_FILES {
+        let path = dir.join(name);
+        let meta = match std::fs::symlink_metadata(&path) {
+            Ok(meta) => meta,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(err) => return Err(DockerError::io("inspect", &path)(err)),
+        };
+        let result = if meta.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        match result {
+            Ok(()) => removed = true,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => return Err(DockerError::io("remove", &path)(err)),
+        }
+    }
+    // Only an empty dir goes: the rest belongs to the smolmachines backend.
+    let _ = std::fs::remove_dir(dir);
+    Ok(removed)
 }
 
 /// Removes a state dir; a missing one is not an error.
@@ -323,6 +345,28 @@ mod tests {
             .mode();
         assert_eq!(dir_mode & 0o777, 0o700);
         assert_eq!(std::fs::read(paths.ca_key()).unwrap(), b"secret");
+    }
+
+    #[test]
+    fn only_the_bundle_files_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("demo");
+        let paths = StatePaths::new(&root);
+        write_file(&paths.ca_key(), b"k", 0o600).unwrap();
+        write_file(&paths.bundle_config(), b"{}", 0o600).unwrap();
+        create_private_dir(&paths.logs()).unwrap();
+        std::fs::write(paths.logs().join("audit.jsonl"), b"{}\n").unwrap();
+        std::fs::write(paths.owner(), b"{}").unwrap();
+        std::fs::write(root.join("smolvm.json"), b"{}").unwrap();
+        assert!(remove_bundle_files(&root).unwrap());
+        let left: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, ["smolvm.json"]);
+        std::fs::remove_file(root.join("smolvm.json")).unwrap();
+        assert!(!remove_bundle_files(&root).unwrap());
+        assert!(!root.exists(), "an empty state dir goes too");
     }
 
     #[test]

@@ -250,7 +250,9 @@ impl DockerError {
             }
             DockerError::UnknownFailpoint { value } => format!(
                 "BOTTLE_FAILPOINT={value:?} names no launch step (steps: {})",
-                crate::launch::STEPS.join(", ")
+                crate::launch::Step::ALL
+                    .map(crate::launch::Step::name)
+                    .join(", ")
             ),
             DockerError::Terminal { action, detail } => format!("could not {action}: {detail}"),
             DockerError::UnsupportedArch { arch } => {

@@ -11,21 +11,22 @@
 //! | `bundle-create` | create the bundle container pinned at `.2` |
 //! | `bundle-connect` | attach it to the egress network |
 //! | `bundle-files` | write config, CA and credentials into `/run/bottle` |
-//! | `bundle-start` | start it |
-//! | `bundle-verify` | check its address, both networks, and that the bottle network is internal |
-//! | `bundle-health` | wait until the proxy answers `/__bottle/health` |
 //! | `agent-create` | create the agent container pinned at `.3` |
 //! | `agent-files` | write the keep-alive program |
 //! | `provision-ca` | CA into `/etc/bottle/ca.pem` and the system trust bundle |
 //! | `provision-prompt` | the prompt file |
 //! | `provision-skills` | the skills directories |
-//! | `agent-start` | start it |
+//! | `bundle-start` | start the bundle (together with the agent) |
+//! | `agent-start` | start the agent's keep-alive (nothing of the agent runs yet) |
+//! | `bundle-verify` | check its address, both networks, and that the bottle network is internal |
+//! | `bundle-health` | wait until the proxy answers `/__bottle/health` |
 //! | `agent-verify` | check it is running, on the bottle network only, at its address, with every capability dropped |
 //! | `provision-git` | git repositories: served by the bundle's git-gate (mounts and mirrors are set up with the bundle); this step reports them |
 //! | `provision-supervise` | the MCP config naming supervise (`/etc/bottle/mcp.json`) |
 //! | `complete` | mark the launch complete in the state dir |
 //!
-//! [`launch_bundle`] runs the steps up to `bundle-health` only, for a
+//! [`launch_bundle`] runs the bundle's steps only (`network` to
+//! `bundle-files`, `bundle-start`, `bundle-verify`, `bundle-health`), for a
 //! microVM bottle ([`LaunchMode::BundleForVm`]): the bottle network is
 //! still internal but gives the host its gateway address, because smolvm
 //! dials the guest's traffic from the host, and `bundle-health` also
@@ -40,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use bollard::models::NetworkConnectRequest;
 use bollard::query_parameters::{CreateContainerOptionsBuilder, LogsOptionsBuilder};
-use bottle_core::Plan;
+use bottle_core::{BackendKind, Plan};
 use futures_util::StreamExt;
 
 use crate::bottle::{DockerBottle, container_owner, download_file, exec_captured, upload};
@@ -49,7 +50,7 @@ use crate::config::{
     self, AGENT_CA_PATH, AGENT_PROMPT_PATH, AGENT_SKILLS_DIR, BUNDLE_BINARY_PATH, BUNDLE_CA_CERT,
     BUNDLE_CA_KEY, BUNDLE_CREDENTIALS_DIR, OPT_INHIBIT_IPV4, SYSTEM_TRUST_BUNDLE,
 };
-use crate::data::{self, DockerPlanData, StatePaths};
+use crate::data::{self, AgentData, BundleData, DockerPlan, StatePaths};
 use crate::error::{DockerError, is_not_found};
 use crate::images::Progress;
 use crate::lifecycle;
@@ -62,26 +63,104 @@ use crate::tarball::{Ownership, TarBuilder, entry_name};
 /// third of a launch's time); the agent's keep-alive runs nothing, and no
 /// command reaches the agent before every check below has passed. A
 /// bundle for a microVM runs the bundle steps only.
-pub const STEPS: &[&str] = &[
-    "network",
-    "egress-network",
-    "bundle-create",
-    "bundle-connect",
-    "bundle-files",
-    "agent-create",
-    "agent-files",
-    "provision-ca",
-    "provision-prompt",
-    "provision-skills",
-    "bundle-start",
-    "agent-start",
-    "bundle-verify",
-    "bundle-health",
-    "agent-verify",
-    "provision-git",
-    "provision-supervise",
-    "complete",
-];
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// `network`.
+    Network,
+    /// `egress-network`.
+    EgressNetwork,
+    /// `bundle-create`.
+    BundleCreate,
+    /// `bundle-connect`.
+    BundleConnect,
+    /// `bundle-files`.
+    BundleFiles,
+    /// `agent-create`.
+    AgentCreate,
+    /// `agent-files`.
+    AgentFiles,
+    /// `provision-ca`.
+    ProvisionCa,
+    /// `provision-prompt`.
+    ProvisionPrompt,
+    /// `provision-skills`.
+    ProvisionSkills,
+    /// `bundle-start`.
+    BundleStart,
+    /// `agent-start`.
+    AgentStart,
+    /// `bundle-verify`.
+    BundleVerify,
+    /// `bundle-health`.
+    BundleHealth,
+    /// `agent-verify`.
+    AgentVerify,
+    /// `provision-git`.
+    ProvisionGit,
+    /// `provision-supervise`.
+    ProvisionSupervise,
+    /// `complete`.
+    Complete,
+}
+
+impl Step {
+    /// Every step, in launch order.
+    pub const ALL: [Step; 18] = [
+        Step::Network,
+        Step::EgressNetwork,
+        Step::BundleCreate,
+        Step::BundleConnect,
+        Step::BundleFiles,
+        Step::AgentCreate,
+        Step::AgentFiles,
+        Step::ProvisionCa,
+        Step::ProvisionPrompt,
+        Step::ProvisionSkills,
+        Step::BundleStart,
+        Step::AgentStart,
+        Step::BundleVerify,
+        Step::BundleHealth,
+        Step::AgentVerify,
+        Step::ProvisionGit,
+        Step::ProvisionSupervise,
+        Step::Complete,
+    ];
+
+    /// The name `BOTTLE_FAILPOINT` accepts.
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::Network => "network",
+            Step::EgressNetwork => "egress-network",
+            Step::BundleCreate => "bundle-create",
+            Step::BundleConnect => "bundle-connect",
+            Step::BundleFiles => "bundle-files",
+            Step::AgentCreate => "agent-create",
+            Step::AgentFiles => "agent-files",
+            Step::ProvisionCa => "provision-ca",
+            Step::ProvisionPrompt => "provision-prompt",
+            Step::ProvisionSkills => "provision-skills",
+            Step::BundleStart => "bundle-start",
+            Step::AgentStart => "agent-start",
+            Step::BundleVerify => "bundle-verify",
+            Step::BundleHealth => "bundle-health",
+            Step::AgentVerify => "agent-verify",
+            Step::ProvisionGit => "provision-git",
+            Step::ProvisionSupervise => "provision-supervise",
+            Step::Complete => "complete",
+        }
+    }
+
+    /// The step named `name`.
+    pub fn parse(name: &str) -> Option<Step> {
+        Step::ALL.into_iter().find(|step| step.name() == name)
+    }
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// The environment variable for failure injection.
 pub const FAILPOINT_ENV: &str = "BOTTLE_FAILPOINT";
@@ -93,7 +172,7 @@ const FAILPOINT_SLEEP: Duration = Duration::from_secs(600);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failpoint {
     /// The step after which the launch fails.
-    pub step: String,
+    pub step: Step,
     /// Wait (to be killed) instead of failing at once.
     pub sleep: bool,
 }
@@ -115,15 +194,12 @@ impl Failpoint {
             }
             None => (value, false),
         };
-        if !STEPS.contains(&step) {
+        let Some(step) = Step::parse(step) else {
             return Err(DockerError::UnknownFailpoint {
                 value: value.to_string(),
             });
-        }
-        Ok(Some(Failpoint {
-            step: step.to_string(),
-            sleep,
-        }))
+        };
+        Ok(Some(Failpoint { step, sleep }))
     }
 
     /// Reads `BOTTLE_FAILPOINT`.
@@ -168,11 +244,11 @@ pub struct LaunchSettings {
     pub failpoint: Option<Failpoint>,
 }
 
-struct Launch<'a> {
+struct Launch<'a, D> {
     engine: &'a Engine,
     settings: &'a LaunchSettings,
-    plan: &'a Plan,
-    data: DockerPlanData,
+    plan: &'a Plan<D>,
+    bundle: &'a BundleData,
     paths: StatePaths,
     labels: BottleLabels,
     mode: LaunchMode,
@@ -187,33 +263,49 @@ struct Launch<'a> {
 pub fn launch(
     engine: &Engine,
     settings: &LaunchSettings,
-    plan: &Plan,
+    plan: &DockerPlan,
 ) -> Result<DockerBottle, DockerError> {
-    let mut launch = Launch::begin(engine, settings, plan, LaunchMode::Bottle)?;
-    let result = launch.run();
+    if plan.backend != BackendKind::Docker {
+        return Err(DockerError::PlanData {
+            detail: format!("the plan is for the {} backend", plan.backend),
+        });
+    }
+    let bundle = &plan.backend_data.bundle;
+    let mut launch = Launch::begin(engine, settings, plan, bundle, LaunchMode::Bottle)?;
+    let result = data::write_plan(&launch.paths, plan).and_then(|()| launch.run());
     launch.finish(result)
 }
 
 /// Launches only the bundle of `plan` ([`LaunchMode::BundleForVm`]): the
 /// steps up to `bundle-health`, unwound the same way on failure.
-pub fn launch_bundle(
+pub fn launch_bundle<D>(
     engine: &Engine,
     settings: &LaunchSettings,
-    plan: &Plan,
+    plan: &Plan<D>,
+    bundle: &BundleData,
 ) -> Result<(), DockerError> {
-    let mut launch = Launch::begin(engine, settings, plan, LaunchMode::BundleForVm)?;
+    let mut launch = Launch::begin(engine, settings, plan, bundle, LaunchMode::BundleForVm)?;
     let result = launch.run_bundle();
     launch.finish(result)
 }
 
-impl<'a> Launch<'a> {
+impl<'a, D> Launch<'a, D> {
     fn begin(
         engine: &'a Engine,
         settings: &'a LaunchSettings,
-        plan: &'a Plan,
+        plan: &'a Plan<D>,
+        bundle: &'a BundleData,
         mode: LaunchMode,
-    ) -> Result<Launch<'a>, DockerError> {
-        let data = DockerPlanData::from_plan(plan)?;
+    ) -> Result<Launch<'a, D>, DockerError> {
+        if bundle.version != data::STATE_LAYOUT_VERSION {
+            return Err(DockerError::PlanData {
+                detail: format!(
+                    "version {} (this bottle reads {})",
+                    bundle.version,
+                    data::STATE_LAYOUT_VERSION
+                ),
+            });
+        }
         if lifecycle::bottle_resources_exist(engine, &plan.slug)? {
             return Err(DockerError::AlreadyExists {
                 name: plan.bottle.clone(),
@@ -227,14 +319,14 @@ impl<'a> Launch<'a> {
             slug: plan.slug.clone(),
             owner,
             state_dir: plan.state_dir.display().to_string(),
-            detached: data.detached,
-            bundle_ip: data.bundle_ip.to_string(),
+            detached: bundle.detached,
+            bundle_ip: bundle.ip.to_string(),
         };
         Ok(Launch {
             engine,
             settings,
             plan,
-            data,
+            bundle,
             paths,
             labels,
             mode,
@@ -264,7 +356,7 @@ impl<'a> Launch<'a> {
     }
 }
 
-impl Launch<'_> {
+impl<D> Launch<'_, D> {
     fn note(&self, line: &str) {
         if let Some(progress) = &self.settings.progress {
             progress(line);
@@ -286,103 +378,30 @@ impl Launch<'_> {
     }
 
     /// Ends a step: fails here if the failpoint names it.
-    fn step_done(&self, step: &str) -> Result<(), DockerError> {
-        debug_assert!(STEPS.contains(&step), "{step} is not in STEPS");
+    fn step_done(&self, step: Step) -> Result<(), DockerError> {
         match &self.settings.failpoint {
             Some(fp) if fp.step == step => {
                 if fp.sleep {
                     std::thread::sleep(FAILPOINT_SLEEP);
                 }
                 Err(DockerError::Failpoint {
-                    step: step.to_string(),
+                    step: step.name().to_string(),
                 })
             }
             _ => Ok(()),
         }
     }
 
-    fn run(&mut self) -> Result<DockerBottle, DockerError> {
-        self.prepare_bundle()?;
-        let (network, agent) = (self.data.network.clone(), self.data.agent_container.clone());
-        let (network, agent) = (&network, &agent);
-        let bundle = self.data.bundle_container.clone();
-
-        self.create_agent(agent)?;
-        self.step_done("agent-create")?;
-
-        let arch = self.data.arch.clone();
-        let pause = pause_elf(&arch).ok_or(DockerError::UnsupportedArch { arch })?;
-        let mut tar = TarBuilder::new();
-        tar.dir(&entry_name("/.bottle"), 0o755, Ownership::ROOT)?;
-        tar.file(&entry_name(PAUSE_PATH), &pause, 0o755, Ownership::ROOT)?;
-        upload(self.engine, agent, tar.finish()?)?;
-        self.step_done("agent-files")?;
-
-        self.provision_ca(agent)?;
-        self.step_done("provision-ca")?;
-
-        self.provision_prompt(agent)?;
-        self.step_done("provision-prompt")?;
-
-        self.provision_skills(agent)?;
-        self.step_done("provision-skills")?;
-
-        let (bundle_started, agent_started) = self.engine.block_on(async {
-            tokio::join!(
-                self.engine.docker.start_container(&bundle, None),
-                self.engine.docker.start_container(agent, None)
-            )
-        });
-        bundle_started.map_err(DockerError::api(format!("start {bundle}")))?;
-        self.egress_lock = None;
-        self.step_done("bundle-start")?;
-        agent_started.map_err(DockerError::api(format!("start {agent}")))?;
-        self.step_done("agent-start")?;
-
-        self.check_bundle()?;
-
-        self.verify_agent(network, agent)?;
-        self.step_done("agent-verify")?;
-
-        if self.data.git.is_empty() {
-            self.note("git: no repositories configured, skipped");
-        } else {
-            let names: Vec<&str> = self.data.git.iter().map(|r| r.name.as_str()).collect();
-            self.note(&format!(
-                "git: {} served by git-gate at http://{}:{}/<name>.git (GIT_GATE_URL)",
-                names.join(", "),
-                self.data.bundle_ip,
-                bottle_core::bundle::GIT_GATE_PORT
-            ));
-        }
-        self.step_done("provision-git")?;
-
-        self.provision_supervise(agent)?;
-        self.step_done("provision-supervise")?;
-
-        data::write_file(&self.paths.launched(), b"1\n", 0o600)?;
-        self.step_done("complete")?;
-
-        Ok(DockerBottle {
-            engine: self.engine.clone(),
-            name: self.plan.bottle.clone(),
-            container: agent.clone(),
-            default_command: self.data.default_command.clone(),
-            image: self.data.agent_image_ref.clone(),
-            user: (!self.data.agent_user.is_empty()).then(|| self.data.agent_user.clone()),
-        })
-    }
-
     /// The bundle steps alone (a microVM's bundle): the bottle network,
     /// the egress network, and the bundle running, verified and healthy.
     fn run_bundle(&mut self) -> Result<(), DockerError> {
         self.prepare_bundle()?;
-        let bundle = self.data.bundle_container.clone();
+        let bundle = self.bundle.container.clone();
         self.block(&format!("start {bundle}"), async {
             self.engine.docker.start_container(&bundle, None).await
         })?;
         self.egress_lock = None;
-        self.step_done("bundle-start")?;
+        self.step_done(Step::BundleStart)?;
         self.check_bundle()
     }
 
@@ -390,19 +409,14 @@ impl Launch<'_> {
     /// and filled but not started. Leaves the egress lock held.
     fn prepare_bundle(&mut self) -> Result<(), DockerError> {
         data::write_owner(&self.paths, self.labels.owner)?;
-        if self.mode == LaunchMode::BundleForVm {
-            crate::smolvm_host::write_stage(&self.paths, self.plan, &self.data)?;
-        }
+        self.write_stage()?;
         data::create_private_dir(&self.paths.logs())?;
         data::create_private_dir(&self.paths.requests())?;
-        let names = (
-            self.data.network.clone(),
-            self.data.bundle_container.clone(),
-        );
+        let names = (self.bundle.network.clone(), self.bundle.container.clone());
         let (network, bundle) = (&names.0, &names.1);
 
         self.create_network(network)?;
-        self.step_done("network")?;
+        self.step_done(Step::Network)?;
 
         // Exclusive until the bundle is attached: Docker does not keep
         // network names unique, so two launches that both saw no egress
@@ -410,10 +424,10 @@ impl Launch<'_> {
         // fail on the ambiguous name.
         self.egress_lock = Some(lifecycle::egress_lock());
         self.ensure_egress_network()?;
-        self.step_done("egress-network")?;
+        self.step_done(Step::EgressNetwork)?;
 
         self.create_bundle(bundle)?;
-        self.step_done("bundle-create")?;
+        self.step_done(Step::BundleCreate)?;
 
         self.block("connect the bundle to the egress network", async {
             self.engine
@@ -427,28 +441,41 @@ impl Launch<'_> {
                 )
                 .await
         })?;
-        self.step_done("bundle-connect")?;
+        self.step_done(Step::BundleConnect)?;
 
         self.write_bundle_files(bundle)?;
-        self.step_done("bundle-files")?;
+        self.step_done(Step::BundleFiles)?;
         Ok(())
+    }
+
+    /// Writes the bundle's CA and, for the operator to read, its config
+    /// into the state dir. Done at launch, not at prepare, so a declined
+    /// plan leaves nothing behind.
+    fn write_stage(&self) -> Result<(), DockerError> {
+        let ca = bottle_bundle::generate_ca(&self.plan.bottle).map_err(|err| DockerError::Ca {
+            detail: err.to_string(),
+        })?;
+        data::write_file(&self.paths.ca_cert(), ca.cert_pem.as_bytes(), 0o644)?;
+        data::write_file(&self.paths.ca_key(), ca.key_pem.as_bytes(), 0o600)?;
+        let config = serde_json::to_vec_pretty(&config::bundle_config(self.plan, self.bundle))
+            .map_err(|err| DockerError::PlanData {
+                detail: err.to_string(),
+            })?;
+        data::write_file(&self.paths.bundle_config(), &config, 0o600)
     }
 
     /// `bundle-verify` and `bundle-health` of a started bundle.
     fn check_bundle(&mut self) -> Result<(), DockerError> {
-        let (network, bundle) = (
-            self.data.network.clone(),
-            self.data.bundle_container.clone(),
-        );
+        let (network, bundle) = (self.bundle.network.clone(), self.bundle.container.clone());
         let (network, bundle) = (&network, &bundle);
         self.verify_bundle(network, bundle)?;
-        self.step_done("bundle-verify")?;
+        self.step_done(Step::BundleVerify)?;
 
         self.wait_healthy(bundle)?;
         if self.mode == LaunchMode::BundleForVm {
             self.wait_host_reaches(bundle)?;
         }
-        self.step_done("bundle-health")?;
+        self.step_done(Step::BundleHealth)?;
         Ok(())
     }
 
@@ -466,14 +493,11 @@ impl Launch<'_> {
         let labels = self.labels_for(role::NETWORK);
         let request = match self.mode {
             LaunchMode::Bottle => {
-                config::internal_network(network, &self.data.subnet, self.data.gateway, labels)
+                config::internal_network(network, &self.bundle.subnet, self.bundle.gateway, labels)
             }
-            LaunchMode::BundleForVm => crate::smolvm_host::vm_bundle_network(
-                network,
-                &self.data.subnet,
-                self.data.gateway,
-                labels,
-            ),
+            LaunchMode::BundleForVm => {
+                config::vm_bundle_network(network, &self.bundle.subnet, self.bundle.gateway, labels)
+            }
         };
         self.block(&format!("create network {network}"), async {
             self.engine.docker.create_network(request).await
@@ -518,10 +542,10 @@ impl Launch<'_> {
             .into_iter()
             .filter_map(|c| c.subnet)
             .collect();
-        if subnets != [self.data.subnet.clone()] {
+        if subnets != [self.bundle.subnet.clone()] {
             return refuse(format!(
                 "network {network} has subnets {subnets:?}, planned {}",
-                self.data.subnet
+                self.bundle.subnet
             ));
         }
         Ok(())
@@ -563,7 +587,7 @@ impl Launch<'_> {
         let logs = self.paths.logs().display().to_string();
         let requests = self.paths.requests().display().to_string();
         let body =
-            config::bundle_container(&self.data, &logs, &requests, self.labels_for(role::BUNDLE));
+            config::bundle_container(self.bundle, &logs, &requests, self.labels_for(role::BUNDLE));
         let options = CreateContainerOptionsBuilder::default()
             .name(bundle)
             .build();
@@ -578,12 +602,12 @@ impl Launch<'_> {
     }
 
     fn write_bundle_files(&self, bundle: &str) -> Result<(), DockerError> {
-        let (uid, gid) = self.data.bundle_user;
+        let (uid, gid) = self.bundle.user;
         let owner = Ownership {
             uid: u64::from(uid),
             gid: u64::from(gid),
         };
-        let bundle_config = config::bundle_config(self.plan, &self.data);
+        let bundle_config = config::bundle_config(self.plan, self.bundle);
         let json =
             serde_json::to_vec_pretty(&bundle_config).map_err(|err| DockerError::PlanData {
                 detail: err.to_string(),
@@ -607,11 +631,16 @@ impl Launch<'_> {
         tar.file(&entry_name(BUNDLE_CA_CERT), &cert, 0o644, owner)?;
         tar.file(&entry_name(BUNDLE_CA_KEY), &key, 0o600, owner)?;
         tar.dir(&entry_name(BUNDLE_CREDENTIALS_DIR), 0o700, owner)?;
-        for (credential, file) in self.data.credentials.iter().zip(&bundle_config.credentials) {
+        for (credential, file) in self
+            .bundle
+            .credentials
+            .iter()
+            .zip(&bundle_config.credentials)
+        {
             let secret = read_secret(credential)?;
             tar.file(&entry_name(&file.file), &secret, 0o600, owner)?;
         }
-        if !self.data.git.is_empty() {
+        if !self.bundle.git.is_empty() {
             tar.dir(
                 &entry_name(config::BUNDLE_GIT_CREDENTIALS_DIR),
                 0o700,
@@ -620,7 +649,7 @@ impl Launch<'_> {
             tar.dir("var/lib/bottle", 0o700, owner)?;
             tar.dir(&entry_name(config::BUNDLE_GIT_MIRRORS), 0o700, owner)?;
         }
-        for (repo, served) in self.data.git.iter().zip(&bundle_config.git) {
+        for (repo, served) in self.bundle.git.iter().zip(&bundle_config.git) {
             if let (Some(source), Some(file)) = (&repo.credential, &served.credential_file) {
                 let secret = std::fs::read(source).map_err(|e| DockerError::Credential {
                     name: format!("git {}", repo.name),
@@ -644,12 +673,12 @@ impl Launch<'_> {
             .and_then(|n| n.networks)
             .unwrap_or_default();
         let ip = networks.get(network).and_then(|e| e.ip_address.clone());
-        if ip.as_deref() != Some(&self.data.bundle_ip.to_string()) {
+        if ip.as_deref() != Some(&self.bundle.ip.to_string()) {
             return Err(DockerError::IsolationUnconfirmed {
                 what: format!(
                     "the bundle is at {} on {network}, not at the pinned {}",
                     ip.unwrap_or_else(|| "no address".into()),
-                    self.data.bundle_ip
+                    self.bundle.ip
                 ),
             });
         }
@@ -665,11 +694,7 @@ impl Launch<'_> {
     /// address, from inside the bundle (works wherever the Engine API does,
     /// including daemons whose container addresses the host cannot reach).
     fn wait_healthy(&self, bundle: &str) -> Result<(), DockerError> {
-        let addr = format!(
-            "{}:{}",
-            self.data.bundle_ip,
-            bottle_core::bundle::PROXY_PORT
-        );
+        let addr = format!("{}:{}", self.bundle.ip, bottle_core::bundle::PROXY_PORT);
         let argv = [
             BUNDLE_BINARY_PATH.to_string(),
             "health".to_string(),
@@ -716,8 +741,7 @@ impl Launch<'_> {
     /// Polls a TCP connection from the host to the bundle's proxy port,
     /// the path smolvm's gateway takes for the guest's traffic.
     fn wait_host_reaches(&self, bundle: &str) -> Result<(), DockerError> {
-        let addr =
-            std::net::SocketAddr::from((self.data.bundle_ip, bottle_core::bundle::PROXY_PORT));
+        let addr = std::net::SocketAddr::from((self.bundle.ip, bottle_core::bundle::PROXY_PORT));
         let deadline = Instant::now() + self.settings.health_timeout;
         loop {
             let last = match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
@@ -745,12 +769,111 @@ impl Launch<'_> {
         }
     }
 
+    /// Removes what this launch created, newest first. Returns what could
+    /// not be removed (best effort: every undo is tried).
+    fn unwind(&mut self) -> Vec<String> {
+        let mut failures = Vec::new();
+        while let Some(undo) = self.undo.pop() {
+            let result = match &undo {
+                Undo::Container(name) => lifecycle::remove_container(self.engine, name).map(drop),
+                Undo::Network(name) => lifecycle::remove_network(self.engine, name).map(drop),
+                Undo::EgressIfUnused => lifecycle::remove_egress_if_unused(self.engine).map(drop),
+                Undo::StateDir => data::remove_state_dir(&self.paths.root).map(drop),
+                Undo::BundleFiles => data::remove_bundle_files(&self.paths.root).map(drop),
+            };
+            if let Err(err) = result {
+                failures.push(err.message());
+            }
+        }
+        failures
+    }
+}
+
+/// The agent container's steps: a docker bottle's plan only.
+impl<'a> Launch<'a, crate::data::DockerPlanData> {
+    /// The agent container's part of the plan.
+    fn agent(&self) -> &'a AgentData {
+        &self.plan.backend_data.agent
+    }
+
+    fn run(&mut self) -> Result<DockerBottle, DockerError> {
+        let data = self.agent();
+        self.prepare_bundle()?;
+        let (network, agent) = (self.bundle.network.clone(), data.container.clone());
+        let (network, agent) = (&network, &agent);
+        let bundle = self.bundle.container.clone();
+
+        self.create_agent(agent)?;
+        self.step_done(Step::AgentCreate)?;
+
+        let arch = data.arch.clone();
+        let pause = pause_elf(&arch).ok_or(DockerError::UnsupportedArch { arch })?;
+        let mut tar = TarBuilder::new();
+        tar.dir(&entry_name("/.bottle"), 0o755, Ownership::ROOT)?;
+        tar.file(&entry_name(PAUSE_PATH), &pause, 0o755, Ownership::ROOT)?;
+        upload(self.engine, agent, tar.finish()?)?;
+        self.step_done(Step::AgentFiles)?;
+
+        self.provision_ca(agent)?;
+        self.step_done(Step::ProvisionCa)?;
+
+        self.provision_prompt(agent)?;
+        self.step_done(Step::ProvisionPrompt)?;
+
+        self.provision_skills(agent)?;
+        self.step_done(Step::ProvisionSkills)?;
+
+        let (bundle_started, agent_started) = self.engine.block_on(async {
+            tokio::join!(
+                self.engine.docker.start_container(&bundle, None),
+                self.engine.docker.start_container(agent, None)
+            )
+        });
+        bundle_started.map_err(DockerError::api(format!("start {bundle}")))?;
+        self.egress_lock = None;
+        self.step_done(Step::BundleStart)?;
+        agent_started.map_err(DockerError::api(format!("start {agent}")))?;
+        self.step_done(Step::AgentStart)?;
+
+        self.check_bundle()?;
+
+        self.verify_agent(network, agent)?;
+        self.step_done(Step::AgentVerify)?;
+
+        if self.bundle.git.is_empty() {
+            self.note("git: no repositories configured, skipped");
+        } else {
+            let names: Vec<&str> = self.bundle.git.iter().map(|r| r.name.as_str()).collect();
+            self.note(&format!(
+                "git: {} served by git-gate at http://{}:{}/<name>.git (GIT_GATE_URL)",
+                names.join(", "),
+                self.bundle.ip,
+                bottle_core::bundle::GIT_GATE_PORT
+            ));
+        }
+        self.step_done(Step::ProvisionGit)?;
+
+        self.provision_supervise(agent)?;
+        self.step_done(Step::ProvisionSupervise)?;
+
+        data::write_file(&self.paths.launched(), b"1\n", 0o600)?;
+        self.step_done(Step::Complete)?;
+
+        Ok(DockerBottle {
+            engine: self.engine.clone(),
+            name: self.plan.bottle.clone(),
+            container: agent.clone(),
+            default_command: data.default_command.clone(),
+            image: data.image_ref.clone(),
+            user: (!data.user.is_empty()).then(|| data.user.clone()),
+        })
+    }
+
     fn create_agent(&mut self, agent: &str) -> Result<(), DockerError> {
         let resolv = self.paths.agent_resolv_conf();
         data::write_file(&resolv, config::AGENT_RESOLV_CONF.as_bytes(), 0o644)?;
         let body = config::agent_container(
             self.plan,
-            &self.data,
             &resolv.display().to_string(),
             self.labels.for_role(role::AGENT),
         );
@@ -798,7 +921,7 @@ impl Launch<'_> {
     }
 
     fn provision_supervise(&self, agent: &str) -> Result<(), DockerError> {
-        let address = self.data.bundle_ip.to_string();
+        let address = self.bundle.ip.to_string();
         let mcp = bottle_core::bundle::mcp_config(&address);
         let mut tar = TarBuilder::new();
         tar.dir("etc/bottle", 0o755, Ownership::ROOT)?;
@@ -818,7 +941,7 @@ impl Launch<'_> {
     }
 
     fn provision_prompt(&self, agent: &str) -> Result<(), DockerError> {
-        let Some(prompt) = &self.data.prompt else {
+        let Some(prompt) = &self.agent().prompt else {
             self.note("prompt: none configured, skipped");
             return Ok(());
         };
@@ -832,13 +955,13 @@ impl Launch<'_> {
     }
 
     fn provision_skills(&self, agent: &str) -> Result<(), DockerError> {
-        if self.data.skills.is_empty() {
+        if self.agent().skills.is_empty() {
             self.note("skills: none configured, skipped");
             return Ok(());
         }
         let owner = container_owner(self.engine, agent)?;
         let mut tar = TarBuilder::new();
-        for skill in &self.data.skills {
+        for skill in &self.agent().skills {
             let name = skill
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -852,7 +975,7 @@ impl Launch<'_> {
         upload(self.engine, agent, tar.finish()?)?;
         self.note(&format!(
             "skills: {} copied under {AGENT_SKILLS_DIR}",
-            self.data.skills.len()
+            self.agent().skills.len()
         ));
         Ok(())
     }
@@ -880,11 +1003,11 @@ impl Launch<'_> {
             ));
         }
         let ip = networks.get(network).and_then(|e| e.ip_address.clone());
-        if ip.as_deref() != Some(&self.data.agent_ip.to_string()) {
+        if ip.as_deref() != Some(&self.agent().ip.to_string()) {
             return refuse(format!(
                 "the agent is at {}, not at the pinned {}",
                 ip.unwrap_or_default(),
-                self.data.agent_ip
+                self.agent().ip
             ));
         }
         let host = inspect.host_config.unwrap_or_default();
@@ -903,27 +1026,6 @@ impl Launch<'_> {
             return refuse("the agent is privileged".into());
         }
         Ok(())
-    }
-
-    /// Removes what this launch created, newest first. Returns what could
-    /// not be removed (best effort: every undo is tried).
-    fn unwind(&mut self) -> Vec<String> {
-        let mut failures = Vec::new();
-        while let Some(undo) = self.undo.pop() {
-            let result = match &undo {
-                Undo::Container(name) => lifecycle::remove_container(self.engine, name).map(drop),
-                Undo::Network(name) => lifecycle::remove_network(self.engine, name).map(drop),
-                Undo::EgressIfUnused => lifecycle::remove_egress_if_unused(self.engine).map(drop),
-                Undo::StateDir => data::remove_state_dir(&self.paths.root).map(drop),
-                Undo::BundleFiles => {
-                    crate::smolvm_host::remove_bundle_files(&self.paths.root).map(drop)
-                }
-            };
-            if let Err(err) = result {
-                failures.push(err.message());
-            }
-        }
-        failures
     }
 }
 
@@ -969,14 +1071,14 @@ mod tests {
         assert_eq!(
             Failpoint::parse("bundle-start").unwrap(),
             Some(Failpoint {
-                step: "bundle-start".into(),
+                step: Step::BundleStart,
                 sleep: false
             })
         );
         assert_eq!(
             Failpoint::parse("agent-create:sleep").unwrap(),
             Some(Failpoint {
-                step: "agent-create".into(),
+                step: Step::AgentCreate,
                 sleep: true
             })
         );
@@ -991,11 +1093,14 @@ mod tests {
     }
 
     #[test]
-    fn steps_are_unique() {
-        let mut steps = STEPS.to_vec();
-        steps.sort_unstable();
-        steps.dedup();
-        assert_eq!(steps.len(), STEPS.len());
+    fn step_names_are_unique_and_parse_back() {
+        for step in Step::ALL {
+            assert_eq!(Step::parse(step.name()), Some(step));
+        }
+        let mut names: Vec<&str> = Step::ALL.map(Step::name).to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Step::ALL.len());
     }
 
     #[test]
@@ -1019,13 +1124,12 @@ mod tests {
     }
 
     #[test]
-    fn every_step_is_documented() {
-        let doc = include_str!("launch.rs");
-        for step in STEPS {
-            assert!(
-                doc.contains(&format!("//! | `{step}` |")),
-                "{step} undocumented"
-            );
-        }
+    fn the_step_table_lists_every_step_in_launch_order() {
+        let table: Vec<&str> = include_str!("launch.rs")
+            .lines()
+            .filter_map(|line| line.strip_prefix("//! | `"))
+            .filter_map(|rest| rest.split('`').next())
+            .collect();
+        assert_eq!(table, Step::ALL.map(Step::name));
     }
 }

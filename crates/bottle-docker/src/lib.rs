@@ -15,8 +15,8 @@
 //! unwinding, failpoints), [`lifecycle`] (list, stop, cleanup),
 //! [`bottle`] (exec, copy-in), [`config`] (pure request builders),
 //! [`images`], [`names`] (labels), [`data`] (plan data, state dir),
-//! [`smolvm_host`] (the bundle and the agent image of a smolmachines
-//! bottle).
+//! [`vm_bundle`] (the bundle and the agent image of a microVM bottle,
+//! through bottle-core's `BundleHost` and `ImageStore`).
 //!
 //! **Architecture Invariant:** every Docker resource a launch creates
 //! carries the `bottle.*` labels of [`names`] and is registered for undo
@@ -33,14 +33,14 @@ pub mod launch;
 pub mod lifecycle;
 pub mod names;
 pub mod pause;
-pub mod smolvm_host;
 pub mod tarball;
 mod tty;
 pub mod users;
+pub mod vm_bundle;
 
 pub use backend::{DEFAULT_HEALTH_TIMEOUT, DockerBackend, DockerOptions};
 pub use bottle::DockerBottle;
 pub use error::{BUNDLE_BUILD_HINT, DockerError};
 pub use images::{BUNDLE_BIN_ENV, Progress};
-pub use launch::{FAILPOINT_ENV, STEPS};
-pub use smolvm_host::{DockerBundleHost, EngineImages};
+pub use launch::{FAILPOINT_ENV, Step};
+pub use vm_bundle::{DockerBundleHost, EngineImages};

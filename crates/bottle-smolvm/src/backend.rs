@@ -22,26 +22,26 @@
 //! --json` filtered by that prefix and cross-checked with the state files
 //! under `<state root>/<slug>/smolvm.json`.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bottle_core::backend::{
-    BackendError, BackendErrorKind, BackendKind, Bottle, BottleBackend, BottleInfo, CleanupReport,
-    ExecOutput,
+    BackendError, BackendErrorKind, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher,
+    CleanupReport, ExecOutput,
 };
+use bottle_core::bundle_host::{BundleHost, PreparedBundle};
+use bottle_core::images::{AgentImage, ImageStore};
 use bottle_core::plan::Plan;
 use bottle_core::slug::{RESOURCE_PREFIX, bottle_name, slug_of};
 use bottle_core::spec::BottleSpec;
 use serde::{Deserialize, Serialize};
 
-use crate::bundle_host::{BundleHost, BundlePlan, validate_bundle_address};
+use crate::bundle_address::validate_bundle_address;
 use crate::cli::{MachineEntry, Smolvm};
 use crate::error::{SmolvmError, io_err};
 use crate::interactive::{InteractiveRunner, TerminalRunner, stdin_is_tty};
-use crate::pack::{AgentImage, ImageSource};
+use crate::pack::SmolmachineCache;
 use crate::provision::{self, ProvisionInputs};
-use crate::smolfile::{self, SmolfileSpec};
 use crate::statedb::{self, DataPlatform, EgressPolicy};
 use crate::version::require_enforced;
 
@@ -49,23 +49,16 @@ use crate::version::require_enforced;
 pub const STATE_FILE: &str = "smolvm.json";
 /// Version of [`BottleState`]'s format.
 pub const STATE_VERSION: u32 = 1;
-/// The rendered Smolfile in a bottle's state dir.
-pub const SMOLFILE: &str = "Smolfile";
 /// Version of [`PlanData`]'s format.
 pub const PLAN_DATA_VERSION: u32 = 1;
 
 /// Files this backend writes into a bottle's state dir, removed by `stop`.
-const OWN_FILES: [&str; 5] = [
-    STATE_FILE,
-    SMOLFILE,
-    "guest-env",
-    "guest-mcp.json",
-    "guest-gitconfig",
-];
+const OWN_FILES: [&str; 3] = [STATE_FILE, "guest-env", "guest-mcp.json"];
 
-/// The backend's part of a [`Plan`] (`plan.backend_data`).
+/// The backend's part of a [`Plan`] (`plan.backend_data`); `P` is what
+/// the bundle host resolved.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PlanData {
+pub struct PlanData<P> {
     /// [`PLAN_DATA_VERSION`].
     pub version: u32,
     /// The smolvm machine name (`bot-bottle-<slug>`).
@@ -74,9 +67,10 @@ pub struct PlanData {
     pub image: AgentImage,
     /// What provisioning copies in.
     pub inputs: ProvisionInputs,
+    /// The agent's environment (`bottle_core::agent::agent_env_of`).
+    pub env: Vec<(String, String)>,
     /// What the bundle host resolved for the bundle.
-    #[serde(default)]
-    pub bundle: BundlePlan,
+    pub bundle: PreparedBundle<P>,
 }
 
 /// Where a launch got to.
@@ -118,18 +112,19 @@ pub struct BottleState {
 /// Runs a host check (KVM and platform) and says why it failed.
 pub type HostCheck = dyn Fn() -> Result<(), BackendError> + Send + Sync;
 
-/// The smolmachines backend.
-pub struct SmolvmBackend {
+/// The smolmachines backend, running its bundles on `H`.
+pub struct SmolvmBackend<H> {
     smolvm: Arc<Smolvm>,
-    images: Arc<dyn ImageSource>,
-    bundles: Arc<dyn BundleHost>,
+    images: Arc<dyn ImageStore>,
+    cache: SmolmachineCache,
+    bundles: Arc<H>,
     state_root: PathBuf,
     db_path: Option<PathBuf>,
     host_check: Arc<HostCheck>,
     interactive: Arc<dyn InteractiveRunner>,
 }
 
-impl std::fmt::Debug for SmolvmBackend {
+impl<H> std::fmt::Debug for SmolvmBackend<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SmolvmBackend")
             .field("smolvm", &self.smolvm)
@@ -139,19 +134,22 @@ impl std::fmt::Debug for SmolvmBackend {
     }
 }
 
-impl SmolvmBackend {
-    /// A backend driving `smolvm`, packing images with `images`, running
-    /// bundles with `bundles`, keeping state under `state_root`. The host
-    /// check defaults to [`crate::host::kvm_usable`].
+impl<H: BundleHost + 'static> SmolvmBackend<H> {
+    /// A backend driving `smolvm`, taking agent images from `images` and
+    /// packing them into `cache`, running bundles with `bundles`, keeping
+    /// state under `state_root`. The host check defaults to
+    /// [`crate::host::kvm_usable`].
     pub fn new(
         smolvm: Smolvm,
-        images: Arc<dyn ImageSource>,
-        bundles: Arc<dyn BundleHost>,
+        images: Arc<dyn ImageStore>,
+        cache: SmolmachineCache,
+        bundles: Arc<H>,
         state_root: PathBuf,
-    ) -> SmolvmBackend {
+    ) -> SmolvmBackend<H> {
         SmolvmBackend {
             smolvm: Arc::new(smolvm),
             images,
+            cache,
             bundles,
             state_root,
             db_path: None,
@@ -171,20 +169,20 @@ impl SmolvmBackend {
 
     /// Uses this state database instead of the one smolvm's environment
     /// points at.
-    pub fn with_db_path(mut self, path: PathBuf) -> SmolvmBackend {
+    pub fn with_db_path(mut self, path: PathBuf) -> SmolvmBackend<H> {
         self.db_path = Some(path);
         self
     }
 
     /// Replaces the host check (the CLI passes bottle-preflight's KVM
     /// checks here).
-    pub fn with_host_check(mut self, check: Arc<HostCheck>) -> SmolvmBackend {
+    pub fn with_host_check(mut self, check: Arc<HostCheck>) -> SmolvmBackend<H> {
         self.host_check = check;
         self
     }
 
     /// Replaces the terminal runner.
-    pub fn with_interactive(mut self, runner: Arc<dyn InteractiveRunner>) -> SmolvmBackend {
+    pub fn with_interactive(mut self, runner: Arc<dyn InteractiveRunner>) -> SmolvmBackend<H> {
         self.interactive = runner;
         self
     }
@@ -242,7 +240,7 @@ impl SmolvmBackend {
         Ok(out)
     }
 
-    fn prepare_inner(&self, spec: &BottleSpec) -> Result<Plan, SmolvmError> {
+    fn prepare_inner(&self, spec: &BottleSpec) -> Result<SmolvmPlan<H::Prepared>, SmolvmError> {
         let version = self.smolvm.version()?;
         require_enforced(version)?;
         let Some(reference) = spec.agent.image.as_deref() else {
@@ -256,24 +254,20 @@ impl SmolvmBackend {
                 "build the image first (`docker build -t NAME CONTEXT`) and set `image = \"NAME\"` in the manifest",
             )));
         };
-        let image = self.images.inspect(reference)?;
-        let mut plan = Plan::from_spec(spec, BackendKind::Smolmachines, spec.agent.memory_bytes());
-        plan.image = format!("{reference} ({})", short_id(&image.id));
-        let bundle = self
-            .bundles
-            .prepare(spec, &plan)
+        let image = self
+            .images
+            .inspect(reference)
             .map_err(SmolvmError::External)?;
-        plan.backend_lines = vec![
+        let bundle = self.bundles.prepare(spec).map_err(SmolvmError::External)?;
+        validate_bundle_address(bundle.address)?;
+        let mut backend_lines = vec![
             ("vm".into(), format!("libkrun microVM via smolvm {version}")),
             (
                 "allowlist".into(),
-                match bundle.address {
-                    Some(address) => {
-                        format!("{address}/32 only: the bundle on its per-bottle network")
-                    }
-                    None => "one /32: the bundle's address on its per-bottle network (assigned at launch)"
-                        .into(),
-                },
+                format!(
+                    "{}/32 only: the bundle on its per-bottle network",
+                    bundle.address
+                ),
             ),
             (
                 "dns".into(),
@@ -281,47 +275,55 @@ impl SmolvmBackend {
             ),
             (
                 "image".into(),
-                match self.images.cached(&image) {
+                match self.cache.cached(&image) {
                     Some(path) => format!("cached {}", path.display()),
                     None => "packed into a .smolmachine at launch (then cached)".into(),
                 },
             ),
         ];
-        plan.backend_lines.extend(bundle.lines.iter().cloned());
+        backend_lines.extend(bundle.lines.iter().cloned());
+        let image_line = format!("{reference} ({})", short_id(&image.id));
         let data = PlanData {
             version: PLAN_DATA_VERSION,
             machine: spec.name.clone(),
             image,
             inputs: ProvisionInputs::from_spec(spec),
+            env: bottle_core::agent::agent_env_of(spec, bundle.address),
             bundle,
         };
-        plan.backend_data = serde_json::to_value(&data).map_err(|err| SmolvmError::BadOutput {
-            argv: vec!["plan".into()],
-            detail: err.to_string(),
-        })?;
+        let mut plan = Plan::from_spec(spec, BackendKind::Smolmachines, spec.agent.memory_bytes())
+            .with_data(data);
+        plan.image = image_line;
+        plan.backend_lines = backend_lines;
         Ok(plan)
     }
 
-    fn launch_inner(&self, plan: &Plan) -> Result<SmolvmBottle, BackendError> {
+    fn launch_inner(&self, plan: &SmolvmPlan<H::Prepared>) -> Result<SmolvmBottle, BackendError> {
         let version = self.smolvm.version()?;
         require_enforced(version)?;
         (self.host_check)()?;
-        let data: PlanData = serde_json::from_value(plan.backend_data.clone()).map_err(|err| {
-            BackendError::new(
+        let data = &plan.backend_data;
+        if plan.backend != BackendKind::Smolmachines || data.version != PLAN_DATA_VERSION {
+            return Err(BackendError::new(
                 BackendErrorKind::Failed,
                 "BOT-K091",
-                format!("the plan was not made by the smolmachines backend: {err}"),
+                format!(
+                    "the plan was not made by this smolmachines backend (backend {}, data version {})",
+                    plan.backend, data.version
+                ),
                 "run `bottle start` again so the plan is prepared by this backend",
-            )
-        })?;
+            ));
+        }
         let machine = data.machine.clone();
         if self.machines()?.iter().any(|m| m.name == machine) {
             return Err(SmolvmError::AlreadyExists { machine }.into());
         }
-        let smolmachine = self.images.smolmachine(&data.image, &self.smolvm)?;
+        let smolmachine =
+            self.cache
+                .smolmachine(self.images.as_ref(), &data.image, &self.smolvm)?;
 
         let mut unwind = Unwind::default();
-        let result = self.launch_steps(plan, &data, &smolmachine, &mut unwind);
+        let result = self.launch_steps(plan, data, &smolmachine, &mut unwind);
         match result {
             Ok(bottle) => {
                 unwind.disarm();
@@ -345,8 +347,8 @@ impl SmolvmBackend {
 
     fn launch_steps<'a>(
         &'a self,
-        plan: &Plan,
-        data: &PlanData,
+        plan: &SmolvmPlan<H::Prepared>,
+        data: &PlanData<H::Prepared>,
         smolmachine: &Path,
         unwind: &mut Unwind<'a>,
     ) -> Result<SmolvmBottle, SmolvmError> {
@@ -380,7 +382,7 @@ impl SmolvmBackend {
 
         let endpoint = self
             .bundles
-            .start(plan, &data.bundle)
+            .start(plan, &data.bundle.data)
             .map_err(SmolvmError::External)?;
         {
             let bundles = Arc::clone(&self.bundles);
@@ -390,35 +392,22 @@ impl SmolvmBackend {
             });
         }
         validate_bundle_address(endpoint.address)?;
-        if let Some(planned) = data.bundle.address
-            && planned != endpoint.address
-        {
+        // The agent's environment names the planned address; the bundle
+        // must be exactly there.
+        if endpoint.address != data.bundle.address {
             return Err(SmolvmError::BundleAddress {
                 address: endpoint.address.to_string(),
-                reason: format!("the confirmed plan put the bundle at {planned}"),
+                reason: format!(
+                    "the confirmed plan put the bundle at {}",
+                    data.bundle.address
+                ),
             });
         }
         let policy = EgressPolicy::one_address(endpoint.address);
-        let env = provision::agent_env(
-            &data.inputs.env,
-            endpoint.address,
-            endpoint.git_gate,
-            endpoint.supervise,
-            data.inputs.prompt.is_some(),
-        );
+        let env = data.env.clone();
         state.bundle_address = Some(endpoint.address.to_string());
         state.env = env.clone();
         write_state_file(&state_path, &state)?;
-
-        let smolfile = smolfile::render(&SmolfileSpec {
-            image: data.image.reference.clone(),
-            entrypoint: Vec::new(),
-            cmd: plan.command.clone(),
-            env: env.iter().cloned().collect::<BTreeMap<_, _>>(),
-            allow: endpoint.address,
-        })?;
-        let smolfile_path = state_dir.join(SMOLFILE);
-        std::fs::write(&smolfile_path, smolfile).map_err(|e| io_err("write", &smolfile_path, e))?;
 
         self.smolvm
             .create(&machine, smolmachine, &policy.allowed_cidrs)?;
@@ -504,7 +493,22 @@ impl SmolvmBackend {
     }
 }
 
-impl BottleBackend for SmolvmBackend {
+/// A smolmachines bottle's plan, with the bundle host's data `P`.
+pub type SmolvmPlan<P> = Plan<PlanData<P>>;
+
+impl<H: BundleHost + 'static> BottleLauncher for SmolvmBackend<H> {
+    type PlanData = PlanData<H::Prepared>;
+
+    fn prepare(&self, spec: &BottleSpec) -> Result<SmolvmPlan<H::Prepared>, BackendError> {
+        Ok(self.prepare_inner(spec)?)
+    }
+
+    fn launch(&self, plan: &SmolvmPlan<H::Prepared>) -> Result<Box<dyn Bottle>, BackendError> {
+        Ok(Box::new(self.launch_inner(plan)?))
+    }
+}
+
+impl<H: BundleHost + 'static> BottleBackend for SmolvmBackend<H> {
     fn kind(&self) -> BackendKind {
         BackendKind::Smolmachines
     }
@@ -514,14 +518,6 @@ impl BottleBackend for SmolvmBackend {
         let version = self.smolvm.version()?;
         require_enforced(version)?;
         Ok(())
-    }
-
-    fn prepare(&self, spec: &BottleSpec) -> Result<Plan, BackendError> {
-        Ok(self.prepare_inner(spec)?)
-    }
-
-    fn launch(&self, plan: &Plan) -> Result<Box<dyn Bottle>, BackendError> {
-        Ok(Box::new(self.launch_inner(plan)?))
     }
 
     fn attach(&self, name: &str) -> Result<Box<dyn Bottle>, BackendError> {

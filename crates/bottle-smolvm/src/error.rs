@@ -95,18 +95,6 @@ pub enum SmolvmError {
         /// The policy we read back.
         found: String,
     },
-    /// The Smolfile could not be rendered.
-    Smolfile {
-        /// What went wrong.
-        detail: String,
-    },
-    /// A Docker Engine API call failed (image inspect / export).
-    Docker {
-        /// What we asked the engine.
-        action: String,
-        /// The engine's error.
-        source: bollard::errors::Error,
-    },
     /// The image export is not a `docker save` archive we can serve.
     ImageArchive {
         /// What is wrong with it.
@@ -229,10 +217,6 @@ impl SmolvmError {
                 "the egress policy of machine {machine:?} did not persist in {}: wrote {wanted}, read back {found}",
                 path.display()
             ),
-            SmolvmError::Smolfile { detail } => format!("could not render the Smolfile: {detail}"),
-            SmolvmError::Docker { action, source } => {
-                format!("docker engine: could not {action}: {source}")
-            }
             SmolvmError::ImageArchive { detail } => {
                 format!("the image export is not a usable docker-save archive: {detail}")
             }
@@ -303,10 +287,6 @@ impl SmolvmError {
             SmolvmError::AllowlistNotPersisted { .. } => {
                 "the bottle was not started; stop any process rewriting smolvm's state (a `smolvm serve` instance) and retry, or report the smolvm version".into()
             }
-            SmolvmError::Smolfile { .. } => "report this to the bottle maintainers".into(),
-            SmolvmError::Docker { .. } => {
-                "check that the Docker daemon is running and the agent image exists (`bottle doctor`)".into()
-            }
             SmolvmError::ImageArchive { .. } => {
                 "rebuild the agent image; report the Docker version if it recurs".into()
             }
@@ -365,7 +345,6 @@ impl std::error::Error for SmolvmError {
             | SmolvmError::Io { source, .. }
             | SmolvmError::Registry { source, .. } => Some(source),
             SmolvmError::StateDb { source, .. } => Some(source),
-            SmolvmError::Docker { source, .. } => Some(source),
             SmolvmError::External(err) => Some(err),
             _ => None,
         }
@@ -386,8 +365,6 @@ impl Coded for SmolvmError {
             SmolvmError::StateRowMissing { .. } => "BOT-K013",
             SmolvmError::StateRecordInvalid { .. } => "BOT-K014",
             SmolvmError::AllowlistNotPersisted { .. } => "BOT-K015",
-            SmolvmError::Smolfile { .. } => "BOT-K020",
-            SmolvmError::Docker { .. } => "BOT-K030",
             SmolvmError::ImageArchive { .. } => "BOT-K031",
             SmolvmError::Registry { .. } => "BOT-K032",
             SmolvmError::Io { .. } => "BOT-K040",

@@ -6,19 +6,18 @@
 //! - [`cli`]: the `smolvm` wrapper (every argv built in one place, run
 //!   through [`bottle_core::exec::CommandRunner`]), version-aware
 //!   ([`version`]);
-//! - [`smolfile`]: the per-bottle Smolfile in smolvm's schema;
 //! - [`statedb`]: where smolvm's state database is, and the fail-closed
 //!   patch that makes a machine's egress policy exactly one `/32` (and no DNS
 //!   names) before it starts;
-//! - [`registry`] and [`pack`]: the agent image exported from the Docker
-//!   Engine, served over a read-only OCI registry on an ephemeral port, packed
+//! - [`registry`] and [`pack`]: the agent image exported from an
+//!   [`bottle_core::images::ImageStore`] (the Docker Engine), served over a read-only OCI registry on an ephemeral port, packed
 //!   by `smolvm pack create` into a `.smolmachine` cached by image ID;
 //! - [`provision`]: CA, prompt, skills, git and supervise settings copied
 //!   into the guest;
 //! - [`backend`]: [`backend::SmolvmBackend`], the
 //!   [`bottle_core::BottleBackend`], with launch, list, stop and cleanup;
-//! - [`bundle_host`]: the [`bundle_host::BundleHost`] seam to whoever runs
-//!   the bundle container, and why its address is what it is;
+//! - [`bundle_address`]: why the bundle's address is what it is; the
+//!   bundle itself runs on a [`bottle_core::bundle_host::BundleHost`];
 //! - [`host`]: KVM and real-smolvm availability.
 //!
 //! **Architecture Invariant:** a machine is never started unless its record
@@ -26,7 +25,7 @@
 //! `/32`; every other outcome removes what the launch created.
 
 pub mod backend;
-pub mod bundle_host;
+pub mod bundle_address;
 pub mod cli;
 pub mod error;
 pub mod host;
@@ -34,12 +33,10 @@ pub mod interactive;
 pub mod pack;
 pub mod provision;
 pub mod registry;
-pub mod smolfile;
 pub mod statedb;
 pub mod version;
 
 pub use backend::{SmolvmBackend, SmolvmBottle};
-pub use bundle_host::{BundleEndpoint, BundleHost, BundlePlan};
 pub use cli::Smolvm;
 pub use error::SmolvmError;
 pub use host::real_smolvm_available;

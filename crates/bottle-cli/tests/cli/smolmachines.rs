@@ -499,3 +499,144 @@ fn the_kvm_check_runs_without_the_test_switch() {
         Err(_) => assert.stderr(predicate::str::contains("error[BOT-P004]")),
     };
 }
+
+/// The agent's environment as `env` prints it inside bottle `name`, with
+/// the bottle's own bundle address replaced by `<bundle>`: what the agent
+/// sees, independent of which subnet the launch chose.
+fn agent_environment(world: &World, backend: &str, name: &str) -> Vec<String> {
+    let listed = list(world, backend);
+    let bottle = bottle_core::slug::bottle_name(name);
+    let address = listed
+        .iter()
+        .find(|b| b["name"] == bottle.as_str())
+        .and_then(|b| b["bundle_address"].as_str())
+        .unwrap_or_else(|| panic!("{bottle} is not listed with an address: {listed:?}"))
+        .to_string();
+    let out = world
+        .bottle("1.9.3", "")
+        .args(["--backend", backend, "exec", name, "--", "env"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "env in {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut env: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|line| {
+            let name = line.split('=').next().unwrap_or_default();
+            bottle_core::agent::reserved(name).is_some()
+        })
+        .map(|line| line.replace(&address, "<bundle>"))
+        .collect();
+    env.sort();
+    env
+}
+
+#[test]
+fn both_backends_give_the_agent_the_same_environment() {
+    let test = "both_backends_give_the_agent_the_same_environment";
+    let Some(_docker) = docker(test) else { return };
+    let state = tempfile::tempdir().unwrap();
+    let builder =
+        bottle_docker::DockerBackend::new(bottle_docker::DockerOptions::new(state.path())).unwrap();
+    let image = "bottle-demo-agent:cli-env";
+    builder
+        .build_demo_agent(
+            &repo_root().join("examples/demo-agent"),
+            std::path::Path::new("/bin/busybox"),
+            image,
+        )
+        .unwrap_or_else(|err| panic!("{test}: the demo agent image: {err}"));
+    let world = World::new(image, "env-both");
+    if !sandbox_available(&world, test) {
+        return;
+    }
+    let vm = format!("{}-vm", world.name());
+    let container = format!("{}-ct", world.name());
+    for (backend, name) in [("smolmachines", &vm), ("docker", &container)] {
+        let start = world
+            .bottle("1.9.3", "")
+            .args(["--backend", backend, "--yes", "start", "coder"])
+            .args(["--name", name, "--detach"])
+            .output()
+            .unwrap();
+        assert!(
+            start.status.success(),
+            "start on {backend}: {}",
+            String::from_utf8_lossy(&start.stderr)
+        );
+    }
+    let on_vm = agent_environment(&world, "smolmachines", &vm);
+    let in_container = agent_environment(&world, "docker", &container);
+    for (backend, name) in [("smolmachines", &vm), ("docker", &container)] {
+        world
+            .bottle("1.9.3", "")
+            .args(["--backend", backend, "stop", name])
+            .assert()
+            .success();
+    }
+    assert!(
+        on_vm
+            .iter()
+            .any(|v| v == "HTTPS_PROXY=http://<bundle>:8888"),
+        "{on_vm:?}"
+    );
+    assert!(
+        on_vm.iter().any(|v| v.starts_with("BOTTLE_PROMPT_FILE=")),
+        "{on_vm:?}"
+    );
+    assert_eq!(on_vm, in_container);
+}
+
+#[test]
+fn a_declined_start_leaves_nothing_on_either_backend() {
+    let test = "a_declined_start_leaves_nothing_on_either_backend";
+    let Some(docker) = docker(test) else { return };
+    if !std::path::Path::new("/usr/bin/script").is_file() {
+        assert!(!required(), "{test}: util-linux `script` is missing");
+        println!("SKIP {test}: util-linux `script` (a terminal to answer on) is missing");
+        return;
+    }
+    let world = World::new(&docker.image, "declined");
+    let bottle_bin = assert_cmd::cargo::cargo_bin("bottle");
+    for backend in ["smolmachines", "docker"] {
+        // `start` asks y/N only on a terminal: `script` gives it one, and
+        // the answer is "n".
+        let line = format!(
+            "{} --backend {backend} --manifest {} start coder --name {}",
+            bottle_bin.display(),
+            world.dir.path().join("project/bottle.toml").display(),
+            world.name()
+        );
+        let root = world.dir.path();
+        let out = assert_cmd::Command::new("script")
+            .args(["-qec", &line, "/dev/null"])
+            .env("XDG_STATE_HOME", root.join("state"))
+            .env("HOME", root.join("home"))
+            .env("XDG_CACHE_HOME", root.join("cache"))
+            .env("SMOLVM_DATA_DIR", root.join("smolvm"))
+            .env("BOTTLE_SMOLVM", &world.fake)
+            .env("BOTTLE_TEST_FAKE_SMOLVM_NO_KVM", "1")
+            .env("FAKE_SMOLVM_VERSION", "1.9.3")
+            .env_remove("BOT_BOTTLE_BACKEND")
+            .write_stdin("n\n")
+            .timeout(Duration::from_secs(120))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(7), "{backend}: {text}");
+        assert!(text.contains("start this bottle?"), "{backend}: {text}");
+        assert!(text.contains("not started"), "{backend}: {text}");
+        assert_nothing_left(&world, &docker.engine);
+        assert!(
+            !container_exists(&docker.engine, &format!("{}-agent", world.machine())),
+            "{backend}: an agent container was left"
+        );
+        assert!(
+            !root.join("state/bottle").join(world.name()).exists(),
+            "{backend}: the state dir (and a CA key) was left"
+        );
+    }
+}

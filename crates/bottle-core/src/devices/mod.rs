@@ -183,7 +183,7 @@ pub struct ResolvedDevices {
 impl ResolvedDevices {
     /// Writes the passed and dropped devices into the plan the operator
     /// confirms. `root` is the root the devices were resolved under.
-    pub fn fill_plan(&self, plan: &mut Plan, root: &std::path::Path) {
+    pub fn fill_plan<D>(&self, plan: &mut Plan<D>, root: &std::path::Path) {
         plan.devices = self
             .passed
             .iter()

@@ -35,24 +35,6 @@ pub use validate::{MIN_MEMORY_BYTES, MIN_PIDS};
 use crate::error::Coded;
 use span::{Doc, FieldPath};
 
-/// Environment variables the bundle sets in the agent; the manifest's `env`
-/// may not set them (in any letter case).
-pub const BUNDLE_ENV: &[&str] = &[
-    "HTTP_PROXY",
-    "http_proxy",
-    "HTTPS_PROXY",
-    "https_proxy",
-    "NO_PROXY",
-    "no_proxy",
-    "ALL_PROXY",
-    "all_proxy",
-    "SSL_CERT_FILE",
-    "NODE_EXTRA_CA_CERTS",
-    "REQUESTS_CA_BUNDLE",
-    "GIT_GATE_URL",
-    "MCP_SUPERVISE_URL",
-];
-
 /// A manifest that could not be read or is invalid.
 ///
 /// Displays as `file:line:column: field: message` followed by a `fix:` line;

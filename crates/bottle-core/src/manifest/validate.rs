@@ -14,9 +14,7 @@ use std::path::Path;
 use super::codes;
 use super::host::{HostRule, HostRuleError};
 use super::span::{Doc, FieldPath};
-use super::{
-    Agent, BUNDLE_ENV, Credential, CredentialSource, GitMode, Manifest, Problem, parse_memory,
-};
+use super::{Agent, Credential, CredentialSource, GitMode, Manifest, Problem, parse_memory};
 use crate::slug;
 
 /// The smallest memory limit a bottle may have.
@@ -253,15 +251,7 @@ impl Checks<'_, '_> {
             );
             return;
         }
-        if let Some(owned) = BUNDLE_ENV.iter().find(|v| v.eq_ignore_ascii_case(key)) {
-            let why = match owned.to_ascii_uppercase().as_str() {
-                "SSL_CERT_FILE" | "NODE_EXTRA_CA_CERTS" | "REQUESTS_CA_BUNDLE" => {
-                    "so the agent trusts the bottle's CA"
-                }
-                "GIT_GATE_URL" => "so git goes through git-gate",
-                "MCP_SUPERVISE_URL" => "so the agent can ask the operator through supervise",
-                _ => "so the agent's traffic goes through its proxy",
-            };
+        if let Some(why) = crate::agent::reserved(key) {
             self.report(
                 codes::ENV_RESERVED,
                 path.clone(),

@@ -132,7 +132,20 @@ fn memory_limits_reach_the_plan_in_bytes() {
 
 #[test]
 fn bundle_owned_variables_are_refused_in_any_case() {
-    for name in manifest::BUNDLE_ENV {
+    for name in [
+        "HTTPS_PROXY",
+        "no_proxy",
+        "ALL_PROXY",
+        "CURL_CA_BUNDLE",
+        "GIT_SSL_CAINFO",
+        "GIT_CONFIG_COUNT",
+        "GIT_CONFIG_KEY_0",
+        "GIT_CONFIG_VALUE_3",
+        "GIT_GATE_URL",
+        "MCP_SUPERVISE_URL",
+        "BOTTLE_MCP_CONFIG",
+        "BOTTLE_PROMPT_FILE",
+    ] {
         let text = format!("[agents.a]\nimage = \"x\"\nenv.{name} = \"v\"\n");
         assert_eq!(err(&text).code, codes::ENV_RESERVED, "{name}");
     }

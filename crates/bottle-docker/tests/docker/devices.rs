@@ -2,7 +2,7 @@
 //! is usable inside the agent; a blacklisted one, even requested under
 //! another name, never appears.
 
-use bottle_core::BottleBackend;
+use bottle_core::BottleLauncher;
 use bottle_core::devices::{AdminPolicy, DevicePolicy};
 use nix::sys::stat::{Mode, SFlag, makedev, mknod};
 

@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use bottle_core::BottleBackend;
+use bottle_core::{BottleBackend, BottleLauncher};
 use bottle_docker::data::{self, StatePaths};
 use bottle_docker::names::Owner;
 
@@ -16,9 +16,9 @@ fn every_failed_step_unwinds_everything() {
     let Some(fx) = support::setup("every_failed_step_unwinds_everything") else {
         return;
     };
-    for step in bottle_docker::STEPS {
+    for step in bottle_docker::Step::ALL.map(bottle_docker::Step::name) {
         let mut options = fx.backend.options().clone();
-        options.failpoint = Some((*step).to_string());
+        options.failpoint = Some(step.to_string());
         let backend = bottle_docker::DockerBackend::new(options).unwrap();
         let name = name(&format!("fail-{step}"));
         let spec = fx.spec(&name);
@@ -215,16 +215,27 @@ fn detached_bottles_outlive_their_launcher() {
 }
 
 #[test]
-fn cleanup_removes_an_abandoned_stage_dir() {
-    let Some(fx) = support::setup("cleanup_removes_an_abandoned_stage_dir") else {
+fn a_declined_plan_leaves_nothing_and_cleanup_removes_an_abandoned_stage() {
+    let Some(fx) =
+        support::setup("a_declined_plan_leaves_nothing_and_cleanup_removes_an_abandoned_stage")
+    else {
         return;
     };
     let declined = name("declined");
     let spec = fx.spec(&declined);
-    fx.backend.prepare(&spec).unwrap();
+    let plan = fx.backend.prepare(&spec).unwrap();
+    // Prepared, not confirmed: no state dir, no CA key, nothing in Docker.
+    assert!(
+        !spec.state_dir.exists(),
+        "a prepared plan wrote its state dir"
+    );
+    assert_eq!(resources_of(&fx.backend, &declined), Vec::<String>::new());
+    // A launch killed after writing its stage and before creating anything
+    // in Docker leaves what this writes.
     let paths = StatePaths::new(&spec.state_dir);
-    assert!(paths.plan().is_file());
-    assert!(paths.ca_key().is_file());
+    data::write_plan(&paths, &plan).unwrap();
+    data::write_owner(&paths, Owner::current()).unwrap();
+    data::write_file(&paths.ca_key(), b"key", 0o600).unwrap();
     // While its owner (this process) lives, the stage stays.
     fx.backend.cleanup_orphans().unwrap();
     assert!(paths.plan().is_file());

@@ -1,6 +1,6 @@
 //! start → exec → stop, list, attach, provisioning.
 
-use bottle_core::BottleBackend;
+use bottle_core::{BottleBackend, BottleLauncher};
 
 use crate::support::{self, name, resources_of, sh};
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use bollard::query_parameters::{ListContainersOptionsBuilder, ListNetworksOptionsBuilder};
-use bottle_core::{BottleBackend, BottleSpec};
+use bottle_core::{BottleBackend, BottleLauncher, BottleSpec};
 use bottle_docker::{DockerBackend, DockerOptions};
 use tempfile::TempDir;
 

@@ -6,9 +6,10 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use bottle_core::backend::{BackendErrorKind, BottleBackend};
+use bottle_core::backend::{BackendErrorKind, BottleBackend, BottleLauncher};
 use bottle_core::spec::BottleSpec;
 use bottle_smolvm::SmolvmBackend;
+use bottle_smolvm::pack::SmolmachineCache;
 use serde_json::json;
 
 use crate::support::{ArchiveImages, RecordingBundles, World, sandbox_available};
@@ -18,7 +19,7 @@ const MACHINE: &str = "bot-bottle-coder";
 
 struct Setup {
     world: World,
-    backend: SmolvmBackend,
+    backend: SmolvmBackend<RecordingBundles>,
     bundles: Arc<RecordingBundles>,
     spec: BottleSpec,
 }
@@ -59,7 +60,8 @@ url = "https://example.com/repo.git"
     let backend = SmolvmBackend::new(
         world.smolvm(version, mode),
         images,
-        Arc::clone(&bundles) as Arc<dyn bottle_smolvm::BundleHost>,
+        SmolmachineCache::new(world.cache()),
+        Arc::clone(&bundles),
         world.state_root(),
     )
     .with_host_check(Arc::new(|| Ok(())));
@@ -137,11 +139,10 @@ fn a_patch_that_does_not_take_refuses_the_launch_and_unwinds() {
 #[test]
 fn the_bundle_plan_travels_to_start_and_its_address_binds_the_launch() {
     let s = setup("1.9.3", "");
-    *s.bundles.planned.lock().unwrap() = bottle_smolvm::BundlePlan {
-        lines: vec![("bundle".into(), "recorded".into())],
-        address: Some(Ipv4Addr::new(192, 168, 78, 2)),
-        data: json!({ "network": "n" }),
-    };
+    *s.bundles.planned.lock().unwrap() = Some((
+        Ipv4Addr::new(192, 168, 78, 2),
+        vec![("bundle".into(), "recorded".into())],
+    ));
     let plan = s.backend.prepare(&s.spec).unwrap();
     assert!(
         plan.backend_lines
@@ -162,8 +163,8 @@ fn the_bundle_plan_travels_to_start_and_its_address_binds_the_launch() {
             .lock()
             .unwrap()
             .as_ref()
-            .map(|p| &p.data),
-        Some(&json!({ "network": "n" }))
+            .map(|b| b.network.as_str()),
+        Some(MACHINE)
     );
     assert!(s.world.booted(MACHINE).is_none());
     assert_nothing_left(&s);
@@ -245,11 +246,6 @@ fn launch_and_check(version: &str) {
     );
     assert!(guest.join("etc/bottle/skills/review/SKILL.md").is_file());
     assert!(
-        std::fs::read_to_string(guest.join("etc/bottle/gitconfig"))
-            .unwrap()
-            .contains("insteadOf = https://example.com/repo.git")
-    );
-    assert!(
         std::fs::read_to_string(guest.join("etc/bottle/mcp.json"))
             .unwrap()
             .contains("http://192.168.77.2:9100/mcp")
@@ -258,24 +254,19 @@ fn launch_and_check(version: &str) {
         std::fs::read_to_string(guest.join("etc/profile.d/bottle.sh")).unwrap(),
         ". /etc/bottle/env\n"
     );
-    let smolfile = std::fs::read_to_string(s.world.state_root().join("coder/Smolfile")).unwrap();
-    assert!(
-        smolfile.contains("allow_cidrs = [\"192.168.77.2/32\"]"),
-        "{smolfile}"
-    );
 
     // Commands see the bottle's environment; exit codes come through.
     let out = bottle
         .exec(&[
             "sh".into(),
             "-c".into(),
-            "echo \"$HTTPS_PROXY $EDITOR\"; exit 4".into(),
+            "echo \"$HTTPS_PROXY $EDITOR $GIT_CONFIG_VALUE_0\"; exit 4".into(),
         ])
         .unwrap();
     assert_eq!(out.exit_code, 4);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        "http://192.168.77.2:8888 vi\n"
+        "http://192.168.77.2:8888 vi https://example.com/repo.git\n"
     );
     let file = s.world.dir.path().join("notes.txt");
     std::fs::write(&file, "n").unwrap();

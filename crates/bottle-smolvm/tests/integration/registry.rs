@@ -261,13 +261,16 @@ fn a_real_docker_export_is_served_and_packed() {
         }
     });
 
-    let images = bottle_smolvm::pack::DockerImages::connect(world.cache()).unwrap();
-    use bottle_smolvm::pack::ImageSource as _;
+    let images = EngineExport {
+        docker: docker.clone(),
+    };
+    use bottle_core::images::ImageStore as _;
     let image = images.inspect(&tag).unwrap();
     let archive = world.dir.path().join("export.tar");
     images.export(&image.id, &archive).unwrap();
     let smolvm = world.smolvm("1.9.3", "");
-    let entry = images.smolmachine(&image, &smolvm);
+    let cache = bottle_smolvm::pack::SmolmachineCache::new(world.cache());
+    let entry = cache.smolmachine(&images, &image, &smolvm);
     runtime.block_on(async {
         let _ = docker
             .remove_image(
@@ -293,5 +296,52 @@ fn a_real_docker_export_is_served_and_packed() {
     let manifest = http(registry.addr(), "GET", "/v2/bottle-agent/manifests/x");
     assert_eq!(manifest.status, 200);
     // A second request for the same image is a cache hit: no engine needed.
-    assert_eq!(images.cached(&image), Some(entry));
+    assert_eq!(cache.cached(&image), Some(entry));
+}
+
+/// The Engine's own image export, as the CLI's image store does it
+/// (bottle-docker's `EngineImages`, which this crate may not depend on).
+struct EngineExport {
+    docker: bollard::Docker,
+}
+
+impl EngineExport {
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+}
+
+impl bottle_core::images::ImageStore for EngineExport {
+    fn inspect(
+        &self,
+        reference: &str,
+    ) -> Result<bottle_core::images::AgentImage, bottle_core::BackendError> {
+        let image = Self::runtime()
+            .block_on(self.docker.inspect_image(reference))
+            .unwrap();
+        let config = image.config.unwrap_or_default();
+        Ok(bottle_core::images::AgentImage {
+            reference: reference.into(),
+            id: image.id.unwrap(),
+            entrypoint: config.entrypoint.unwrap_or_default(),
+            cmd: config.cmd.unwrap_or_default(),
+        })
+    }
+
+    fn export(&self, id: &str, dest: &std::path::Path) -> Result<(), bottle_core::BackendError> {
+        use futures_util::StreamExt as _;
+        let bytes = Self::runtime().block_on(async {
+            let mut out = Vec::new();
+            let mut stream = self.docker.export_image(id);
+            while let Some(chunk) = stream.next().await {
+                out.extend_from_slice(&chunk.unwrap());
+            }
+            out
+        });
+        std::fs::write(dest, bytes).unwrap();
+        Ok(())
+    }
 }

@@ -8,10 +8,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use bottle_core::backend::{BackendError, CleanupReport};
+use bottle_core::bundle_host::{BundleEndpoint, BundleHost, PreparedBundle};
 use bottle_core::exec::SystemRunner;
+use bottle_core::images::{AgentImage, ImageStore};
 use bottle_core::plan::Plan;
-use bottle_smolvm::pack::{self, AgentImage, ImageSource};
-use bottle_smolvm::{BundleEndpoint, BundleHost, BundlePlan, Smolvm, SmolvmError};
+use bottle_smolvm::Smolvm;
 use sha2::{Digest as _, Sha256};
 
 /// The fake smolvm binary built with this crate.
@@ -253,19 +254,25 @@ pub fn http(addr: SocketAddr, method: &str, path: &str) -> Reply {
     }
 }
 
+/// What [`RecordingBundles`] "resolves" at prepare: a typed stand-in for a
+/// real host's data, to prove it travels through the plan to `start`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RecordedBundle {
+    pub network: String,
+}
+
 /// A bundle host that starts nothing: it hands out a fixed address and a CA
 /// file, and records what it was asked.
 pub struct RecordingBundles {
     pub address: Ipv4Addr,
     pub ca: PathBuf,
-    pub git_gate: bool,
-    pub supervise: bool,
     pub calls: Mutex<Vec<String>>,
     pub live: Mutex<Vec<String>>,
-    /// What `prepare` says (the address it plans the bundle at).
-    pub planned: Mutex<BundlePlan>,
+    /// What `prepare` says: the address it plans the bundle at and its
+    /// lines (default: where `start` puts it, no lines).
+    pub planned: Mutex<Option<(Ipv4Addr, Vec<(String, String)>)>>,
     /// What `start` was handed back from the plan.
-    pub started_with: Mutex<Option<BundlePlan>>,
+    pub started_with: Mutex<Option<RecordedBundle>>,
 }
 
 impl RecordingBundles {
@@ -279,11 +286,9 @@ impl RecordingBundles {
         Arc::new(RecordingBundles {
             address,
             ca,
-            git_gate: true,
-            supervise: true,
             calls: Mutex::new(Vec::new()),
             live: Mutex::new(Vec::new()),
-            planned: Mutex::new(BundlePlan::default()),
+            planned: Mutex::new(None),
             started_with: Mutex::new(None),
         })
     }
@@ -298,15 +303,32 @@ impl RecordingBundles {
 }
 
 impl BundleHost for RecordingBundles {
+    type Prepared = RecordedBundle;
+
     fn prepare(
         &self,
-        _spec: &bottle_core::spec::BottleSpec,
-        _plan: &Plan,
-    ) -> Result<BundlePlan, BackendError> {
-        Ok(self.planned.lock().unwrap().clone())
+        spec: &bottle_core::spec::BottleSpec,
+    ) -> Result<PreparedBundle<RecordedBundle>, BackendError> {
+        let (address, lines) = self
+            .planned
+            .lock()
+            .unwrap()
+            .clone()
+            .unwrap_or((self.address, Vec::new()));
+        Ok(PreparedBundle {
+            address,
+            lines,
+            data: RecordedBundle {
+                network: spec.name.clone(),
+            },
+        })
     }
 
-    fn start(&self, plan: &Plan, prepared: &BundlePlan) -> Result<BundleEndpoint, BackendError> {
+    fn start<D>(
+        &self,
+        plan: &Plan<D>,
+        prepared: &RecordedBundle,
+    ) -> Result<BundleEndpoint, BackendError> {
         *self.started_with.lock().unwrap() = Some(prepared.clone());
         self.calls
             .lock()
@@ -316,8 +338,6 @@ impl BundleHost for RecordingBundles {
         Ok(BundleEndpoint {
             address: self.address,
             ca_cert: self.ca.clone(),
-            git_gate: self.git_gate,
-            supervise: self.supervise,
         })
     }
 
@@ -337,12 +357,11 @@ impl BundleHost for RecordingBundles {
     }
 }
 
-/// Agent images from a test-made docker-save archive, packed for real
-/// through the local registry and the fake's `pack create`.
+/// Agent images from a test-made docker-save archive; the backend packs
+/// them for real through the local registry and the fake's `pack create`.
 pub struct ArchiveImages {
     pub archive: PathBuf,
     pub image: AgentImage,
-    pub cache: PathBuf,
 }
 
 impl ArchiveImages {
@@ -361,32 +380,20 @@ impl ArchiveImages {
                 entrypoint: vec!["/bin/agent".into()],
                 cmd: vec!["--serve".into()],
             },
-            cache: world.cache(),
         })
     }
 }
 
-impl ImageSource for ArchiveImages {
-    fn inspect(&self, reference: &str) -> Result<AgentImage, SmolvmError> {
+impl ImageStore for ArchiveImages {
+    fn inspect(&self, reference: &str) -> Result<AgentImage, BackendError> {
         assert_eq!(reference, self.image.reference);
         Ok(self.image.clone())
     }
 
-    fn cached(&self, image: &AgentImage) -> Option<PathBuf> {
-        Some(pack::cache_entry(&self.cache, image)).filter(|p| p.is_file())
-    }
-
-    fn smolmachine(&self, image: &AgentImage, smolvm: &Smolvm) -> Result<PathBuf, SmolvmError> {
-        if let Some(hit) = self.cached(image) {
-            return Ok(hit);
-        }
-        pack::pack_archive(
-            &self.archive,
-            image.id_hex(),
-            &self.cache,
-            std::net::IpAddr::V4(Ipv4Addr::LOCALHOST),
-            smolvm,
-        )
+    fn export(&self, id: &str, dest: &Path) -> Result<(), BackendError> {
+        assert_eq!(id, self.image.id);
+        std::fs::copy(&self.archive, dest).unwrap();
+        Ok(())
     }
 }
 

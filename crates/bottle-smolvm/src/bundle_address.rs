@@ -1,8 +1,7 @@
-//! What this backend needs from whoever runs the sidecar bundle.
-//!
-//! The bundle is a Docker container on both backends. The docker backend
-//! (`bottle-docker`) owns containers and networks; this trait is the seam:
-//! "start the bundle for this plan where the microVM can reach it; stop it".
+//! Which address a microVM's bundle may have. The bundle itself runs on a
+//! `bottle_core::bundle_host::BundleHost` (bottle-docker's, composed by the
+//! CLI); this module decides whether the address it reports can be the
+//! guest's whole allowlist.
 //!
 //! ## Where the guest reaches the bundle
 //!
@@ -30,69 +29,8 @@
 //! [`validate_bundle_address`] refuses anything else.
 
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
-
-use bottle_core::backend::{BackendError, CleanupReport};
-use bottle_core::plan::Plan;
-use bottle_core::spec::BottleSpec;
-use serde::{Deserialize, Serialize};
 
 use crate::error::SmolvmError;
-
-/// What a bundle host resolved at `prepare` (images, the per-bottle
-/// network), before the operator confirms and before anything is created.
-/// It travels in the plan to [`BundleHost::start`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BundlePlan {
-    /// Lines for the plan summary (label, value).
-    #[serde(default)]
-    pub lines: Vec<(String, String)>,
-    /// Where the guest will reach the bundle, when already known; the
-    /// launch refuses an endpoint at any other address.
-    #[serde(default)]
-    pub address: Option<Ipv4Addr>,
-    /// The host's own data, opaque to this backend.
-    #[serde(default)]
-    pub data: serde_json::Value,
-}
-
-/// Where the agent reaches its bundle.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BundleEndpoint {
-    /// The one address the guest dials, and the whole allowlist (`/32`).
-    /// The bundle's agent-facing ports (`bottle_core::bundle::PROXY_PORT`,
-    /// `GIT_GATE_PORT`, `SUPERVISE_PORT`) answer on it.
-    pub address: Ipv4Addr,
-    /// Host path of the per-bottle CA certificate (PEM) the agent trusts.
-    pub ca_cert: PathBuf,
-    /// Whether git-gate serves this bottle.
-    pub git_gate: bool,
-    /// Whether supervise serves this bottle.
-    pub supervise: bool,
-}
-
-/// Runs sidecar bundles for microVM bottles.
-pub trait BundleHost: Send + Sync {
-    /// Resolves what the bundle of `plan` needs without creating anything
-    /// (the operator may still decline). The default resolves nothing.
-    fn prepare(&self, spec: &BottleSpec, plan: &Plan) -> Result<BundlePlan, BackendError> {
-        let _ = (spec, plan);
-        Ok(BundlePlan::default())
-    }
-
-    /// Starts the bundle for `plan`, as `prepared`, on a per-bottle
-    /// network, waits until its agent-facing daemons listen, and says where
-    /// the guest reaches it. On failure everything it created is removed
-    /// before it returns.
-    fn start(&self, plan: &Plan, prepared: &BundlePlan) -> Result<BundleEndpoint, BackendError>;
-
-    /// Stops and removes `bottle`'s bundle and its network. Succeeds (with
-    /// an empty report) when there is nothing to remove.
-    fn stop(&self, bottle: &str) -> Result<CleanupReport, BackendError>;
-
-    /// Bottles whose bundle exists (running or not), for `cleanup`.
-    fn bottles(&self) -> Result<Vec<String>, BackendError>;
-}
 
 /// Refuses an address that cannot be a one-address allowlist under
 /// smolvm's virtio-net gateway (see the module docs).

@@ -1,0 +1,286 @@
+//! What the agent sees: the one definition of its environment and of the
+//! paths bottle provisions inside the box, shared by every backend.
+//!
+//! A backend decides *how* files get into the box (`docker` uploads a tar,
+//! `smolmachines` runs `machine cp`); *what* the agent finds is decided
+//! here, so two backends cannot drift apart (ARCHITECTURE.md invariant 4).
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use crate::bundle::{GIT_GATE_PORT, PROXY_PORT, supervise_url};
+use crate::spec::BottleSpec;
+
+/// The directory inside the box holding everything bottle puts there.
+pub const AGENT_DIR: &str = "/etc/bottle";
+/// The bundle's CA certificate inside the box.
+pub const AGENT_CA_PATH: &str = "/etc/bottle/ca.pem";
+/// The prompt file inside the box.
+pub const AGENT_PROMPT_PATH: &str = "/etc/bottle/prompt.md";
+/// The skills directory inside the box.
+pub const AGENT_SKILLS_DIR: &str = "/etc/bottle/skills";
+/// The MCP configuration naming supervise (`bottle_core::bundle::mcp_config`).
+pub const AGENT_MCP_CONFIG: &str = crate::bundle::AGENT_MCP_CONFIG;
+
+/// The variables that point every common client at the bundle's proxy.
+const PROXY_VARIABLES: [&str; 6] = [
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+];
+
+/// The variables under which common clients look for extra or replacement
+/// trust roots: node, OpenSSL, Python requests, curl, git.
+const CA_VARIABLES: [&str; 5] = [
+    "NODE_EXTRA_CA_CERTS",
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "GIT_SSL_CAINFO",
+];
+
+/// Why bottle owns `name` (matched in any letter case), or `None` when the
+/// manifest's `env` may set it. Covers every name [`agent_env`] can set.
+pub fn reserved(name: &str) -> Option<&'static str> {
+    let upper = name.to_ascii_uppercase();
+    let upper = upper.as_str();
+    if PROXY_VARIABLES
+        .iter()
+        .chain(&["NO_PROXY"])
+        .any(|v| v.eq_ignore_ascii_case(upper))
+    {
+        return Some("so the agent's traffic goes through its proxy");
+    }
+    if CA_VARIABLES.contains(&upper) {
+        return Some("so the agent trusts the bottle's CA");
+    }
+    if upper == "GIT_GATE_URL"
+        || upper == "GIT_CONFIG_COUNT"
+        || upper.starts_with("GIT_CONFIG_KEY_")
+        || upper.starts_with("GIT_CONFIG_VALUE_")
+    {
+        return Some("so git goes through git-gate");
+    }
+    match upper {
+        "MCP_SUPERVISE_URL" | "BOTTLE_MCP_CONFIG" => {
+            Some("so the agent can ask the operator through supervise")
+        }
+        "BOTTLE_PROMPT_FILE" => Some("to name the provisioned prompt"),
+        _ => None,
+    }
+}
+
+/// The environment of `spec`'s agent reaching its bundle at
+/// `bundle_address`: [`agent_env`] with the spec's variables, repositories
+/// and prompt.
+pub fn agent_env_of(spec: &BottleSpec, bundle_address: Ipv4Addr) -> Vec<(String, String)> {
+    let git: Vec<GitRoute> = spec
+        .agent
+        .git
+        .iter()
+        .map(|repo| GitRoute {
+            name: repo.name.clone(),
+            url: repo.url.clone(),
+        })
+        .collect();
+    agent_env(&AgentEnvInputs {
+        manifest_env: &spec.agent.env,
+        bundle_address,
+        git: &git,
+        prompt: spec.agent.prompt.is_some(),
+    })
+}
+
+/// A repository the agent reaches through git-gate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GitRoute {
+    /// The name the agent sees (`$GIT_GATE_URL/<name>.git`).
+    pub name: String,
+    /// The URL the manifest gives for it; git rewrites it to the gate.
+    pub url: String,
+}
+
+/// What the agent's environment depends on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentEnvInputs<'a> {
+    /// The manifest's `env` (reserved names are refused by the parser).
+    pub manifest_env: &'a BTreeMap<String, String>,
+    /// The one address at which the agent reaches its bundle.
+    pub bundle_address: Ipv4Addr,
+    /// The repositories git-gate serves; none means the gate does not run.
+    pub git: &'a [GitRoute],
+    /// Whether a prompt file is provisioned at [`AGENT_PROMPT_PATH`].
+    pub prompt: bool,
+}
+
+/// The agent's environment, sorted by name: the manifest's variables, then
+/// those bottle owns (which the manifest parser refuses in `env`).
+///
+/// - every proxy variable names the bundle's proxy, an IP literal: the
+///   agent has no DNS;
+/// - `NO_PROXY` exempts only the box's own loopback and the bundle's
+///   address (git-gate and supervise are reached directly there);
+/// - every CA variable names the bundle's CA, which the proxy's
+///   interception certificates chain to;
+/// - git is configured through `GIT_CONFIG_COUNT`/`KEY`/`VALUE` (git ≥
+///   2.31), so the manifest's repository URLs go to git-gate without a
+///   config file that would shadow the agent's own `~/.gitconfig`;
+/// - supervise's URL and the MCP config path are always set: supervise
+///   runs in every bundle.
+pub fn agent_env(inputs: &AgentEnvInputs<'_>) -> Vec<(String, String)> {
+    let address = inputs.bundle_address;
+    let mut env = inputs.manifest_env.clone();
+    let proxy = format!("http://{address}:{PROXY_PORT}");
+    for key in PROXY_VARIABLES {
+        env.insert(key.into(), proxy.clone());
+    }
+    let no_proxy = format!("localhost,127.0.0.1,{address}");
+    for key in ["NO_PROXY", "no_proxy"] {
+        env.insert(key.into(), no_proxy.clone());
+    }
+    for key in CA_VARIABLES {
+        env.insert(key.into(), AGENT_CA_PATH.into());
+    }
+    if !inputs.git.is_empty() {
+        let gate = format!("http://{address}:{GIT_GATE_PORT}");
+        for (index, repo) in inputs.git.iter().enumerate() {
+            env.insert(
+                format!("GIT_CONFIG_KEY_{index}"),
+                format!("url.{gate}/{}.git.insteadOf", repo.name),
+            );
+            env.insert(format!("GIT_CONFIG_VALUE_{index}"), repo.url.clone());
+        }
+        env.insert("GIT_CONFIG_COUNT".into(), inputs.git.len().to_string());
+        env.insert("GIT_GATE_URL".into(), gate);
+    }
+    env.insert(
+        "MCP_SUPERVISE_URL".into(),
+        supervise_url(&address.to_string()),
+    );
+    env.insert("BOTTLE_MCP_CONFIG".into(), AGENT_MCP_CONFIG.into());
+    if inputs.prompt {
+        env.insert("BOTTLE_PROMPT_FILE".into(), AGENT_PROMPT_PATH.into());
+    }
+    env.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use expect_test::expect;
+
+    use super::*;
+
+    fn render(env: &[(String, String)]) -> String {
+        env.iter().map(|(k, v)| format!("{k}={v}\n")).collect()
+    }
+
+    #[test]
+    fn the_agent_environment() {
+        let manifest_env = BTreeMap::from([("EDITOR".to_string(), "vi".to_string())]);
+        let git = [
+            GitRoute {
+                name: "app".into(),
+                url: "https://git.example.com/team/app.git".into(),
+            },
+            GitRoute {
+                name: "lib".into(),
+                url: "/srv/git/lib.git".into(),
+            },
+        ];
+        let env = agent_env(&AgentEnvInputs {
+            manifest_env: &manifest_env,
+            bundle_address: Ipv4Addr::new(192, 168, 40, 2),
+            git: &git,
+            prompt: true,
+        });
+        expect![[r#"
+            ALL_PROXY=http://192.168.40.2:8888
+            BOTTLE_MCP_CONFIG=/etc/bottle/mcp.json
+            BOTTLE_PROMPT_FILE=/etc/bottle/prompt.md
+            CURL_CA_BUNDLE=/etc/bottle/ca.pem
+            EDITOR=vi
+            GIT_CONFIG_COUNT=2
+            GIT_CONFIG_KEY_0=url.http://192.168.40.2:9418/app.git.insteadOf
+            GIT_CONFIG_KEY_1=url.http://192.168.40.2:9418/lib.git.insteadOf
+            GIT_CONFIG_VALUE_0=https://git.example.com/team/app.git
+            GIT_CONFIG_VALUE_1=/srv/git/lib.git
+            GIT_GATE_URL=http://192.168.40.2:9418
+            GIT_SSL_CAINFO=/etc/bottle/ca.pem
+            HTTPS_PROXY=http://192.168.40.2:8888
+            HTTP_PROXY=http://192.168.40.2:8888
+            MCP_SUPERVISE_URL=http://192.168.40.2:9100/mcp
+            NODE_EXTRA_CA_CERTS=/etc/bottle/ca.pem
+            NO_PROXY=localhost,127.0.0.1,192.168.40.2
+            REQUESTS_CA_BUNDLE=/etc/bottle/ca.pem
+            SSL_CERT_FILE=/etc/bottle/ca.pem
+            all_proxy=http://192.168.40.2:8888
+            http_proxy=http://192.168.40.2:8888
+            https_proxy=http://192.168.40.2:8888
+            no_proxy=localhost,127.0.0.1,192.168.40.2
+        "#]]
+        .assert_eq(&render(&env));
+    }
+
+    #[test]
+    fn without_repositories_or_prompt_there_is_no_git_or_prompt_variable() {
+        let env = agent_env(&AgentEnvInputs {
+            manifest_env: &BTreeMap::new(),
+            bundle_address: Ipv4Addr::new(192, 168, 7, 2),
+            git: &[],
+            prompt: false,
+        });
+        let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.starts_with("GIT_CONFIG") || *n == "GIT_GATE_URL"),
+            "{names:?}"
+        );
+        assert!(!names.contains(&"BOTTLE_PROMPT_FILE"), "{names:?}");
+        assert!(names.contains(&"MCP_SUPERVISE_URL"), "{names:?}");
+    }
+
+    #[test]
+    fn every_variable_bottle_sets_is_reserved_and_no_other() {
+        let git = [GitRoute {
+            name: "app".into(),
+            url: "/srv/app.git".into(),
+        }];
+        let manifest_env = BTreeMap::from([("EDITOR".to_string(), "vi".to_string())]);
+        let env = agent_env(&AgentEnvInputs {
+            manifest_env: &manifest_env,
+            bundle_address: Ipv4Addr::new(192, 168, 7, 2),
+            git: &git,
+            prompt: true,
+        });
+        for (name, _) in &env {
+            assert_eq!(reserved(name).is_some(), name != "EDITOR", "{name}");
+            assert_eq!(
+                reserved(&name.to_ascii_lowercase()).is_some(),
+                name != "EDITOR",
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn bottle_owned_variables_win_over_the_manifest() {
+        // The parser refuses these names; this is the second line of defence.
+        let manifest_env =
+            BTreeMap::from([("HTTPS_PROXY".to_string(), "http://evil:1".to_string())]);
+        let env = agent_env(&AgentEnvInputs {
+            manifest_env: &manifest_env,
+            bundle_address: Ipv4Addr::new(192, 168, 7, 2),
+            git: &[],
+            prompt: false,
+        });
+        let proxy = env
+            .iter()
+            .find(|(k, _)| k == "HTTPS_PROXY")
+            .map(|(_, v)| v.as_str());
+        assert_eq!(proxy, Some("http://192.168.7.2:8888"));
+    }
+}
