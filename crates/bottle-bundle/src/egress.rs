@@ -39,10 +39,10 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::BundleError;
+use crate::allowlist::{Host, Policy, Verdict, parse_authority};
 use crate::audit::{AuditLog, AuditRecord, Decision, redact_path};
 use crate::body::{BoxBody, BoxError, ScrubBody, boxed, full};
 use crate::io::IdleIo;
-use crate::policy::{Host, Policy, Verdict, parse_authority};
 
 /// Header carrying the destination `host:port` from proxy to egress.
 pub const TARGET_HEADER: &str = "x-bottle-target";
@@ -194,7 +194,7 @@ impl GuardedResolver {
         let mut overrides = HashMap::new();
         for (name, addrs) in &config.resolve {
             let host =
-                crate::policy::normalize_host(name).map_err(|e| BundleError::ConfigInvalid {
+                crate::allowlist::normalize_host(name).map_err(|e| BundleError::ConfigInvalid {
                     path: "resolve".into(),
                     detail: format!("resolve key {name:?}: {e}"),
                 })?;
@@ -423,7 +423,7 @@ impl Egress {
         let mut injections: HashMap<String, Vec<Injection>> = HashMap::new();
         for c in &config.credentials {
             let host =
-                crate::policy::normalize_host(&c.host).map_err(|e| BundleError::Credential {
+                crate::allowlist::normalize_host(&c.host).map_err(|e| BundleError::Credential {
                     name: c.name.clone(),
                     path: c.file.clone(),
                     detail: format!("host {:?}: {e}", c.host),
@@ -481,7 +481,7 @@ impl Egress {
 
     /// Also allows what `rules` allows (operator approvals through
     /// supervise), from now on.
-    pub fn share_runtime_rules(&mut self, rules: crate::policy::RuntimeRules) {
+    pub fn share_runtime_rules(&mut self, rules: crate::allowlist::RuntimeRules) {
         self.policy.share_runtime(rules);
     }
 

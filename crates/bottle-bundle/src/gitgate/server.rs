@@ -25,14 +25,14 @@ use tokio::sync::{Mutex, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore, mpsc}
 use super::command::{Git, Invocation, Service, upstream_protocol_ok};
 use super::hook::{self, HookResult, HookSpec};
 use super::pktline;
-use super::policy::{Refusal, RefusalKind, RepoPolicy, RuntimePushRules, merged_repo};
+use super::push_rules::{Refusal, RefusalKind, RepoPolicy, RuntimePushRules, merged_repo};
 use super::runtime::BUNDLE_GIT;
 use super::upstream;
 use crate::BundleError;
 use crate::audit::{AUDIT_VERSION, AuditLog, AuditRecord, Decision, now_rfc3339};
 use crate::body::{BoxBody, BoxError, boxed, full};
+use crate::daemons::{Daemon, bind};
 use crate::io::IdleIo;
-use crate::supervisor::{Daemon, bind};
 
 /// The daemon's name in audit lines, errors and logs.
 const DAEMON: &str = "git-gate";
@@ -1336,7 +1336,7 @@ pub fn daemon(
     let Some(listen) = &config.git_gate_listen else {
         return Ok(None);
     };
-    let addr = crate::supervisor::listen_addr(DAEMON, listen)?;
+    let addr = crate::daemons::listen_addr(DAEMON, listen)?;
     let mut gate = GitGate::new(
         config,
         audit.clone(),
