@@ -27,8 +27,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bottle_bundle::allowlist::Host;
 use bottle_bundle::ca::LeafMinter;
-use bottle_bundle::policy::Host;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;

@@ -31,6 +31,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::BundleError;
+use crate::allowlist::{Denial, Host, Policy, Verdict, normalize_host, parse_authority};
 use crate::audit::{AuditLog, AuditRecord, Decision, redact_path};
 use crate::body::{AuditGuard, BoxBody, FindingSlot, MeteredBody, ScanBody, boxed, full};
 use crate::ca::LeafMinter;
@@ -38,7 +39,6 @@ use crate::egress::{
     DECISION_HEADER, REASON_HEADER, RULE_HEADER, SCHEME_HEADER, TARGET_HEADER, strip_hop_by_hop,
 };
 use crate::io::{IdleIo, Prefixed};
-use crate::policy::{Denial, Host, Policy, Verdict, normalize_host, parse_authority};
 use crate::scan::Scanner;
 
 /// The path the proxy answers itself, for readiness probes.
@@ -104,7 +104,7 @@ impl Proxy {
 
     /// Also allows what `rules` allows (operator approvals through
     /// supervise), from now on.
-    pub fn share_runtime_rules(&mut self, rules: crate::policy::RuntimeRules) {
+    pub fn share_runtime_rules(&mut self, rules: crate::allowlist::RuntimeRules) {
         self.policy.share_runtime(rules);
     }
 

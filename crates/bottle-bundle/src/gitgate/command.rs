@@ -18,7 +18,7 @@ use std::process::Stdio;
 
 use bottle_core::exec::CommandOutput;
 
-use super::policy::{RefUpdate, RepoPolicy};
+use super::push_rules::{RefUpdate, RepoPolicy};
 
 /// The environment variable carrying the hook's instructions (JSON).
 pub const HOOK_ENV: &str = "BOTTLE_GIT_GATE_HOOK";

@@ -24,7 +24,7 @@ use bottle_core::bundle::BundleGitRepo;
 use serde::{Deserialize, Serialize};
 
 use super::command::{self, HOOK_ENV};
-use super::policy::{RefUpdate, Refusal, RefusalKind, RepoPolicy};
+use super::push_rules::{RefUpdate, Refusal, RefusalKind, RepoPolicy};
 use super::upstream::read_auth_header;
 
 /// What the gate tells the hook (JSON in [`HOOK_ENV`]).

@@ -31,7 +31,7 @@
 //! before the mirror's refs move. A refused push leaves the repository
 //! (and the upstream) unchanged. The push globs are the manifest's plus
 //! the exact refs the operator approved through supervise while the bundle
-//! runs ([`policy::RuntimePushRules`]); approvals never reach a read-only
+//! runs ([`push_rules::RuntimePushRules`]); approvals never reach a read-only
 //! repository and never allow a force push or a deletion.
 //!
 //! Audit: one line per request that reaches a repository (daemon
@@ -45,7 +45,7 @@
 pub mod command;
 pub mod hook;
 pub mod pktline;
-pub mod policy;
+pub mod push_rules;
 pub mod runtime;
 pub mod upstream;
 

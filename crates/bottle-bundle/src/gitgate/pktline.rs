@@ -2,7 +2,7 @@
 //! answer a refused push the way `git receive-pack` would, and to read the
 //! report-status a real receive-pack sent back (for the audit line).
 
-use super::policy::{RefUpdate, Refusal};
+use super::push_rules::{RefUpdate, Refusal};
 
 /// The flush packet.
 pub const FLUSH: &[u8] = b"0000";
@@ -238,7 +238,7 @@ pub fn parse_report(buf: &[u8], sideband: bool) -> Report {
 
 #[cfg(test)]
 mod tests {
-    use super::super::policy::RefusalKind;
+    use super::super::push_rules::RefusalKind;
     use super::*;
 
     fn zero() -> String {

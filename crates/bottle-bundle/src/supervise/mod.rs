@@ -55,12 +55,12 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::BundleError;
+use crate::allowlist::{Host, Policy, RuntimeRules, Verdict, normalize_host};
 use crate::audit::{AuditLog, AuditRecord, Decision};
 use crate::body::{BoxBody, full};
-use crate::gitgate::policy::{RepoPolicy, RuntimePushRules, merged_repo, normalize_push_ref};
+use crate::daemons::{Daemon, bind};
+use crate::gitgate::push_rules::{RepoPolicy, RuntimePushRules, merged_repo, normalize_push_ref};
 use crate::io::IdleIo;
-use crate::policy::{Host, Policy, RuntimeRules, Verdict, normalize_host};
-use crate::supervisor::{Daemon, bind};
 use mcp::{CallError, Tools, arg, opt_arg, tool_result};
 
 const DAEMON: &str = "supervise";
@@ -611,7 +611,7 @@ pub fn daemon(
     let Some(listen) = &config.supervise_listen else {
         return Ok(None);
     };
-    let addr = crate::supervisor::listen_addr(DAEMON, listen)?;
+    let addr = crate::daemons::listen_addr(DAEMON, listen)?;
     let supervise = Arc::new(Supervise::new(
         config,
         audit.clone(),

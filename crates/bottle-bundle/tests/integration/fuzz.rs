@@ -1,7 +1,7 @@
 //! Arbitrary bytes at the proxy never take it down; policy decisions do not
 //! depend on case or a trailing dot.
 
-use bottle_bundle::policy::{Policy, Verdict, normalize_host, parse_authority};
+use bottle_bundle::allowlist::{Policy, Verdict, normalize_host, parse_authority};
 use proptest::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

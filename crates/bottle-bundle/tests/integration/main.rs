@@ -8,13 +8,13 @@
 
 mod support;
 
+mod allowlist;
 mod credentials;
+mod daemons;
 mod dns;
 mod fuzz;
 mod gitgate;
 mod limits;
-mod policy;
 mod secrets;
 mod supervise;
-mod supervisor;
 mod tls;

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bottle_bundle::allowlist::Host;
 use bottle_bundle::ca::LeafMinter;
-use bottle_bundle::policy::Host;
 use bottle_bundle::{AuditRecord, RunningBundle};
 use bottle_core::bundle::{BundleConfig, BundleCredential, BundleLimits};
 use bytes::Bytes;

@@ -174,7 +174,7 @@ async fn run_daemon(d: Daemon, policy: RestartPolicy) -> Result<(), BundleError>
 }
 
 /// Runs the daemons until one cannot be kept up; returns that error.
-pub async fn supervise(daemons: Vec<Daemon>, policy: RestartPolicy) -> Result<(), BundleError> {
+pub async fn keep_up(daemons: Vec<Daemon>, policy: RestartPolicy) -> Result<(), BundleError> {
     let mut set = JoinSet::new();
     for d in daemons {
         set.spawn(run_daemon(d, policy.clone()));
@@ -257,7 +257,7 @@ pub async fn start(config: BundleConfig) -> Result<RunningBundle, BundleError> {
 
     // Operator approvals (supervise) reach the proxy and egress through
     // this one shared list.
-    let runtime_rules = crate::policy::RuntimeRules::default();
+    let runtime_rules = crate::allowlist::RuntimeRules::default();
     let mut egress = Egress::new(&config, audit.clone())?;
     egress.share_runtime_rules(runtime_rules.clone());
     let egress = Arc::new(egress);
@@ -270,7 +270,7 @@ pub async fn start(config: BundleConfig) -> Result<RunningBundle, BundleError> {
             source,
         })?;
     // Push approvals reach git-gate the same way.
-    let push_rules = crate::gitgate::policy::RuntimePushRules::default();
+    let push_rules = crate::gitgate::push_rules::RuntimePushRules::default();
     let git_gate = crate::gitgate::daemon(&config, &audit, &push_rules)?;
     let supervise_daemon = crate::supervise::daemon(&config, &audit, &runtime_rules, &push_rules)?;
     let mut proxy = Proxy::new(&config, audit, egress_addr)?;
@@ -303,10 +303,7 @@ pub async fn start(config: BundleConfig) -> Result<RunningBundle, BundleError> {
     daemons.extend(git_gate);
     let supervise_addr = supervise_daemon.as_ref().map(|d| d.addr);
     daemons.extend(supervise_daemon);
-    let task = tokio::spawn(supervise(
-        daemons,
-        RestartPolicy::from_limits(&config.limits),
-    ));
+    let task = tokio::spawn(keep_up(daemons, RestartPolicy::from_limits(&config.limits)));
     Ok(RunningBundle {
         proxy_addr,
         egress_addr,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use bottle_bundle::supervisor::{Daemon, RestartPolicy, ServeFn, bind, supervise};
+use bottle_bundle::daemons::{Daemon, RestartPolicy, ServeFn, bind, keep_up};
 use bottle_core::Coded;
 use bottle_core::exec::{CommandRunner, CommandSpec, SystemRunner};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -41,7 +41,7 @@ async fn crashed_daemon_is_restarted_on_the_same_port() {
         listener,
         serve,
     };
-    let sup = tokio::spawn(supervise(vec![daemon], quick_policy(5)));
+    let sup = tokio::spawn(keep_up(vec![daemon], quick_policy(5)));
     let mut got = Vec::new();
     let ok = crate::support::wait_until(Duration::from_secs(10), || {
         calls.load(Ordering::SeqCst) >= 3
@@ -75,7 +75,7 @@ async fn daemon_that_keeps_crashing_ends_the_supervisor() {
     };
     let res = tokio::time::timeout(
         Duration::from_secs(20),
-        supervise(vec![daemon], quick_policy(3)),
+        keep_up(vec![daemon], quick_policy(3)),
     )
     .await
     .unwrap();

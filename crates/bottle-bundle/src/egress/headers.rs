@@ -1,0 +1,78 @@
+//! The headers of the proxy-to-egress hop: the destination the proxy
+//! hands egress, the decision egress reports back, and the headers that
+//! never cross a hop.
+
+use http::header::{self, HeaderMap, HeaderName};
+
+/// Header carrying the destination `host:port` from proxy to egress.
+pub const TARGET_HEADER: &str = "x-bottle-target";
+/// Header carrying the destination scheme (`http` / `https`).
+pub const SCHEME_HEADER: &str = "x-bottle-scheme";
+/// Set by egress on responses it generated itself (`deny` / `error`).
+pub const DECISION_HEADER: &str = "x-bottle-decision";
+/// Reason for a generated response.
+pub const REASON_HEADER: &str = "x-bottle-reason";
+/// Rule for a generated response.
+pub const RULE_HEADER: &str = "x-bottle-rule";
+
+/// Hop-by-hop headers, never forwarded in either direction.
+pub(crate) const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "expect",
+];
+
+/// Removes hop-by-hop headers, including those named in `Connection`, and
+/// every `x-bottle-*` header (only the bundle itself may set those).
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        headers.remove(n);
+    }
+    for n in HOP_BY_HOP {
+        headers.remove(*n);
+    }
+    let internal: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("x-bottle-"))
+        .cloned()
+        .collect();
+    for n in internal {
+        headers.remove(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::header::HeaderValue;
+
+    #[test]
+    fn hop_by_hop_and_internal_headers_are_stripped() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, x-secret-hop"),
+        );
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("x-bottle-target", HeaderValue::from_static("evil:443"));
+        h.insert("proxy-authorization", HeaderValue::from_static("basic x"));
+        h.insert("accept", HeaderValue::from_static("*/*"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("accept"));
+    }
+}

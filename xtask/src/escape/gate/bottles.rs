@@ -1,0 +1,222 @@
+//! Starting the run's bottles and reading back what the host knows of
+//! them: addresses, networks, and the targets each one's probe aims at.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use bottle_probe::contract::Targets;
+use serde_json::Value;
+
+use super::{Bottle, Gate};
+use crate::escape::canary;
+use crate::escape::cli::BottleGuard;
+use crate::escape::evidence::Cidr;
+use crate::escape::fixture;
+use crate::escape::report::{Expect, Observed, Row};
+
+impl Gate {
+    /// Starts `keys` one after the other and reads back their addresses.
+    pub(super) fn launch_each(&mut self, keys: &[&str]) -> anyhow::Result<Vec<Bottle>> {
+        let mut bottles = Vec::new();
+        for key in keys {
+            let guard = BottleGuard::start(&self.cli, key)?;
+            let bottle = self.describe(guard, key)?;
+            self.set_rebind_bundle(&bottle);
+            bottles.push(bottle);
+        }
+        self.refresh_egress()?;
+        Ok(bottles)
+    }
+
+    /// Starts `keys` at once (parallel `bottle start`s, racing for the
+    /// shared egress network when none exists yet) and reads back their
+    /// addresses.
+    pub(super) fn launch_many(&mut self, keys: &[&str]) -> anyhow::Result<Vec<Bottle>> {
+        let started: Vec<(String, anyhow::Result<BottleGuard>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = keys
+                .iter()
+                .map(|k| {
+                    let cli = self.cli.clone();
+                    (k.to_string(), s.spawn(move || BottleGuard::start(&cli, k)))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(k, h)| {
+                    let result = h
+                        .join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("the start thread panicked")));
+                    (k, result)
+                })
+                .collect()
+        });
+        let mut bottles = Vec::new();
+        let mut first_error = None;
+        for (key, guard) in started {
+            match guard {
+                Ok(guard) => match self.describe(guard, &key) {
+                    Ok(b) => bottles.push(b),
+                    Err(e) => first_error = first_error.or(Some(e)),
+                },
+                Err(e) => first_error = first_error.or(Some(e.context(format!("starting {key}")))),
+            }
+        }
+        if let Some(err) = first_error {
+            return Err(err);
+        }
+        for bottle in &bottles {
+            self.set_rebind_bundle(bottle);
+        }
+        self.refresh_egress()?;
+        Ok(bottles)
+    }
+
+    /// Whether `bottle`'s bundle serves its proxy right now: its agent
+    /// fetches its allowed host through it. The other-bottle probes aim at
+    /// that port, so "blocked" means something only while this holds.
+    pub(super) fn proxy_alive(&mut self, phase: &str, bottle: &Bottle) -> anyhow::Result<bool> {
+        let host = fixture::allowed_host(&bottle.key);
+        let url = format!("http://{host}/");
+        let out = self.cli.exec(
+            &bottle.guard.name,
+            &["timeout", "8", "wget", "-q", "-O-", url.as_str()],
+            Duration::from_secs(30),
+        )?;
+        let alive = out.stdout.contains(&self.token);
+        self.report.rows.push(Row::new(
+            phase,
+            "control-other-bundle-alive",
+            "control",
+            Expect::Reached,
+            if alive {
+                Observed::Reached
+            } else {
+                Observed::Blocked
+            },
+            None,
+            format!(
+                "{} fetched {host} through its own bundle {}: {}",
+                fixture::short(&bottle.key),
+                bottle.bundle_ip,
+                if alive { "token seen" } else { "failed" }
+            ),
+        ));
+        Ok(alive)
+    }
+
+    fn describe(&mut self, guard: BottleGuard, key: &str) -> anyhow::Result<Bottle> {
+        let bundle_ip = self.cli.bundle_address(&guard.name)?;
+        let network = self.engine.inspect_network(&guard.name)?;
+        let ipam = &network["IPAM"]["Config"][0];
+        let subnet = ipam["Subnet"]
+            .as_str()
+            .and_then(Cidr::parse)
+            .with_context(|| format!("network {} has no IPv4 subnet", guard.name))?;
+        // smolmachines: the host's `.1` on the bundle bridge, which the VM
+        // must not reach (its allowlist is the bundle's /32).
+        let gateway = ipam["Gateway"].as_str().unwrap_or_default().to_string();
+        // smolmachines: no agent container, so no agent address (the probe
+        // skips the other-agent target).
+        let agent_ip = if self.smolvm.is_some() {
+            String::new()
+        } else {
+            let agent = self
+                .engine
+                .inspect_container(&format!("{}-agent", guard.name))?;
+            let ip = agent["NetworkSettings"]["Networks"][&guard.name]["IPAddress"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if ip.is_empty() {
+                bail!("the agent of {} has no address on its network", guard.name);
+            }
+            ip
+        };
+        self.bottle_subnets.push(subnet);
+        self.bottle_bridges.push((subnet, bridge_device(&network)));
+        Ok(Bottle {
+            guard,
+            key: key.to_string(),
+            bundle_ip,
+            agent_ip,
+            gateway,
+            probe_copied: false,
+        })
+    }
+
+    fn set_rebind_bundle(&self, bottle: &Bottle) {
+        if let Ok(ip) = bottle.bundle_ip.parse() {
+            self.dns
+                .set(&fixture::rebind_bundle_host(&bottle.key), vec![ip]);
+        }
+    }
+
+    pub(super) fn refresh_egress(&mut self) -> anyhow::Result<()> {
+        let network = self.engine.inspect_network("bot-bottle-egress")?;
+        self.egress = network["IPAM"]["Config"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["Subnet"].as_str().and_then(Cidr::parse))
+            .collect();
+        Ok(())
+    }
+
+    pub(super) fn targets(&self, me: &Bottle, other: &Bottle) -> Targets {
+        let mut rebind: Vec<String> = fixture::REBIND_HOSTS
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        rebind.push(fixture::rebind_bundle_host(&me.key));
+        Targets {
+            internet_v4: canary::INTERNET.to_string(),
+            internet_v6: canary::INTERNET_V6.to_string(),
+            metadata: canary::METADATA.to_string(),
+            private: canary::PRIVATE.to_string(),
+            dns_server: canary::DNS.to_string(),
+            host_loopback_port: self.port("host-loopback").unwrap_or(0),
+            host_any_port: self.port("host-any").unwrap_or(0),
+            gateway: me.gateway.clone(),
+            own_bundle: me.bundle_ip.clone(),
+            other_bundle: other.bundle_ip.clone(),
+            other_agent: other.agent_ip.clone(),
+            proxy: format!(
+                "http://{}:{}",
+                me.bundle_ip,
+                bottle_core::bundle::PROXY_PORT
+            ),
+            allowed_host: fixture::allowed_host(&me.key),
+            denied_host: "denied.bottle.test".into(),
+            rebind_hosts: rebind,
+            canary_names: self.canary_names(),
+        }
+    }
+}
+
+/// The Linux bridge of a Docker bridge network: its `bridge.name` option,
+/// else Docker's default `br-<first 12 of the id>`.
+pub fn bridge_device(network: &Value) -> String {
+    match network["Options"]["com.docker.network.bridge.name"].as_str() {
+        Some(name) if !name.is_empty() => name.to_string(),
+        _ => {
+            let id = network["Id"].as_str().unwrap_or_default();
+            format!("br-{}", id.get(..12).unwrap_or(id))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bridge_devices_follow_docker_naming() {
+        let net = serde_json::json!({"Id": "0123456789abcdef0123", "Options": {}});
+        assert_eq!(bridge_device(&net), "br-0123456789ab");
+        let named = serde_json::json!({
+            "Id": "0123456789abcdef0123",
+            "Options": {"com.docker.network.bridge.name": "docker0"}
+        });
+        assert_eq!(bridge_device(&named), "docker0");
+    }
+}

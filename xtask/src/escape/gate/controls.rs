@@ -1,0 +1,223 @@
+//! The positive controls from the host: the DNS recorder answers and
+//! records, every canary listener is reachable, and the probe's network
+//! probes reach from the host what they must not reach from a bottle.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bottle_probe::contract::Targets;
+
+use super::{A, Gate, PROBE_RUN_BOUND, PROBE_TIMEOUT_MS};
+use crate::escape::canary::{self, Proto, Spec};
+use crate::escape::dns;
+use crate::escape::fixture;
+use crate::escape::probe;
+use crate::escape::report::{Expect, Observed, Row};
+use crate::escape::route;
+use crate::escape::sys::Run;
+
+impl Gate {
+    /// The DNS recorder and the probe's network probes, from the host.
+    pub(super) fn host_controls(&mut self) -> anyhow::Result<()> {
+        let phase = "host control";
+        let name = format!("control-{}.{}", self.token, dns::ZONE);
+        let before = self.dns.queries().len();
+        let answer = dns::query_udp(self.dns.addr(), &name);
+        let recorded = self.dns.queries()[before..].iter().any(|q| q.name == name);
+        let ok = recorded && matches!(answer, Ok((3, _)));
+        self.report.rows.push(Row::new(
+            phase,
+            "control-dns-recorder",
+            "control",
+            Expect::Reached,
+            if ok {
+                Observed::Reached
+            } else {
+                Observed::Blocked
+            },
+            None,
+            format!("host query for {name}: answer {answer:?}, recorded {recorded}"),
+        ));
+
+        // Where the probe's bottle-only targets point on the host.
+        let placeholder = Targets {
+            internet_v4: canary::INTERNET.to_string(),
+            internet_v6: canary::INTERNET_V6.to_string(),
+            metadata: canary::METADATA.to_string(),
+            private: canary::PRIVATE.to_string(),
+            dns_server: canary::DNS.to_string(),
+            host_loopback_port: self.port("host-loopback")?,
+            host_any_port: self.port("host-any")?,
+            gateway: String::new(),
+            own_bundle: String::new(),
+            other_bundle: String::new(),
+            other_agent: String::new(),
+            proxy: String::new(),
+            allowed_host: fixture::allowed_host(A),
+            denied_host: "denied.bottle.test".into(),
+            rebind_hosts: fixture::REBIND_HOSTS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            canary_names: self.canary_names(),
+        };
+        let config = probe::control_config(
+            &self.token,
+            PROBE_TIMEOUT_MS,
+            &placeholder,
+            &canary::INTERNET.to_string(),
+        );
+        // Nothing the control dials may leave this machine.
+        for addr in probe::dialled_addresses(&config) {
+            let ip: IpAddr = addr
+                .parse()
+                .with_context(|| format!("control target {addr:?}"))?;
+            let out = self.sys.run("ip", &["route", "get", &addr])?;
+            route::check_local(ip, &out).map_err(anyhow::Error::msg)?;
+        }
+        let path = self.write_config(&config)?;
+        let hits_before = self.listeners.hits().len();
+        let run = Run::new(
+            &self.probe_bin.display().to_string(),
+            &["--config".to_string(), path.display().to_string()],
+        )
+        .timeout(PROBE_RUN_BOUND);
+        let out = self.sys.output(&run)?;
+        // The probe dials the 0.0.0.0 listener only through a bottle's
+        // gateway; from the host the harness reaches it at a canary address.
+        let any = SocketAddr::from((canary::INTERNET, self.port("host-any")?));
+        let any_seen = fetch_token(any).is_ok_and(|body| body.contains(&self.token));
+        let (rows, outcomes) = probe::control_rows(phase, &out);
+        self.report.rows.extend(rows);
+        self.report.rows.push(Row::new(
+            phase,
+            "control-host-any",
+            "control",
+            Expect::Reached,
+            if any_seen {
+                Observed::Reached
+            } else {
+                Observed::Blocked
+            },
+            None,
+            format!(
+                "harness GET http://{any}/: token {}",
+                if any_seen { "seen" } else { "missing" }
+            ),
+        ));
+        self.controls = outcomes;
+        // Every network listener must have been reached from the host: the
+        // canaries are alive, independently of what the probe says.
+        let hits = self.listeners.hits();
+        let hits = &hits[hits_before..];
+        for bound in &self.listeners.bound {
+            let reached = hits.iter().any(|h| h.canary == bound.name);
+            self.report.rows.push(Row::new(
+                phase,
+                &format!("control-listener-{}", bound.name),
+                "control",
+                Expect::Reached,
+                if reached {
+                    Observed::Reached
+                } else {
+                    Observed::Blocked
+                },
+                None,
+                format!(
+                    "{} {} {}",
+                    match bound.proto {
+                        Proto::Tcp => "tcp",
+                        Proto::Udp => "udp",
+                    },
+                    bound.addr,
+                    if reached {
+                        "reached from the host"
+                    } else {
+                        "never reached by the host-side probe"
+                    }
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn port(&self, name: &str) -> anyhow::Result<u16> {
+        self.listeners
+            .get(name)
+            .map(|b| b.addr.port())
+            .with_context(|| format!("no canary listener {name}"))
+    }
+
+    pub(super) fn canary_names(&self) -> Vec<String> {
+        vec![format!("exfil-{}.{}", self.token, dns::ZONE)]
+    }
+}
+
+/// The canary listeners of a run.
+pub fn listener_specs() -> Vec<Spec> {
+    let tcp = |name: &str, bind: SocketAddr| Spec {
+        name: name.into(),
+        bind,
+        proto: Proto::Tcp,
+    };
+    vec![
+        tcp("internet:80", SocketAddr::from((canary::INTERNET, 80))),
+        tcp("internet:443", SocketAddr::from((canary::INTERNET, 443))),
+        tcp("internet:8443", SocketAddr::from((canary::INTERNET, 8443))),
+        Spec {
+            name: "internet-udp:5353".into(),
+            bind: SocketAddr::from((canary::INTERNET, 5353)),
+            proto: Proto::Udp,
+        },
+        tcp(
+            "internet-v6:80",
+            SocketAddr::from((canary::INTERNET_V6, 80)),
+        ),
+        tcp("metadata:80", SocketAddr::from((canary::METADATA, 80))),
+        tcp("private:80", SocketAddr::from((canary::PRIVATE, 80))),
+        tcp(
+            "other-bundle-stand-in",
+            SocketAddr::from((canary::INTERNET, bottle_core::bundle::PROXY_PORT)),
+        ),
+        tcp(
+            "host-loopback",
+            SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0)),
+        ),
+        tcp(
+            "host-any",
+            SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0)),
+        ),
+    ]
+}
+
+/// A plain HTTP GET of `/` from `addr`: the whole response.
+fn fetch_token(addr: SocketAddr) -> anyhow::Result<String> {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
+    stream.set_read_timeout(Some(Duration::from_secs(3)))?;
+    stream.write_all(b"GET / HTTP/1.0\r\nHost: control\r\n\r\n")?;
+    let mut body = String::new();
+    stream.take(64 * 1024).read_to_string(&mut body)?;
+    Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listeners_cover_every_canary_address_and_fit_the_interface() {
+        let specs = listener_specs();
+        for addr in canary::addresses() {
+            if addr == IpAddr::V4(canary::DNS) || addr == IpAddr::V4(canary::METADATA_STANDIN) {
+                continue;
+            }
+            assert!(
+                specs.iter().any(|s| s.bind.ip() == addr),
+                "{addr} has no listener"
+            );
+        }
+        assert!(canary::IFACE.len() <= 15);
+    }
+}

@@ -1,0 +1,382 @@
+//! The gate's run, start to finish, on either backend: canaries up and
+//! proven local, the positive controls from the host, two probed bottles,
+//! the host-side posture checks, the faults, and a teardown that runs
+//! however the run ends.
+//!
+//! Both backends go through the same CLI, the same probes and the same
+//! evidence; they differ where the host looks. A smolmachines bottle has
+//! no agent container: its agent address is unknown (the probe skips that
+//! target), its gateway is the host's `.1` on the bundle bridge (the VM's
+//! allowlist is the bundle's `/32`, so it must not reach it), and its
+//! posture is the machine's record in smolvm's state database (exactly the
+//! bundle's `/32`), the VM process, and the bundle container's own
+//! hardening. smolvm dials a guest's traffic from the host, so before a
+//! smolmachines probe runs every address it will dial must route locally
+//! or onto a bottle bridge of this run.
+//!
+//! Here: the run and its phases. `controls`: the positive controls from
+//! the host; `bottles`: starting bottles and their targets; `probing`: a
+//! probing phase and its evidence; `bottle_posture`: a bottle seen from
+//! the host; `faults`: the fault phases; `prepare`: what the run builds
+//! first; `leftovers`: what a run must not leave behind.
+
+mod bottle_posture;
+mod bottles;
+mod controls;
+mod faults;
+mod leftovers;
+mod prepare;
+mod probing;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::bail;
+
+use self::controls::listener_specs;
+use self::leftovers::{bottle_resources, leftovers};
+use self::prepare::{build_agent_image, build_cli, smolvm_of, tempdir};
+use self::probing::ProbeSet;
+use super::canary::{self, Interface, Listeners};
+use super::cli::{BottleCli, BottleGuard};
+use super::dns::DnsRecorder;
+use super::engine::Engine;
+use super::evidence::Cidr;
+use super::fixture::{self, AgentDef, AgentSource};
+use super::report::{Expect, Observed, Report, Row};
+use super::resolv::{RESOLV_CONF, ResolvGuard};
+use super::smol;
+use super::sys::{Run, Sys};
+use crate::dist;
+
+/// Every probe attempt's timeout.
+const PROBE_TIMEOUT_MS: u64 = 1500;
+/// A whole probe run's bound.
+const PROBE_RUN_BOUND: Duration = Duration::from_secs(240);
+/// Where the probe and its configs go inside a bottle.
+const BOTTLE_DIR: &str = "/tmp";
+
+/// The agents the run starts: A and B probe each other, C is started
+/// after the daemon restart, P1..P3 start at once.
+const A: &str = "escape-a";
+const B: &str = "escape-b";
+const C: &str = "escape-c";
+const D: &str = "escape-d";
+const PARALLEL: &[&str] = &["escape-p1", "escape-p2", "escape-p3"];
+
+/// The probe aiming at the other bottle's proxy port.
+const OTHER_BUNDLE_PROBE: &str = "tcp-other-bundle";
+
+/// The image the smolmachines run builds with the Engine (smolmachines
+/// cannot build a Dockerfile itself).
+const SMOL_AGENT_IMAGE: &str = "bottle-escape-agent:latest";
+/// The prefix of every bottle the run starts.
+const RUN_PREFIX: &str = "bot-bottle-escape-";
+
+/// The backend under test.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// Containers.
+    Docker,
+    /// microVMs through this smolvm (real, or the test double).
+    Smolmachines(smol::Target),
+}
+
+impl Backend {
+    /// The name `bottle --backend` takes.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Docker => "docker",
+            Backend::Smolmachines(_) => "smolmachines",
+        }
+    }
+}
+
+/// Options of the run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The backend under test.
+    pub backend: Backend,
+    /// Go on to the next phase after a harness error in one.
+    pub keep_going: bool,
+    /// Skip the daemon restart (it disturbs everything else using this
+    /// Docker Engine); recorded as a failed row, never a silent pass.
+    pub skip_dockerd_restart: bool,
+}
+
+/// A running bottle and what the host knows about it.
+struct Bottle {
+    guard: BottleGuard,
+    key: String,
+    bundle_ip: String,
+    agent_ip: String,
+    gateway: String,
+    probe_copied: bool,
+}
+
+/// The run's shared state.
+struct Gate {
+    sys: Arc<dyn Sys>,
+    /// smolvm, on a smolmachines run.
+    smolvm: Option<bottle_smolvm::Smolvm>,
+    engine: Engine,
+    cli: BottleCli,
+    token: String,
+    work: PathBuf,
+    probe_bin: PathBuf,
+    listeners: Listeners,
+    dns: DnsRecorder,
+    /// Host-side control outcomes by probe name.
+    controls: BTreeMap<String, bool>,
+    /// Controls the harness derives itself (the Engine's DNS upstream).
+    extra_controls: BTreeMap<String, bool>,
+    egress: Vec<Cidr>,
+    bottle_subnets: Vec<Cidr>,
+    /// Each bottle network's subnet and bridge device (what a smolmachines
+    /// probe may dial from the host besides local addresses).
+    bottle_bridges: Vec<(Cidr, String)>,
+    config_seq: usize,
+    report: Report,
+}
+
+/// Runs the gate against `options.backend`; rows and harness errors go
+/// into `report`. Everything it sets up is undone before it returns.
+pub fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> anyhow::Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!(
+            "the gate needs root (it creates the canary interface and swaps /etc/resolv.conf)\n  fix: run it as root, e.g. `sudo -E cargo xtask sandbox-escape`"
+        );
+    }
+    let engine = Engine::from_env();
+    if !engine.ping() {
+        bail!("the Docker Engine does not answer\n  fix: start dockerd (`.ci/setup`)");
+    }
+    let before = bottle_resources(&engine)?;
+
+    progress("building the static bundle and probe, and the bottle CLI");
+    // BOTTLE_ESCAPE_PROBE: a prebuilt probe (for working on the harness
+    // itself); the run still builds the bundle it tests.
+    let binaries = match std::env::var_os("BOTTLE_ESCAPE_PROBE") {
+        Some(probe) => dist::StaticBinaries {
+            bundle: dist::build(&["bottle-bundle"])?.join("bottle-bundle"),
+            probe: PathBuf::from(probe),
+        },
+        None => dist::run()?,
+    };
+    let bottle_bin = build_cli()?;
+
+    let work = tempdir()?;
+    let result = (|| {
+        let context = fixture::write_context(&work.join("agent"))?;
+        let mut agents: Vec<AgentDef> = [A, B, C, D]
+            .iter()
+            .map(|k| AgentDef {
+                key: k.to_string(),
+                rebind: true,
+            })
+            .collect();
+        agents.extend(PARALLEL.iter().map(|k| AgentDef {
+            key: k.to_string(),
+            rebind: false,
+        }));
+        let source = match &options.backend {
+            Backend::Docker => AgentSource::Build(context),
+            Backend::Smolmachines(_) => {
+                progress("building the agent image with the Engine (smolmachines cannot build)");
+                build_agent_image(&sys, &context)?;
+                AgentSource::Image(SMOL_AGENT_IMAGE.to_string())
+            }
+        };
+        let manifest = work.join("bottle.toml");
+        std::fs::write(
+            &manifest,
+            fixture::manifest(&source, &agents, &canary::INTERNET.to_string()),
+        )?;
+        let cli = BottleCli {
+            bin: bottle_bin,
+            manifest,
+            state_home: work.join("state"),
+            bundle_bin: binaries.bundle.clone(),
+            backend: options.backend.name().into(),
+            sys: sys.clone(),
+        };
+        // Leftovers of a killed run.
+        for agent in &agents {
+            let _ = cli.stop(&agent.key);
+        }
+        run_with_canaries(
+            options,
+            sys.clone(),
+            engine.clone(),
+            cli,
+            &work,
+            &binaries.probe,
+            report,
+        )
+    })();
+    let _ = std::fs::remove_dir_all(&work);
+    result?;
+
+    let after = bottle_resources(&engine)?;
+    let mut left = leftovers(&before, &after);
+    if let Backend::Smolmachines(target) = &options.backend {
+        let smolvm = smolvm_of(target, &sys);
+        let machines = smolvm
+            .list()
+            .map_err(|e| anyhow::anyhow!("listing smolvm machines after the run: {e}"))?;
+        left.extend(
+            machines
+                .into_iter()
+                .filter(|m| m.name.starts_with(RUN_PREFIX))
+                .map(|m| format!("machine {}", m.name)),
+        );
+    }
+    if !left.is_empty() {
+        bail!("resources of the run remain after teardown: {left:?}\n  fix: `bottle cleanup`");
+    }
+    let iface = sys.output(&Run::new("ip", &["link", "show", canary::IFACE]))?;
+    if iface.success() {
+        bail!(
+            "the canary interface {} remains\n  fix: ip link del {}",
+            canary::IFACE,
+            canary::IFACE
+        );
+    }
+    Ok(())
+}
+
+/// The phases, with the canaries up and `/etc/resolv.conf` pointing at the
+/// recorder for as long as they run (on either backend).
+fn run_with_canaries(
+    options: &Options,
+    sys: Arc<dyn Sys>,
+    engine: Engine,
+    cli: BottleCli,
+    work: &Path,
+    probe_bin: &Path,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    progress("canaries: interface, listeners, DNS recorder");
+    let iface = Interface::create(sys.clone())?;
+    iface.verify()?;
+    let listeners = Listeners::start(&listener_specs(), &report.token)?;
+    let recorder = DnsRecorder::start(SocketAddr::from((canary::DNS, 53)))?;
+    for (name, addr) in [
+        ("rebind-loopback.bottle.test", std::net::Ipv4Addr::LOCALHOST),
+        ("rebind-metadata.bottle.test", canary::METADATA),
+        ("rebind-private.bottle.test", canary::PRIVATE),
+        ("denied.bottle.test", canary::INTERNET),
+    ] {
+        recorder.set(name, vec![addr]);
+    }
+    let resolv = ResolvGuard::swap(Path::new(RESOLV_CONF), canary::DNS)?;
+
+    let smolvm = match &options.backend {
+        Backend::Docker => None,
+        Backend::Smolmachines(target) => Some(smolvm_of(target, &sys)),
+    };
+    let mut gate = Gate {
+        sys,
+        smolvm,
+        engine,
+        cli,
+        token: report.token.clone(),
+        work: work.to_path_buf(),
+        probe_bin: probe_bin.to_path_buf(),
+        listeners,
+        dns: recorder,
+        controls: BTreeMap::new(),
+        extra_controls: BTreeMap::new(),
+        egress: Vec::new(),
+        bottle_subnets: Vec::new(),
+        bottle_bridges: Vec::new(),
+        config_seq: 0,
+        report: std::mem::take(report),
+    };
+    let result = gate.phases(options);
+    if let Err(err) = &result {
+        gate.report.harness_errors.push(format!("{err:#}"));
+    }
+    *report = std::mem::take(&mut gate.report);
+    drop(gate);
+    drop(resolv);
+    drop(iface);
+    Ok(())
+}
+
+impl Gate {
+    fn phases(&mut self, options: &Options) -> anyhow::Result<()> {
+        progress("positive controls from the host");
+        self.host_controls()?;
+
+        progress("starting bottles A and B");
+        let mut started = self.launch_each(&[A, B])?.into_iter();
+        let (Some(mut a), Some(mut b)) = (started.next(), started.next()) else {
+            bail!("bottles A and B did not both start");
+        };
+
+        progress("probing bottle A");
+        let targets_a = self.targets(&a, &b);
+        let results_a = self.probe_phase(
+            "bottle A",
+            &mut a,
+            Some(&b),
+            targets_a.clone(),
+            ProbeSet::Full,
+        )?;
+        progress("probing bottle B");
+        let targets_b = self.targets(&b, &a);
+        self.probe_phase("bottle B", &mut b, Some(&a), targets_b, ProbeSet::Full)?;
+        progress("host-side posture of A and B");
+        self.posture("posture A", &a)?;
+        self.posture("posture B", &b)?;
+
+        let step =
+            |gate: &mut Gate, name: &str, result: anyhow::Result<()>| -> anyhow::Result<()> {
+                match result {
+                    Ok(()) => Ok(()),
+                    Err(err) if options.keep_going => {
+                        gate.report.harness_errors.push(format!("{name}: {err:#}"));
+                        Ok(())
+                    }
+                    Err(err) => Err(err.context(name.to_string())),
+                }
+            };
+
+        progress("fault: kill -9 A's bundle, probe A again");
+        let r = self.fault_bundle_kill(&mut a, &b, &targets_a, &results_a);
+        step(self, "fault: bundle killed", r)?;
+
+        progress("fault: restart dockerd, probe the old bottles and a fresh one");
+        let r = if options.skip_dockerd_restart {
+            self.report.rows.push(Row::new(
+                "fault: dockerd restarted",
+                "dockerd-restart",
+                "fault",
+                Expect::Blocked,
+                Observed::Error,
+                None,
+                "skipped (--skip-dockerd-restart): not proven",
+            ));
+            Ok(())
+        } else {
+            self.fault_dockerd_restart(&mut a, &mut b, &results_a)
+        };
+        step(self, "fault: dockerd restarted", r)?;
+        drop(a);
+        drop(b);
+
+        progress("fault: three bottles at once, each with its own allowed host");
+        let r = self.fault_parallel();
+        step(self, "fault: parallel bottles", r)?;
+        Ok(())
+    }
+}
+
+/// A progress line on stderr (stdout carries the report).
+pub fn progress(text: &str) {
+    eprintln!("sandbox-escape: {text}");
+}
