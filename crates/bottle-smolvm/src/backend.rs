@@ -22,7 +22,6 @@
 //! --json` filtered by that prefix and cross-checked with the state files
 //! under `<state root>/<slug>/smolvm.json`.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -41,7 +40,6 @@ use crate::error::{SmolvmError, io_err};
 use crate::interactive::{InteractiveRunner, TerminalRunner, stdin_is_tty};
 use crate::pack::{AgentImage, ImageSource};
 use crate::provision::{self, ProvisionInputs};
-use crate::smolfile::{self, SmolfileSpec};
 use crate::statedb::{self, DataPlatform, EgressPolicy};
 use crate::version::require_enforced;
 
@@ -49,15 +47,15 @@ use crate::version::require_enforced;
 pub const STATE_FILE: &str = "smolvm.json";
 /// Version of [`BottleState`]'s format.
 pub const STATE_VERSION: u32 = 1;
-/// The rendered Smolfile in a bottle's state dir.
-pub const SMOLFILE: &str = "Smolfile";
 /// Version of [`PlanData`]'s format.
 pub const PLAN_DATA_VERSION: u32 = 1;
 
 /// Files this backend writes into a bottle's state dir, removed by `stop`.
+/// `Smolfile` is no longer written, but bottles started by earlier versions
+/// still have one.
 const OWN_FILES: [&str; 5] = [
     STATE_FILE,
-    SMOLFILE,
+    "Smolfile",
     "guest-env",
     "guest-mcp.json",
     "guest-gitconfig",
@@ -409,16 +407,6 @@ impl SmolvmBackend {
         state.bundle_address = Some(endpoint.address.to_string());
         state.env = env.clone();
         write_state_file(&state_path, &state)?;
-
-        let smolfile = smolfile::render(&SmolfileSpec {
-            image: data.image.reference.clone(),
-            entrypoint: Vec::new(),
-            cmd: plan.command.clone(),
-            env: env.iter().cloned().collect::<BTreeMap<_, _>>(),
-            allow: endpoint.address,
-        })?;
-        let smolfile_path = state_dir.join(SMOLFILE);
-        std::fs::write(&smolfile_path, smolfile).map_err(|e| io_err("write", &smolfile_path, e))?;
 
         self.smolvm
             .create(&machine, smolmachine, &policy.allowed_cidrs)?;

@@ -95,11 +95,6 @@ pub enum SmolvmError {
         /// The policy we read back.
         found: String,
     },
-    /// The Smolfile could not be rendered.
-    Smolfile {
-        /// What went wrong.
-        detail: String,
-    },
     /// A Docker Engine API call failed (image inspect / export).
     Docker {
         /// What we asked the engine.
@@ -229,7 +224,6 @@ impl SmolvmError {
                 "the egress policy of machine {machine:?} did not persist in {}: wrote {wanted}, read back {found}",
                 path.display()
             ),
-            SmolvmError::Smolfile { detail } => format!("could not render the Smolfile: {detail}"),
             SmolvmError::Docker { action, source } => {
                 format!("docker engine: could not {action}: {source}")
             }
@@ -303,7 +297,6 @@ impl SmolvmError {
             SmolvmError::AllowlistNotPersisted { .. } => {
                 "the bottle was not started; stop any process rewriting smolvm's state (a `smolvm serve` instance) and retry, or report the smolvm version".into()
             }
-            SmolvmError::Smolfile { .. } => "report this to the bottle maintainers".into(),
             SmolvmError::Docker { .. } => {
                 "check that the Docker daemon is running and the agent image exists (`bottle doctor`)".into()
             }
@@ -386,7 +379,7 @@ impl Coded for SmolvmError {
             SmolvmError::StateRowMissing { .. } => "BOT-K013",
             SmolvmError::StateRecordInvalid { .. } => "BOT-K014",
             SmolvmError::AllowlistNotPersisted { .. } => "BOT-K015",
-            SmolvmError::Smolfile { .. } => "BOT-K020",
+            // K020 named the removed Smolfile renderer: never reuse it.
             SmolvmError::Docker { .. } => "BOT-K030",
             SmolvmError::ImageArchive { .. } => "BOT-K031",
             SmolvmError::Registry { .. } => "BOT-K032",

@@ -6,7 +6,6 @@
 //! - [`cli`]: the `smolvm` wrapper (every argv built in one place, run
 //!   through [`bottle_core::exec::CommandRunner`]), version-aware
 //!   ([`version`]);
-//! - [`smolfile`]: the per-bottle Smolfile in smolvm's schema;
 //! - [`statedb`]: where smolvm's state database is, and the fail-closed
 //!   patch that makes a machine's egress policy exactly one `/32` (and no DNS
 //!   names) before it starts;
@@ -34,7 +33,6 @@ pub mod interactive;
 pub mod pack;
 pub mod provision;
 pub mod registry;
-pub mod smolfile;
 pub mod statedb;
 pub mod version;
 
