@@ -5,12 +5,16 @@
 //! - `cargo xtask dist`: build the static binaries only.
 //! - `cargo xtask demo`: bring up the example bottle and show its policy.
 //! - `cargo xtask sandbox-escape`: the escape gate (see [`escape`]).
+//!
+//! Its tests include tidy (`tidy.rs`): checks of the repository's own text.
 
 mod demo;
 mod dist;
 mod escape;
 mod process;
 mod test;
+#[cfg(test)]
+mod tidy;
 
 use std::process::ExitCode;
 

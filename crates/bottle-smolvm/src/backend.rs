@@ -53,7 +53,15 @@ pub const STATE_VERSION: u32 = 1;
 pub const PLAN_DATA_VERSION: u32 = 1;
 
 /// Files this backend writes into a bottle's state dir, removed by `stop`.
-const OWN_FILES: [&str; 3] = [STATE_FILE, "guest-env", "guest-mcp.json"];
+/// `Smolfile` and `guest-gitconfig` are no longer written, but bottles
+/// started by earlier versions still have them.
+const OWN_FILES: [&str; 5] = [
+    STATE_FILE,
+    "Smolfile",
+    "guest-env",
+    "guest-mcp.json",
+    "guest-gitconfig",
+];
 
 /// The backend's part of a [`Plan`] (`plan.backend_data`); `P` is what
 /// the bundle host resolved.

@@ -365,6 +365,8 @@ impl Coded for SmolvmError {
             SmolvmError::StateRowMissing { .. } => "BOT-K013",
             SmolvmError::StateRecordInvalid { .. } => "BOT-K014",
             SmolvmError::AllowlistNotPersisted { .. } => "BOT-K015",
+            // K020 named the removed Smolfile renderer, K030 the removed Docker
+            // image source: never reuse them.
             SmolvmError::ImageArchive { .. } => "BOT-K031",
             SmolvmError::Registry { .. } => "BOT-K032",
             SmolvmError::Io { .. } => "BOT-K040",

@@ -7,7 +7,6 @@
 
 mod catalogue;
 mod commands;
-mod errors;
 mod requests;
 mod smolmachines;
 
