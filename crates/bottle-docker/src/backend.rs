@@ -247,7 +247,7 @@ impl DockerBackend {
         // read, the plan, the owner. Nothing in Docker yet.
         let paths = StatePaths::new(&plan.state_dir);
         data::create_private_dir(&paths.root)?;
-        let ca = bottle_bundle::generate_ca(&plan.bottle).map_err(|err| DockerError::Ca {
+        let ca = bottle_bundle_files::generate_ca(&plan.bottle).map_err(|err| DockerError::Ca {
             detail: err.to_string(),
         })?;
         data::write_file(&paths.ca_cert(), ca.cert_pem.as_bytes(), 0o644)?;

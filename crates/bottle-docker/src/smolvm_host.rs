@@ -102,7 +102,7 @@ pub(crate) fn write_stage(
     plan: &Plan,
     data: &DockerPlanData,
 ) -> Result<(), DockerError> {
-    let ca = bottle_bundle::generate_ca(&plan.bottle).map_err(|err| DockerError::Ca {
+    let ca = bottle_bundle_files::generate_ca(&plan.bottle).map_err(|err| DockerError::Ca {
         detail: err.to_string(),
     })?;
     data::write_file(&paths.ca_cert(), ca.cert_pem.as_bytes(), 0o644)?;
