@@ -17,7 +17,7 @@
     reason = "test helpers fail loudly on unexpected errors"
 )]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -52,38 +52,6 @@ fn missing() -> Option<String> {
     None
 }
 
-fn fake_smolvm(workspace: &Path) -> PathBuf {
-    if let Some(path) = std::env::var_os("BOTTLE_FAKE_SMOLVM") {
-        return PathBuf::from(path);
-    }
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = command(cargo)
-        .current_dir(workspace)
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "bottle-smolvm",
-            "--bin",
-            "fake-smolvm",
-            "--message-format=json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "building fake-smolvm failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .filter(|msg| msg["reason"] == "compiler-artifact")
-        .filter(|msg| msg["target"]["name"] == "fake-smolvm")
-        .find_map(|msg| msg["executable"].as_str().map(PathBuf::from))
-        .expect("cargo reported no fake-smolvm executable")
-}
-
 #[test]
 fn the_gate_reports_the_unconfined_fake_as_escaped() {
     if let Some(why) = missing() {
@@ -98,7 +66,7 @@ fn the_gate_reports_the_unconfined_fake_as_escaped() {
         .parent()
         .unwrap()
         .to_path_buf();
-    let fake = fake_smolvm(&workspace);
+    let fake = fake_smolvm::executable().unwrap();
     let dir = tempfile::tempdir().unwrap();
     for sub in ["smolvm", "cache"] {
         std::fs::create_dir_all(dir.path().join(sub)).unwrap();

@@ -1,31 +1,28 @@
-//! The per-bottle certificate authority and the leaf certificates minted
-//! from it for TLS interception.
+//! The leaf certificates minted from the per-bottle CA for TLS interception.
 //!
-//! The backend calls [`generate_ca`] when it prepares a bottle, installs the
-//! certificate in the agent's trust store and hands both PEMs to the bundle.
-//! The key never leaves the bundle: [`LeafMinter`] loads it once and signs a
+//! The backend makes the CA on the host with
+//! [`bottle_bundle_files::generate_ca`], installs the certificate in the
+//! agent's trust store and hands both PEMs to the bundle. The key never
+//! leaves the bundle: [`LeafMinter`] loads it once and signs a
 //! short-lived leaf per intercepted host, all leaves sharing one key pair
 //! (minting is then one signature, not a key generation), each with its own
 //! serial so clients never see two certificates with the same issuer+serial.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bottle_bundle_files::ca::fresh_serial;
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SerialNumber,
+    CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair,
+    KeyUsagePurpose,
 };
 use rustls::ServerConfig;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use sha2::{Digest, Sha256};
 
 use crate::BundleError;
-use crate::policy::Host;
+use crate::allowlist::Host;
 
-/// How long a generated CA is valid.
-pub const CA_VALIDITY: Duration = Duration::from_secs(30 * 24 * 3600);
 /// How long a minted leaf is valid.
 const LEAF_VALIDITY: Duration = Duration::from_secs(7 * 24 * 3600);
 /// A cached leaf is re-minted after this long, well before it expires.
@@ -33,65 +30,10 @@ const LEAF_REFRESH: Duration = Duration::from_secs(24 * 3600);
 /// Cap on cached leaves; the cache is cleared when it is reached.
 const LEAF_CACHE_MAX: usize = 4096;
 
-/// A CA certificate and its private key, both PEM.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CaPair {
-    /// The CA certificate (install in the agent's trust store).
-    pub cert_pem: String,
-    /// The CA private key (give only to the bundle).
-    pub key_pem: String,
-}
-
 fn ca_err(detail: impl std::fmt::Display) -> BundleError {
     BundleError::Ca {
         detail: detail.to_string(),
     }
-}
-
-static SERIAL_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-fn fresh_serial(seed: &str) -> SerialNumber {
-    let mut h = Sha256::new();
-    h.update(seed.as_bytes());
-    h.update(
-        time::OffsetDateTime::now_utc()
-            .unix_timestamp_nanos()
-            .to_be_bytes(),
-    );
-    h.update(SERIAL_COUNTER.fetch_add(1, Ordering::Relaxed).to_be_bytes());
-    h.update(std::process::id().to_be_bytes());
-    let mut bytes = h.finalize()[..16].to_vec();
-    bytes[0] &= 0x7f;
-    SerialNumber::from_slice(&bytes)
-}
-
-/// Makes a fresh CA for one bottle, valid for [`CA_VALIDITY`] (ECDSA P-256,
-/// path length 0 so it can only sign leaves).
-pub fn generate_ca(bottle: &str) -> Result<CaPair, BundleError> {
-    let key = KeyPair::generate().map_err(ca_err)?;
-    let mut params = CertificateParams::default();
-    let mut dn = DistinguishedName::new();
-    dn.push(
-        DnType::CommonName,
-        format!("bottle {bottle} interception CA"),
-    );
-    dn.push(DnType::OrganizationName, "bottle");
-    params.distinguished_name = dn;
-    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let now = time::OffsetDateTime::now_utc();
-    params.not_before = now - time::Duration::hours(1);
-    params.not_after = now + CA_VALIDITY;
-    params.serial_number = Some(fresh_serial(bottle));
-    let cert = params.self_signed(&key).map_err(ca_err)?;
-    Ok(CaPair {
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    })
 }
 
 /// Mints and caches per-host TLS server configs signed by the bottle's CA.
@@ -189,6 +131,7 @@ impl LeafMinter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bottle_bundle_files::generate_ca;
 
     #[test]
     fn generated_ca_mints_distinct_leaves() {

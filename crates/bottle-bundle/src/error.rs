@@ -144,6 +144,17 @@ pub enum BundleError {
     },
 }
 
+/// The host-side failures keep their codes inside the bundle (`gen-ca`).
+impl From<bottle_bundle_files::BundleFilesError> for BundleError {
+    fn from(err: bottle_bundle_files::BundleFilesError) -> Self {
+        use bottle_bundle_files::BundleFilesError as Files;
+        match err {
+            Files::Ca { detail } => Self::Ca { detail },
+            Files::GitRuntime { detail } => Self::GitRuntime { detail },
+        }
+    }
+}
+
 impl Coded for BundleError {
     fn code(&self) -> &'static str {
         match self {

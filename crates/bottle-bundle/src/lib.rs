@@ -3,10 +3,11 @@
 //! keeps them up (or exits non-zero so the bottle fails closed).
 //!
 //! Entry points: [`start`] (library, used by the binary and the tests),
-//! [`generate_ca`] (the backend calls it at prepare time), [`read_audit`] /
-//! [`AuditFollower`] (`bottle logs`), [`git_runtime_files`] (the backend
-//! copies them into the bundle image so that git-gate can run git),
-//! [`supervise`] (the MCP server through which the agent asks the operator).
+//! [`read_audit`] / [`AuditFollower`] (`bottle logs`), [`supervise`] (the
+//! MCP server through which the agent asks the operator). What the host
+//! prepares for the bundle (the per-bottle CA, git's runtime files) is
+//! `bottle-bundle-files`, so that the CLI does not link the proxy stack;
+//! [`generate_ca`] is re-exported from it.
 
 mod accept;
 pub mod allowlist;
@@ -22,12 +23,7 @@ pub mod proxy;
 pub mod scan;
 pub mod supervise;
 
-// ca.rs (moving to its own crate, issue 12) still names the allowlist by
-// its old module path; remove this alias when ca.rs has moved.
-use allowlist as policy;
-
 pub use audit::{AuditFollower, AuditLog, AuditRecord, Decision, read_audit};
-pub use ca::{CaPair, generate_ca};
+pub use bottle_bundle_files::{CaPair, generate_ca};
 pub use daemons::{RunningBundle, load_config, start};
 pub use error::BundleError;
-pub use gitgate::git_runtime_files;

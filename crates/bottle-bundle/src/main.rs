@@ -149,7 +149,7 @@ fn health(addr: SocketAddr) -> ExitCode {
 fn gen_ca(bottle: &str, cert: &std::path::Path, key: &std::path::Path) -> ExitCode {
     let pair = match bottle_bundle::generate_ca(bottle) {
         Ok(p) => p,
-        Err(e) => return fail(&e),
+        Err(e) => return fail(&e.into()),
     };
     if let Err(e) = std::fs::write(cert, pair.cert_pem) {
         eprintln!(

@@ -104,7 +104,7 @@ pub const SMOLVM_ENV: &str = "BOTTLE_SMOLVM";
 /// a warning, for any other program, and announced on stderr every time.
 pub const FAKE_NO_KVM_ENV: &str = "BOTTLE_TEST_FAKE_SMOLVM_NO_KVM";
 
-/// The file name of the test double (`crates/bottle-smolvm/src/bin`).
+/// The file name of the test double (`crates/fake-smolvm`).
 const FAKE_SMOLVM: &str = "fake-smolvm";
 
 fn smolmachines(

@@ -225,14 +225,14 @@ pub fn elf_needs_interpreter(bytes: &[u8]) -> Option<bool> {
 
 /// The host files git-gate needs in the bundle image (git, its helpers,
 /// their shared libraries): `(host path, path in the image)`, from
-/// [`bottle_bundle::git_runtime_files`], which runs `git --exec-path` and
-/// `ldd` through `runner`.
+/// [`bottle_bundle_files::git_runtime_files`], which runs `git --exec-path`
+/// and `ldd` through `runner`.
 pub fn git_runtime_files(
     runner: &dyn bottle_core::exec::CommandRunner,
 ) -> Result<Vec<(PathBuf, String)>, DockerError> {
-    bottle_bundle::git_runtime_files(runner).map_err(|err| DockerError::GitRuntime {
+    bottle_bundle_files::git_runtime_files(runner).map_err(|err| DockerError::GitRuntime {
         detail: match err {
-            bottle_bundle::BundleError::GitRuntime { detail } => detail,
+            bottle_bundle_files::BundleFilesError::GitRuntime { detail } => detail,
             other => other.to_string(),
         },
     })

@@ -46,10 +46,12 @@ pub mod command;
 pub mod hook;
 pub mod pktline;
 pub mod push_rules;
-pub mod runtime;
 pub mod upstream;
 
 mod server;
 
-pub use runtime::{BUNDLE_GIT, git_runtime_files};
+/// Git's runtime files: the host copies them into the bundle image, the
+/// gate runs git from [`BUNDLE_GIT`] there; one definition for both sides.
+pub use bottle_bundle_files::git_runtime as runtime;
+pub use runtime::BUNDLE_GIT;
 pub use server::{GateLimits, GitGate, GitRuntime, daemon};

@@ -7,19 +7,19 @@
 //! `BOTTLE_TEST_FAKE_SMOLVM_NO_KVM=1`, the only way to skip the KVM check
 //! (honoured for the double alone, and announced on stderr).
 //!
-//! The double is built on first use with `cargo build -p bottle-smolvm
-//! --bin fake-smolvm` into this build's target dir (a binary of another
-//! package is not built for these tests otherwise); set
-//! `BOTTLE_FAKE_SMOLVM` to a built one to skip that. Tests needing Docker
+//! The double is built on first use with `cargo build -p fake-smolvm`
+//! into this build's target dir (a binary of another package is not built
+//! for these tests otherwise); set `BOTTLE_FAKE_SMOLVM` to a built one to
+//! skip that. Tests needing Docker
 //! print a skip line unless `BOTTLE_REQUIRE_DOCKER=1`; they also need
 //! `BOTTLE_BUNDLE_BIN` (the static bundle from `cargo xtask dist`).
 
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use bottle_core::exec::{CommandRunner as _, CommandSpec, SystemRunner};
+use bottle_core::exec::SystemRunner;
 use bottle_docker::client::Engine;
 use bottle_smolvm::SmolvmError;
 use predicates::prelude::*;
@@ -37,44 +37,9 @@ fn required() -> bool {
 
 /// The test double, built once per test process.
 fn fake_smolvm() -> PathBuf {
-    static FAKE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let built = FAKE.get_or_init(|| {
-        if let Some(path) = std::env::var_os("BOTTLE_FAKE_SMOLVM") {
-            return Ok(PathBuf::from(path));
-        }
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut spec = CommandSpec::new(cargo).args([
-            "build",
-            "--quiet",
-            "-p",
-            "bottle-smolvm",
-            "--bin",
-            "fake-smolvm",
-            "--message-format=json",
-        ]);
-        spec.cwd = Some(repo_root());
-        let out = SystemRunner.run(&spec).map_err(|e| e.to_string())?;
-        if !out.success() {
-            return Err(format!(
-                "building fake-smolvm failed: {}",
-                out.stderr_text()
-            ));
-        }
-        out.stdout_text()
-            .lines()
-            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-            .filter(|msg| msg["reason"] == "compiler-artifact")
-            .filter(|msg| msg["target"]["name"] == "fake-smolvm")
-            .find_map(|msg| msg["executable"].as_str().map(PathBuf::from))
-            .ok_or_else(|| "cargo reported no fake-smolvm executable".to_string())
-    });
-    match built {
-        Ok(path) => {
-            assert!(path.is_file(), "{} is not a file", path.display());
-            path.clone()
-        }
-        Err(err) => panic!("{err}"),
-    }
+    let path = fake_smolvm::executable().unwrap_or_else(|err| panic!("{err}"));
+    assert!(path.is_file(), "{} is not a file", path.display());
+    path
 }
 
 /// One test's world: temp state, cache, home and smolvm data dirs, and a

@@ -15,8 +15,11 @@ use bottle_core::plan::Plan;
 use bottle_smolvm::Smolvm;
 use sha2::{Digest as _, Sha256};
 
-/// The fake smolvm binary built with this crate.
-pub const FAKE: &str = env!("CARGO_BIN_EXE_fake-smolvm");
+/// The fake smolvm binary (built on first use; see
+/// [`fake_smolvm::executable`]).
+pub fn fake() -> PathBuf {
+    fake_smolvm::executable().unwrap_or_else(|err| panic!("{err}"))
+}
 
 /// A private world for one test: a temp dir holding the fake's data, the
 /// bottle state root and the image cache.
@@ -62,7 +65,7 @@ impl World {
 
     /// The fake, pretending to be `version`, with `mode` faults.
     pub fn smolvm(&self, version: &str, mode: &str) -> Smolvm {
-        Smolvm::with_program(FAKE, Arc::new(SystemRunner))
+        Smolvm::with_program(fake(), Arc::new(SystemRunner))
             .env("HOME", self.home())
             .env("XDG_DATA_HOME", self.data())
             .env("SMOLVM_DATA_DIR", "")

@@ -7,14 +7,14 @@
 //! are created with `--template=`), the dashed `git-upload-pack` /
 //! `git-receive-pack` links (the gate runs `git upload-pack` /
 //! `git receive-pack`, builtins of the main binary), a shell (the hook is
-//! this binary, through its shebang), and locales.
+//! the `bottle-bundle` binary, through its shebang), and locales.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use bottle_core::exec::{CommandRunner, CommandSpec};
 
-use crate::BundleError;
+use crate::BundleFilesError;
 
 /// Where the gate expects git inside the bundle.
 pub const BUNDLE_GIT: &str = "/usr/bin/git";
@@ -28,8 +28,8 @@ const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// exec path first on `PATH`) and the HTTP transport (mirror mode).
 const EXEC_PATH_HELPERS: [&str; 3] = ["git", "git-remote-http", "git-remote-https"];
 
-fn runtime_err(detail: impl Into<String>) -> BundleError {
-    BundleError::GitRuntime {
+fn runtime_err(detail: impl Into<String>) -> BundleFilesError {
+    BundleFilesError::GitRuntime {
         detail: detail.into(),
     }
 }
@@ -64,7 +64,7 @@ pub fn parse_ldd(output: &str) -> Result<Vec<PathBuf>, String> {
 }
 
 /// Finds the host's git (`/usr/bin/git`, else the first `git` on `PATH`).
-fn host_git() -> Result<PathBuf, BundleError> {
+fn host_git() -> Result<PathBuf, BundleFilesError> {
     let usr = Path::new(BUNDLE_GIT);
     if usr.is_file() {
         return Ok(usr.to_path_buf());
@@ -79,7 +79,7 @@ fn host_git() -> Result<PathBuf, BundleError> {
         })
 }
 
-fn run(runner: &dyn CommandRunner, spec: &CommandSpec) -> Result<String, BundleError> {
+fn run(runner: &dyn CommandRunner, spec: &CommandSpec) -> Result<String, BundleFilesError> {
     let out = runner
         .run(spec)
         .map_err(|e| runtime_err(format!("could not run {}: {e}", spec.argv().join(" "))))?;
@@ -98,7 +98,7 @@ fn run(runner: &dyn CommandRunner, spec: &CommandSpec) -> Result<String, BundleE
 /// path, no duplicates.
 pub fn git_runtime_files(
     runner: &dyn CommandRunner,
-) -> Result<Vec<(PathBuf, String)>, BundleError> {
+) -> Result<Vec<(PathBuf, String)>, BundleFilesError> {
     let git = host_git()?;
     let exec_path = run(runner, &CommandSpec::new(&git).arg("--exec-path"))?;
     let exec_path = PathBuf::from(exec_path.trim());

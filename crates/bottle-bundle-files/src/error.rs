@@ -1,0 +1,35 @@
+//! The errors of the host-side bundle files. They keep the codes (and
+//! texts) the bundle's own errors use for the same failures, so an operator
+//! sees one code whichever side failed.
+
+use bottle_core::Coded;
+
+/// Why the per-bottle CA or git's runtime files could not be produced.
+#[derive(Debug, thiserror::Error)]
+pub enum BundleFilesError {
+    /// The certificate authority could not be made.
+    #[error(
+        "certificate authority: {detail}; fix: regenerate the bottle's CA with bottle_bundle::generate_ca"
+    )]
+    Ca {
+        /// What failed.
+        detail: String,
+    },
+    /// Git cannot be found on the host or its files cannot be collected.
+    #[error(
+        "git runtime: {detail}; fix: install git on the host (Debian: apt-get install git) and rebuild the bundle image"
+    )]
+    GitRuntime {
+        /// What failed.
+        detail: String,
+    },
+}
+
+impl Coded for BundleFilesError {
+    fn code(&self) -> &'static str {
+        match self {
+            Self::Ca { .. } => "BOT-B007",
+            Self::GitRuntime { .. } => "BOT-B014",
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! The machine verbs that only touch the state database: `create`,
+//! `start`, `stop`, `delete`, `ls`.
+
+use std::process::ExitCode;
+
+use clap::Args;
+use clap::error::ErrorKind;
+use serde_json::{Value, json};
+
+use crate::{Fake, Result, error, usage};
+
+/// `machine create`. The name is `--name` from 1.1.0, a positional before
+/// (see `command_line`).
+#[derive(Args)]
+pub struct CreateArgs {
+    /// The machine's name.
+    #[arg(short, long)]
+    name: String,
+    /// The `.smolmachine` to create it from.
+    #[arg(long)]
+    from: Option<String>,
+    /// Give the machine a network.
+    #[arg(long)]
+    net: bool,
+    /// A CIDR the machine may reach (implies a network).
+    #[arg(long = "allow-cidr")]
+    allow_cidr: Vec<String>,
+}
+
+/// `machine start` and `machine stop`.
+#[derive(Args)]
+pub struct NameArgs {
+    /// The machine's name.
+    #[arg(short, long, default_value = "default")]
+    name: String,
+}
+
+/// `machine delete`. The name is `--name` from 1.1.0, a positional before.
+#[derive(Args)]
+pub struct DeleteArgs {
+    /// The machine's name.
+    #[arg(short, long)]
+    name: String,
+    /// Delete without asking.
+    #[arg(short, long)]
+    force: bool,
+}
+
+/// `machine ls`.
+#[derive(Args)]
+pub struct LsArgs {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// Accepted like smolvm's; the fake has nothing more to say.
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+pub fn create(fake: &Fake, args: CreateArgs) -> Result<ExitCode> {
+    let CreateArgs {
+        name,
+        from,
+        net,
+        allow_cidr: cidrs,
+    } = args;
+    let from = from.ok_or_else(|| {
+        usage(
+            ErrorKind::MissingRequiredArgument,
+            "this fake supports only `machine create --from`",
+        )
+    })?;
+    let artifact: Value = std::fs::read(&from)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .filter(|v: &Value| v["format"] == "fake-smolmachine/1")
+        .ok_or_else(|| error(format!("{from} is not a .smolmachine artifact")))?;
+    let db = fake.open_db()?;
+    if db.get(&name)?.is_some() {
+        return Err(error(format!("machine '{name}' already exists")));
+    }
+    // run_from_smolmachine dropped --allow-cidr until 1.8.0 (#892).
+    let allowed_cidrs = if fake.version.from_drops_allow_cidr() || cidrs.is_empty() {
+        Value::Null
+    } else {
+        json!(cidrs)
+    };
+    let record = json!({
+        "name": name,
+        "created_at": unix_now(),
+        "state": "created",
+        "pid": null,
+        "cpus": 1,
+        "mem": 512,
+        "mounts": [],
+        "ports": [],
+        "network": net || !cidrs.is_empty(),
+        "env": [],
+        "workdir": null,
+        "storage_gb": null,
+        "overlay_gb": null,
+        "image": artifact["image"],
+        "entrypoint": [],
+        "cmd": [],
+        "ssh_agent": false,
+        "ephemeral": false,
+        "source_smolmachine": from,
+        "allowed_cidrs": allowed_cidrs,
+        "network_backend": null,
+        "dns_filter_hosts": null,
+    });
+    if !fake.mode("no-row") {
+        db.put(&name, &record)?;
+    }
+    if fake.mode("revert-db-writes") {
+        db.revert_later_writes(&name)?;
+    }
+    println!("Created machine: {name}");
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn start(fake: &Fake, args: NameArgs) -> Result<ExitCode> {
+    let name = args.name;
+    let db = fake.open_db()?;
+    let mut record = db.require(&name)?;
+    let started_dir = fake.fake_dir.join("started");
+    std::fs::create_dir_all(&started_dir).map_err(|e| error(e.to_string()))?;
+    let booted = json!({
+        "allowed_cidrs": record["allowed_cidrs"],
+        "dns_filter_hosts": record["dns_filter_hosts"],
+        "network": record["network"],
+    });
+    std::fs::write(started_dir.join(format!("{name}.json")), booted.to_string())
+        .map_err(|e| error(e.to_string()))?;
+    std::fs::create_dir_all(fake.guest_root(&name)).map_err(|e| error(e.to_string()))?;
+    record["state"] = json!("running");
+    record["pid"] = json!(std::process::id());
+    if fake.mode("start-clears-cidrs") {
+        record["allowed_cidrs"] = Value::Null;
+    }
+    db.put(&name, &record)?;
+    println!("Machine '{name}' started");
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn stop(fake: &Fake, args: NameArgs) -> Result<ExitCode> {
+    let name = args.name;
+    let db = fake.open_db()?;
+    let mut record = db.require(&name)?;
+    record["state"] = json!("stopped");
+    record["pid"] = Value::Null;
+    db.put(&name, &record)?;
+    println!("Machine '{name}' stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn delete(fake: &Fake, args: DeleteArgs) -> Result<ExitCode> {
+    let DeleteArgs { name, force } = args;
+    if !force {
+        return Err(error("delete needs confirmation; pass -f"));
+    }
+    let db = fake.open_db()?;
+    db.require(&name)?;
+    db.remove(&name)?;
+    let _ = std::fs::remove_dir_all(fake.guest_root(&name));
+    let _ = std::fs::remove_file(fake.fake_dir.join("started").join(format!("{name}.json")));
+    println!("Deleted machine: {name}");
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn ls(fake: &Fake, args: LsArgs) -> Result<ExitCode> {
+    let machines: Vec<Value> = fake
+        .open_db()?
+        .records()?
+        .iter()
+        .map(|r| {
+            json!({
+                "name": r["name"],
+                "state": r["state"],
+                "cpus": r["cpus"],
+                "memory_mib": r["mem"],
+                "pid": r["pid"],
+                "mounts": r["mounts"].as_array().map_or(0, Vec::len),
+                "ports": r["ports"].as_array().map_or(0, Vec::len),
+                "created_at": r["created_at"],
+                "storage_gb": r["storage_gb"],
+                "overlay_gb": r["overlay_gb"],
+                "image": r["image"],
+                "entrypoint": r["entrypoint"],
+                "cmd": r["cmd"],
+                "ephemeral": r["ephemeral"],
+                "gpu": false,
+                "network": r["network"],
+            })
+        })
+        .collect();
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&machines).map_err(|e| error(e.to_string()))?
+        );
+    } else if machines.is_empty() {
+        println!("No machines found");
+    } else {
+        for m in machines {
+            println!(
+                "{}\t{}",
+                m["name"].as_str().unwrap_or(""),
+                m["state"].as_str().unwrap_or("")
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// smolvm's error for `exec` and `cp` on a machine that is not running.
+pub fn require_running(fake: &Fake, name: &str) -> Result<()> {
+    let record = fake.open_db()?.require(name)?;
+    if record["state"] != "running" {
+        return Err(error(format!(
+            "machine '{name}' is not running; start it with `smolvm machine start --name {name}`"
+        )));
+    }
+    Ok(())
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
