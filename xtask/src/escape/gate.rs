@@ -39,7 +39,7 @@ use super::smol::{self, SysRunner};
 use super::sys::{Run, Sys};
 use super::{dockerd, teardown};
 use crate::dist;
-use crate::process::cargo;
+use crate::process::{cargo, describe_exit, watch};
 
 /// Every probe attempt's timeout.
 const PROBE_TIMEOUT_MS: u64 = 1500;
@@ -1253,12 +1253,9 @@ fn build_agent_image(sys: &Arc<dyn Sys>, context: &Path) -> anyhow::Result<()> {
 }
 
 fn build_cli() -> anyhow::Result<PathBuf> {
-    let status = cargo()
-        .args(["build", "--quiet", "-p", "bottle-cli"])
-        .status()
-        .context("could not run cargo")?;
-    if !status.success() {
-        bail!("building the bottle CLI failed ({status})");
+    let out = watch(cargo().args(["build", "--quiet", "-p", "bottle-cli"]))?;
+    if !out.success() {
+        bail!("building the bottle CLI failed ({})", describe_exit(&out));
     }
     Ok(dist::target_dir().join("debug").join("bottle"))
 }
