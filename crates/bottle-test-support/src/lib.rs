@@ -54,8 +54,7 @@ pub fn wait_until_async(
     limit: Duration,
     mut cond: impl FnMut() -> bool,
 ) -> impl Future<Output = ()> {
-    let waited = wait_for_async(what, limit, move || cond().then_some(()));
-    async move { waited.await }
+    wait_for_async(what, limit, move || cond().then_some(()))
 }
 
 /// [`wait_for`] for async tests: sleeps without blocking the runtime.
