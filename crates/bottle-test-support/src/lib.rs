@@ -5,9 +5,9 @@
 //! - [`require_docker`] / [`skip_docker_test`]: a test that needs Docker
 //!   prints a skip line without it, or fails under `BOTTLE_REQUIRE_DOCKER=1`
 //!   (set by CI);
-//! - [`wait_until`] / [`wait_for`] (and their async twins behind the
-//!   `tokio` feature): wait for a condition with a bound, instead of
-//!   sleeping and hoping it has happened;
+//! - [`wait_until`] / [`wait_for`] / [`eventually`] (and async twins
+//!   behind the `tokio` feature): wait for a condition with a bound,
+//!   instead of sleeping and hoping it has happened;
 //! - [`temp_state_root`]: a private state root per test.
 //!
 //! A dev-dependency only: nothing here ships.
@@ -25,60 +25,74 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// Polls `cond` until it holds; panics, naming `what`, if `limit` passes
 /// first.
 #[track_caller]
-pub fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    wait_for(what, limit, || cond().then_some(()));
+pub fn wait_until(what: &str, limit: Duration, cond: impl FnMut() -> bool) {
+    assert!(
+        eventually(limit, cond),
+        "timed out after {limit:?} waiting for {what}"
+    );
+}
+
+/// Polls `cond` until it holds or `limit` passes; returns whether it held,
+/// for a caller that states the failure itself.
+pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
 }
 
 /// Polls `probe` until it returns a value and returns it; panics, naming
 /// `what`, if `limit` passes first.
 #[track_caller]
 pub fn wait_for<T>(what: &str, limit: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(value) = probe() {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(POLL_INTERVAL);
+    let mut found = None;
+    let answered = eventually(limit, || {
+        found = probe();
+        found.is_some()
+    });
+    match found {
+        Some(value) if answered => value,
+        _ => panic!("timed out after {limit:?} waiting for {what}"),
     }
 }
 
-/// [`wait_until`] for async tests: sleeps without blocking the runtime.
+/// [`eventually`] for async tests: sleeps without blocking the runtime.
 #[cfg(feature = "tokio")]
-#[track_caller]
-pub fn wait_until_async(
-    what: &str,
-    limit: Duration,
-    mut cond: impl FnMut() -> bool,
-) -> impl Future<Output = ()> {
-    wait_for_async(what, limit, move || cond().then_some(()))
+pub async fn eventually_async(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
 }
 
 /// [`wait_for`] for async tests: sleeps without blocking the runtime.
 #[cfg(feature = "tokio")]
-#[track_caller]
-pub fn wait_for_async<T>(
+pub async fn wait_for_async<T>(
     what: &str,
     limit: Duration,
     mut probe: impl FnMut() -> Option<T>,
-) -> impl Future<Output = T> {
-    let caller = std::panic::Location::caller();
-    let what = what.to_string();
-    async move {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            if let Some(value) = probe() {
-                return value;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out after {limit:?} waiting for {what} (at {caller})"
-            );
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
+) -> T {
+    let mut found = None;
+    let answered = eventually_async(limit, || {
+        found = probe();
+        found.is_some()
+    })
+    .await;
+    match found {
+        Some(value) if answered => value,
+        _ => panic!("timed out after {limit:?} waiting for {what}"),
     }
 }
 
