@@ -31,10 +31,6 @@ use crate::{bottle, repo_root};
 /// launches choose subnets: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn required() -> bool {
-    std::env::var("BOTTLE_REQUIRE_DOCKER").as_deref() == Ok("1")
-}
-
 /// The test double, built once per test process.
 fn fake_smolvm() -> PathBuf {
     static FAKE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
@@ -185,13 +181,7 @@ struct Docker {
 fn docker(test: &str) -> Option<Docker> {
     let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let skip = |why: String| {
-        assert!(
-            !required(),
-            "{test}: {why} (BOTTLE_REQUIRE_DOCKER=1, so this fails instead of skipping)"
-        );
-        println!(
-            "SKIP smolmachines test {test}: {why}; set BOTTLE_REQUIRE_DOCKER=1 to make this a failure"
-        );
+        bottle_test_support::skip_docker_test(test, why);
         None
     };
     let Some(bundle) = std::env::var_os("BOTTLE_BUNDLE_BIN").map(PathBuf::from) else {
