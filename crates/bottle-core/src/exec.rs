@@ -288,20 +288,19 @@ impl SystemRunner {
                 limit: spec.timeout.unwrap_or_default(),
                 output: CommandOutput {
                     code: None,
-                    stdout: stdout.map(|d| d.finish(Some(grace)).0).unwrap_or_default(),
-                    stderr: stderr.map(|d| d.finish(Some(grace)).0).unwrap_or_default(),
+                    stdout: Drain::finish_any(stdout, Some(grace)).0,
+                    stderr: Drain::finish_any(stderr, Some(grace)).0,
                 },
             });
         };
-        let stdout = stdout.map(|d| d.finish(deadline));
-        let stderr = stderr.map(|d| d.finish(deadline));
-        let closed = |drained: &Option<(Vec<u8>, bool)>| drained.as_ref().is_none_or(|d| d.1);
+        let (stdout, stdout_closed) = Drain::finish_any(stdout, deadline);
+        let (stderr, stderr_closed) = Drain::finish_any(stderr, deadline);
         let output = CommandOutput {
             code: status.code(),
-            stdout: stdout.as_ref().map(|d| d.0.clone()).unwrap_or_default(),
-            stderr: stderr.as_ref().map(|d| d.0.clone()).unwrap_or_default(),
+            stdout,
+            stderr,
         };
-        if !closed(&stdout) || !closed(&stderr) {
+        if !(stdout_closed && stderr_closed) {
             // It exited, but something it started still holds its output
             // open past the time bound.
             return Err(ExecError::TimedOut {
@@ -396,6 +395,11 @@ impl Drain {
             let _ = tx.send(());
         });
         Drain { buffer, closed }
+    }
+
+    /// [`Drain::finish`] for a stream that may not be captured.
+    fn finish_any(drain: Option<Drain>, until: Option<Instant>) -> (Vec<u8>, bool) {
+        drain.map_or((Vec::new(), true), |drain| drain.finish(until))
     }
 
     /// What was read, and whether the pipe closed (by `until`, if given).
