@@ -19,7 +19,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -118,17 +118,15 @@ fn the_gate_reports_the_unconfined_fake_as_escaped() {
         .stdout(std::fs::File::create(&stdout_path).unwrap())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + RUN_BOUND;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the gate did not finish within {RUN_BOUND:?}");
-        }
-        std::thread::sleep(Duration::from_millis(500));
+    let mut status = None;
+    bottle_test_support::eventually(RUN_BOUND, || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    let Some(status) = status else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the gate did not finish within {RUN_BOUND:?}");
     };
     let text = std::fs::read_to_string(&stdout_path).unwrap();
     let report: Value = serde_json::from_str(&text)
