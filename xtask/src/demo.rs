@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 
 use crate::dist;
-use crate::process::{cargo, command, workspace_root};
+use crate::process::{capture, cargo, command, describe_exit, watch, workspace_root};
 
 /// The dummy interface that stands in for the internet.
 const IFACE: &str = "btldemo0";
@@ -30,7 +30,7 @@ struct Interface;
 
 impl Interface {
     fn create() -> anyhow::Result<Interface> {
-        let _ = command("ip").args(["link", "del", IFACE]).output();
+        let _ = capture(&command("ip").args(["link", "del", IFACE]));
         // An empty bridge stands in on kernels built without the dummy
         // driver: no ports either, and its addresses are just as local.
         if sh("ip", &["link", "add", IFACE, "type", "dummy"]).is_err() {
@@ -54,27 +54,24 @@ impl Interface {
 
 impl Drop for Interface {
     fn drop(&mut self) {
-        let _ = command("ip").args(["link", "del", IFACE]).output();
+        let _ = capture(&command("ip").args(["link", "del", IFACE]));
     }
 }
 
 fn sh(program: &str, args: &[&str]) -> anyhow::Result<()> {
-    let status = command(program)
-        .args(args)
-        .status()
-        .with_context(|| format!("could not run {program}"))?;
-    if !status.success() {
-        bail!("{program} {} failed ({status})", args.join(" "));
+    let out = watch(command(program).args(args))?;
+    if !out.success() {
+        bail!(
+            "{program} {} failed ({})",
+            args.join(" "),
+            describe_exit(&out)
+        );
     }
     Ok(())
 }
 
 fn output(program: &str, args: &[&str]) -> anyhow::Result<String> {
-    let out = command(program)
-        .args(args)
-        .output()
-        .with_context(|| format!("could not run {program}"))?;
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    Ok(capture(&command(program).args(args))?.stdout_text())
 }
 
 /// Serves [`GREETING`] on the upstream address until dropped.
@@ -104,10 +101,7 @@ fn serve_upstream(stop: Arc<AtomicBool>) -> anyhow::Result<()> {
 
 /// The `bottle` binary, built for the demo.
 fn bottle_binary() -> anyhow::Result<PathBuf> {
-    let status = cargo()
-        .args(["build", "--quiet", "-p", "bottle-cli"])
-        .status()?;
-    if !status.success() {
+    if !watch(cargo().args(["build", "--quiet", "-p", "bottle-cli"]))?.success() {
         bail!("building bottle failed");
     }
     Ok(dist::target_dir().join("debug").join("bottle"))
@@ -137,16 +131,15 @@ pub fn run() -> anyhow::Result<ExitCode> {
     serve_upstream(stop.clone())?;
 
     let bottle_cmd = |args: &[&str]| {
-        let mut cmd = command(bottle.to_str().unwrap_or("bottle"));
-        cmd.arg("--manifest")
+        command(&bottle)
+            .arg("--manifest")
             .arg(&manifest)
-            .args(args)
-            .env("BOTTLE_BUNDLE_BIN", &binaries.bundle);
-        cmd
+            .args(args.iter().copied())
+            .env("BOTTLE_BUNDLE_BIN", &binaries.bundle)
     };
     let show = |args: &[&str]| -> anyhow::Result<bool> {
         println!("$ bottle {}", args.join(" "));
-        Ok(bottle_cmd(args).status()?.success())
+        Ok(watch(bottle_cmd(args))?.success())
     };
 
     step("the plan");

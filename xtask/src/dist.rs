@@ -2,9 +2,9 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 
-use crate::process::{cargo, workspace_root};
+use crate::process::{cargo, describe_exit, watch, workspace_root};
 
 /// The only target the static binaries are built for.
 pub const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
@@ -46,13 +46,16 @@ pub fn build(packages: &[&str]) -> anyhow::Result<PathBuf> {
     for package in packages {
         args.extend(["-p", package]);
     }
-    let status = cargo()
-        .args(&args)
-        .env("RUSTFLAGS", "-C target-feature=+crt-static")
-        .status()
-        .context("could not run cargo")?;
-    if !status.success() {
-        bail!("building the static binaries failed ({status})");
+    let out = watch(
+        cargo()
+            .args(&args)
+            .env("RUSTFLAGS", "-C target-feature=+crt-static"),
+    )?;
+    if !out.success() {
+        bail!(
+            "building the static binaries failed ({})",
+            describe_exit(&out)
+        );
     }
     Ok(target_dir().join(STATIC_TARGET).join("release"))
 }

@@ -3,23 +3,20 @@
 
 use std::process::ExitCode;
 
-use anyhow::Context as _;
-
 use crate::dist;
-use crate::process::cargo;
+use crate::process::{cargo, watch};
 
 /// Builds the static binaries, then runs `cargo test --workspace` with their
 /// paths in the environment. Extra arguments go to `cargo test`.
 pub fn run(extra: &[String]) -> anyhow::Result<ExitCode> {
     let binaries = dist::run()?;
-    let status = cargo()
+    let tests = cargo()
         .args(["test", "--workspace"])
         .args(extra)
-        .env("BOTTLE_BUNDLE_BIN", &binaries.bundle)
-        .status()
-        .context("could not run cargo test")?;
-    Ok(match status.code() {
-        Some(0) => ExitCode::SUCCESS,
-        _ => ExitCode::FAILURE,
+        .env("BOTTLE_BUNDLE_BIN", &binaries.bundle);
+    Ok(if watch(tests)?.success() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     })
 }

@@ -1,17 +1,40 @@
 //! The one place in the workspace that spawns host processes.
 //!
-//! Everything that runs an external program (`smolvm`, `ifconfig`, `git`)
-//! builds a [`CommandSpec`] and hands it to a [`CommandRunner`]. Tests
-//! substitute a runner that records the calls and returns canned output, so
-//! argv shapes are tested without the program installed.
+//! Everything that runs an external program (`smolvm`, `ifconfig`, `git`,
+//! `cargo` for xtask, an interactive `smolvm machine exec`) builds a
+//! [`CommandSpec`] and hands it to a [`CommandRunner`]. Tests substitute a
+//! runner that records the calls and returns canned output, so argv shapes
+//! are tested without the program installed.
+//!
+//! [`SystemRunner`] drains stdout and stderr on their own threads while
+//! another writes stdin, so a child that writes a lot before it reads its
+//! input cannot deadlock against us; an optional time bound kills the child
+//! and reports [`ExecError::TimedOut`] with what it wrote so far.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::io;
+use std::io::{self, Read, Write as _};
 use std::path::PathBuf;
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
-/// A program invocation: argv, extra environment, working directory.
+/// Where a child's standard streams go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Streams {
+    /// stdout and stderr are captured into [`CommandOutput`]; stdin is
+    /// [`CommandSpec::stdin`] or empty.
+    #[default]
+    Captured,
+    /// stdin, stdout and stderr are this process's own: an interactive
+    /// session, or a build whose progress the operator watches. Bytes in
+    /// [`CommandSpec::stdin`] still replace the inherited stdin.
+    Inherited,
+}
+
+/// A program invocation: argv, extra environment, working directory, where
+/// its streams go and how long it may take.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CommandSpec {
     /// The program (looked up on `PATH` unless it contains a slash).
@@ -24,6 +47,10 @@ pub struct CommandSpec {
     pub cwd: Option<PathBuf>,
     /// Bytes written to the child's stdin (then closed).
     pub stdin: Option<Vec<u8>>,
+    /// Captured or inherited stdio.
+    pub streams: Streams,
+    /// Killed, and [`ExecError::TimedOut`] returned, after this long.
+    pub timeout: Option<Duration>,
 }
 
 impl CommandSpec {
@@ -57,12 +84,40 @@ impl CommandSpec {
         self
     }
 
+    /// Runs the child in `dir`.
+    pub fn cwd(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cwd = Some(dir.into());
+        self
+    }
+
+    /// Writes `bytes` to the child's stdin, then closes it.
+    pub fn stdin(mut self, bytes: impl Into<Vec<u8>>) -> Self {
+        self.stdin = Some(bytes.into());
+        self
+    }
+
+    /// Gives the child this process's stdin, stdout and stderr.
+    pub fn inherit_streams(mut self) -> Self {
+        self.streams = Streams::Inherited;
+        self
+    }
+
+    /// Kills the child if it has not finished after `limit`.
+    pub fn timeout(mut self, limit: Duration) -> Self {
+        self.timeout = Some(limit);
+        self
+    }
+
     /// The argv as lossy strings, for messages and tests.
     pub fn argv(&self) -> Vec<String> {
         std::iter::once(&self.program)
             .chain(&self.args)
             .map(|s| s.to_string_lossy().into_owned())
             .collect()
+    }
+
+    fn program_name(&self) -> String {
+        self.program.to_string_lossy().into_owned()
     }
 }
 
@@ -71,9 +126,9 @@ impl CommandSpec {
 pub struct CommandOutput {
     /// Exit code; `None` if killed by a signal.
     pub code: Option<i32>,
-    /// Captured stdout.
+    /// Captured stdout (empty when inherited).
     pub stdout: Vec<u8>,
-    /// Captured stderr.
+    /// Captured stderr (empty when inherited).
     pub stderr: Vec<u8>,
 }
 
@@ -94,10 +149,69 @@ impl CommandOutput {
     }
 }
 
-/// Runs commands to completion, capturing their output.
+/// Why a command did not run to completion. [`CommandRunner::run`] returns
+/// it inside an [`io::Error`] of the matching kind ([`ExecError::of`] gets it
+/// back), so callers that only report an I/O failure need not know it.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The program could not be started (not found, not executable).
+    #[error("{program}: {source}")]
+    Spawn {
+        /// The program, as given.
+        program: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The program outlived [`CommandSpec::timeout`] and was killed.
+    #[error("{program} did not finish within {limit:?} and was killed")]
+    TimedOut {
+        /// The program, as given.
+        program: String,
+        /// The time bound it ran past.
+        limit: Duration,
+        /// What it had written before it was killed.
+        output: CommandOutput,
+    },
+    /// Feeding stdin or waiting for the child failed.
+    #[error("{program}: {source}")]
+    Io {
+        /// The program, as given.
+        program: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl ExecError {
+    /// The [`ExecError`] inside an error from [`CommandRunner::run`], if it
+    /// came from [`SystemRunner`].
+    pub fn of(err: &io::Error) -> Option<&ExecError> {
+        err.get_ref()?.downcast_ref()
+    }
+
+    /// The I/O kind it travels as: the spawn failure's own kind (so
+    /// `NotFound` stays `NotFound`), or [`io::ErrorKind::TimedOut`].
+    pub fn kind(&self) -> io::ErrorKind {
+        match self {
+            ExecError::Spawn { source, .. } | ExecError::Io { source, .. } => source.kind(),
+            ExecError::TimedOut { .. } => io::ErrorKind::TimedOut,
+        }
+    }
+}
+
+impl From<ExecError> for io::Error {
+    fn from(err: ExecError) -> io::Error {
+        io::Error::new(err.kind(), err)
+    }
+}
+
+/// Runs commands to completion.
 pub trait CommandRunner: Send + Sync {
     /// Runs `spec` and waits for it. An `Err` means it could not be started
-    /// (not found, not executable), never that it exited non-zero.
+    /// (not found, not executable) or ran past its time bound, never that it
+    /// exited non-zero; [`ExecError::of`] says which.
     fn run(&self, spec: &CommandSpec) -> io::Result<CommandOutput>;
 }
 
@@ -107,7 +221,34 @@ pub struct SystemRunner;
 
 impl CommandRunner for SystemRunner {
     fn run(&self, spec: &CommandSpec) -> io::Result<CommandOutput> {
-        use std::io::Write as _;
+        Ok(self.run_to_status(spec)?.1)
+    }
+}
+
+/// How long a killed child's output may take to close before we return what
+/// it wrote (a process it left behind may hold the pipe open).
+const DRAIN_GRACE: Duration = Duration::from_secs(1);
+
+impl SystemRunner {
+    /// Like [`CommandRunner::run`], with the full exit status, which also
+    /// names the signal that ended the child.
+    pub fn run_to_status(
+        &self,
+        spec: &CommandSpec,
+    ) -> Result<(ExitStatus, CommandOutput), ExecError> {
+        let program = spec.program_name();
+        let io_error = |source| ExecError::Io {
+            program: program.clone(),
+            source,
+        };
+        let inherit = spec.streams == Streams::Inherited;
+        let output_stream = || {
+            if inherit {
+                Stdio::inherit()
+            } else {
+                Stdio::piped()
+            }
+        };
 
         #[expect(
             clippy::disallowed_methods,
@@ -117,30 +258,169 @@ impl CommandRunner for SystemRunner {
         command
             .args(&spec.args)
             .envs(&spec.env)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .stdin(if spec.stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
+            .stdout(output_stream())
+            .stderr(output_stream())
+            .stdin(match (&spec.stdin, inherit) {
+                (Some(_), _) => Stdio::piped(),
+                (None, true) => Stdio::inherit(),
+                (None, false) => Stdio::null(),
             });
         if let Some(cwd) = &spec.cwd {
             command.current_dir(cwd);
         }
-        let mut child = command.spawn()?;
-        if let (Some(input), Some(mut stdin)) = (&spec.stdin, child.stdin.take()) {
-            // A child that exits without reading its stdin is not our error.
-            match stdin.write_all(input) {
-                Err(err) if err.kind() != io::ErrorKind::BrokenPipe => return Err(err),
-                _ => {}
+        let mut child = command.spawn().map_err(|source| ExecError::Spawn {
+            program: program.clone(),
+            source,
+        })?;
+        let deadline = spec.timeout.map(|limit| Instant::now() + limit);
+
+        let stdin = child.stdin.take().zip(spec.stdin.clone()).map(feed);
+        let stdout = child.stdout.take().map(Drain::start);
+        let stderr = child.stderr.take().map(Drain::start);
+
+        let Some(status) = wait(&mut child, deadline).map_err(io_error)? else {
+            // Killed for its time bound: give back what it wrote.
+            let _ = child.kill();
+            let _ = child.wait();
+            let grace = Instant::now() + DRAIN_GRACE;
+            return Err(ExecError::TimedOut {
+                program,
+                limit: spec.timeout.unwrap_or_default(),
+                output: CommandOutput {
+                    code: None,
+                    stdout: Drain::finish_any(stdout, Some(grace)).0,
+                    stderr: Drain::finish_any(stderr, Some(grace)).0,
+                },
+            });
+        };
+        let (stdout, stdout_closed) = Drain::finish_any(stdout, deadline);
+        let (stderr, stderr_closed) = Drain::finish_any(stderr, deadline);
+        let output = CommandOutput {
+            code: status.code(),
+            stdout,
+            stderr,
+        };
+        if !(stdout_closed && stderr_closed) {
+            // It exited, but something it started still holds its output
+            // open past the time bound.
+            return Err(ExecError::TimedOut {
+                program,
+                limit: spec.timeout.unwrap_or_default(),
+                output,
+            });
+        }
+        if let Some(fed) = stdin {
+            // The child is gone, so the writer has finished or failed
+            // (unless something it left behind holds stdin unread: then,
+            // under a time bound, the input no longer matters).
+            let fed = match deadline {
+                None => fed.recv().ok(),
+                Some(until) => fed
+                    .recv_timeout(until.saturating_duration_since(Instant::now()))
+                    .ok(),
+            };
+            if let Some(Err(source)) = fed {
+                return Err(io_error(source));
             }
         }
-        let output = child.wait_with_output()?;
-        Ok(CommandOutput {
-            code: output.status.code(),
-            stdout: output.stdout,
-            stderr: output.stderr,
-        })
+        Ok((status, output))
+    }
+}
+
+/// Waits for `child`, until `deadline` if there is one; `None` when it
+/// passed first.
+fn wait(
+    child: &mut std::process::Child,
+    deadline: Option<Instant>,
+) -> io::Result<Option<ExitStatus>> {
+    let Some(deadline) = deadline else {
+        return child.wait().map(Some);
+    };
+    // Most commands finish in milliseconds: poll fast first, then back off.
+    let mut pause = Duration::from_millis(1);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// Writes `bytes` to the child's stdin on its own thread, so that reading
+/// its output can go on meanwhile; the receiver gets the outcome.
+fn feed((mut pipe, bytes): (std::process::ChildStdin, Vec<u8>)) -> Receiver<io::Result<()>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let result = match pipe.write_all(&bytes) {
+            // A child that exits without reading its stdin is not our error.
+            Err(err) if err.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+            other => other,
+        };
+        drop(pipe);
+        let _ = tx.send(result);
+    });
+    rx
+}
+
+/// One output pipe read to its end on its own thread, into a buffer that
+/// can be taken early when the child had to be killed.
+struct Drain {
+    buffer: Arc<Mutex<Vec<u8>>>,
+    closed: Receiver<()>,
+}
+
+impl Drain {
+    fn start(mut pipe: impl Read + Send + 'static) -> Drain {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let (tx, closed) = mpsc::channel();
+        let sink = Arc::clone(&buffer);
+        std::thread::spawn(move || {
+            let mut chunk = [0u8; 64 * 1024];
+            loop {
+                match pipe.read(&mut chunk) {
+                    Ok(0) => break,
+                    Ok(n) => sink
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .extend_from_slice(&chunk[..n]),
+                    Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            let _ = tx.send(());
+        });
+        Drain { buffer, closed }
+    }
+
+    /// [`Drain::finish`] for a stream that may not be captured.
+    fn finish_any(drain: Option<Drain>, until: Option<Instant>) -> (Vec<u8>, bool) {
+        drain.map_or((Vec::new(), true), |drain| drain.finish(until))
+    }
+
+    /// What was read, and whether the pipe closed (by `until`, if given).
+    fn finish(self, until: Option<Instant>) -> (Vec<u8>, bool) {
+        let closed = match until {
+            None => {
+                // Ok or the reader's end: either way it will read no more.
+                let _ = self.closed.recv();
+                true
+            }
+            Some(until) => {
+                let left = until.saturating_duration_since(Instant::now());
+                !matches!(
+                    self.closed.recv_timeout(left),
+                    Err(RecvTimeoutError::Timeout)
+                )
+            }
+        };
+        let bytes =
+            std::mem::take(&mut *self.buffer.lock().unwrap_or_else(PoisonError::into_inner));
+        (bytes, closed)
     }
 }
 
@@ -148,15 +428,16 @@ impl CommandRunner for SystemRunner {
 mod tests {
     use super::*;
 
+    /// A bound on tests that would otherwise hang if the runner regressed.
+    const HANG_GUARD: Duration = Duration::from_secs(60);
+
+    fn sh(script: &str) -> CommandSpec {
+        CommandSpec::new("sh").arg("-c").arg(script)
+    }
+
     #[test]
     fn system_runner_keeps_streams_apart() {
-        let spec = CommandSpec::new("sh")
-            .arg("-c")
-            .arg("read x; echo out:$x; echo err >&2; exit 3");
-        let spec = CommandSpec {
-            stdin: Some(b"hello\n".to_vec()),
-            ..spec
-        };
+        let spec = sh("read x; echo out:$x; echo err >&2; exit 3").stdin("hello\n");
         let out = SystemRunner.run(&spec).unwrap();
         assert_eq!(out.code, Some(3));
         assert_eq!(out.stdout_text(), "out:hello\n");
@@ -164,11 +445,111 @@ mod tests {
     }
 
     #[test]
-    fn missing_program_is_an_error_not_an_exit_code() {
-        let err = SystemRunner
-            .run(&CommandSpec::new("/nonexistent/bottle-test-binary"))
-            .unwrap_err();
+    fn exit_codes_and_signals_are_reported() {
+        assert_eq!(SystemRunner.run(&sh("exit 0")).unwrap().code, Some(0));
+        assert_eq!(SystemRunner.run(&sh("exit 42")).unwrap().code, Some(42));
+        let (status, out) = SystemRunner.run_to_status(&sh("kill -9 $$")).unwrap();
+        assert_eq!(out.code, None);
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9)
+        );
+    }
+
+    #[test]
+    fn missing_program_is_an_error_naming_it() {
+        let program = "/nonexistent/bottle-test-binary";
+        let err = SystemRunner.run(&CommandSpec::new(program)).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        assert!(err.to_string().contains(program), "{err}");
+        assert!(
+            matches!(ExecError::of(&err), Some(ExecError::Spawn { program: p, .. }) if p == program),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_child_past_its_time_bound_is_killed_and_reported() {
+        let started = Instant::now();
+        let spec = sh("echo started; exec sleep 30").timeout(Duration::from_millis(300));
+        let err = SystemRunner.run(&spec).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(10), "not killed");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        match ExecError::of(&err) {
+            Some(ExecError::TimedOut {
+                program,
+                limit,
+                output,
+            }) => {
+                assert_eq!(program, "sh");
+                assert_eq!(*limit, Duration::from_millis(300));
+                assert_eq!(output.stdout_text(), "started\n");
+            }
+            other => panic!("not a timeout: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_child_within_its_time_bound_finishes_normally() {
+        let out = SystemRunner
+            .run(&sh("echo quick").timeout(HANG_GUARD))
+            .unwrap();
+        assert_eq!(out.stdout_text(), "quick\n");
+    }
+
+    #[test]
+    fn large_output_before_reading_large_input_does_not_deadlock() {
+        // Both outputs overflow a pipe buffer many times before the child
+        // reads a byte of its (also large) input: writing all of stdin
+        // first, then reading, would block both sides forever.
+        const SIZE: usize = 3 * 1024 * 1024;
+        let spec = sh(&format!(
+            "head -c {SIZE} /dev/zero; head -c {SIZE} /dev/zero >&2; wc -c"
+        ))
+        .stdin(vec![b'x'; SIZE])
+        .timeout(HANG_GUARD);
+        let out = SystemRunner.run(&spec).unwrap();
+        assert!(out.success(), "{}", out.stderr_text());
+        assert_eq!(out.stderr.len(), SIZE);
+        let (zeros, count) = out.stdout.split_at(SIZE);
+        assert!(zeros.iter().all(|b| *b == 0));
+        assert_eq!(String::from_utf8_lossy(count).trim(), SIZE.to_string());
+    }
+
+    #[test]
+    fn inherited_streams_are_this_process_own() {
+        // `-ef`: the child's fd and ours are the same open file.
+        let same_as_parent = "test /proc/self/fd/0 -ef /proc/$PPID/fd/0 \
+             && test /proc/self/fd/1 -ef /proc/$PPID/fd/1 \
+             && test /proc/self/fd/2 -ef /proc/$PPID/fd/2";
+        let inherited = SystemRunner
+            .run(&sh(same_as_parent).inherit_streams().timeout(HANG_GUARD))
+            .unwrap();
+        assert_eq!(inherited.code, Some(0));
+        assert!(inherited.stdout.is_empty() && inherited.stderr.is_empty());
+        let captured = SystemRunner
+            .run(&sh(same_as_parent).timeout(HANG_GUARD))
+            .unwrap();
+        assert_eq!(
+            captured.code,
+            Some(1),
+            "a captured child must not share our streams"
+        );
+    }
+
+    #[test]
+    fn given_stdin_replaces_the_inherited_one() {
+        let spec = sh("read x; test \"$x\" = fed && test /proc/self/fd/1 -ef /proc/$PPID/fd/1")
+            .stdin("fed\n")
+            .inherit_streams()
+            .timeout(HANG_GUARD);
+        assert_eq!(SystemRunner.run(&spec).unwrap().code, Some(0));
+    }
+
+    #[test]
+    fn a_child_that_ignores_its_stdin_is_not_an_error() {
+        let spec = sh("exit 0").stdin(vec![0u8; 1024 * 1024]);
+        assert!(SystemRunner.run(&spec).unwrap().success());
     }
 
     #[test]

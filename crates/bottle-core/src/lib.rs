@@ -2,8 +2,8 @@
 //! (`bottle.toml`), the validated [`BottleSpec`], the [`Plan`] an operator
 //! confirms, the [`BottleBackend`] / [`Bottle`] traits, and stable error codes.
 //!
-//! It knows nothing of Docker or smolvm, spawns no process and opens no
-//! socket. The only I/O it does is reading the manifest file it is asked to
+//! It knows nothing of Docker or smolvm and opens no socket; it spawns
+//! processes only in [`exec`], on behalf of callers. The only I/O it does is reading the manifest file it is asked to
 //! parse, so that parse errors can quote the file, and the plain file I/O
 //! of the supervise request queue ([`requests`]), which the bundle and the
 //! CLI must agree on.

@@ -112,8 +112,19 @@ mod tests {
             reason = "the test runs the generated program itself"
         )]
         let mut child = std::process::Command::new(&path).spawn().unwrap();
-        // Still running after a moment: it did not crash on load.
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        // Once it leaves the run queue it is either asleep in pause(2) or
+        // dead (a zombie, as nobody has reaped it yet).
+        let stat = format!("/proc/{}/stat", child.id());
+        let state = bottle_test_support::wait_for(
+            "the program to block or die",
+            std::time::Duration::from_secs(10),
+            || {
+                let stat = std::fs::read_to_string(&stat).ok()?;
+                let state = stat.rsplit_once(") ")?.1.chars().next()?;
+                (state != 'R').then_some(state)
+            },
+        );
+        assert_eq!(state, 'S', "it did not block in pause(2)");
         assert!(child.try_wait().unwrap().is_none());
         child.kill().unwrap();
         let status = child.wait().unwrap();

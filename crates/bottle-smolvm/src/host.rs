@@ -71,6 +71,7 @@ pub fn real_smolvm_available(runner: Arc<dyn CommandRunner>) -> Result<SmolvmVer
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bottle_test_support::RecordingRunner;
 
     #[test]
     fn a_missing_device_says_so() {
@@ -89,17 +90,11 @@ mod tests {
 
     #[test]
     fn smolvm_missing_is_a_reason_not_a_panic() {
-        struct Missing;
-        impl CommandRunner for Missing {
-            fn run(
-                &self,
-                _: &bottle_core::exec::CommandSpec,
-            ) -> std::io::Result<bottle_core::exec::CommandOutput> {
-                Err(std::io::Error::from(std::io::ErrorKind::NotFound))
-            }
-        }
         // KVM may or may not exist here; either way the answer is a reason.
-        let err = real_smolvm_available(Arc::new(Missing)).unwrap_err();
+        let err = real_smolvm_available(Arc::new(RecordingRunner::failing_to_start(
+            std::io::ErrorKind::NotFound,
+        )))
+        .unwrap_err();
         assert!(err.contains("kvm") || err.contains("smolvm"), "{err}");
     }
 }

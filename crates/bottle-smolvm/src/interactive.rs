@@ -1,13 +1,12 @@
 //! Running a command attached to the operator's terminal.
 //!
-//! [`bottle_core::exec::CommandRunner`] captures output, which an
-//! interactive agent session cannot use. Until bottle-core grows an
-//! interactive variant, this trait is the seam, so tests substitute it like
-//! the capturing runner.
+//! The seam is its own trait because an interactive session wants an exit
+//! code as a shell reports it, not captured output; the real runner is
+//! [`bottle_core::exec::SystemRunner`] with inherited streams.
 
 use std::io;
 
-use bottle_core::exec::CommandSpec;
+use bottle_core::exec::{CommandSpec, SystemRunner};
 
 /// Runs a command with the terminal's stdin, stdout and stderr.
 pub trait InteractiveRunner: Send + Sync {
@@ -23,16 +22,7 @@ pub struct TerminalRunner;
 impl InteractiveRunner for TerminalRunner {
     fn run_interactive(&self, spec: &CommandSpec) -> io::Result<i32> {
         use std::os::unix::process::ExitStatusExt as _;
-        #[expect(
-            clippy::disallowed_methods,
-            reason = "CommandRunner captures output; an interactive session needs the terminal (to move into bottle-core::exec)"
-        )]
-        let mut command = std::process::Command::new(&spec.program);
-        command.args(&spec.args).envs(&spec.env);
-        if let Some(cwd) = &spec.cwd {
-            command.current_dir(cwd);
-        }
-        let status = command.status()?;
+        let (status, _) = SystemRunner.run_to_status(&spec.clone().inherit_streams())?;
         Ok(status
             .code()
             .or_else(|| status.signal().map(|s| 128 + s))
@@ -44,4 +34,19 @@ impl InteractiveRunner for TerminalRunner {
 pub fn stdin_is_tty() -> bool {
     use std::io::IsTerminal as _;
     io::stdin().is_terminal()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exit_code_is_the_shell_s() {
+        let sh = |script: &str| CommandSpec::new("sh").arg("-c").arg(script);
+        assert_eq!(TerminalRunner.run_interactive(&sh("exit 7")).unwrap(), 7);
+        assert_eq!(
+            TerminalRunner.run_interactive(&sh("kill -9 $$")).unwrap(),
+            128 + 9
+        );
+    }
 }

@@ -2,11 +2,10 @@
 //! behind one trait so the pure parts can be tested with a fake, and with a
 //! time bound on every run.
 
-use std::io::Read as _;
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use bottle_core::exec::{CommandRunner as _, ExecError, SystemRunner};
 
 use crate::process::command;
 
@@ -112,59 +111,30 @@ pub fn checked(out: Output, run: &Run) -> anyhow::Result<String> {
     Ok(out.stdout)
 }
 
-/// Spawns real processes through xtask's one spawning point.
+/// Runs real processes through the workspace's one runner.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RealSys;
 
 impl Sys for RealSys {
     fn output(&self, run: &Run) -> anyhow::Result<Output> {
-        let mut child = command(&run.program)
-            .args(&run.args)
-            .envs(run.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("could not start `{}`", run.display()))?;
-        let mut stdout = child.stdout.take();
-        let mut stderr = child.stderr.take();
-        let out_reader = std::thread::spawn(move || {
-            let mut text = Vec::new();
-            if let Some(s) = stdout.as_mut() {
-                let _ = s.read_to_end(&mut text);
-            }
-            text
-        });
-        let err_reader = std::thread::spawn(move || {
-            let mut text = Vec::new();
-            if let Some(s) = stderr.as_mut() {
-                let _ = s.read_to_end(&mut text);
-            }
-            text
-        });
-        let deadline = Instant::now() + run.timeout;
-        let mut timed_out = false;
-        let status = loop {
-            if let Some(status) = child.try_wait()? {
-                break Some(status);
-            }
-            if Instant::now() >= deadline {
-                timed_out = true;
-                let _ = child.kill();
-                break child.wait().ok();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let stdout = String::from_utf8_lossy(&out_reader.join().unwrap_or_default()).into_owned();
-        let stderr = String::from_utf8_lossy(&err_reader.join().unwrap_or_default()).into_owned();
-        Ok(Output {
-            code: if timed_out {
-                None
-            } else {
-                status.and_then(|s| s.code())
+        let mut spec = command(&run.program).args(&run.args).timeout(run.timeout);
+        for (key, value) in &run.env {
+            spec = spec.env(key, value);
+        }
+        let (out, timed_out) = match SystemRunner.run(&spec) {
+            Ok(out) => (out, false),
+            Err(err) => match ExecError::of(&err) {
+                Some(ExecError::TimedOut { output, .. }) => (output.clone(), true),
+                _ => {
+                    return Err(err)
+                        .with_context(|| format!("could not start `{}`", run.display()));
+                }
             },
-            stdout,
-            stderr,
+        };
+        Ok(Output {
+            code: out.code,
+            stdout: out.stdout_text(),
+            stderr: out.stderr_text(),
             timed_out,
         })
     }

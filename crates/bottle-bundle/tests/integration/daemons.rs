@@ -43,7 +43,7 @@ async fn crashed_daemon_is_restarted_on_the_same_port() {
     };
     let sup = tokio::spawn(keep_up(vec![daemon], quick_policy(5)));
     let mut got = Vec::new();
-    let ok = crate::support::wait_until(Duration::from_secs(10), || {
+    let ok = bottle_test_support::eventually_async(Duration::from_secs(10), || {
         calls.load(Ordering::SeqCst) >= 3
     })
     .await;
@@ -172,14 +172,9 @@ fn binary_serves_health_until_killed() {
         "--addr",
         &addr.to_string(),
     ]);
-    let mut healthy = false;
-    for _ in 0..100 {
-        if SystemRunner.run(&health).unwrap().success() {
-            healthy = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let healthy = bottle_test_support::eventually(Duration::from_secs(5), || {
+        SystemRunner.run(&health).unwrap().success()
+    });
     let still_running = child.try_wait().unwrap().is_none();
     child.kill().unwrap();
     child.wait().unwrap();

@@ -70,7 +70,7 @@ async fn allowed_name_resolving_to_loopback_is_refused() {
         "nothing reached the loopback server"
     );
     assert!(
-        crate::support::wait_until(Duration::from_secs(5), || {
+        bottle_test_support::eventually_async(Duration::from_secs(5), || {
             let audit = env.audit();
             audit
                 .iter()

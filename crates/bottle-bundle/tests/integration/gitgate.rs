@@ -773,17 +773,14 @@ impl Gate {
     /// Polls (at most 10 s) until supervise has audited `reason` for
     /// `repo`: the decision has been acted on by then.
     async fn wait_for_decision(&self, reason: &str, repo: &str) -> AuditRecord {
-        for _ in 0..200 {
-            let found = bottle_bundle::read_audit(&self.audit)
+        let what = format!("a supervise audit line {reason} for {repo}");
+        bottle_test_support::wait_for_async(&what, std::time::Duration::from_secs(10), || {
+            bottle_bundle::read_audit(&self.audit)
                 .unwrap()
                 .into_iter()
-                .find(|r| r.daemon == "supervise" && r.reason == reason && r.host == repo);
-            if let Some(r) = found {
-                return r;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        panic!("no supervise audit line {reason} for {repo} within 10 s");
+                .find(|r| r.daemon == "supervise" && r.reason == reason && r.host == repo)
+        })
+        .await
     }
 }
 

@@ -43,7 +43,7 @@ async fn secret_split_across_body_chunks_is_blocked_and_audited() {
         "the secret never reached the upstream"
     );
     assert!(
-        crate::support::wait_until(Duration::from_secs(5), || {
+        bottle_test_support::eventually_async(Duration::from_secs(5), || {
             env.audit().iter().any(|r| {
                 r.decision == Decision::BlockedSecret && r.reason == "secret:aws_access_key_id"
             })
@@ -88,7 +88,7 @@ async fn secrets_in_headers_and_queries_are_blocked() {
     }
     assert!(env.upstream.seen().is_empty(), "{:?}", env.upstream.seen());
     assert!(
-        crate::support::wait_until(Duration::from_secs(5), || {
+        bottle_test_support::eventually_async(Duration::from_secs(5), || {
             let audit = env.audit();
             cases.iter().all(|(_, reason)| {
                 audit

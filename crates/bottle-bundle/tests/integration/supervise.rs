@@ -84,15 +84,13 @@ impl Sup {
             .any(|r| r.daemon == "supervise" && r.reason == reason && r.host == host)
     }
 
-    /// Polls (bounded) until the bundle has audited a decision.
+    /// Waits (bounded) until the bundle has audited a decision.
     async fn wait_for_audit(&self, reason: &str, host: &str) {
-        for _ in 0..200 {
-            if self.audit_has(reason, host) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("no supervise audit line {reason} for {host} within 10 s");
+        let what = format!("a supervise audit line {reason} for {host}");
+        bottle_test_support::wait_for_async(&what, Duration::from_secs(10), || {
+            self.audit_has(reason, host).then_some(())
+        })
+        .await;
     }
 }
 

@@ -470,17 +470,3 @@ fn dechunk(mut raw: &[u8]) -> Vec<u8> {
     }
     out
 }
-
-/// Polls until `cond` holds or `limit` passes; returns whether it held.
-pub async fn wait_until<F: FnMut() -> bool>(limit: Duration, mut cond: F) -> bool {
-    let end = tokio::time::Instant::now() + limit;
-    loop {
-        if cond() {
-            return true;
-        }
-        if tokio::time::Instant::now() > end {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}

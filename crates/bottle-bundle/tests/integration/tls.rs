@@ -57,7 +57,7 @@ async fn sni_that_differs_from_connect_is_refused() {
     assert!(res.is_err(), "handshake with a fronted SNI must fail");
     assert!(env.upstream.seen().is_empty());
     assert!(
-        crate::support::wait_until(std::time::Duration::from_secs(5), || {
+        bottle_test_support::eventually_async(std::time::Duration::from_secs(5), || {
             env.audit()
                 .iter()
                 .any(|r| r.reason == "sni_mismatch" && r.decision == Decision::Deny)

@@ -3,12 +3,14 @@
 
 use std::fs;
 
+use bottle_test_support::temp_state_root;
+
 use crate::{bottle, repo_root};
 
 #[test]
 fn every_bad_manifest_gives_its_exact_error() {
     let dir = repo_root().join("tests/manifests/bad");
-    let state = tempfile::tempdir().unwrap();
+    let state = temp_state_root();
     let mut cases: Vec<_> = fs::read_dir(&dir)
         .unwrap()
         .map(|entry| entry.unwrap().path())
@@ -48,7 +50,7 @@ fn every_bad_manifest_gives_its_exact_error() {
 #[test]
 fn every_good_manifest_checks_ok() {
     let dir = repo_root().join("tests/manifests/good");
-    let state = tempfile::tempdir().unwrap();
+    let state = temp_state_root();
     let mut count = 0;
     for entry in fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();

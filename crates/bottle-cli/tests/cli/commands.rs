@@ -1,5 +1,6 @@
 //! Command-surface behaviour that needs no backend.
 
+use bottle_test_support::temp_state_root;
 use predicates::prelude::*;
 
 use crate::{bottle, repo_root};
@@ -10,7 +11,7 @@ fn example_manifest() -> std::path::PathBuf {
 
 #[test]
 fn plan_prints_the_plan_of_the_example() {
-    let state = tempfile::tempdir().unwrap();
+    let state = temp_state_root();
     bottle(state.path())
         .arg("--manifest")
         .arg(example_manifest())
@@ -23,7 +24,7 @@ fn plan_prints_the_plan_of_the_example() {
 
 #[test]
 fn plan_json_is_machine_readable() {
-    let state = tempfile::tempdir().unwrap();
+    let state = temp_state_root();
     let output = bottle(state.path())
         .arg("--manifest")
         .arg(example_manifest())
@@ -38,7 +39,7 @@ fn plan_json_is_machine_readable() {
 
 #[test]
 fn unknown_agent_suggests_the_close_one() {
-    let state = tempfile::tempdir().unwrap();
+    let state = temp_state_root();
     bottle(state.path())
         .arg("--manifest")
         .arg(example_manifest())
@@ -50,7 +51,7 @@ fn unknown_agent_suggests_the_close_one() {
 
 #[test]
 fn unknown_backend_is_a_usage_error() {
-    let state = tempfile::tempdir().unwrap();
+    let state = temp_state_root();
     bottle(state.path())
         .env("BOT_BOTTLE_BACKEND", "podman")
         .arg("--manifest")
@@ -68,7 +69,7 @@ fn unknown_backend_is_a_usage_error() {
 
 #[test]
 fn missing_manifest_names_the_file_and_the_fix() {
-    let state = tempfile::tempdir().unwrap();
+    let state = temp_state_root();
     bottle(state.path())
         .current_dir(state.path())
         .args(["plan", "demo"])
@@ -80,7 +81,7 @@ fn missing_manifest_names_the_file_and_the_fix() {
 
 #[test]
 fn start_without_a_terminal_or_yes_refuses_and_leaves_nothing() {
-    let state = tempfile::tempdir().unwrap();
+    let state = temp_state_root();
     let assert = bottle(state.path())
         .env("BOT_BOTTLE_BACKEND", "smolmachines")
         .arg("--manifest")
@@ -95,7 +96,7 @@ fn start_without_a_terminal_or_yes_refuses_and_leaves_nothing() {
 
 #[test]
 fn completions_are_generated() {
-    let state = tempfile::tempdir().unwrap();
+    let state = temp_state_root();
     bottle(state.path())
         .args(["completions", "bash"])
         .assert()
@@ -105,7 +106,7 @@ fn completions_are_generated() {
 
 #[test]
 fn list_alias_and_help_work() {
-    let state = tempfile::tempdir().unwrap();
+    let state = temp_state_root();
     bottle(state.path())
         .args(["list-bottles", "--help"])
         .assert()
@@ -114,7 +115,7 @@ fn list_alias_and_help_work() {
 
 #[test]
 fn doctor_reports_every_check_and_exits_by_its_verdict() {
-    let state = tempfile::tempdir().unwrap();
+    let state = temp_state_root();
     let output = bottle(state.path())
         .args(["doctor", "--json"])
         .output()
@@ -135,7 +136,7 @@ fn doctor_reports_every_check_and_exits_by_its_verdict() {
     );
     let failed = checks.iter().any(|c| c["status"] == "fail");
     assert_eq!(output.status.code(), Some(if failed { 3 } else { 0 }));
-    if std::env::var("BOTTLE_REQUIRE_DOCKER").as_deref() == Ok("1") {
+    if bottle_test_support::docker_required() {
         let docker = checks.iter().find(|c| c["id"] == "docker.daemon").unwrap();
         assert_eq!(docker["status"], "ok", "{docker:#}");
     }
@@ -143,7 +144,7 @@ fn doctor_reports_every_check_and_exits_by_its_verdict() {
 
 #[test]
 fn plan_shows_dropped_devices_and_why() {
-    let state = tempfile::tempdir().unwrap();
+    let state = temp_state_root();
     let dir = tempfile::tempdir().unwrap();
     let manifest = dir.path().join("bottle.toml");
     std::fs::write(

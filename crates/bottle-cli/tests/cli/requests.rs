@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use bottle_core::requests::{self, Ask, REQUESTS_VERSION, Request, Status};
+use bottle_test_support::temp_state_root;
 use predicates::prelude::*;
 
 use crate::bottle;
@@ -36,7 +37,7 @@ fn egress(host: &str) -> Ask {
 
 #[test]
 fn requests_lists_pending_requests_of_every_bottle() {
-    let state = tempfile::tempdir().unwrap();
+    let state = temp_state_root();
     file_request(state.path(), "claude", 1, egress("docs.rs"));
     file_request(
         state.path(),
@@ -75,7 +76,7 @@ fn requests_lists_pending_requests_of_every_bottle() {
 
 #[test]
 fn approve_records_the_decision_once() {
-    let state = tempfile::tempdir().unwrap();
+    let state = temp_state_root();
     let dir = file_request(state.path(), "claude", 1, egress("docs.rs"));
     bottle(state.path())
         .args(["approve", "claude-1"])
@@ -116,7 +117,7 @@ fn approve_records_the_decision_once() {
 
 #[test]
 fn deny_keeps_the_reason_for_the_agent() {
-    let state = tempfile::tempdir().unwrap();
+    let state = temp_state_root();
     let dir = file_request(
         state.path(),
         "claude",
@@ -137,7 +138,7 @@ fn deny_keeps_the_reason_for_the_agent() {
 
 #[test]
 fn unknown_or_malformed_ids_are_one_clear_error() {
-    let state = tempfile::tempdir().unwrap();
+    let state = temp_state_root();
     file_request(state.path(), "claude", 1, egress("docs.rs"));
     bottle(state.path())
         .args(["approve", "claude-9"])
@@ -165,7 +166,7 @@ fn unknown_or_malformed_ids_are_one_clear_error() {
 
 #[test]
 fn agent_text_cannot_forge_table_rows() {
-    let state = tempfile::tempdir().unwrap();
+    let state = temp_state_root();
     file_request(
         state.path(),
         "claude",

@@ -31,10 +31,6 @@ use crate::{bottle, repo_root};
 /// launches choose subnets: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn required() -> bool {
-    std::env::var("BOTTLE_REQUIRE_DOCKER").as_deref() == Ok("1")
-}
-
 /// The test double, built once per test process.
 fn fake_smolvm() -> PathBuf {
     let path = fake_smolvm::executable().unwrap_or_else(|err| panic!("{err}"));
@@ -150,13 +146,7 @@ struct Docker {
 fn docker(test: &str) -> Option<Docker> {
     let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let skip = |why: String| {
-        assert!(
-            !required(),
-            "{test}: {why} (BOTTLE_REQUIRE_DOCKER=1, so this fails instead of skipping)"
-        );
-        println!(
-            "SKIP smolmachines test {test}: {why}; set BOTTLE_REQUIRE_DOCKER=1 to make this a failure"
-        );
+        bottle_test_support::skip_docker_test(test, why);
         None
     };
     let Some(bundle) = std::env::var_os("BOTTLE_BUNDLE_BIN").map(PathBuf::from) else {
@@ -560,8 +550,10 @@ fn a_declined_start_leaves_nothing_on_either_backend() {
     let test = "a_declined_start_leaves_nothing_on_either_backend";
     let Some(docker) = docker(test) else { return };
     if !std::path::Path::new("/usr/bin/script").is_file() {
-        assert!(!required(), "{test}: util-linux `script` is missing");
-        println!("SKIP {test}: util-linux `script` (a terminal to answer on) is missing");
+        bottle_test_support::skip_docker_test(
+            test,
+            "util-linux `script` (a terminal to answer y/N on) is missing",
+        );
         return;
     }
     let world = World::new(&docker.image, "declined");

@@ -3,11 +3,12 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bottle_core::{BottleBackend, BottleLauncher};
 use bottle_docker::data::{self, StatePaths};
 use bottle_docker::names::Owner;
+use bottle_test_support::wait_until;
 
 use crate::support::{self, all_bottle_resources, name, resources_of};
 
@@ -66,15 +67,6 @@ fn launch_example() -> PathBuf {
         path.display()
     );
     path
-}
-
-/// Waits (bounded) for `cond`.
-fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]

@@ -64,7 +64,10 @@ fn bottles_cannot_reach_each_other_or_the_host() {
     // B's agent listens; B itself can connect (control), A cannot.
     let listen = sh(
         &*b,
-        "nc -ll -p 7000 -e true </dev/null >/dev/null 2>&1 & sleep 0.3; nc -w 2 127.0.0.1 7000 </dev/null >/dev/null 2>&1",
+        // Connect until the listener answers (bounded: 50 tries 0.1 s apart).
+        "nc -ll -p 7000 -e true </dev/null >/dev/null 2>&1 & \
+         i=0; while [ $i -lt 50 ]; do nc -w 2 127.0.0.1 7000 </dev/null >/dev/null 2>&1 && exit 0; \
+         i=$((i + 1)); sleep 0.1; done; exit 1",
     );
     assert_eq!(listen.exit_code, 0, "B's own listener does not answer B");
     assert!(

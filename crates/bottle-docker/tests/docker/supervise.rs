@@ -7,9 +7,10 @@
 //! the policy alone, before any name is resolved: no traffic leaves this
 //! machine.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bottle_core::requests::{self, Status};
+use bottle_test_support::eventually;
 
 use crate::support::{self, name, sh};
 
@@ -97,16 +98,12 @@ fn an_approved_host_opens_in_the_running_proxy() {
     assert!(before.contains(" 403"), "before approval: {before:?}");
 
     requests::decide(&queue, &id, Status::Approved, None).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
     let mut after = String::new();
-    while Instant::now() < deadline {
+    let opened = eventually(Duration::from_secs(10), || {
         after = connect_status(bottle, WANTED);
-        if after.contains(" 200") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    assert!(after.contains(" 200"), "after approval: {after:?}");
+        after.contains(" 200")
+    });
+    assert!(opened, "after approval: {after:?}");
 
     let status = mcp(
         bottle,

@@ -22,16 +22,9 @@ static DEMO_IMAGE: OnceLock<Result<String, String>> = OnceLock::new();
 /// The demo agent image tag the tests build.
 pub const DEMO_TAG: &str = "bottle-demo-agent:test";
 
-fn required() -> bool {
-    std::env::var("BOTTLE_REQUIRE_DOCKER").as_deref() == Ok("1")
-}
-
 /// Skips (prints why) or, when Docker is required, fails.
 pub fn unavailable(test: &str, why: &str) -> Option<Fixture> {
-    if required() {
-        panic!("{test}: {why} (BOTTLE_REQUIRE_DOCKER=1, so this fails instead of skipping)");
-    }
-    println!("SKIP docker test {test}: {why}; set BOTTLE_REQUIRE_DOCKER=1 to make this a failure");
+    bottle_test_support::skip_docker_test(test, why);
     None
 }
 
@@ -74,7 +67,7 @@ pub fn setup_with(test: &str, adjust: impl FnOnce(&mut DockerOptions)) -> Option
             &format!("BOTTLE_BUNDLE_BIN={} is not a file", bundle.display()),
         );
     }
-    let state = tempfile::tempdir().unwrap();
+    let state = bottle_test_support::temp_state_root();
     let dir = tempfile::tempdir().unwrap();
     let mut options = DockerOptions::new(state.path());
     options.bundle_bin = Some(bundle);

@@ -7,13 +7,15 @@ use bottle_core::BackendKind;
 use bottle_preflight::docker::{VERSION_REQUEST, check_docker};
 use bottle_preflight::{Check, Status};
 
-use crate::support::{FakeDocker, FakeHost, http, no_runner};
+use bottle_test_support::RecordingRunner;
+
+use crate::support::{FakeDocker, FakeHost, http};
 
 /// A `/version` body as Docker 20.10 sends it.
 const VERSION_20_10: &str = r#"{"Platform":{"Name":""},"Components":[{"Name":"Engine","Version":"20.10.24+dfsg1","Details":{"ApiVersion":"1.41","Arch":"amd64","MinAPIVersion":"1.12","Os":"linux"}}],"Version":"20.10.24+dfsg1","ApiVersion":"1.41","MinAPIVersion":"1.12","GitCommit":"5d6db84","GoVersion":"go1.19.8","Os":"linux","Arch":"amd64","KernelVersion":"6.18.44","BuildTime":"2026-05-07T21:09:36.000000000+00:00"}"#;
 
 fn check(host: &FakeHost, backend: BackendKind) -> Check {
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     check_docker(&host.ctx(&runner, backend)).unwrap()
 }
 
@@ -211,7 +213,7 @@ fn silent_daemon_times_out() {
     let host = FakeHost::new();
     let socket = host.path("/var/run/docker.sock");
     let server = FakeDocker::serve(&socket, None);
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let mut ctx = host.ctx(&runner, BackendKind::Docker);
     ctx.docker_timeout = Duration::from_millis(200);
     let check = check_docker(&ctx).unwrap();
@@ -229,7 +231,7 @@ fn docker_host_unix_socket_is_used() {
     let host = FakeHost::new();
     let socket = host.path("/run/user/1000/docker.sock");
     let server = FakeDocker::serve(&socket, Some(http("200 OK", VERSION_20_10)));
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let mut ctx = host.ctx(&runner, BackendKind::Docker);
     ctx.docker_host = Some("unix:///run/user/1000/docker.sock".into());
     let check = check_docker(&ctx).unwrap();
@@ -241,7 +243,7 @@ fn docker_host_unix_socket_is_used() {
 #[test]
 fn docker_host_tcp_is_not_probed() {
     let host = FakeHost::new();
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let mut ctx = host.ctx(&runner, BackendKind::Docker);
     ctx.docker_host = Some("tcp://192.0.2.10:2375".into());
     let check = check_docker(&ctx).unwrap();

@@ -5,14 +5,16 @@ use bottle_core::Coded as _;
 use bottle_preflight::kernel::check_kernel;
 use bottle_preflight::{Status, kernel_version};
 
-use crate::support::{FakeHost, no_runner};
+use bottle_test_support::RecordingRunner;
+
+use crate::support::FakeHost;
 
 #[test]
 fn modern_kernel_passes() {
     let host = FakeHost::new();
     host.write("/proc/sys/kernel/osrelease", "6.8.0-45-generic\n");
     assert_eq!(kernel_version(&host.root()).unwrap(), Some((6, 8)));
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let check = check_kernel(&host.ctx(&runner, BackendKind::Docker)).unwrap();
     assert_eq!(check.status, Status::Ok);
     assert_eq!(
@@ -25,7 +27,7 @@ fn modern_kernel_passes() {
 fn boundary_kernel_passes() {
     let host = FakeHost::new();
     host.write("/proc/sys/kernel/osrelease", "5.4.0-228-generic\n");
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let check = check_kernel(&host.ctx(&runner, BackendKind::Docker)).unwrap();
     assert_eq!(check.status, Status::Ok);
 }
@@ -35,7 +37,7 @@ fn old_kernel_warns() {
     let host = FakeHost::new();
     host.write("/proc/sys/kernel/osrelease", "4.19.0-27-amd64\n");
     assert_eq!(kernel_version(&host.root()).unwrap(), Some((4, 19)));
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let check = check_kernel(&host.ctx(&runner, BackendKind::Docker)).unwrap();
     assert_eq!(check.status, Status::Warn);
     assert_eq!(
@@ -49,7 +51,7 @@ fn old_kernel_warns() {
 fn missing_release_is_unknown_not_an_error() {
     let host = FakeHost::new();
     assert_eq!(kernel_version(&host.root()).unwrap(), None);
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let check = check_kernel(&host.ctx(&runner, BackendKind::Docker)).unwrap();
     assert_eq!(check.status, Status::Warn);
     assert_eq!(
@@ -74,7 +76,7 @@ fn garbage_release_is_an_error() {
 #[test]
 fn not_checked_off_linux() {
     let host = FakeHost::new();
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let mut ctx = host.ctx(&runner, BackendKind::Docker);
     ctx.os = "macos".into();
     let check = check_kernel(&ctx).unwrap();

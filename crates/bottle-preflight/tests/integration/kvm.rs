@@ -5,7 +5,9 @@ use bottle_core::Coded as _;
 use bottle_preflight::kvm::{check_access, check_device, check_module};
 use bottle_preflight::{Status, run_all};
 
-use crate::support::{FakeHost, find, is_root, no_runner};
+use bottle_test_support::RecordingRunner;
+
+use crate::support::{FakeHost, find, is_root};
 
 const INTEL: &str = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu vme vmx sse\n";
 const AMD_NO_SVM: &str = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse\n";
@@ -14,7 +16,7 @@ const AMD_NO_SVM: &str = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: 
 fn missing_device_fails_with_modprobe_for_this_cpu() {
     let host = FakeHost::new();
     host.write("/proc/cpuinfo", INTEL);
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let check = check_device(&host.ctx(&runner, BackendKind::Smolmachines)).unwrap();
     assert_eq!(check.status, Status::Fail);
     assert_eq!(
@@ -34,7 +36,7 @@ fn missing_device_on_nixos_suggests_configuration() {
     let host = FakeHost::new();
     host.write("/proc/cpuinfo", INTEL);
     host.write("/etc/NIXOS", "");
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let check = check_device(&host.ctx(&runner, BackendKind::Smolmachines)).unwrap();
     assert_eq!(check.status, Status::Fail);
     let fix = check.remediation.unwrap();
@@ -47,7 +49,7 @@ fn missing_device_on_nixos_suggests_configuration() {
 #[test]
 fn missing_device_is_only_a_warning_for_the_docker_backend() {
     let host = FakeHost::new();
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let check = check_device(&host.ctx(&runner, BackendKind::Docker)).unwrap();
     assert_eq!(check.status, Status::Warn);
     assert!(
@@ -70,7 +72,7 @@ fn missing_device_is_only_a_warning_for_the_docker_backend() {
 fn regular_file_is_not_a_kvm_device() {
     let host = FakeHost::new();
     host.write("/dev/kvm", "");
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let check = check_device(&host.ctx(&runner, BackendKind::Smolmachines)).unwrap();
     assert_eq!(check.status, Status::Fail);
     assert_eq!(
@@ -93,7 +95,7 @@ fn char_device_passes() {
         println!("skip: char_device_passes could not mknod ({err}); no CAP_MKNOD here");
         return;
     }
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let ctx = host.ctx(&runner, BackendKind::Smolmachines);
     let check = check_device(&ctx).unwrap();
     assert_eq!(check.status, Status::Ok, "{check:?}");
@@ -107,7 +109,7 @@ fn accessible_device_passes_access() {
     let host = FakeHost::new();
     host.write("/dev/kvm", "");
     host.chmod("/dev/kvm", 0o600);
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let check = check_access(&host.ctx(&runner, BackendKind::Smolmachines)).unwrap();
     assert_eq!(check.status, Status::Ok);
     assert_eq!(check.message, "this user can read and write /dev/kvm");
@@ -117,7 +119,7 @@ fn accessible_device_passes_access() {
 #[test]
 fn access_is_skipped_without_a_device() {
     let host = FakeHost::new();
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let check = check_access(&host.ctx(&runner, BackendKind::Smolmachines)).unwrap();
     assert_eq!(check.status, Status::Skip);
     assert_eq!(check.message, "no /dev/kvm to open (see kvm.device)");
@@ -130,7 +132,7 @@ fn loaded_vendor_module_passes() {
         "/proc/modules",
         "kvm_amd 200704 0 - Live 0x0000000000000000\nkvm 1318912 1 kvm_amd, Live 0x0000000000000000\nccp 118784 1 kvm_amd, Live 0x0000000000000000\n",
     );
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let check = check_module(&host.ctx(&runner, BackendKind::Smolmachines)).unwrap();
     assert_eq!(check.status, Status::Ok);
     assert_eq!(check.message, "kvm_amd is loaded");
@@ -144,7 +146,7 @@ fn unloading_module_does_not_count() {
         "kvm_intel 409600 0 - Unloading 0x0000000000000000\n",
     );
     host.write("/proc/cpuinfo", INTEL);
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let check = check_module(&host.ctx(&runner, BackendKind::Smolmachines)).unwrap();
     assert_eq!(check.status, Status::Fail);
     assert_eq!(check.message, "neither kvm_intel nor kvm_amd is loaded");
@@ -154,7 +156,7 @@ fn unloading_module_does_not_count() {
 fn built_in_vendor_module_passes_without_proc_modules() {
     let host = FakeHost::new();
     host.mkdir("/sys/module/kvm_intel/parameters");
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let check = check_module(&host.ctx(&runner, BackendKind::Smolmachines)).unwrap();
     assert_eq!(check.status, Status::Ok);
     assert_eq!(check.message, "kvm_intel is built into the kernel");
@@ -166,7 +168,7 @@ fn other_kvm_provider_with_a_device_passes() {
     host.mkdir("/sys/module/kvm/parameters");
     host.mkdir("/sys/module/kvm_pvm/parameters");
     host.write("/dev/kvm", "");
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let check = check_module(&host.ctx(&runner, BackendKind::Smolmachines)).unwrap();
     assert_eq!(check.status, Status::Ok);
     assert_eq!(
@@ -180,7 +182,7 @@ fn no_module_and_no_virtualisation_flag_points_at_firmware() {
     let host = FakeHost::new();
     host.write("/proc/modules", "ext4 1000 1 - Live 0x0\n");
     host.write("/proc/cpuinfo", AMD_NO_SVM);
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let check = check_module(&host.ctx(&runner, BackendKind::Smolmachines)).unwrap();
     assert_eq!(check.status, Status::Fail);
     let fix = check.remediation.unwrap();
@@ -199,7 +201,7 @@ fn unreadable_proc_modules_is_an_error_not_a_verdict() {
     let host = FakeHost::new();
     // A directory where a file should be: reading it fails with EISDIR.
     host.mkdir("/proc/modules");
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let ctx = host.ctx(&runner, BackendKind::Smolmachines);
     let err = check_module(&ctx).unwrap_err();
     assert_eq!(err.code(), "BOT-P001");
@@ -221,7 +223,7 @@ fn unreadable_proc_modules_is_an_error_not_a_verdict() {
 #[test]
 fn macos_skips_every_kvm_check() {
     let host = FakeHost::new();
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let mut ctx = host.ctx(&runner, BackendKind::Smolmachines);
     ctx.os = "macos".into();
     ctx.arch = "aarch64".into();

@@ -4,11 +4,13 @@ use bottle_core::BackendKind;
 use bottle_preflight::Status;
 use bottle_preflight::platform::check_platform;
 
-use crate::support::{FakeHost, no_runner};
+use bottle_test_support::RecordingRunner;
+
+use crate::support::FakeHost;
 
 fn platform(os: &str, arch: &str, backend: BackendKind) -> bottle_preflight::Check {
     let host = FakeHost::new();
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let mut ctx = host.ctx(&runner, backend);
     ctx.os = os.into();
     ctx.arch = arch.into();

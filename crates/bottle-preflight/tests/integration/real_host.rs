@@ -45,7 +45,7 @@ fn real_host_returns_a_check_per_id() {
         }
         if backend == BackendKind::Docker {
             let docker_ok = find(&checks, "docker.daemon").status == Status::Ok;
-            if required("BOTTLE_REQUIRE_DOCKER") {
+            if bottle_test_support::docker_required() {
                 assert!(
                     docker_ok,
                     "BOTTLE_REQUIRE_DOCKER=1 but docker is not usable:\n{}",

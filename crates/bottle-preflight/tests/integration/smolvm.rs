@@ -8,7 +8,9 @@ use bottle_core::exec::{CommandOutput, SystemRunner};
 use bottle_preflight::smolvm::check_smolvm;
 use bottle_preflight::{Check, Status};
 
-use crate::support::{FakeHost, FakeRunner, no_runner};
+use bottle_test_support::RecordingRunner;
+
+use crate::support::FakeHost;
 
 /// A fake host with an executable `smolvm` in `<root>/bin`, and that dir as PATH.
 fn host_with_smolvm(script: &str) -> FakeHost {
@@ -18,7 +20,7 @@ fn host_with_smolvm(script: &str) -> FakeHost {
     host
 }
 
-fn run(host: &FakeHost, runner: &FakeRunner, backend: BackendKind) -> Check {
+fn run(host: &FakeHost, runner: &RecordingRunner, backend: BackendKind) -> Check {
     let mut ctx = host.ctx(runner, backend);
     ctx.path = Some(host.path("/bin").into_os_string());
     check_smolvm(&ctx)
@@ -27,7 +29,7 @@ fn run(host: &FakeHost, runner: &FakeRunner, backend: BackendKind) -> Check {
 #[test]
 fn supported_version_passes_and_argv_is_path_then_flag() {
     let host = host_with_smolvm("");
-    let runner = FakeRunner::printing("smolvm 1.9.3\n");
+    let runner = RecordingRunner::printing("smolvm 1.9.3\n");
     let check = run(&host, &runner, BackendKind::Smolmachines);
     let binary = host.path("/bin/smolvm");
     assert_eq!(check.status, Status::Ok);
@@ -58,7 +60,7 @@ fn real_process_is_run_and_parsed() {
 #[test]
 fn too_old_fails_naming_the_tsi_fix() {
     let host = host_with_smolvm("");
-    let runner = FakeRunner::printing("smolvm 0.8.0\n");
+    let runner = RecordingRunner::printing("smolvm 0.8.0\n");
     let check = run(&host, &runner, BackendKind::Smolmachines);
     assert_eq!(check.status, Status::Fail);
     assert!(
@@ -77,7 +79,7 @@ fn too_old_fails_naming_the_tsi_fix() {
 #[test]
 fn too_old_only_warns_for_the_docker_backend() {
     let host = host_with_smolvm("");
-    let runner = FakeRunner::printing("smolvm 0.8.0\n");
+    let runner = RecordingRunner::printing("smolvm 0.8.0\n");
     let check = run(&host, &runner, BackendKind::Docker);
     assert_eq!(check.status, Status::Warn);
     assert!(
@@ -90,7 +92,7 @@ fn too_old_only_warns_for_the_docker_backend() {
 #[test]
 fn below_1_8_is_supported_with_the_state_db_note() {
     let host = host_with_smolvm("");
-    let runner = FakeRunner::printing("smolvm 1.1.3\n");
+    let runner = RecordingRunner::printing("smolvm 1.1.3\n");
     let check = run(&host, &runner, BackendKind::Smolmachines);
     assert_eq!(check.status, Status::Ok);
     assert!(
@@ -103,7 +105,7 @@ fn below_1_8_is_supported_with_the_state_db_note() {
 #[test]
 fn major_2_is_untested() {
     let host = host_with_smolvm("");
-    let runner = FakeRunner::printing("smolvm 2.0.1\n");
+    let runner = RecordingRunner::printing("smolvm 2.0.1\n");
     let check = run(&host, &runner, BackendKind::Smolmachines);
     assert_eq!(check.status, Status::Warn);
     assert!(check.message.contains("is untested"), "{}", check.message);
@@ -113,7 +115,7 @@ fn major_2_is_untested() {
 fn not_on_path_fails_when_selected_and_skips_otherwise() {
     let host = FakeHost::new();
     host.mkdir("/bin");
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     let check = run(&host, &runner, BackendKind::Smolmachines);
     assert_eq!(check.status, Status::Fail);
     assert_eq!(check.message, "smolvm is not on PATH");
@@ -134,7 +136,7 @@ fn non_executable_file_is_not_found() {
     let host = FakeHost::new();
     host.write("/bin/smolvm", "");
     host.chmod("/bin/smolvm", 0o644);
-    let runner = no_runner();
+    let runner = RecordingRunner::refusing();
     assert_eq!(
         run(&host, &runner, BackendKind::Smolmachines).message,
         "smolvm is not on PATH"
@@ -144,7 +146,7 @@ fn non_executable_file_is_not_found() {
 #[test]
 fn failing_version_command_fails() {
     let host = host_with_smolvm("");
-    let runner = FakeRunner::answering(|| {
+    let runner = RecordingRunner::with(|_| {
         Ok(CommandOutput {
             code: Some(2),
             stdout: Vec::new(),
@@ -165,7 +167,7 @@ fn failing_version_command_fails() {
 #[test]
 fn unstartable_binary_fails() {
     let host = host_with_smolvm("");
-    let runner = FakeRunner::answering(|| Err(io::Error::from(io::ErrorKind::PermissionDenied)));
+    let runner = RecordingRunner::with(|_| Err(io::Error::from(io::ErrorKind::PermissionDenied)));
     let check = run(&host, &runner, BackendKind::Smolmachines);
     assert_eq!(check.status, Status::Fail);
     assert!(
@@ -178,7 +180,7 @@ fn unstartable_binary_fails() {
 #[test]
 fn unparseable_version_fails() {
     let host = host_with_smolvm("");
-    let runner = FakeRunner::printing("smolvm (development build)\n");
+    let runner = RecordingRunner::printing("smolvm (development build)\n");
     let check = run(&host, &runner, BackendKind::Smolmachines);
     assert_eq!(check.status, Status::Fail);
     assert!(

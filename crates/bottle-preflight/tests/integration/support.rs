@@ -1,17 +1,17 @@
-//! Shared fixtures: a fake host root, a recording command runner, a fake
-//! Docker daemon on a real unix socket.
+//! Shared fixtures: a fake host root and a fake Docker daemon on a real
+//! unix socket. The recording command runner is bottle-test-support's.
 
 use std::io::{self, Read as _, Write as _};
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bottle_core::BackendKind;
-use bottle_core::exec::{CommandOutput, CommandRunner, CommandSpec};
+use bottle_core::exec::CommandRunner;
 use bottle_preflight::{Check, Context, HostRoot, Identity};
+use bottle_test_support::wait_for;
 
 /// A temp dir standing in for `/`.
 pub struct FakeHost {
@@ -74,51 +74,6 @@ impl FakeHost {
     }
 }
 
-/// A runner that records each call and answers from a script.
-pub struct FakeRunner {
-    answer: Box<dyn Fn() -> io::Result<CommandOutput> + Send + Sync>,
-    pub calls: Mutex<Vec<Vec<String>>>,
-}
-
-impl FakeRunner {
-    /// Exits 0 with `stdout`.
-    pub fn printing(stdout: &str) -> Self {
-        let stdout = stdout.as_bytes().to_vec();
-        Self::answering(move || {
-            Ok(CommandOutput {
-                code: Some(0),
-                stdout: stdout.clone(),
-                stderr: Vec::new(),
-            })
-        })
-    }
-
-    pub fn answering(
-        answer: impl Fn() -> io::Result<CommandOutput> + Send + Sync + 'static,
-    ) -> Self {
-        FakeRunner {
-            answer: Box::new(answer),
-            calls: Mutex::new(Vec::new()),
-        }
-    }
-
-    pub fn calls(&self) -> Vec<Vec<String>> {
-        self.calls.lock().unwrap().clone()
-    }
-}
-
-impl CommandRunner for FakeRunner {
-    fn run(&self, spec: &CommandSpec) -> io::Result<CommandOutput> {
-        self.calls.lock().unwrap().push(spec.argv());
-        (self.answer)()
-    }
-}
-
-/// A runner for checks that must not run anything.
-pub fn no_runner() -> FakeRunner {
-    FakeRunner::answering(|| Err(io::Error::other("this test runs no command")))
-}
-
 /// A fake Docker daemon: accepts one connection on a real unix socket,
 /// reads the request head, then writes `response` (or, with `None`, never
 /// answers and waits for the client to hang up).
@@ -134,17 +89,13 @@ impl FakeDocker {
         let listener = UnixListener::bind(socket).unwrap();
         listener.set_nonblocking(true).unwrap();
         let thread = std::thread::spawn(move || {
-            let deadline = Instant::now() + SERVER_BOUND;
-            let mut stream = loop {
+            let mut stream = wait_for("a client to connect", SERVER_BOUND, || {
                 match listener.accept() {
-                    Ok((stream, _)) => break stream,
-                    Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
-                        assert!(Instant::now() < deadline, "no client connected");
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
+                    Ok((stream, _)) => Some(stream),
+                    Err(err) if err.kind() == io::ErrorKind::WouldBlock => None,
                     Err(err) => panic!("accept: {err}"),
                 }
-            };
+            });
             stream.set_nonblocking(false).unwrap();
             stream.set_read_timeout(Some(SERVER_BOUND)).unwrap();
             let mut request = Vec::new();

@@ -400,26 +400,18 @@ impl ImageStore for ArchiveImages {
     }
 }
 
-/// Whether Docker answers; absent is a skip unless BOTTLE_REQUIRE_DOCKER=1.
+/// Docker, when it answers; absent is a skip unless BOTTLE_REQUIRE_DOCKER=1.
 pub fn docker_available(test: &str) -> Option<bollard::Docker> {
-    let required = std::env::var("BOTTLE_REQUIRE_DOCKER").is_ok_and(|v| v == "1");
-    let docker = bollard::Docker::connect_with_defaults().ok();
-    let up = docker.as_ref().is_some_and(|d| {
+    let answering = bollard::Docker::connect_with_defaults().and_then(|docker| {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap()
-            .block_on(d.ping())
-            .is_ok()
+            .block_on(docker.ping())
+            .map(|_| docker)
     });
-    if up {
-        docker
-    } else {
-        assert!(
-            !required,
-            "{test}: BOTTLE_REQUIRE_DOCKER=1 but Docker is not reachable"
-        );
-        eprintln!("skip: {test}: Docker is not reachable");
-        None
-    }
+    bottle_test_support::require_docker(
+        test,
+        answering.map_err(|err| format!("Docker is not reachable: {err}")),
+    )
 }

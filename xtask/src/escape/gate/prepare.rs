@@ -12,7 +12,7 @@ use crate::dist;
 use crate::escape::smol::{self, SysRunner};
 use crate::escape::sys::{Run, Sys};
 use crate::escape::teardown;
-use crate::process::cargo;
+use crate::process::{cargo, describe_exit, watch};
 
 pub(super) fn smolvm_of(target: &smol::Target, sys: &Arc<dyn Sys>) -> bottle_smolvm::Smolvm {
     bottle_smolvm::Smolvm::with_program(
@@ -40,12 +40,9 @@ pub(super) fn build_agent_image(sys: &Arc<dyn Sys>, context: &Path) -> anyhow::R
 }
 
 pub(super) fn build_cli() -> anyhow::Result<PathBuf> {
-    let status = cargo()
-        .args(["build", "--quiet", "-p", "bottle-cli"])
-        .status()
-        .context("could not run cargo")?;
-    if !status.success() {
-        bail!("building the bottle CLI failed ({status})");
+    let out = watch(cargo().args(["build", "--quiet", "-p", "bottle-cli"]))?;
+    if !out.success() {
+        bail!("building the bottle CLI failed ({})", describe_exit(&out));
     }
     Ok(dist::target_dir().join("debug").join("bottle"))
 }
