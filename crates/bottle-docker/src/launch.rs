@@ -452,9 +452,10 @@ impl<D> Launch<'_, D> {
     /// into the state dir. Done at launch, not at prepare, so a declined
     /// plan leaves nothing behind.
     fn write_stage(&self) -> Result<(), DockerError> {
-        let ca = bottle_bundle_files::generate_ca(&self.plan.bottle).map_err(|err| DockerError::Ca {
-            detail: err.to_string(),
-        })?;
+        let ca =
+            bottle_bundle_files::generate_ca(&self.plan.bottle).map_err(|err| DockerError::Ca {
+                detail: err.to_string(),
+            })?;
         data::write_file(&self.paths.ca_cert(), ca.cert_pem.as_bytes(), 0o644)?;
         data::write_file(&self.paths.ca_key(), ca.key_pem.as_bytes(), 0o600)?;
         let config = serde_json::to_vec_pretty(&config::bundle_config(self.plan, self.bundle))

@@ -264,6 +264,10 @@ pub struct RecordedBundle {
     pub network: String,
 }
 
+/// The address a [`RecordingBundles`] plans a bundle at, and its plan
+/// lines.
+pub type PlannedBundle = (Ipv4Addr, Vec<(String, String)>);
+
 /// A bundle host that starts nothing: it hands out a fixed address and a CA
 /// file, and records what it was asked.
 pub struct RecordingBundles {
@@ -271,9 +275,8 @@ pub struct RecordingBundles {
     pub ca: PathBuf,
     pub calls: Mutex<Vec<String>>,
     pub live: Mutex<Vec<String>>,
-    /// What `prepare` says: the address it plans the bundle at and its
-    /// lines (default: where `start` puts it, no lines).
-    pub planned: Mutex<Option<(Ipv4Addr, Vec<(String, String)>)>>,
+    /// What `prepare` says (default: where `start` puts it, no lines).
+    pub planned: Mutex<Option<PlannedBundle>>,
     /// What `start` was handed back from the plan.
     pub started_with: Mutex<Option<RecordedBundle>>,
 }
