@@ -18,6 +18,7 @@ pub mod exec;
 pub mod images;
 pub mod manifest;
 pub mod plan;
+pub mod process;
 pub mod requests;
 pub mod slug;
 pub mod spec;

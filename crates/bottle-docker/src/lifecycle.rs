@@ -18,7 +18,7 @@ use crate::data::{self, StatePaths};
 use crate::error::{DockerError, is_not_found};
 use crate::names::{
     EGRESS_NETWORK, LABEL_AGENT, LABEL_BUNDLE_IP, LABEL_DETACHED, LABEL_MANAGED, LABEL_NAME,
-    LABEL_ROLE, LABEL_SLUG, LABEL_STATE_DIR, Owner, ResourceNames, label_filter, role,
+    LABEL_ROLE, LABEL_SLUG, LABEL_STATE_DIR, ResourceNames, label_filter, owner_from_labels, role,
 };
 
 /// Removes a container (killing it first). `Ok(false)` if it was gone.
@@ -367,7 +367,7 @@ pub(crate) fn remove_egress_into(engine: &Engine, report: &mut CleanupReport) {
 /// Whether a bottle is an orphan: its owner died and it was not a
 /// completed detached launch.
 fn is_orphan(labels: &HashMap<String, String>) -> bool {
-    let owner_alive = Owner::from_labels(labels).is_some_and(|o| o.is_alive());
+    let owner_alive = owner_from_labels(labels).is_some_and(|o| o.is_alive());
     if owner_alive {
         return false;
     }
