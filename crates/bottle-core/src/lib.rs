@@ -23,6 +23,7 @@ pub mod requests;
 pub mod slug;
 pub mod spec;
 pub mod state;
+pub mod time;
 
 pub use backend::{
     BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupReport,
