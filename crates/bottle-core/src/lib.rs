@@ -20,6 +20,7 @@ pub mod manifest;
 pub mod plan;
 pub mod process;
 pub mod requests;
+pub mod requirements;
 pub mod slug;
 pub mod spec;
 pub mod state;
