@@ -139,16 +139,6 @@ impl AuditLog {
     }
 }
 
-/// Now as RFC 3339 UTC with milliseconds.
-pub fn now_rfc3339() -> String {
-    let now = time::OffsetDateTime::now_utc();
-    let fmt = time::macros::format_description!(
-        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
-    );
-    now.format(fmt)
-        .unwrap_or_else(|_| now.unix_timestamp().to_string())
-}
-
 /// Redacts query values: `/a?x=1&y` becomes `/a?x=…&y`.
 pub fn redact_path(path_and_query: &str) -> String {
     let Some((path, query)) = path_and_query.split_once('?') else {
@@ -269,7 +259,7 @@ mod tests {
     fn rec(host: &str) -> AuditRecord {
         AuditRecord {
             v: AUDIT_VERSION,
-            time: now_rfc3339(),
+            time: bottle_core::time::now_rfc3339_millis(),
             bottle: "b".into(),
             daemon: "proxy".into(),
             decision: Decision::Allow,

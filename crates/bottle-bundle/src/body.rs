@@ -177,7 +177,7 @@ impl Drop for AuditGuard {
         rec.bytes_up = self.up.load(Ordering::Relaxed);
         rec.bytes_down = self.down.load(Ordering::Relaxed);
         rec.duration_ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        rec.time = crate::audit::now_rfc3339();
+        rec.time = bottle_core::time::now_rfc3339_millis();
         if let Some(f) = self.finding.lock().ok().and_then(|s| *s) {
             rec.decision = Decision::BlockedSecret;
             rec.reason = f.reason();

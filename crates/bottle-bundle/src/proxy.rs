@@ -156,7 +156,7 @@ impl Proxy {
     ) -> AuditRecord {
         AuditRecord {
             v: crate::audit::AUDIT_VERSION,
-            time: crate::audit::now_rfc3339(),
+            time: bottle_core::time::now_rfc3339_millis(),
             bottle: self.bottle.clone(),
             daemon: "proxy".into(),
             decision,

@@ -2,11 +2,13 @@
 //! (`bottle.toml`), the validated [`BottleSpec`], the [`Plan`] an operator
 //! confirms, the [`BottleBackend`] / [`Bottle`] traits, and stable error codes.
 //!
-//! It knows nothing of Docker or smolvm and opens no socket; it spawns
+//! It drives neither Docker nor smolvm, knowing only the versions of each
+//! that bottle requires ([`requirements`]), and opens no socket; it spawns
 //! processes only in [`exec`], on behalf of callers. The only I/O it does is reading the manifest file it is asked to
-//! parse, so that parse errors can quote the file, and the plain file I/O
+//! parse, so that parse errors can quote the file, the plain file I/O
 //! of the supervise request queue ([`requests`]), which the bundle and the
-//! CLI must agree on.
+//! CLI must agree on, and asking `/proc` whether a bottle's launching
+//! process still runs ([`process`]).
 
 pub mod agent;
 pub mod backend;
@@ -18,10 +20,13 @@ pub mod exec;
 pub mod images;
 pub mod manifest;
 pub mod plan;
+pub mod process;
 pub mod requests;
+pub mod requirements;
 pub mod slug;
 pub mod spec;
 pub mod state;
+pub mod time;
 
 pub use backend::{
     BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupReport,

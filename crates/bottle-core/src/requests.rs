@@ -17,12 +17,12 @@
 //! Format version 1 (field `v` in both files).
 
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::error::Coded;
+use crate::time::now_rfc3339;
 
 /// Version written in every request and decision file.
 pub const REQUESTS_VERSION: u32 = 1;
@@ -248,35 +248,6 @@ fn check_id(id: &str) -> Result<(), RequestError> {
     } else {
         Err(RequestError::BadId { id: id.to_string() })
     }
-}
-
-/// The current time as RFC 3339 UTC (`2025-01-02T03:04:05Z`).
-pub fn now_rfc3339() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    rfc3339(secs)
-}
-
-fn rfc3339(secs: u64) -> String {
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    // Howard Hinnant's days-to-civil.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem / 60) % 60,
-        rem % 60
-    )
 }
 
 /// Writes `data` to `path` through a temporary file and a rename.
@@ -634,12 +605,5 @@ mod tests {
             ["b-9"]
         );
         assert_eq!(find(root.path(), "c-1").unwrap_err().code(), "BOT-Q001");
-    }
-
-    #[test]
-    fn civil_time() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(rfc3339(1_735_787_045), "2025-01-02T03:04:05Z");
     }
 }

@@ -3,17 +3,16 @@
 //!
 //! The client's API version is negotiated down to the daemon's (bollard
 //! defaults to a newer one than Debian's dockerd 20.10 speaks), and every
-//! request this crate sends is valid at [`MIN_API_VERSION`].
+//! request this crate sends is valid at
+//! [`bottle_core::requirements::DOCKER_MIN_API`].
 
 use std::future::Future;
 use std::sync::Arc;
 
 use bollard::Docker;
+use bottle_core::requirements::{DOCKER_MIN_API, DockerApiVersion};
 
 use crate::error::DockerError;
-
-/// The oldest Engine API this backend drives (Docker 20.10).
-pub const MIN_API_VERSION: &str = "1.41";
 
 /// A connected client plus the runtime its futures run on.
 #[derive(Clone)]
@@ -62,8 +61,12 @@ impl Engine {
             docker.negotiate_version().await.map_err(connect_err)
         })?;
         let version = docker.client_version();
-        let api_version = format!("{}.{}", version.major_version, version.minor_version);
-        if (version.major_version, version.minor_version) < (1, 41) {
+        let api = DockerApiVersion::new(
+            u32::try_from(version.major_version).unwrap_or(u32::MAX),
+            u32::try_from(version.minor_version).unwrap_or(u32::MAX),
+        );
+        let api_version = api.to_string();
+        if api < DOCKER_MIN_API {
             return Err(DockerError::ApiTooOld { found: api_version });
         }
         Ok(Engine {

@@ -19,10 +19,10 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use bottle_core::Plan;
+use bottle_core::process::Owner;
 use serde::{Deserialize, Serialize};
 
 use crate::error::DockerError;
-use crate::names::Owner;
 
 /// Version of [`DockerPlanData`] and of the state dir layout.
 pub const STATE_LAYOUT_VERSION: u32 = 1;
@@ -191,33 +191,6 @@ impl StatePaths {
     }
 }
 
-/// The owner record in `owner.json`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OwnerRecord {
-    /// PID.
-    pub pid: u32,
-    /// Start time in clock ticks.
-    pub start: u64,
-}
-
-impl From<Owner> for OwnerRecord {
-    fn from(owner: Owner) -> Self {
-        OwnerRecord {
-            pid: owner.pid,
-            start: owner.start,
-        }
-    }
-}
-
-impl From<OwnerRecord> for Owner {
-    fn from(record: OwnerRecord) -> Self {
-        Owner {
-            pid: record.pid,
-            start: record.start,
-        }
-    }
-}
-
 /// Writes `contents` to `path` with `mode`, creating parents (0700).
 pub fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), DockerError> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -269,19 +242,16 @@ pub fn write_plan(paths: &StatePaths, plan: &DockerPlan) -> Result<(), DockerErr
 
 /// Records who owns the state dir.
 pub fn write_owner(paths: &StatePaths, owner: Owner) -> Result<(), DockerError> {
-    let json =
-        serde_json::to_vec(&OwnerRecord::from(owner)).map_err(|err| DockerError::PlanData {
-            detail: err.to_string(),
-        })?;
+    let json = serde_json::to_vec(&owner).map_err(|err| DockerError::PlanData {
+        detail: err.to_string(),
+    })?;
     write_file(&paths.owner(), &json, 0o600)
 }
 
 /// Who owns the state dir, if recorded.
 pub fn read_owner(paths: &StatePaths) -> Option<Owner> {
     let text = std::fs::read_to_string(paths.owner()).ok()?;
-    serde_json::from_str::<OwnerRecord>(&text)
-        .ok()
-        .map(Owner::from)
+    serde_json::from_str(&text).ok()
 }
 
 /// The entries of a bottle's state dir that a bundle-only launch writes.

@@ -192,7 +192,7 @@ impl DockerError {
             }
             DockerError::ApiTooOld { found } => format!(
                 "the docker daemon speaks engine api {found}, older than the {} this backend needs",
-                crate::client::MIN_API_VERSION
+                bottle_core::requirements::DOCKER_MIN_API
             ),
             DockerError::Api { action, source } => {
                 format!("could not {action}: {}", api_detail(source))

@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use bollard::models::NetworkConnectRequest;
 use bollard::query_parameters::{CreateContainerOptionsBuilder, LogsOptionsBuilder};
+use bottle_core::process::Owner;
 use bottle_core::{BackendKind, Plan};
 use futures_util::StreamExt;
 
@@ -54,7 +55,7 @@ use crate::data::{self, AgentData, BundleData, DockerPlan, StatePaths};
 use crate::error::{DockerError, is_not_found};
 use crate::images::Progress;
 use crate::lifecycle;
-use crate::names::{BottleLabels, EGRESS_NETWORK, Owner, role};
+use crate::names::{BottleLabels, EGRESS_NETWORK, role};
 use crate::pause::{PAUSE_PATH, pause_elf};
 use crate::tarball::{Ownership, TarBuilder, entry_name};
 

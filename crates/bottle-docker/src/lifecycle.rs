@@ -12,13 +12,14 @@ use bollard::query_parameters::{
 };
 use bottle_core::backend::{BackendKind, BottleInfo, CleanupReport};
 use bottle_core::slug::{bottle_name, slug_of};
+use bottle_core::time::rfc3339;
 
 use crate::client::Engine;
 use crate::data::{self, StatePaths};
 use crate::error::{DockerError, is_not_found};
 use crate::names::{
     EGRESS_NETWORK, LABEL_AGENT, LABEL_BUNDLE_IP, LABEL_DETACHED, LABEL_MANAGED, LABEL_NAME,
-    LABEL_ROLE, LABEL_SLUG, LABEL_STATE_DIR, Owner, ResourceNames, label_filter, role,
+    LABEL_ROLE, LABEL_SLUG, LABEL_STATE_DIR, ResourceNames, label_filter, owner_from_labels, role,
 };
 
 /// Removes a container (killing it first). `Ok(false)` if it was gone.
@@ -367,7 +368,7 @@ pub(crate) fn remove_egress_into(engine: &Engine, report: &mut CleanupReport) {
 /// Whether a bottle is an orphan: its owner died and it was not a
 /// completed detached launch.
 fn is_orphan(labels: &HashMap<String, String>) -> bool {
-    let owner_alive = Owner::from_labels(labels).is_some_and(|o| o.is_alive());
+    let owner_alive = owner_from_labels(labels).is_some_and(|o| o.is_alive());
     if owner_alive {
         return false;
     }
@@ -442,39 +443,10 @@ fn merge(into: &mut CleanupReport, from: CleanupReport) {
     into.failed.extend(from.failed);
 }
 
-/// Unix seconds as RFC 3339 UTC (`1970-01-01T00:00:00Z`).
-pub fn rfc3339(secs: i64) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::names::{LABEL_OWNER_PID, LABEL_OWNER_START};
-
-    #[test]
-    fn rfc3339_dates() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
-    }
 
     fn labels(pid: u32, detached: bool, state_dir: &Path) -> HashMap<String, String> {
         HashMap::from([

@@ -1,13 +1,12 @@
-//! Names and labels of the Docker resources a bottle owns, and the identity
-//! of the process that owns them.
+//! Names and labels of the Docker resources a bottle owns.
 //!
 //! Every container and network a launch creates carries the labels below,
 //! so `list`, `stop` and `cleanup` find them by label, never by guessing
 //! from names.
 
 use std::collections::HashMap;
-use std::path::Path;
 
+use bottle_core::process::Owner;
 use bottle_core::slug::bottle_name;
 
 /// `1` on everything this backend creates.
@@ -84,61 +83,16 @@ impl ResourceNames {
     }
 }
 
-/// Who launched a bottle: a PID and that process's start time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Owner {
-    /// The process ID.
-    pub pid: u32,
-    /// Its start time in clock ticks since boot; 0 when unknown.
-    pub start: u64,
-}
-
-impl Owner {
-    /// The current process.
-    pub fn current() -> Owner {
-        let pid = std::process::id();
-        Owner {
-            pid,
-            start: process_start(pid).unwrap_or(0),
-        }
-    }
-
-    /// Reads an owner back from labels; `None` when the labels are missing
-    /// or malformed (such a bottle is treated as having no live owner).
-    pub fn from_labels(labels: &HashMap<String, String>) -> Option<Owner> {
-        let pid = labels.get(LABEL_OWNER_PID)?.parse().ok()?;
-        let start = labels
-            .get(LABEL_OWNER_START)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        Some(Owner { pid, start })
-    }
-
-    /// True while the owning process runs. A PID that now belongs to a
-    /// process started at another time is a different process.
-    pub fn is_alive(&self) -> bool {
-        match process_start(self.pid) {
-            None => false,
-            Some(start) => self.start == 0 || start == self.start,
-        }
-    }
-}
-
-/// Field 22 of `/proc/<pid>/stat`, or `None` if there is no such process.
-/// A zombie counts as dead: it will never finish the launch.
-fn process_start(pid: u32) -> Option<u64> {
-    let stat =
-        std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("stat")).ok()?;
-    // The command name (field 2) may contain spaces and parentheses; the
-    // fields after it start after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?;
-    if state == "Z" || state == "X" {
-        return None;
-    }
-    // `state` was field 3; field 22 is 19 further on.
-    fields.nth(18)?.parse().ok()
+/// Reads the launching process back from labels; `None` when the labels
+/// are missing or malformed (such a bottle is treated as having no live
+/// owner). A missing start time is 0, unknown: only the PID is compared.
+pub fn owner_from_labels(labels: &HashMap<String, String>) -> Option<Owner> {
+    let pid = labels.get(LABEL_OWNER_PID)?.parse().ok()?;
+    let start = labels
+        .get(LABEL_OWNER_START)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    Some(Owner { pid, start })
 }
 
 /// The labels every resource of a bottle carries.
@@ -202,33 +156,6 @@ mod tests {
     }
 
     #[test]
-    fn the_current_process_is_alive_and_a_wrong_start_time_is_not() {
-        let me = Owner::current();
-        assert!(me.start > 0);
-        assert!(me.is_alive());
-        let impostor = Owner {
-            start: me.start + 1,
-            ..me
-        };
-        assert!(!impostor.is_alive());
-    }
-
-    #[test]
-    fn a_reaped_child_is_dead() {
-        #[expect(
-            clippy::disallowed_methods,
-            reason = "the test needs a real process that exits"
-        )]
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let owner = Owner {
-            pid: child.id(),
-            start: process_start(child.id()).unwrap_or(0),
-        };
-        child.wait().unwrap();
-        assert!(!owner.is_alive());
-    }
-
-    #[test]
     fn owner_round_trips_through_labels() {
         let labels = BottleLabels {
             name: "bot-bottle-x".into(),
@@ -241,13 +168,13 @@ mod tests {
         }
         .for_role(role::AGENT);
         assert_eq!(
-            Owner::from_labels(&labels),
+            owner_from_labels(&labels),
             Some(Owner { pid: 42, start: 7 })
         );
         assert_eq!(labels[LABEL_DETACHED], "1");
         assert_eq!(labels[LABEL_MANAGED], "1");
         assert_eq!(labels[LABEL_ROLE], "agent");
-        assert_eq!(Owner::from_labels(&HashMap::new()), None);
+        assert_eq!(owner_from_labels(&HashMap::new()), None);
     }
 
     #[test]

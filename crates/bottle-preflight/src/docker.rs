@@ -10,6 +10,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use bottle_core::requirements::{DOCKER_MIN_API, DockerApiVersion};
 use serde::Deserialize;
 
 use crate::check::{Check, Status};
@@ -22,9 +23,6 @@ pub(crate) const TITLE: &str = "docker daemon";
 
 /// Where the daemon listens unless `DOCKER_HOST` says otherwise.
 pub const DEFAULT_SOCKET: &str = "/var/run/docker.sock";
-
-/// The oldest Engine API the docker backend is written against (Docker 20.10).
-pub const MIN_API_VERSION: (u32, u32) = (1, 41);
 
 /// The request sent to the daemon, in full.
 pub const VERSION_REQUEST: &[u8] = b"GET /version HTTP/1.1\r\nHost: docker\r\nUser-Agent: bottle-preflight\r\nAccept: application/json\r\nConnection: close\r\n\r\n";
@@ -51,12 +49,6 @@ pub fn endpoint(docker_host: Option<&str>) -> Endpoint {
             None => Endpoint::Other(value.to_owned()),
         },
     }
-}
-
-/// Parses an Engine API version like `1.41`.
-pub fn parse_api_version(text: &str) -> Option<(u32, u32)> {
-    let (major, minor) = text.trim().split_once('.')?;
-    Some((major.parse().ok()?, minor.parse().ok()?))
 }
 
 /// The fields of `GET /version` this check reads.
@@ -189,7 +181,7 @@ fn dechunk(mut rest: &[u8]) -> Result<Vec<u8>, String> {
 }
 
 /// Checks that the Docker daemon answers on its unix socket and speaks API
-/// [`MIN_API_VERSION`] or newer.
+/// [`DOCKER_MIN_API`] or newer.
 pub fn check_docker(ctx: &Context<'_>) -> Result<Check, PreflightError> {
     let socket = match endpoint(ctx.docker_host.as_deref()) {
         Endpoint::Other(value) => {
@@ -216,8 +208,8 @@ pub fn check_docker(ctx: &Context<'_>) -> Result<Check, PreflightError> {
         .with_remediation(start_remediation(ctx)?))
     };
     let check = match probe(&socket, ctx.docker_timeout) {
-        Ok(info) => match parse_api_version(&info.api_version) {
-            Some(api) if api >= MIN_API_VERSION => Check::new(
+        Ok(info) => match DockerApiVersion::parse(&info.api_version) {
+            Some(api) if api >= DOCKER_MIN_API => Check::new(
                 ID,
                 TITLE,
                 Status::Ok,
@@ -227,9 +219,8 @@ pub fn check_docker(ctx: &Context<'_>) -> Result<Check, PreflightError> {
                 ),
             ),
             parsed => {
-                let (major, minor) = MIN_API_VERSION;
                 let why = if parsed.is_some() {
-                    format!("older than {major}.{minor}")
+                    format!("older than {DOCKER_MIN_API}")
                 } else {
                     "not a version bottle understands".to_owned()
                 };
@@ -243,7 +234,7 @@ pub fn check_docker(ctx: &Context<'_>) -> Result<Check, PreflightError> {
                     ),
                 )
                 .with_remediation(format!(
-                    "upgrade Docker Engine to 20.10 (api {major}.{minor}) or newer"
+                    "upgrade Docker Engine to 20.10 (api {DOCKER_MIN_API}) or newer"
                 ))
             }
         },
@@ -332,14 +323,6 @@ mod tests {
             endpoint(Some("tcp://127.0.0.1:2375")),
             Endpoint::Other("tcp://127.0.0.1:2375".into())
         );
-    }
-
-    #[test]
-    fn api_versions() {
-        assert_eq!(parse_api_version("1.41"), Some((1, 41)));
-        assert_eq!(parse_api_version("1.9"), Some((1, 9)));
-        assert!(parse_api_version("1.9").unwrap() < MIN_API_VERSION);
-        assert_eq!(parse_api_version("one"), None);
     }
 
     #[test]

@@ -31,7 +31,7 @@ use bottle_core::exec::{CommandOutput, CommandRunner, CommandSpec};
 use serde::Deserialize;
 
 use crate::error::SmolvmError;
-use crate::version::SmolvmVersion;
+use crate::version::{Capabilities as _, SmolvmVersion};
 
 /// The program name looked up on `PATH`.
 pub const SMOLVM: &str = "smolvm";
@@ -328,7 +328,8 @@ impl Smolvm {
         // The version argv does not depend on the version.
         let spec = self.spec(&SmolvmCommand::Version, SmolvmVersion::new(0, 0, 0));
         let out = self.run_spec(&spec)?;
-        let version = SmolvmVersion::parse(&out.stdout_text())?;
+        let output = out.stdout_text();
+        let version = SmolvmVersion::parse(&output).ok_or(SmolvmError::BadVersion { output })?;
         Ok(*self.version.get_or_init(|| version))
     }
 

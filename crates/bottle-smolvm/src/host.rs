@@ -9,7 +9,9 @@ use std::sync::Arc;
 use bottle_core::exec::CommandRunner;
 
 use crate::cli::Smolvm;
-use crate::version::{MIN_ENFORCED, SmolvmVersion};
+use bottle_core::requirements::SMOLVM_MIN_SUPPORTED;
+
+use crate::version::SmolvmVersion;
 
 /// The KVM device.
 pub const KVM: &str = "/dev/kvm";
@@ -62,7 +64,7 @@ pub fn real_smolvm_available(runner: Arc<dyn CommandRunner>) -> Result<SmolvmVer
         .map_err(|err| format!("smolvm is not usable: {}", err.message()))?;
     if !version.allowlist_enforced() {
         return Err(format!(
-            "smolvm {version} is installed, but only {MIN_ENFORCED} and later enforce the egress allowlist"
+            "smolvm {version} is installed, but only {SMOLVM_MIN_SUPPORTED} and later enforce the egress allowlist"
         ));
     }
     Ok(version)

@@ -15,7 +15,10 @@
 //! - [`provision`]: CA, prompt, skills, git and supervise settings copied
 //!   into the guest;
 //! - [`backend`]: [`backend::SmolvmBackend`], the
-//!   [`bottle_core::BottleBackend`], with launch, list, stop and cleanup;
+//!   [`bottle_core::BottleBackend`], and `prepare`; laid out like
+//!   bottle-docker: [`launch`] (the ordered steps and their unwinding),
+//!   [`lifecycle`] (list, stop, cleanup), [`bottle`] (exec, copy-in),
+//!   [`data`] (plan data, the state file);
 //! - [`bundle_address`]: why the bundle's address is what it is; the
 //!   bundle itself runs on a [`bottle_core::bundle_host::BundleHost`];
 //! - [`host`]: KVM and real-smolvm availability.
@@ -25,18 +28,23 @@
 //! `/32`; every other outcome removes what the launch created.
 
 pub mod backend;
+pub mod bottle;
 pub mod bundle_address;
 pub mod cli;
+pub mod data;
 pub mod error;
 pub mod host;
 pub mod interactive;
+pub mod launch;
+pub mod lifecycle;
 pub mod pack;
 pub mod provision;
 pub mod registry;
 pub mod statedb;
 pub mod version;
 
-pub use backend::{SmolvmBackend, SmolvmBottle};
+pub use backend::SmolvmBackend;
+pub use bottle::SmolvmBottle;
 pub use cli::Smolvm;
 pub use error::SmolvmError;
 pub use host::real_smolvm_available;

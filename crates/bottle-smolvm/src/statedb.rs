@@ -28,7 +28,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension as _, TransactionBehavio
 use serde_json::Value;
 
 use crate::error::SmolvmError;
-use crate::version::SmolvmVersion;
+use crate::version::{Capabilities, SmolvmVersion};
 
 /// How long to wait for smolvm's own writer before giving up.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -75,7 +75,7 @@ pub fn state_db_path(
             .map(PathBuf::from)
             .filter(|p| p.is_absolute())
     };
-    let data_dir_honoured = version.is_none_or(SmolvmVersion::honours_data_dir);
+    let data_dir_honoured = version.is_none_or(Capabilities::honours_data_dir);
     let relocated = match platform {
         DataPlatform::Linux if data_dir_honoured => absolute(env("SMOLVM_DATA_DIR")),
         _ => None,

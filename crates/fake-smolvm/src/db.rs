@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use bottle_smolvm::version::SmolvmVersion;
+use bottle_smolvm::version::{Capabilities as _, SmolvmVersion};
 use rusqlite::{Connection, OptionalExtension as _};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};

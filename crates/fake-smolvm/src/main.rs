@@ -54,7 +54,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use bottle_smolvm::version::SmolvmVersion;
+use bottle_smolvm::version::{Capabilities as _, SmolvmVersion};
 use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use serde_json::json;
 
@@ -183,7 +183,7 @@ impl Fake {
     fn from_env() -> Result<Fake> {
         let version_text = std::env::var("FAKE_SMOLVM_VERSION").unwrap_or_else(|_| "1.9.3".into());
         let version = SmolvmVersion::parse(&version_text)
-            .map_err(|_| error(format!("FAKE_SMOLVM_VERSION={version_text:?} is not X.Y.Z")))?;
+            .ok_or_else(|| error(format!("FAKE_SMOLVM_VERSION={version_text:?} is not X.Y.Z")))?;
         let modes = std::env::var("FAKE_SMOLVM_MODE")
             .unwrap_or_default()
             .split(',')

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 
-use super::engine::Engine;
+use super::engine::EngineSocket;
 use super::sys::{Run, Sys};
 
 /// Where a dockerd the gate starts writes its output.
@@ -48,7 +48,7 @@ pub fn detached_start(argv: &[String]) -> Run {
 }
 
 /// Restarts dockerd and waits until the Engine answers again; returns how.
-pub fn restart(sys: &Arc<dyn Sys>, engine: &Engine) -> anyhow::Result<String> {
+pub fn restart(sys: &Arc<dyn Sys>, engine: &EngineSocket) -> anyhow::Result<String> {
     let systemd = sys
         .output(&Run::new("systemctl", &["is-active", "docker"]))
         .is_ok_and(|o| o.success() && o.stdout.trim() == "active");

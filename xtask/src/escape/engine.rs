@@ -15,7 +15,7 @@ pub const DEFAULT_SOCKET: &str = "/var/run/docker.sock";
 
 /// A Docker Engine reached over its Unix socket.
 #[derive(Debug, Clone)]
-pub struct Engine {
+pub struct EngineSocket {
     socket: PathBuf,
 }
 
@@ -28,14 +28,14 @@ pub struct Response {
     pub body: Vec<u8>,
 }
 
-impl Engine {
+impl EngineSocket {
     /// The Engine at `DOCKER_HOST` (`unix://` only) or the default socket.
-    pub fn from_env() -> Engine {
+    pub fn from_env() -> EngineSocket {
         let socket = std::env::var("DOCKER_HOST")
             .ok()
             .and_then(|h| h.strip_prefix("unix://").map(str::to_string))
             .unwrap_or_else(|| DEFAULT_SOCKET.to_string());
-        Engine {
+        EngineSocket {
             socket: PathBuf::from(socket),
         }
     }

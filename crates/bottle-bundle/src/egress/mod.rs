@@ -191,7 +191,7 @@ impl Egress {
     ) {
         self.audit.write(&AuditRecord {
             v: crate::audit::AUDIT_VERSION,
-            time: crate::audit::now_rfc3339(),
+            time: bottle_core::time::now_rfc3339_millis(),
             bottle: self.bottle.clone(),
             daemon: "egress".into(),
             decision,

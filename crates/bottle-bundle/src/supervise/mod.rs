@@ -225,7 +225,7 @@ impl Supervise {
             bottle: self.bottle.clone(),
             ask,
             reason: requests::clip(reason),
-            created: requests::now_rfc3339(),
+            created: bottle_core::time::now_rfc3339(),
             status: Status::Pending,
             decision_reason: None,
         };
@@ -339,7 +339,7 @@ impl Supervise {
         }
         self.audit.write(&AuditRecord {
             v: crate::audit::AUDIT_VERSION,
-            time: crate::audit::now_rfc3339(),
+            time: bottle_core::time::now_rfc3339_millis(),
             bottle: self.bottle.clone(),
             daemon: DAEMON.into(),
             decision: if approved && reason == "operator_approved" {

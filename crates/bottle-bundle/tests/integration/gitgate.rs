@@ -940,7 +940,7 @@ async fn push_approvals_are_reread_on_restart_and_never_open_other_repositories(
                     git_ref: "main".into(),
                 },
                 reason: String::new(),
-                created: requests::now_rfc3339(),
+                created: bottle_core::time::now_rfc3339(),
                 status: Status::Pending,
                 decision_reason: None,
             },

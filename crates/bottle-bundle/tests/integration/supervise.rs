@@ -451,7 +451,7 @@ async fn approvals_survive_a_bundle_restart() {
                 host: WANTED.into(),
             },
             reason: String::new(),
-            created: requests::now_rfc3339(),
+            created: bottle_core::time::now_rfc3339(),
             status: Status::Pending,
             decision_reason: None,
         },

@@ -22,7 +22,7 @@ fn file_request(state: &Path, slug: &str, n: u64, ask: Ask) -> PathBuf {
             bottle: format!("bot-bottle-{slug}"),
             ask,
             reason: "need the docs".into(),
-            created: requests::now_rfc3339(),
+            created: bottle_core::time::now_rfc3339(),
             status: Status::Pending,
             decision_reason: None,
         },

@@ -5,9 +5,10 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use bottle_core::process::Owner;
 use bottle_core::{BottleBackend, BottleLauncher};
 use bottle_docker::data::{self, StatePaths};
-use bottle_docker::names::Owner;
+use bottle_docker::names::owner_from_labels;
 use bottle_test_support::wait_until;
 
 use crate::support::{self, all_bottle_resources, name, resources_of};
@@ -190,7 +191,7 @@ fn detached_bottles_outlive_their_launcher() {
         .labels
         .unwrap();
     assert_eq!(labels["bottle.detached"], "1");
-    let owner = Owner::from_labels(&labels).unwrap();
+    let owner = owner_from_labels(&labels).unwrap();
     assert!(!owner.is_alive(), "the launcher should be gone");
 
     let report = fx.backend.cleanup_orphans().unwrap();

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use serde_json::Value;
 
 use super::RUN_PREFIX;
-use crate::escape::engine::Engine;
+use crate::escape::engine::EngineSocket;
 
 /// What of `after` the run left behind: its own bottles' resources, and
 /// the shared egress network when no other bottle (another user of this
@@ -27,7 +27,7 @@ pub fn leftovers(before: &BTreeSet<String>, after: &BTreeSet<String>) -> Vec<Str
 }
 
 /// Names of every `bot-bottle-` container and network.
-pub(super) fn bottle_resources(engine: &Engine) -> anyhow::Result<BTreeSet<String>> {
+pub(super) fn bottle_resources(engine: &EngineSocket) -> anyhow::Result<BTreeSet<String>> {
     let mut out = BTreeSet::new();
     let containers = engine.get("/containers/json?all=1")?;
     for c in containers.as_array().into_iter().flatten() {

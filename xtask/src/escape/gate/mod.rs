@@ -43,7 +43,7 @@ use self::probing::ProbeSet;
 use super::canary::{self, Interface, Listeners};
 use super::cli::{BottleCli, BottleGuard};
 use super::dns::DnsRecorder;
-use super::engine::Engine;
+use super::engine::EngineSocket;
 use super::evidence::Cidr;
 use super::fixture::{self, AgentDef, AgentSource};
 use super::report::{Expect, Observed, Report, Row};
@@ -122,7 +122,7 @@ struct Gate {
     sys: Arc<dyn Sys>,
     /// smolvm, on a smolmachines run.
     smolvm: Option<bottle_smolvm::Smolvm>,
-    engine: Engine,
+    engine: EngineSocket,
     cli: BottleCli,
     token: String,
     work: PathBuf,
@@ -150,7 +150,7 @@ pub fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> anyhow:
             "the gate needs root (it creates the canary interface and swaps /etc/resolv.conf)\n  fix: run it as root, e.g. `sudo -E cargo xtask sandbox-escape`"
         );
     }
-    let engine = Engine::from_env();
+    let engine = EngineSocket::from_env();
     if !engine.ping() {
         bail!("the Docker Engine does not answer\n  fix: start dockerd (`.ci/setup`)");
     }
@@ -253,7 +253,7 @@ pub fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> anyhow:
 fn run_with_canaries(
     options: &Options,
     sys: Arc<dyn Sys>,
-    engine: Engine,
+    engine: EngineSocket,
     cli: BottleCli,
     work: &Path,
     probe_bin: &Path,

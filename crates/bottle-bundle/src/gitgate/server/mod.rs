@@ -34,10 +34,11 @@ pub use self::setup::{GateLimits, GitRuntime};
 use super::command::{Git, Service};
 use super::push_rules::RuntimePushRules;
 use crate::BundleError;
-use crate::audit::{AUDIT_VERSION, AuditLog, AuditRecord, Decision, now_rfc3339};
+use crate::audit::{AUDIT_VERSION, AuditLog, AuditRecord, Decision};
 use crate::body::{BoxBody, full};
 use crate::daemons::{Daemon, bind};
 use crate::io::IdleIo;
+use bottle_core::time::now_rfc3339_millis;
 
 /// The daemon's name in audit lines, errors and logs.
 const DAEMON: &str = "git-gate";
@@ -163,7 +164,7 @@ impl GitGate {
     fn write_audit(&self, e: Entry, status: StatusCode, start: Instant) {
         self.audit.write(&AuditRecord {
             v: AUDIT_VERSION,
-            time: now_rfc3339(),
+            time: now_rfc3339_millis(),
             bottle: self.bottle.clone(),
             daemon: DAEMON.into(),
             decision: e.decision,

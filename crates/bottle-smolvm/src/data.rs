@@ -1,0 +1,237 @@
+//! What `prepare` resolves for a launch ([`PlanData`], the typed
+//! `Plan::backend_data`) and the bottle's state file ([`BottleState`] in
+//! `<state dir>/smolvm.json`), which `list`, `attach`, `stop` and `cleanup`
+//! read back to find what a launch created.
+
+use std::path::Path;
+
+use bottle_core::bundle_host::PreparedBundle;
+use bottle_core::images::AgentImage;
+use bottle_core::process::Owner;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{SmolvmError, io_err};
+use crate::provision::ProvisionInputs;
+
+/// The backend's file in a bottle's state dir.
+pub const STATE_FILE: &str = "smolvm.json";
+/// Version of [`BottleState`]'s format.
+pub const STATE_VERSION: u32 = 1;
+/// Version of [`PlanData`]'s format.
+pub const PLAN_DATA_VERSION: u32 = 1;
+
+/// Files this backend writes into a bottle's state dir, removed by `stop`.
+/// `Smolfile` and `guest-gitconfig` are no longer written, but bottles
+/// started by earlier versions still have them.
+const OWN_FILES: [&str; 5] = [
+    STATE_FILE,
+    "Smolfile",
+    "guest-env",
+    "guest-mcp.json",
+    "guest-gitconfig",
+];
+
+/// The backend's part of a [`bottle_core::Plan`] (`plan.backend_data`); `P` is what
+/// the bundle host resolved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanData<P> {
+    /// [`PLAN_DATA_VERSION`].
+    pub version: u32,
+    /// The smolvm machine name (`bot-bottle-<slug>`).
+    pub machine: String,
+    /// The resolved agent image.
+    pub image: AgentImage,
+    /// What provisioning copies in.
+    pub inputs: ProvisionInputs,
+    /// The agent's environment (`bottle_core::agent::agent_env_of`).
+    pub env: Vec<(String, String)>,
+    /// What the bundle host resolved for the bundle.
+    pub bundle: PreparedBundle<P>,
+}
+
+/// Where a launch got to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// Resources are being created by the launching process.
+    Launching,
+    /// The bottle is up.
+    Running,
+}
+
+/// A bottle's state on disk: what `stop`, `list`, `attach` and `cleanup`
+/// need to find everything a launch created.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BottleState {
+    /// [`STATE_VERSION`].
+    pub version: u32,
+    /// `bot-bottle-<slug>`.
+    pub bottle: String,
+    /// The agent's name in the manifest.
+    pub agent: String,
+    /// The smolvm machine.
+    pub machine: String,
+    /// Where the guest reaches the bundle, once known.
+    pub bundle_address: Option<String>,
+    /// The environment every exec carries.
+    pub env: Vec<(String, String)>,
+    /// What `exec_interactive` runs when given no command.
+    pub default_command: Vec<String>,
+    /// Unix seconds.
+    pub created: u64,
+    /// The process that ran the launch.
+    pub launch_pid: u32,
+    /// That process's start time ([`Owner::start`]). State files written
+    /// before it was recorded lack it: 0, an unknown start, so only the
+    /// PID is compared for them.
+    #[serde(default)]
+    pub launch_start: u64,
+    /// Where the launch got to.
+    pub phase: Phase,
+}
+
+impl BottleState {
+    /// The process that ran the launch.
+    pub fn launcher(&self) -> Owner {
+        Owner {
+            pid: self.launch_pid,
+            start: self.launch_start,
+        }
+    }
+
+    /// A launch still under way: not finished, and its process still runs.
+    pub fn in_flight(&self) -> bool {
+        self.phase == Phase::Launching && self.launcher().is_alive()
+    }
+
+    /// A launch that never finished and whose process is gone.
+    pub fn abandoned(&self) -> bool {
+        self.phase == Phase::Launching && !self.launcher().is_alive()
+    }
+}
+
+/// Reads the state file at `path`; `None` if there is none.
+pub fn read_state_file(path: &Path) -> Result<Option<BottleState>, SmolvmError> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(err) => return Err(io_err("read", path, err)),
+    };
+    let state: BottleState =
+        serde_json::from_slice(&bytes).map_err(|err| SmolvmError::BadOutput {
+            argv: vec![path.display().to_string()],
+            detail: format!("not a bottle state file: {err}"),
+        })?;
+    if state.version != STATE_VERSION {
+        return Err(SmolvmError::BadOutput {
+            argv: vec![path.display().to_string()],
+            detail: format!("state version {} is not {STATE_VERSION}", state.version),
+        });
+    }
+    Ok(Some(state))
+}
+
+/// Writes the state file at `path` through a temporary file and a rename,
+/// so a reader never sees half of it.
+pub fn write_state_file(path: &Path, state: &BottleState) -> Result<(), SmolvmError> {
+    let bytes = serde_json::to_vec_pretty(state).map_err(|err| SmolvmError::BadOutput {
+        argv: vec![path.display().to_string()],
+        detail: err.to_string(),
+    })?;
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, bytes).map_err(|e| io_err("write", &tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io_err("write", path, e))
+}
+
+/// Removes the files this backend wrote into the state dir `dir`, and `dir`
+/// itself if nothing else is left in it.
+pub(crate) fn remove_own_files(dir: &Path) -> Result<(), String> {
+    let mut failures = Vec::new();
+    for name in OWN_FILES {
+        let path = dir.join(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => failures.push(format!("{}: {err}", path.display())),
+        }
+    }
+    // The dir goes too if nothing else lives there; otherwise it is the CLI's.
+    let _ = std::fs::remove_dir(dir);
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> BottleState {
+        BottleState {
+            version: STATE_VERSION,
+            bottle: "bot-bottle-a".into(),
+            agent: "a".into(),
+            machine: "bot-bottle-a".into(),
+            bundle_address: Some("192.168.7.2".into()),
+            env: vec![("K".into(), "V".into())],
+            default_command: vec!["sh".into()],
+            created: 1,
+            launch_pid: 2,
+            launch_start: 3,
+            phase: Phase::Running,
+        }
+    }
+
+    #[test]
+    fn state_file_round_trips_and_refuses_other_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(STATE_FILE);
+        let state = state();
+        write_state_file(&path, &state).unwrap();
+        assert_eq!(read_state_file(&path).unwrap(), Some(state));
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("\"version\": 1", "\"version\": 9");
+        std::fs::write(&path, text).unwrap();
+        assert!(read_state_file(&path).is_err());
+        assert_eq!(read_state_file(&dir.path().join("none")).unwrap(), None);
+    }
+
+    #[test]
+    fn a_state_file_without_the_launch_start_time_compares_the_pid_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(STATE_FILE);
+        let mut json = serde_json::to_value(BottleState {
+            launch_pid: std::process::id(),
+            phase: Phase::Launching,
+            ..state()
+        })
+        .unwrap();
+        json.as_object_mut().unwrap().remove("launch_start");
+        std::fs::write(&path, json.to_string()).unwrap();
+        let old = read_state_file(&path).unwrap().unwrap();
+        assert_eq!(old.launch_start, 0);
+        assert!(old.in_flight());
+        assert!(!old.abandoned());
+    }
+
+    #[test]
+    fn a_launch_whose_process_started_at_another_time_is_abandoned() {
+        let me = Owner::current();
+        let reused = BottleState {
+            launch_pid: me.pid,
+            launch_start: me.start + 1,
+            phase: Phase::Launching,
+            ..state()
+        };
+        assert!(reused.abandoned());
+        assert!(!reused.in_flight());
+        let running = BottleState {
+            phase: Phase::Running,
+            ..reused
+        };
+        assert!(!running.abandoned());
+    }
+}

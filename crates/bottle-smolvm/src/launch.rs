@@ -1,0 +1,253 @@
+//! `launch`: the steps that turn a confirmed plan into a running microVM
+//! bottle, each registering its undo, run last-first if a later one fails.
+//!
+//! Steps, in order:
+//! 1. refuse smolvm versions whose allowlist is not enforced, and machines
+//!    that already exist;
+//! 2. the agent image as a `.smolmachine` (cached by image ID);
+//! 3. the bottle's state file (before anything that could leak, so
+//!    `cleanup` finds it);
+//! 4. the bundle, through the [`BundleHost`] (which resolved it at
+//!    `prepare`, so the plan shows the exact `/32`); its address must be a
+//!    valid one-address allowlist and the one the plan showed;
+//! 5. `machine create --from … --allow-cidr <bundle>/32`;
+//! 6. the state-DB patch: the record must hold exactly that `/32` and no
+//!    DNS names, confirmed by reading it back, else the launch is refused;
+//! 7. `machine start`, and the record read back again (the policy smolvm
+//!    booted with must still be the one confirmed);
+//! 8. provisioning through `machine cp` and `machine exec`.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bottle_core::backend::{BackendError, BackendErrorKind, BackendKind};
+use bottle_core::bundle_host::BundleHost;
+use bottle_core::process::Owner;
+
+use crate::backend::{SmolvmBackend, SmolvmPlan};
+use crate::bottle::SmolvmBottle;
+use crate::bundle_address::validate_bundle_address;
+use crate::data::{
+    BottleState, PLAN_DATA_VERSION, Phase, PlanData, STATE_FILE, STATE_VERSION, remove_own_files,
+    write_state_file,
+};
+use crate::error::{SmolvmError, io_err};
+use crate::provision;
+use crate::statedb::{self, EgressPolicy};
+use crate::version::require_enforced;
+
+impl<H: BundleHost + 'static> SmolvmBackend<H> {
+    pub(crate) fn launch_inner(
+        &self,
+        plan: &SmolvmPlan<H::Prepared>,
+    ) -> Result<SmolvmBottle, BackendError> {
+        let version = self.smolvm.version()?;
+        require_enforced(version)?;
+        (self.host_check)()?;
+        let data = &plan.backend_data;
+        if plan.backend != BackendKind::Smolmachines || data.version != PLAN_DATA_VERSION {
+            return Err(BackendError::new(
+                BackendErrorKind::Failed,
+                "BOT-K091",
+                format!(
+                    "the plan was not made by this smolmachines backend (backend {}, data version {})",
+                    plan.backend, data.version
+                ),
+                "run `bottle start` again so the plan is prepared by this backend",
+            ));
+        }
+        let machine = data.machine.clone();
+        if self.machines()?.iter().any(|m| m.name == machine) {
+            return Err(SmolvmError::AlreadyExists { machine }.into());
+        }
+        let smolmachine =
+            self.cache
+                .smolmachine(self.images.as_ref(), &data.image, &self.smolvm)?;
+
+        let mut unwind = Unwind::default();
+        let result = self.launch_steps(plan, data, &smolmachine, &mut unwind);
+        match result {
+            Ok(bottle) => {
+                unwind.disarm();
+                Ok(bottle)
+            }
+            Err(err) => {
+                let mut err: BackendError = err.into();
+                let failures = unwind.run();
+                if !failures.is_empty() {
+                    err.message = format!(
+                        "{}; while undoing the launch, could not remove: {}",
+                        err.message,
+                        failures.join("; ")
+                    );
+                    err.fix = format!("{}; then run `bottle cleanup`", err.fix);
+                }
+                Err(err)
+            }
+        }
+    }
+
+    fn launch_steps<'a>(
+        &'a self,
+        plan: &SmolvmPlan<H::Prepared>,
+        data: &PlanData<H::Prepared>,
+        smolmachine: &Path,
+        unwind: &mut Unwind<'a>,
+    ) -> Result<SmolvmBottle, SmolvmError> {
+        let machine = data.machine.clone();
+        let state_dir = plan.state_dir.clone();
+        std::fs::create_dir_all(&state_dir)
+            .map_err(|e| io_err("create directory", &state_dir, e))?;
+        let default_command = if plan.command.is_empty() {
+            data.image.default_command()
+        } else {
+            plan.command.clone()
+        };
+        let launcher = Owner::current();
+        let mut state = BottleState {
+            version: STATE_VERSION,
+            bottle: plan.bottle.clone(),
+            agent: plan.agent.clone(),
+            machine: machine.clone(),
+            bundle_address: None,
+            env: Vec::new(),
+            default_command,
+            created: unix_now(),
+            launch_pid: launcher.pid,
+            launch_start: launcher.start,
+            phase: Phase::Launching,
+        };
+        let state_path = state_dir.join(STATE_FILE);
+        write_state_file(&state_path, &state)?;
+        {
+            let state_dir = state_dir.clone();
+            unwind.push("bottle state files", move || remove_own_files(&state_dir));
+        }
+
+        let endpoint = self
+            .bundles
+            .start(plan, &data.bundle.data)
+            .map_err(SmolvmError::External)?;
+        {
+            let bundles = Arc::clone(&self.bundles);
+            let bottle = plan.bottle.clone();
+            unwind.push("the bundle", move || {
+                bundles.stop(&bottle).map(drop).map_err(|e| e.message)
+            });
+        }
+        validate_bundle_address(endpoint.address)?;
+        // The agent's environment names the planned address; the bundle
+        // must be exactly there.
+        if endpoint.address != data.bundle.address {
+            return Err(SmolvmError::BundleAddress {
+                address: endpoint.address.to_string(),
+                reason: format!(
+                    "the confirmed plan put the bundle at {}",
+                    data.bundle.address
+                ),
+            });
+        }
+        let policy = EgressPolicy::one_address(endpoint.address);
+        let env = data.env.clone();
+        state.bundle_address = Some(endpoint.address.to_string());
+        state.env = env.clone();
+        write_state_file(&state_path, &state)?;
+
+        self.smolvm
+            .create(&machine, smolmachine, &policy.allowed_cidrs)?;
+        {
+            let smolvm = Arc::clone(&self.smolvm);
+            let machine = machine.clone();
+            unwind.push("the microVM", move || {
+                smolvm.delete(&machine).map_err(|e| e.message())
+            });
+        }
+        let db = self.db_path()?;
+        statedb::enforce(&db, &machine, &policy)?;
+
+        self.smolvm.start(&machine)?;
+        {
+            let smolvm = Arc::clone(&self.smolvm);
+            let machine = machine.clone();
+            unwind.push("the running microVM", move || {
+                smolvm.stop(&machine).map_err(|e| e.message())
+            });
+        }
+        // smolvm read the record to boot; it must still be the one confirmed.
+        statedb::verify(&db, &machine, &policy)?;
+
+        provision::provision(
+            &self.smolvm,
+            &machine,
+            &data.inputs,
+            &endpoint,
+            &env,
+            &state_dir,
+        )?;
+
+        state.phase = Phase::Running;
+        write_state_file(&state_path, &state)?;
+        Ok(SmolvmBottle::new(
+            machine,
+            Arc::clone(&self.smolvm),
+            env,
+            state.default_command,
+            Arc::clone(&self.interactive),
+        ))
+    }
+}
+
+/// One undo step: what it removes, and how.
+type UndoStep<'a> = (&'static str, Box<dyn FnOnce() -> Result<(), String> + 'a>);
+
+/// Steps that undo a half-done launch, run last-first.
+#[derive(Default)]
+struct Unwind<'a> {
+    steps: Vec<UndoStep<'a>>,
+}
+
+impl<'a> Unwind<'a> {
+    fn push(&mut self, what: &'static str, step: impl FnOnce() -> Result<(), String> + 'a) {
+        self.steps.push((what, Box::new(step)));
+    }
+
+    fn run(self) -> Vec<String> {
+        self.steps
+            .into_iter()
+            .rev()
+            .filter_map(|(what, step)| step().err().map(|err| format!("{what}: {err}")))
+            .collect()
+    }
+
+    fn disarm(self) {
+        drop(self.steps);
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unwind_runs_last_first_and_collects_failures() {
+        let log = std::cell::RefCell::new(Vec::new());
+        let mut unwind = Unwind::default();
+        unwind.push("first", || {
+            log.borrow_mut().push(1);
+            Ok(())
+        });
+        unwind.push("second", || {
+            log.borrow_mut().push(2);
+            Err("busy".into())
+        });
+        let failures = unwind.run();
+        assert_eq!(*log.borrow(), [2, 1]);
+        assert_eq!(failures, ["second: busy"]);
+    }
+}

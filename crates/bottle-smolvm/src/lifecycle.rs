@@ -1,0 +1,160 @@
+//! Finding bottles again and taking them down: `list`, `stop`, `cleanup`.
+//!
+//! A bottle is its machine (`machine ls --json`, filtered by the
+//! `bot-bottle-` prefix), its bundle (the [`BundleHost`]'s bottles) and its
+//! state file; each may outlive the others after a crash, so every
+//! operation cross-checks all three.
+
+use bottle_core::backend::{BackendError, BackendKind, BottleInfo, CleanupReport};
+use bottle_core::bundle_host::BundleHost;
+use bottle_core::slug::{bottle_name, slug_of};
+
+use crate::backend::SmolvmBackend;
+use crate::cli::MachineEntry;
+use crate::data::{STATE_FILE, remove_own_files};
+use crate::error::SmolvmError;
+
+impl<H: BundleHost + 'static> SmolvmBackend<H> {
+    /// Every machine, state file and bundle that looks like a bottle.
+    pub(crate) fn list(&self) -> Result<Vec<BottleInfo>, BackendError> {
+        let machines = self.machines()?;
+        let states = self.all_states()?;
+        let mut out = Vec::new();
+        for machine in &machines {
+            let state = states.iter().find(|s| s.machine == machine.name);
+            out.push(BottleInfo {
+                name: machine.name.clone(),
+                agent: state.map_or_else(|| "?".into(), |s| s.agent.clone()),
+                backend: BackendKind::Smolmachines,
+                state: match state {
+                    Some(s) if s.abandoned() => {
+                        format!("{} (abandoned launch)", machine.state())
+                    }
+                    Some(_) => machine.state().to_string(),
+                    None => format!("{} (orphaned: no bottle state)", machine.state()),
+                },
+                bundle_address: state.and_then(|s| s.bundle_address.clone()),
+                created: machine.created(),
+                pending_requests: 0,
+            });
+        }
+        for state in states
+            .iter()
+            .filter(|s| !machines.iter().any(|m| m.name == s.machine))
+        {
+            out.push(BottleInfo {
+                name: state.bottle.clone(),
+                agent: state.agent.clone(),
+                backend: BackendKind::Smolmachines,
+                state: if state.in_flight() {
+                    "launching".into()
+                } else {
+                    "vm missing".into()
+                },
+                bundle_address: state.bundle_address.clone(),
+                created: Some(state.created.to_string()),
+                pending_requests: 0,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Removes the machine, bundle and state of the bottle `name`.
+    pub(crate) fn stop_bottle(&self, name: &str) -> Result<CleanupReport, BackendError> {
+        let machine_name = bottle_name(slug_of(name));
+        let machine = self
+            .machines()?
+            .into_iter()
+            .find(|m| m.name == machine_name);
+        let state = self.read_state(&machine_name)?;
+        let bundled = self.bundles.bottles()?.contains(&machine_name);
+        if machine.is_none() && state.is_none() && !bundled {
+            return Err(SmolvmError::VmMissing {
+                machine: machine_name,
+            }
+            .into());
+        }
+        let mut report = CleanupReport::default();
+        if let Some(machine) = &machine {
+            self.remove_machine(machine, &mut report);
+        }
+        self.remove_bundle(&machine_name, &mut report);
+        if state.is_some() {
+            self.remove_state(&machine_name, &mut report);
+        }
+        Ok(report)
+    }
+
+    /// Removes what no live bottle owns: machines without state or whose
+    /// launch died, state and bundles left without a machine.
+    pub(crate) fn cleanup(&self) -> Result<CleanupReport, BackendError> {
+        let machines = self.machines()?;
+        let states = self.all_states()?;
+        let bundles = self.bundles.bottles()?;
+        let mut report = CleanupReport::default();
+        for machine in &machines {
+            // No state, or the launch that was creating it died: nobody will
+            // ever stop it.
+            let owner = states.iter().find(|s| s.machine == machine.name);
+            if owner.is_none_or(|s| s.abandoned()) {
+                self.remove_machine(machine, &mut report);
+            }
+        }
+        for state in &states {
+            let machine_alive = machines.iter().any(|m| m.name == state.machine);
+            if state.in_flight() || (machine_alive && !state.abandoned()) {
+                continue;
+            }
+            self.remove_bundle(&state.bottle, &mut report);
+            self.remove_state(&state.machine, &mut report);
+        }
+        for bottle in &bundles {
+            let owned = machines.iter().any(|m| &m.name == bottle)
+                || states.iter().any(|s| &s.bottle == bottle);
+            if !owned {
+                self.remove_bundle(bottle, &mut report);
+            }
+        }
+        Ok(report)
+    }
+
+    fn remove_machine(&self, machine: &MachineEntry, report: &mut CleanupReport) {
+        if machine.state() == "running"
+            && let Err(err) = self.smolvm.stop(&machine.name)
+        {
+            report
+                .failed
+                .push(format!("vm {} (stop): {}", machine.name, err.message()));
+        }
+        match self.smolvm.delete(&machine.name) {
+            Ok(()) => report.removed.push(format!("vm {}", machine.name)),
+            Err(err) => report
+                .failed
+                .push(format!("vm {}: {}", machine.name, err.message())),
+        }
+    }
+
+    fn remove_bundle(&self, bottle: &str, report: &mut CleanupReport) {
+        match self.bundles.stop(bottle) {
+            Ok(sub) => {
+                report.removed.extend(sub.removed);
+                report.failed.extend(sub.failed);
+            }
+            Err(err) => report
+                .failed
+                .push(format!("bundle of {bottle}: {}", err.message)),
+        }
+    }
+
+    fn remove_state(&self, machine: &str, report: &mut CleanupReport) {
+        let dir = self.state_dir(machine);
+        match remove_own_files(&dir) {
+            Ok(()) => report
+                .removed
+                .push(format!("state {}", dir.join(STATE_FILE).display())),
+            Err(err) => report
+                .failed
+                .push(format!("state {}: {err}", dir.display())),
+        }
+    }
+}
