@@ -22,6 +22,7 @@ pub mod requests;
 pub mod slug;
 pub mod spec;
 pub mod state;
+pub mod undo;
 
 pub use backend::{
     BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupReport,
