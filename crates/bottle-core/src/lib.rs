@@ -27,6 +27,7 @@ pub mod slug;
 pub mod spec;
 pub mod state;
 pub mod time;
+pub mod undo;
 
 pub use backend::{
     BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupReport,

@@ -24,6 +24,8 @@ use bottle_core::backend::{BackendError, BackendErrorKind, BackendKind};
 use bottle_core::bundle_host::BundleHost;
 use bottle_core::process::Owner;
 
+use bottle_core::undo::Unwind;
+
 use crate::backend::{SmolvmBackend, SmolvmPlan};
 use crate::bottle::SmolvmBottle;
 use crate::bundle_address::validate_bundle_address;
@@ -197,57 +199,8 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
     }
 }
 
-/// One undo step: what it removes, and how.
-type UndoStep<'a> = (&'static str, Box<dyn FnOnce() -> Result<(), String> + 'a>);
-
-/// Steps that undo a half-done launch, run last-first.
-#[derive(Default)]
-struct Unwind<'a> {
-    steps: Vec<UndoStep<'a>>,
-}
-
-impl<'a> Unwind<'a> {
-    fn push(&mut self, what: &'static str, step: impl FnOnce() -> Result<(), String> + 'a) {
-        self.steps.push((what, Box::new(step)));
-    }
-
-    fn run(self) -> Vec<String> {
-        self.steps
-            .into_iter()
-            .rev()
-            .filter_map(|(what, step)| step().err().map(|err| format!("{what}: {err}")))
-            .collect()
-    }
-
-    fn disarm(self) {
-        drop(self.steps);
-    }
-}
-
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unwind_runs_last_first_and_collects_failures() {
-        let log = std::cell::RefCell::new(Vec::new());
-        let mut unwind = Unwind::default();
-        unwind.push("first", || {
-            log.borrow_mut().push(1);
-            Ok(())
-        });
-        unwind.push("second", || {
-            log.borrow_mut().push(2);
-            Err("busy".into())
-        });
-        let failures = unwind.run();
-        assert_eq!(*log.borrow(), [2, 1]);
-        assert_eq!(failures, ["second: busy"]);
-    }
 }

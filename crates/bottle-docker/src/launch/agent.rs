@@ -1,0 +1,260 @@
+//! A docker bottle's launch: the bundle's steps around the agent
+//! container's. The agent is created pinned at `.3` on the bottle network
+//! alone, given its keep-alive, CA, prompt and skills, started together
+//! with the bundle, and verified isolated before the MCP config is written
+//! and the launch is marked complete; nothing of the agent runs until
+//! then.
+
+use bollard::query_parameters::CreateContainerOptionsBuilder;
+
+use super::{Launch, Step};
+use crate::bottle::{DockerBottle, container_owner, download_file, upload};
+use crate::config::{
+    self, AGENT_CA_PATH, AGENT_PROMPT_PATH, AGENT_SKILLS_DIR, SYSTEM_TRUST_BUNDLE,
+};
+use crate::data::{self, AgentData, DockerPlanData};
+use crate::error::DockerError;
+use crate::names::role;
+use crate::pause::{PAUSE_PATH, pause_elf};
+use crate::tarball::{Ownership, TarBuilder, entry_name};
+
+/// The agent container's steps: a docker bottle's plan only.
+impl<'a> Launch<'a, DockerPlanData> {
+    /// The agent container's part of the plan.
+    fn agent(&self) -> &'a AgentData {
+        &self.plan.backend_data.agent
+    }
+
+    /// Every step of [`super::Step::ALL`], in order.
+    pub(super) fn run(&mut self) -> Result<DockerBottle, DockerError> {
+        let data = self.agent();
+        self.prepare_bundle()?;
+        let (network, agent) = (self.bundle.network.clone(), data.container.clone());
+        let (network, agent) = (&network, &agent);
+        let bundle = self.bundle.container.clone();
+
+        self.create_agent(agent)?;
+        self.step_done(Step::AgentCreate)?;
+
+        let arch = data.arch.clone();
+        let pause = pause_elf(&arch).ok_or(DockerError::UnsupportedArch { arch })?;
+        let mut tar = TarBuilder::new();
+        tar.dir(&entry_name("/.bottle"), 0o755, Ownership::ROOT)?;
+        tar.file(&entry_name(PAUSE_PATH), &pause, 0o755, Ownership::ROOT)?;
+        upload(self.engine, agent, tar.finish()?)?;
+        self.step_done(Step::AgentFiles)?;
+
+        self.provision_ca(agent)?;
+        self.step_done(Step::ProvisionCa)?;
+
+        self.provision_prompt(agent)?;
+        self.step_done(Step::ProvisionPrompt)?;
+
+        self.provision_skills(agent)?;
+        self.step_done(Step::ProvisionSkills)?;
+
+        let (bundle_started, agent_started) = self.engine.block_on(async {
+            tokio::join!(
+                self.engine.docker.start_container(&bundle, None),
+                self.engine.docker.start_container(agent, None)
+            )
+        });
+        bundle_started.map_err(DockerError::api(format!("start {bundle}")))?;
+        self.egress_lock = None;
+        self.step_done(Step::BundleStart)?;
+        agent_started.map_err(DockerError::api(format!("start {agent}")))?;
+        self.step_done(Step::AgentStart)?;
+
+        self.check_bundle()?;
+
+        self.verify_agent(network, agent)?;
+        self.step_done(Step::AgentVerify)?;
+
+        if self.bundle.git.is_empty() {
+            self.note("git: no repositories configured, skipped");
+        } else {
+            let names: Vec<&str> = self.bundle.git.iter().map(|r| r.name.as_str()).collect();
+            self.note(&format!(
+                "git: {} served by git-gate at http://{}:{}/<name>.git (GIT_GATE_URL)",
+                names.join(", "),
+                self.bundle.ip,
+                bottle_core::bundle::GIT_GATE_PORT
+            ));
+        }
+        self.step_done(Step::ProvisionGit)?;
+
+        self.provision_supervise(agent)?;
+        self.step_done(Step::ProvisionSupervise)?;
+
+        data::write_file(&self.paths.launched(), b"1\n", 0o600)?;
+        self.step_done(Step::Complete)?;
+
+        Ok(DockerBottle {
+            engine: self.engine.clone(),
+            name: self.plan.bottle.clone(),
+            container: agent.clone(),
+            default_command: data.default_command.clone(),
+            image: data.image_ref.clone(),
+            user: (!data.user.is_empty()).then(|| data.user.clone()),
+        })
+    }
+
+    fn create_agent(&mut self, agent: &str) -> Result<(), DockerError> {
+        let resolv = self.paths.agent_resolv_conf();
+        data::write_file(&resolv, config::AGENT_RESOLV_CONF.as_bytes(), 0o644)?;
+        let body = config::agent_container(
+            self.plan,
+            &resolv.display().to_string(),
+            self.labels.for_role(role::AGENT),
+        );
+        let options = CreateContainerOptionsBuilder::default().name(agent).build();
+        self.block(&format!("create container {agent}"), async {
+            self.engine
+                .docker
+                .create_container(Some(options), body)
+                .await
+        })?;
+        self.undo_container("the agent container", agent);
+        Ok(())
+    }
+
+    fn provision_ca(&self, agent: &str) -> Result<(), DockerError> {
+        let cert_path = self.paths.ca_cert();
+        let cert = std::fs::read(&cert_path).map_err(DockerError::io("read", cert_path))?;
+        let mut tar = TarBuilder::new();
+        tar.dir("etc/bottle", 0o755, Ownership::ROOT)?;
+        tar.file(&entry_name(AGENT_CA_PATH), &cert, 0o644, Ownership::ROOT)?;
+        upload(self.engine, agent, tar.finish()?)?;
+        match download_file(self.engine, agent, SYSTEM_TRUST_BUNDLE)? {
+            Some((mut bundle, mode)) => {
+                if !bundle.ends_with(b"\n") && !bundle.is_empty() {
+                    bundle.push(b'\n');
+                }
+                bundle.extend_from_slice(&cert);
+                let mut tar = TarBuilder::new();
+                tar.file(
+                    &entry_name(SYSTEM_TRUST_BUNDLE),
+                    &bundle,
+                    mode,
+                    Ownership::ROOT,
+                )?;
+                upload(self.engine, agent, tar.finish()?)?;
+                self.note(&format!(
+                    "ca: installed at {AGENT_CA_PATH} and appended to {SYSTEM_TRUST_BUNDLE}"
+                ));
+            }
+            None => self.note(&format!(
+                "ca: installed at {AGENT_CA_PATH} (the image has no {SYSTEM_TRUST_BUNDLE})"
+            )),
+        }
+        Ok(())
+    }
+
+    fn provision_supervise(&self, agent: &str) -> Result<(), DockerError> {
+        let address = self.bundle.ip.to_string();
+        let mcp = bottle_core::bundle::mcp_config(&address);
+        let mut tar = TarBuilder::new();
+        tar.dir("etc/bottle", 0o755, Ownership::ROOT)?;
+        tar.file(
+            &entry_name(bottle_core::bundle::AGENT_MCP_CONFIG),
+            mcp.as_bytes(),
+            0o644,
+            Ownership::ROOT,
+        )?;
+        upload(self.engine, agent, tar.finish()?)?;
+        self.note(&format!(
+            "supervise: MCP at {} (MCP_SUPERVISE_URL), config in {}",
+            bottle_core::bundle::supervise_url(&address),
+            bottle_core::bundle::AGENT_MCP_CONFIG
+        ));
+        Ok(())
+    }
+
+    fn provision_prompt(&self, agent: &str) -> Result<(), DockerError> {
+        let Some(prompt) = &self.agent().prompt else {
+            self.note("prompt: none configured, skipped");
+            return Ok(());
+        };
+        let contents = std::fs::read(prompt).map_err(DockerError::io("read the prompt", prompt))?;
+        let owner = container_owner(self.engine, agent)?;
+        let mut tar = TarBuilder::new();
+        tar.file(&entry_name(AGENT_PROMPT_PATH), &contents, 0o644, owner)?;
+        upload(self.engine, agent, tar.finish()?)?;
+        self.note(&format!("prompt: copied to {AGENT_PROMPT_PATH}"));
+        Ok(())
+    }
+
+    fn provision_skills(&self, agent: &str) -> Result<(), DockerError> {
+        if self.agent().skills.is_empty() {
+            self.note("skills: none configured, skipped");
+            return Ok(());
+        }
+        let owner = container_owner(self.engine, agent)?;
+        let mut tar = TarBuilder::new();
+        for skill in &self.agent().skills {
+            let name = skill
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "skill".into());
+            tar.host_path(
+                skill,
+                &format!("{}/{name}", entry_name(AGENT_SKILLS_DIR)),
+                owner,
+            )?;
+        }
+        upload(self.engine, agent, tar.finish()?)?;
+        self.note(&format!(
+            "skills: {} copied under {AGENT_SKILLS_DIR}",
+            self.agent().skills.len()
+        ));
+        Ok(())
+    }
+
+    /// Fails closed unless the agent runs on the bottle network only, at
+    /// its pinned address, with every capability dropped and no privilege
+    /// gain.
+    fn verify_agent(&self, network: &str, agent: &str) -> Result<(), DockerError> {
+        self.check_network(network)?;
+        let inspect = self.block(&format!("inspect container {agent}"), async {
+            self.engine.docker.inspect_container(agent, None).await
+        })?;
+        let refuse = |what: String| Err(DockerError::IsolationUnconfirmed { what });
+        if inspect.state.as_ref().and_then(|s| s.running) != Some(true) {
+            return refuse("the agent container is not running".into());
+        }
+        let networks = inspect
+            .network_settings
+            .and_then(|n| n.networks)
+            .unwrap_or_default();
+        let names: Vec<&String> = networks.keys().collect();
+        if names != [network] {
+            return refuse(format!(
+                "the agent is on networks {names:?}, not only {network}"
+            ));
+        }
+        let ip = networks.get(network).and_then(|e| e.ip_address.clone());
+        if ip.as_deref() != Some(&self.agent().ip.to_string()) {
+            return refuse(format!(
+                "the agent is at {}, not at the pinned {}",
+                ip.unwrap_or_default(),
+                self.agent().ip
+            ));
+        }
+        let host = inspect.host_config.unwrap_or_default();
+        if !host.cap_drop.unwrap_or_default().iter().any(|c| c == "ALL") {
+            return refuse("the agent keeps capabilities".into());
+        }
+        if !host
+            .security_opt
+            .unwrap_or_default()
+            .iter()
+            .any(|o| o.starts_with("no-new-privileges"))
+        {
+            return refuse("the agent may gain privileges".into());
+        }
+        if host.privileged == Some(true) {
+            return refuse("the agent is privileged".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,466 @@
+//! Running a bundle on Docker: the one component both a docker bottle and
+//! a microVM's bundle host ([`crate::vm_bundle`]) use. It creates the
+//! bottle network and the shared egress network, creates the bundle
+//! container and writes its files (config, CA, credentials), starts it,
+//! verifies its addresses and networks, and waits until it is healthy.
+//! Each resource is registered for undo as soon as it exists.
+//!
+//! A microVM's bundle runs all of it ([`Launch::run_bundle`]); a docker
+//! bottle runs [`Launch::prepare_bundle`], starts the bundle together with
+//! the agent container, then runs [`Launch::check_bundle`].
+
+use std::time::{Duration, Instant};
+
+use bollard::models::NetworkConnectRequest;
+use bollard::query_parameters::{CreateContainerOptionsBuilder, LogsOptionsBuilder};
+use futures_util::StreamExt;
+
+use super::{Launch, LaunchMode, Step};
+use crate::bottle::{exec_captured, upload};
+use crate::client::Engine;
+use crate::config::{
+    self, BUNDLE_BINARY_PATH, BUNDLE_CA_CERT, BUNDLE_CA_KEY, BUNDLE_CREDENTIALS_DIR,
+    OPT_INHIBIT_IPV4,
+};
+use crate::data::{self, CredentialRef};
+use crate::error::{DockerError, is_not_found};
+use crate::lifecycle;
+use crate::names::{EGRESS_NETWORK, role};
+use crate::tarball::{Ownership, TarBuilder, entry_name};
+
+impl<'a, D> Launch<'a, D> {
+    /// The bundle steps alone (a microVM's bundle): the bottle network,
+    /// the egress network, and the bundle running, verified and healthy.
+    pub(super) fn run_bundle(&mut self) -> Result<(), DockerError> {
+        self.prepare_bundle()?;
+        let bundle = self.bundle.container.clone();
+        self.block(&format!("start {bundle}"), async {
+            self.engine.docker.start_container(&bundle, None).await
+        })?;
+        self.egress_lock = None;
+        self.step_done(Step::BundleStart)?;
+        self.check_bundle()
+    }
+
+    /// Up to `bundle-files`: the networks and the bundle container, created
+    /// and filled but not started. Leaves the egress lock held.
+    pub(super) fn prepare_bundle(&mut self) -> Result<(), DockerError> {
+        data::write_owner(&self.paths, self.labels.owner)?;
+        self.write_stage()?;
+        data::create_private_dir(&self.paths.logs())?;
+        data::create_private_dir(&self.paths.requests())?;
+        let names = (self.bundle.network.clone(), self.bundle.container.clone());
+        let (network, bundle) = (&names.0, &names.1);
+
+        self.create_network(network)?;
+        self.step_done(Step::Network)?;
+
+        // Exclusive until the bundle is attached: Docker does not keep
+        // network names unique, so two launches that both saw no egress
+        // network would each create one, and every later launch would
+        // fail on the ambiguous name.
+        self.egress_lock = Some(lifecycle::egress_lock());
+        self.ensure_egress_network()?;
+        self.step_done(Step::EgressNetwork)?;
+
+        self.create_bundle(bundle)?;
+        self.step_done(Step::BundleCreate)?;
+
+        self.block("connect the bundle to the egress network", async {
+            self.engine
+                .docker
+                .connect_network(
+                    EGRESS_NETWORK,
+                    NetworkConnectRequest {
+                        container: bundle.clone(),
+                        endpoint_config: None,
+                    },
+                )
+                .await
+        })?;
+        self.step_done(Step::BundleConnect)?;
+
+        self.write_bundle_files(bundle)?;
+        self.step_done(Step::BundleFiles)?;
+        Ok(())
+    }
+
+    /// Writes the bundle's CA and, for the operator to read, its config
+    /// into the state dir. Done at launch, not at prepare, so a declined
+    /// plan leaves nothing behind.
+    fn write_stage(&self) -> Result<(), DockerError> {
+        let ca =
+            bottle_bundle_files::generate_ca(&self.plan.bottle).map_err(|err| DockerError::Ca {
+                detail: err.to_string(),
+            })?;
+        data::write_file(&self.paths.ca_cert(), ca.cert_pem.as_bytes(), 0o644)?;
+        data::write_file(&self.paths.ca_key(), ca.key_pem.as_bytes(), 0o600)?;
+        let config = serde_json::to_vec_pretty(&config::bundle_config(self.plan, self.bundle))
+            .map_err(|err| DockerError::PlanData {
+                detail: err.to_string(),
+            })?;
+        data::write_file(&self.paths.bundle_config(), &config, 0o600)
+    }
+
+    /// `bundle-verify` and `bundle-health` of a started bundle.
+    pub(super) fn check_bundle(&mut self) -> Result<(), DockerError> {
+        let (network, bundle) = (self.bundle.network.clone(), self.bundle.container.clone());
+        let (network, bundle) = (&network, &bundle);
+        self.verify_bundle(network, bundle)?;
+        self.step_done(Step::BundleVerify)?;
+
+        self.wait_healthy(bundle)?;
+        if self.mode == LaunchMode::BundleForVm {
+            self.wait_host_reaches(bundle)?;
+        }
+        self.step_done(Step::BundleHealth)?;
+        Ok(())
+    }
+
+    fn create_network(&mut self, network: &str) -> Result<(), DockerError> {
+        let labels = self.labels_for(role::NETWORK);
+        let request = match self.mode {
+            LaunchMode::Bottle => {
+                config::internal_network(network, &self.bundle.subnet, self.bundle.gateway, labels)
+            }
+            LaunchMode::BundleForVm => {
+                config::vm_bundle_network(network, &self.bundle.subnet, self.bundle.gateway, labels)
+            }
+        };
+        self.block(&format!("create network {network}"), async {
+            self.engine.docker.create_network(request).await
+        })?;
+        let (engine, name) = (self.engine, network.to_string());
+        self.undo.push("the bottle network", move || {
+            lifecycle::remove_network(engine, &name)
+                .map(drop)
+                .map_err(|e| e.message())
+        });
+        self.check_network(network)
+    }
+
+    /// Fails closed unless the network is internal, has no host address
+    /// (for a bundle alone: has one, see [`LaunchMode::BundleForVm`]) and
+    /// has the planned subnet.
+    pub(super) fn check_network(&self, network: &str) -> Result<(), DockerError> {
+        let inspect = self.block(&format!("inspect network {network}"), async {
+            self.engine.docker.inspect_network(network, None).await
+        })?;
+        let refuse = |what: String| Err(DockerError::IsolationUnconfirmed { what });
+        if inspect.internal != Some(true) {
+            return refuse(format!("network {network} is not internal"));
+        }
+        let inhibit = inspect
+            .options
+            .as_ref()
+            .and_then(|o| o.get(OPT_INHIBIT_IPV4))
+            .map(String::as_str);
+        match self.mode {
+            LaunchMode::Bottle if inhibit != Some("true") => {
+                return refuse(format!(
+                    "network {network} gives the host an address on the bridge ({OPT_INHIBIT_IPV4} is not set)"
+                ));
+            }
+            LaunchMode::BundleForVm if inhibit == Some("true") => {
+                return refuse(format!(
+                    "network {network} gives the host no address on the bridge ({OPT_INHIBIT_IPV4} is set), so smolvm could not dial the bundle"
+                ));
+            }
+            _ => {}
+        }
+        let subnets: Vec<String> = inspect
+            .ipam
+            .and_then(|i| i.config)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|c| c.subnet)
+            .collect();
+        if subnets != [self.bundle.subnet.clone()] {
+            return refuse(format!(
+                "network {network} has subnets {subnets:?}, planned {}",
+                self.bundle.subnet
+            ));
+        }
+        Ok(())
+    }
+
+    fn ensure_egress_network(&mut self) -> Result<(), DockerError> {
+        let exists = match self
+            .engine
+            .block_on(self.engine.docker.inspect_network(EGRESS_NETWORK, None))
+        {
+            Ok(_) => true,
+            Err(err) if is_not_found(&err) => false,
+            Err(err) => {
+                return Err(DockerError::api(format!(
+                    "inspect network {EGRESS_NETWORK}"
+                ))(err));
+            }
+        };
+        if !exists {
+            let created = self
+                .engine
+                .block_on(self.engine.docker.create_network(config::egress_network()));
+            match created {
+                Ok(_) => {}
+                // Another launch created it meanwhile.
+                Err(bollard::errors::Error::DockerResponseServerError {
+                    status_code: 409, ..
+                }) => {}
+                Err(err) => {
+                    return Err(DockerError::api(format!("create network {EGRESS_NETWORK}"))(err));
+                }
+            }
+        }
+        let engine = self.engine;
+        self.undo.push("the egress network", move || {
+            lifecycle::remove_egress_if_unused(engine)
+                .map(drop)
+                .map_err(|e| e.message())
+        });
+        Ok(())
+    }
+
+    fn create_bundle(&mut self, bundle: &str) -> Result<(), DockerError> {
+        let logs = self.paths.logs().display().to_string();
+        let requests = self.paths.requests().display().to_string();
+        let body =
+            config::bundle_container(self.bundle, &logs, &requests, self.labels_for(role::BUNDLE));
+        let options = CreateContainerOptionsBuilder::default()
+            .name(bundle)
+            .build();
+        self.block(&format!("create container {bundle}"), async {
+            self.engine
+                .docker
+                .create_container(Some(options), body)
+                .await
+        })?;
+        self.undo_container("the bundle container", bundle);
+        Ok(())
+    }
+
+    fn write_bundle_files(&self, bundle: &str) -> Result<(), DockerError> {
+        let (uid, gid) = self.bundle.user;
+        let owner = Ownership {
+            uid: u64::from(uid),
+            gid: u64::from(gid),
+        };
+        let bundle_config = config::bundle_config(self.plan, self.bundle);
+        let json =
+            serde_json::to_vec_pretty(&bundle_config).map_err(|err| DockerError::PlanData {
+                detail: err.to_string(),
+            })?;
+        let read =
+            |path: std::path::PathBuf| std::fs::read(&path).map_err(DockerError::io("read", path));
+        let cert = read(self.paths.ca_cert())?;
+        let key = read(self.paths.ca_key())?;
+        let mut tar = TarBuilder::new();
+        tar.dir(
+            &entry_name(bottle_core::bundle::BUNDLE_RUN_DIR),
+            0o700,
+            owner,
+        )?;
+        tar.file(
+            &entry_name(bottle_core::bundle::BUNDLE_CONFIG_PATH),
+            &json,
+            0o600,
+            owner,
+        )?;
+        tar.file(&entry_name(BUNDLE_CA_CERT), &cert, 0o644, owner)?;
+        tar.file(&entry_name(BUNDLE_CA_KEY), &key, 0o600, owner)?;
+        tar.dir(&entry_name(BUNDLE_CREDENTIALS_DIR), 0o700, owner)?;
+        for (credential, file) in self
+            .bundle
+            .credentials
+            .iter()
+            .zip(&bundle_config.credentials)
+        {
+            let secret = read_secret(credential)?;
+            tar.file(&entry_name(&file.file), &secret, 0o600, owner)?;
+        }
+        if !self.bundle.git.is_empty() {
+            tar.dir(
+                &entry_name(config::BUNDLE_GIT_CREDENTIALS_DIR),
+                0o700,
+                owner,
+            )?;
+            tar.dir("var/lib/bottle", 0o700, owner)?;
+            tar.dir(&entry_name(config::BUNDLE_GIT_MIRRORS), 0o700, owner)?;
+        }
+        for (repo, served) in self.bundle.git.iter().zip(&bundle_config.git) {
+            if let (Some(source), Some(file)) = (&repo.credential, &served.credential_file) {
+                let secret = std::fs::read(source).map_err(|e| DockerError::Credential {
+                    name: format!("git {}", repo.name),
+                    detail: format!("{}: {e}", source.display()),
+                })?;
+                tar.file(&entry_name(file), &secret, 0o600, owner)?;
+            }
+        }
+        upload(self.engine, bundle, tar.finish()?)
+    }
+
+    /// Fails closed unless the bundle sits at its pinned address on the
+    /// (still internal) bottle network and also on the egress network.
+    fn verify_bundle(&self, network: &str, bundle: &str) -> Result<(), DockerError> {
+        self.check_network(network)?;
+        let inspect = self.block(&format!("inspect container {bundle}"), async {
+            self.engine.docker.inspect_container(bundle, None).await
+        })?;
+        let networks = inspect
+            .network_settings
+            .and_then(|n| n.networks)
+            .unwrap_or_default();
+        let ip = networks.get(network).and_then(|e| e.ip_address.clone());
+        if ip.as_deref() != Some(&self.bundle.ip.to_string()) {
+            return Err(DockerError::IsolationUnconfirmed {
+                what: format!(
+                    "the bundle is at {} on {network}, not at the pinned {}",
+                    ip.unwrap_or_else(|| "no address".into()),
+                    self.bundle.ip
+                ),
+            });
+        }
+        if !networks.contains_key(EGRESS_NETWORK) {
+            return Err(DockerError::IsolationUnconfirmed {
+                what: format!("the bundle is not on {EGRESS_NETWORK}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Polls the proxy's health endpoint on the bundle's bottle-network
+    /// address, from inside the bundle (works wherever the Engine API does,
+    /// including daemons whose container addresses the host cannot reach).
+    fn wait_healthy(&self, bundle: &str) -> Result<(), DockerError> {
+        let addr = format!("{}:{}", self.bundle.ip, bottle_core::bundle::PROXY_PORT);
+        let argv = [
+            BUNDLE_BINARY_PATH.to_string(),
+            "health".to_string(),
+            "--addr".to_string(),
+            addr.clone(),
+        ];
+        let deadline = Instant::now() + self.settings.health_timeout;
+        let mut last;
+        loop {
+            let state = self.block(&format!("inspect container {bundle}"), async {
+                self.engine.docker.inspect_container(bundle, None).await
+            })?;
+            let state = state.state.unwrap_or_default();
+            if state.running != Some(true) {
+                return Err(self.unhealthy(
+                    bundle,
+                    format!("the bundle exited (code {})", state.exit_code.unwrap_or(-1)),
+                ));
+            }
+            match self
+                .engine
+                .block_on(exec_captured(self.engine, bundle, &argv, None))
+            {
+                Ok(out) if out.exit_code == 0 => return Ok(()),
+                Ok(out) => {
+                    last = String::from_utf8_lossy(&out.stderr).trim().to_string();
+                }
+                // The container may be going down; the next inspect says.
+                Err(err) => last = err.message(),
+            }
+            if Instant::now() >= deadline {
+                return Err(self.unhealthy(
+                    bundle,
+                    format!(
+                        "no healthy answer from {addr} within {} s (last: {last})",
+                        self.settings.health_timeout.as_secs()
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Polls a TCP connection from the host to the bundle's proxy port,
+    /// the path smolvm's gateway takes for the guest's traffic.
+    fn wait_host_reaches(&self, bundle: &str) -> Result<(), DockerError> {
+        let addr = std::net::SocketAddr::from((self.bundle.ip, bottle_core::bundle::PROXY_PORT));
+        let deadline = Instant::now() + self.settings.health_timeout;
+        loop {
+            let last = match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                Ok(_) => return Ok(()),
+                Err(err) => err,
+            };
+            if Instant::now() >= deadline {
+                return Err(self.unhealthy(
+                    bundle,
+                    format!(
+                        "the host cannot connect to {addr} within {} s (last: {last}); smolvm dials the bundle from the host",
+                        self.settings.health_timeout.as_secs()
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn unhealthy(&self, bundle: &str, reason: String) -> DockerError {
+        DockerError::BundleUnhealthy {
+            name: self.plan.bottle.clone(),
+            reason,
+            logs: container_logs(self.engine, bundle, 50),
+        }
+    }
+}
+
+/// Reads a credential's secret on the host.
+fn read_secret(credential: &CredentialRef) -> Result<Vec<u8>, DockerError> {
+    let err = |detail: String| DockerError::Credential {
+        name: credential.name.clone(),
+        detail,
+    };
+    match (&credential.file, &credential.env) {
+        (Some(path), _) => std::fs::read(path).map_err(|e| err(format!("{}: {e}", path.display()))),
+        (None, Some(var)) => std::env::var(var)
+            .map(String::into_bytes)
+            .map_err(|_| err(format!("environment variable {var} is not set"))),
+        (None, None) => Err(err("it has no source".into())),
+    }
+}
+
+/// The last `lines` of a container's output, for error messages.
+pub fn container_logs(engine: &Engine, container: &str, lines: usize) -> String {
+    let options = LogsOptionsBuilder::default()
+        .stdout(true)
+        .stderr(true)
+        .tail(&lines.to_string())
+        .build();
+    engine.block_on(async {
+        let mut stream = engine.docker.logs(container, Some(options));
+        let mut text = String::new();
+        while let Some(Ok(chunk)) = stream.next().await {
+            text.push_str(&String::from_utf8_lossy(chunk.as_ref()));
+        }
+        text
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_come_from_files_or_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("key");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let mut credential = CredentialRef {
+            name: "k".into(),
+            host: "h".into(),
+            header: "x".into(),
+            format: "{}".into(),
+            file: Some(file),
+            env: None,
+        };
+        assert_eq!(read_secret(&credential).unwrap(), b"s3cret\n");
+        credential.file = None;
+        credential.env = Some("BOTTLE_DOCKER_TEST_UNSET_VARIABLE".into());
+        let err = read_secret(&credential).unwrap_err();
+        assert!(err.message().contains("BOTTLE_DOCKER_TEST_UNSET_VARIABLE"));
+    }
+}

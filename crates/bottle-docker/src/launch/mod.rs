@@ -1,0 +1,247 @@
+//! `launch`: the steps that turn a confirmed plan into a running bottle,
+//! each registering its undo on a [`bottle_core::undo::Unwind`], and the
+//! failure injection that tests use to prove the unwinding.
+//!
+//! Running a bundle on Docker is one component (`bundle.rs`), used twice:
+//! a docker bottle's [`launch`] runs it and the agent container's steps
+//! (`agent.rs`); the microVM bundle host ([`crate::vm_bundle`]) runs it
+//! alone through [`launch_bundle`] ([`LaunchMode::BundleForVm`]): the
+//! bottle network is still internal but gives the host its gateway
+//! address, because smolvm dials the guest's traffic from the host, and
+//! `bundle-health` also requires the host to connect to the bundle's proxy
+//! port. [`Step`] lists the steps in order (`steps.rs`).
+//!
+//! `BOTTLE_FAILPOINT=<step>` makes the launch fail right after that step
+//! (and unwind); `BOTTLE_FAILPOINT=<step>:sleep` makes it stop there for up
+//! to ten minutes, so a test can kill the process mid-launch. Either can
+//! only make a launch fail, never change what it creates.
+
+mod agent;
+mod bundle;
+mod steps;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bottle_core::undo::Unwind;
+use bottle_core::{BackendKind, Plan};
+
+use crate::bottle::DockerBottle;
+use crate::client::Engine;
+use crate::data::{self, BundleData, DockerPlan, StatePaths};
+use crate::error::DockerError;
+use crate::images::Progress;
+use crate::lifecycle;
+use crate::names::{self, BottleLabels};
+use bottle_core::process::Owner;
+
+pub use bundle::container_logs;
+pub use steps::{FAILPOINT_ENV, Failpoint, Step};
+
+/// What a launch brings up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaunchMode {
+    /// The whole bottle: bundle and agent container. The bottle network
+    /// gives the host no address.
+    Bottle,
+    /// Only the bundle, for a microVM bottle whose traffic smolvm dials
+    /// from the host: the bottle network (still internal) gives the host
+    /// its gateway address so the host reaches the bundle's pinned `.2`,
+    /// the resources carry [`crate::names::MANAGED_FOR_VM`], and the steps
+    /// end at `bundle-health`, which also checks the host can connect.
+    BundleForVm,
+}
+
+/// Settings of one launch that come from the backend's options.
+pub struct LaunchSettings {
+    /// Progress lines (provisioning notes).
+    pub progress: Option<Progress>,
+    /// How long to wait for the bundle's health check.
+    pub health_timeout: Duration,
+    /// Failure injection.
+    pub failpoint: Option<Failpoint>,
+}
+
+/// One launch in progress: what it runs on, what it brings up, and what
+/// it must take down if it fails.
+struct Launch<'a, D> {
+    engine: &'a Engine,
+    settings: &'a LaunchSettings,
+    plan: &'a Plan<D>,
+    bundle: &'a BundleData,
+    paths: StatePaths,
+    labels: BottleLabels,
+    mode: LaunchMode,
+    /// What to remove if the launch fails, newest last.
+    undo: Unwind<'a>,
+    /// Held from ensuring the egress network until the bundle holds an
+    /// endpoint on it, so `stop` elsewhere cannot remove it in between.
+    egress_lock: Option<lifecycle::EgressLock>,
+}
+
+/// Launches the bottle `plan` describes; on failure everything created so
+/// far is removed before the error is returned.
+pub fn launch(
+    engine: &Engine,
+    settings: &LaunchSettings,
+    plan: &DockerPlan,
+) -> Result<DockerBottle, DockerError> {
+    if plan.backend != BackendKind::Docker {
+        return Err(DockerError::PlanData {
+            detail: format!("the plan is for the {} backend", plan.backend),
+        });
+    }
+    let bundle = &plan.backend_data.bundle;
+    let mut launch = Launch::begin(engine, settings, plan, bundle, LaunchMode::Bottle)?;
+    let result = data::write_plan(&launch.paths, plan).and_then(|()| launch.run());
+    launch.finish(result)
+}
+
+/// Launches only the bundle of `plan` ([`LaunchMode::BundleForVm`]): the
+/// steps up to `bundle-health`, unwound the same way on failure.
+pub fn launch_bundle<D>(
+    engine: &Engine,
+    settings: &LaunchSettings,
+    plan: &Plan<D>,
+    bundle: &BundleData,
+) -> Result<(), DockerError> {
+    let mut launch = Launch::begin(engine, settings, plan, bundle, LaunchMode::BundleForVm)?;
+    let result = launch.run_bundle();
+    launch.finish(result)
+}
+
+impl<'a, D> Launch<'a, D> {
+    fn begin(
+        engine: &'a Engine,
+        settings: &'a LaunchSettings,
+        plan: &'a Plan<D>,
+        bundle: &'a BundleData,
+        mode: LaunchMode,
+    ) -> Result<Launch<'a, D>, DockerError> {
+        if bundle.version != data::STATE_LAYOUT_VERSION {
+            return Err(DockerError::PlanData {
+                detail: format!(
+                    "version {} (this bottle reads {})",
+                    bundle.version,
+                    data::STATE_LAYOUT_VERSION
+                ),
+            });
+        }
+        if lifecycle::bottle_resources_exist(engine, &plan.slug)? {
+            return Err(DockerError::AlreadyExists {
+                name: plan.bottle.clone(),
+            });
+        }
+        let paths = StatePaths::new(&plan.state_dir);
+        // From here on the state dir (or, for a bundle alone, the bundle's
+        // files in it; the rest is the microVM backend's) is this launch's
+        // to remove on failure.
+        let mut undo = Unwind::default();
+        let root = paths.root.clone();
+        match mode {
+            LaunchMode::Bottle => undo.push("the state dir", move || {
+                data::remove_state_dir(&root)
+                    .map(drop)
+                    .map_err(|e| e.message())
+            }),
+            LaunchMode::BundleForVm => undo.push("the bundle's files", move || {
+                data::remove_bundle_files(&root)
+                    .map(drop)
+                    .map_err(|e| e.message())
+            }),
+        }
+        let owner = Owner::current();
+        let labels = BottleLabels {
+            name: plan.bottle.clone(),
+            agent: plan.agent.clone(),
+            slug: plan.slug.clone(),
+            owner,
+            state_dir: plan.state_dir.display().to_string(),
+            detached: bundle.detached,
+            bundle_ip: bundle.ip.to_string(),
+        };
+        Ok(Launch {
+            engine,
+            settings,
+            plan,
+            bundle,
+            paths,
+            labels,
+            mode,
+            undo,
+            egress_lock: None,
+        })
+    }
+
+    /// Ends the launch: a successful one keeps what it created, a failed
+    /// one removes it, newest first.
+    fn finish<T>(mut self, result: Result<T, DockerError>) -> Result<T, DockerError> {
+        // Removing the egress network takes the egress lock itself.
+        self.egress_lock = None;
+        let undo = std::mem::take(&mut self.undo);
+        match result {
+            Ok(value) => {
+                undo.disarm();
+                Ok(value)
+            }
+            Err(err) => {
+                for failure in undo.run() {
+                    self.note(&format!("unwinding: {failure}"));
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Registers the removal of container `name`, which is `what`.
+    fn undo_container(&mut self, what: &'static str, name: &str) {
+        let (engine, name) = (self.engine, name.to_string());
+        self.undo.push(what, move || {
+            lifecycle::remove_container(engine, &name)
+                .map(drop)
+                .map_err(|e| e.message())
+        });
+    }
+}
+
+impl<D> Launch<'_, D> {
+    fn note(&self, line: &str) {
+        if let Some(progress) = &self.settings.progress {
+            progress(line);
+        }
+    }
+
+    /// The labels of a resource of `role`; a bundle launched for a microVM
+    /// is marked so the docker backend's list, stop and cleanup leave it
+    /// to the smolmachines backend.
+    fn labels_for(&self, role: &str) -> HashMap<String, String> {
+        let mut labels = self.labels.for_role(role);
+        if self.mode == LaunchMode::BundleForVm {
+            labels.insert(
+                names::LABEL_MANAGED.to_string(),
+                names::MANAGED_FOR_VM.to_string(),
+            );
+        }
+        labels
+    }
+
+    /// Ends a step: fails here if the failpoint names it.
+    fn step_done(&self, step: Step) -> Result<(), DockerError> {
+        match &self.settings.failpoint {
+            Some(failpoint) => failpoint.trip_after(step),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs an Engine API call to completion; `action` names it in the
+    /// error.
+    fn block<T>(
+        &self,
+        action: &str,
+        future: impl std::future::Future<Output = Result<T, bollard::errors::Error>>,
+    ) -> Result<T, DockerError> {
+        self.engine
+            .block_on(future)
+            .map_err(DockerError::api(action.to_string()))
+    }
+}
