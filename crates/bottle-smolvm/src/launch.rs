@@ -23,7 +23,6 @@ use std::sync::Arc;
 use bottle_core::backend::{BackendError, BackendErrorKind, BackendKind};
 use bottle_core::bundle_host::BundleHost;
 use bottle_core::process::Owner;
-
 use bottle_core::undo::Unwind;
 
 use crate::backend::{SmolvmBackend, SmolvmPlan};
