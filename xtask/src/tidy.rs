@@ -418,6 +418,63 @@ fn no_declared_dependency_is_unused() {
 }
 
 // ---------------------------------------------------------------------------
+// Crates stay in their layers (ARCHITECTURE.md invariant 5).
+
+/// What each crate must never depend on, in any dependency table, and why.
+const FORBIDDEN_DEPENDENCIES: [(&str, &str, &str); 3] = [
+    (
+        "crates/bottle-docker",
+        "bottle-smolvm",
+        "backends meet only in bottle-core's traits",
+    ),
+    (
+        "crates/bottle-smolvm",
+        "bottle-docker",
+        "backends meet only in bottle-core's traits",
+    ),
+    (
+        "crates/bottle-cli",
+        "bottle-bundle",
+        "the CLI must not link the proxy stack; use bottle-bundle-files",
+    ),
+];
+
+/// Problems with crate `dir` (manifest text `manifest`) depending on what
+/// [`FORBIDDEN_DEPENDENCIES`] rules out for it.
+fn check_layering(dir: &str, manifest: &str) -> Vec<String> {
+    let manifest: toml::Table = match toml::from_str(manifest) {
+        Ok(table) => table,
+        Err(err) => return vec![format!("{dir}/Cargo.toml: {err}")],
+    };
+    let declared = declared_dependencies(&manifest);
+    FORBIDDEN_DEPENDENCIES
+        .iter()
+        .filter(|(crate_dir, _, _)| *crate_dir == dir)
+        .filter_map(|(_, forbidden, why)| {
+            declared
+                .iter()
+                .find(|(_, name)| name == forbidden)
+                .map(|(table, _)| {
+                    format!("{dir}/Cargo.toml depends on {forbidden} in [{table}]: {why}")
+                })
+        })
+        .collect()
+}
+
+#[test]
+fn crates_stay_in_their_layers() {
+    let root = repo_root();
+    let problems: Vec<String> = FORBIDDEN_DEPENDENCIES
+        .iter()
+        .map(|(dir, _, _)| *dir)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .flat_map(|dir| check_layering(dir, &read(&root, &format!("{dir}/Cargo.toml"))))
+        .collect();
+    assert_tidy("layering", &problems);
+}
+
+// ---------------------------------------------------------------------------
 // Each check fails on a planted violation.
 
 mod planted {
@@ -590,6 +647,24 @@ tempfile.workspace = true
             [
                 "Cargo.toml declares procfs in [workspace.dependencies] but no member uses it: remove it"
             ]
+        );
+    }
+
+    #[test]
+    fn a_backend_depending_on_another_fails() {
+        let manifest = "[package]\nname = \"bottle-docker\"\n\n[dev-dependencies]\nbottle-smolvm.workspace = true\n";
+        assert_eq!(
+            check_layering("crates/bottle-docker", manifest),
+            [
+                "crates/bottle-docker/Cargo.toml depends on bottle-smolvm in [dev-dependencies]: backends meet only in bottle-core's traits"
+            ]
+        );
+        assert!(
+            check_layering(
+                "crates/bottle-docker",
+                "[dependencies]\nbottle-core.workspace = true\n"
+            )
+            .is_empty()
         );
     }
 }
