@@ -7,7 +7,7 @@ use bottle_core::Coded;
 pub enum BundleError {
     /// The config file could not be read.
     #[error(
-        "could not read bundle config {path}: {source}; fix: check that the backend wrote the config into the bundle"
+        "could not read bundle config {path}: {source}"
     )]
     ConfigRead {
         /// The file.
@@ -18,7 +18,7 @@ pub enum BundleError {
     },
     /// The config file is not valid.
     #[error(
-        "invalid bundle config {path}: {detail}; fix: regenerate it with the same bottle version as the bundle image"
+        "invalid bundle config {path}: {detail}"
     )]
     ConfigInvalid {
         /// The file.
@@ -28,7 +28,7 @@ pub enum BundleError {
     },
     /// An allowlist rule cannot be understood.
     #[error(
-        "invalid allow rule {rule:?}: {reason}; fix: use an exact host (api.example.com), a suffix rule (*.example.com) or an IP literal"
+        "invalid allow rule {rule:?}: {reason}"
     )]
     Rule {
         /// The rule as written.
@@ -38,7 +38,7 @@ pub enum BundleError {
     },
     /// A daemon's listen address is not a socket address.
     #[error(
-        "{daemon} listen address {addr:?} is not host:port; fix: use an address like 127.0.0.1:9099"
+        "{daemon} listen address {addr:?} is not host:port"
     )]
     ListenAddr {
         /// The daemon.
@@ -48,7 +48,7 @@ pub enum BundleError {
     },
     /// A daemon could not bind its port.
     #[error(
-        "could not bind {daemon} on {addr}: {source}; fix: free the port or change the daemon's listen address"
+        "could not bind {daemon} on {addr}: {source}"
     )]
     Bind {
         /// The daemon.
@@ -61,7 +61,7 @@ pub enum BundleError {
     },
     /// The egress daemon was asked to listen on a non-loopback address.
     #[error(
-        "egress_listen {addr} is not a loopback address; fix: bind egress to 127.0.0.1 so that only the proxy can reach it"
+        "egress_listen {addr} is not a loopback address"
     )]
     EgressNotLoopback {
         /// The address.
@@ -69,7 +69,7 @@ pub enum BundleError {
     },
     /// The certificate authority could not be made or loaded.
     #[error(
-        "certificate authority: {detail}; fix: regenerate the bottle's CA with bottle_bundle::generate_ca"
+        "certificate authority: {detail}"
     )]
     Ca {
         /// What failed.
@@ -77,7 +77,7 @@ pub enum BundleError {
     },
     /// A credential's secret file could not be read.
     #[error(
-        "could not read credential {name} from {path}: {detail}; fix: check that the backend copied the secret into the bundle"
+        "could not read credential {name} from {path}: {detail}"
     )]
     Credential {
         /// The credential's name.
@@ -88,13 +88,13 @@ pub enum BundleError {
         detail: String,
     },
     /// TLS configuration failed (upstream roots, server config).
-    #[error("tls setup failed: {detail}; fix: check the PEM files named in the bundle config")]
+    #[error("tls setup failed: {detail}")]
     Tls {
         /// What failed.
         detail: String,
     },
     /// The audit log could not be opened, written or read.
-    #[error("audit log {path}: {source}; fix: check that the log directory exists and is writable")]
+    #[error("audit log {path}: {source}")]
     Audit {
         /// The file.
         path: String,
@@ -104,7 +104,7 @@ pub enum BundleError {
     },
     /// A daemon kept crashing.
     #[error(
-        "daemon {daemon} failed {restarts} times within {window_ms} ms, last: {last}; fix: read the bundle's stderr for the cause"
+        "daemon {daemon} failed {restarts} times within {window_ms} ms, last: {last}"
     )]
     CrashLoop {
         /// The daemon.
@@ -117,7 +117,7 @@ pub enum BundleError {
         last: String,
     },
     /// A daemon stopped with an I/O error.
-    #[error("daemon {daemon} stopped: {detail}; fix: read the bundle's stderr for the cause")]
+    #[error("daemon {daemon} stopped: {detail}")]
     Daemon {
         /// The daemon.
         daemon: String,
@@ -126,7 +126,7 @@ pub enum BundleError {
     },
     /// A git-gate repository is misconfigured or missing.
     #[error(
-        "git-gate repository {repo}: {detail}; fix: check the repository's entry in the manifest and that the backend mounted it into the bundle"
+        "git-gate repository {repo}: {detail}"
     )]
     GitRepo {
         /// The repository's name.
@@ -136,7 +136,7 @@ pub enum BundleError {
     },
     /// Git itself cannot be found or set up (host side or in the bundle).
     #[error(
-        "git runtime: {detail}; fix: install git on the host (Debian: apt-get install git) and rebuild the bundle image"
+        "git runtime: {detail}"
     )]
     GitRuntime {
         /// What failed.
@@ -173,5 +173,25 @@ impl Coded for BundleError {
             Self::GitRepo { .. } => "BOT-B013",
             Self::GitRuntime { .. } => "BOT-B014",
         }
+    }
+
+    fn fix(&self) -> Option<String> {
+        let fix = match self {
+            Self::ConfigRead { .. } => "check that the backend wrote the config into the bundle",
+            Self::ConfigInvalid { .. } => "regenerate it with the same bottle version as the bundle image",
+            Self::Rule { .. } => "use an exact host (api.example.com), a suffix rule (*.example.com) or an IP literal",
+            Self::ListenAddr { .. } => "use an address like 127.0.0.1:9099",
+            Self::Bind { .. } => "free the port or change the daemon's listen address",
+            Self::EgressNotLoopback { .. } => "bind egress to 127.0.0.1 so that only the proxy can reach it",
+            Self::Ca { .. } => "regenerate the bottle's CA with bottle_bundle::generate_ca",
+            Self::Credential { .. } => "check that the backend copied the secret into the bundle",
+            Self::Tls { .. } => "check the PEM files named in the bundle config",
+            Self::Audit { .. } => "check that the log directory exists and is writable",
+            Self::CrashLoop { .. } => "read the bundle's stderr for the cause",
+            Self::Daemon { .. } => "read the bundle's stderr for the cause",
+            Self::GitRepo { .. } => "check the repository's entry in the manifest and that the backend mounted it into the bundle",
+            Self::GitRuntime { .. } => "install git on the host (Debian: apt-get install git) and rebuild the bundle image",
+        };
+        Some(fix.into())
     }
 }

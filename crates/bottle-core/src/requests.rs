@@ -155,7 +155,7 @@ pub struct DecisionRecord {
 pub enum RequestError {
     /// No request has this id.
     #[error(
-        "no request {id}; fix: run `bottle requests` to see the pending requests and their ids"
+        "no request {id}"
     )]
     Unknown {
         /// The id asked for.
@@ -163,7 +163,7 @@ pub enum RequestError {
     },
     /// The id is not of the form `<slug>-<n>`.
     #[error(
-        "{id:?} is not a request id; fix: copy the id from `bottle requests` (like `claude-3`)"
+        "{id:?} is not a request id"
     )]
     BadId {
         /// The id given.
@@ -171,7 +171,7 @@ pub enum RequestError {
     },
     /// The request has already been answered.
     #[error(
-        "request {id} was already {status}; fix: nothing to do (a decision is final; the agent can ask again)"
+        "request {id} was already {status}"
     )]
     AlreadyDecided {
         /// The id.
@@ -181,7 +181,7 @@ pub enum RequestError {
     },
     /// A file of the queue could not be read or written.
     #[error(
-        "cannot {action} {path}: {source}; fix: check that the directory exists and is writable by you"
+        "cannot {action} {path}: {source}"
     )]
     Io {
         /// What was being done.
@@ -194,7 +194,7 @@ pub enum RequestError {
     },
     /// A file of the queue is not valid.
     #[error(
-        "{path} is not a valid request file: {detail}; fix: remove it (the agent can ask again)"
+        "{path} is not a valid request file: {detail}"
     )]
     Invalid {
         /// The file.
@@ -213,6 +213,17 @@ impl Coded for RequestError {
             Self::Io { .. } => "BOT-Q004",
             Self::Invalid { .. } => "BOT-Q005",
         }
+    }
+
+    fn fix(&self) -> Option<String> {
+        let fix = match self {
+            Self::Unknown { .. } => "run `bottle requests` to see the pending requests and their ids",
+            Self::BadId { .. } => "copy the id from `bottle requests` (like `claude-3`)",
+            Self::AlreadyDecided { .. } => "nothing to do (a decision is final; the agent can ask again)",
+            Self::Io { .. } => "check that the directory exists and is writable by you",
+            Self::Invalid { .. } => "remove it (the agent can ask again)",
+        };
+        Some(fix.into())
     }
 }
 

@@ -37,8 +37,8 @@ use span::{Doc, FieldPath};
 
 /// A manifest that could not be read or is invalid.
 ///
-/// Displays as `file:line:column: field: message` followed by a `fix:` line;
-/// parts that are unknown are left out.
+/// Displays as `file:line:column: field: message`, leaving out the parts
+/// that are unknown; the fix is [`Coded::fix`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ManifestError {
     /// The manifest file, as the caller named it.
@@ -66,11 +66,7 @@ impl fmt::Display for ManifestError {
         if !self.field.is_empty() {
             write!(f, ": {}", self.field)?;
         }
-        write!(f, ": {}", self.message)?;
-        if !self.fix.is_empty() {
-            write!(f, "\n  fix: {}", self.fix)?;
-        }
-        Ok(())
+        write!(f, ": {}", self.message)
     }
 }
 
@@ -79,6 +75,10 @@ impl std::error::Error for ManifestError {}
 impl Coded for ManifestError {
     fn code(&self) -> &'static str {
         self.code
+    }
+
+    fn fix(&self) -> Option<String> {
+        Some(self.fix.clone()).filter(|fix| !fix.is_empty())
     }
 }
 
@@ -314,13 +314,14 @@ mod tests {
         };
         assert_eq!(
             err.to_string(),
-            "bottle.toml:3:9: agents.claude.image: image is empty\n  fix: name a local image"
+            "bottle.toml:3:9: agents.claude.image: image is empty"
         );
+        assert_eq!(err.fix().as_deref(), Some("name a local image"));
         err.position = None;
         err.field.clear();
         assert_eq!(
             err.to_string(),
-            "bottle.toml: image is empty\n  fix: name a local image"
+            "bottle.toml: image is empty"
         );
     }
 
