@@ -8,17 +8,13 @@ use bottle_core::Coded;
 #[derive(Debug, thiserror::Error)]
 pub enum BundleFilesError {
     /// The certificate authority could not be made.
-    #[error(
-        "certificate authority: {detail}"
-    )]
+    #[error("certificate authority: {detail}")]
     Ca {
         /// What failed.
         detail: String,
     },
     /// Git cannot be found on the host or its files cannot be collected.
-    #[error(
-        "git runtime: {detail}"
-    )]
+    #[error("git runtime: {detail}")]
     GitRuntime {
         /// What failed.
         detail: String,
@@ -36,7 +32,9 @@ impl Coded for BundleFilesError {
     fn fix(&self) -> Option<String> {
         let fix = match self {
             Self::Ca { .. } => "regenerate the bottle's CA with bottle_bundle::generate_ca",
-            Self::GitRuntime { .. } => "install git on the host (Debian: apt-get install git) and rebuild the bundle image",
+            Self::GitRuntime { .. } => {
+                "install git on the host (Debian: apt-get install git) and rebuild the bundle image"
+            }
         };
         Some(fix.into())
     }

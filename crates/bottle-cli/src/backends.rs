@@ -73,9 +73,8 @@ impl std::ops::Deref for AnyBackend {
 
 /// Constructs a backend.
 pub fn open(kind: BackendKind, global: &Global, mode: Mode) -> Result<AnyBackend, BackendError> {
-    let state_root =
-        bottle_core::state::state_root(|key| std::env::var(key).ok())
-            .map_err(|err| BackendError::from_coded(BackendErrorKind::Preflight, err))?;
+    let state_root = bottle_core::state::state_root(|key| std::env::var(key).ok())
+        .map_err(|err| BackendError::from_coded(BackendErrorKind::Preflight, err))?;
     match kind {
         BackendKind::Docker => {
             let mut options = bottle_docker::DockerOptions::new(state_root);

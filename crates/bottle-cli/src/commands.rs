@@ -103,12 +103,10 @@ fn plan(global: &Global, args: &PlanArgs) -> Result<ExitCode, Failure> {
 /// Asks y/N on the terminal; anything but y/yes declines.
 fn confirm(question: &str) -> Result<bool, Failure> {
     if !output::interactive() {
-        return Err(Failure::new(
-            "BOT-C003",
-            EXIT_USAGE,
-            "no terminal to confirm the plan on",
-        )
-        .with_fix("pass --yes to start without confirming"));
+        return Err(
+            Failure::new("BOT-C003", EXIT_USAGE, "no terminal to confirm the plan on")
+                .with_fix("pass --yes to start without confirming"),
+        );
     }
     let mut stderr = io::stderr();
     let _ = write!(stderr, "{question} [y/N] ");
@@ -278,8 +276,7 @@ fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
         }
     }
     Err(last_error.map(Failure::from).unwrap_or_else(|| {
-        Failure::new("BOT-C004", 4, format!("no bottle named {name}"))
-            .with_fix("see `bottle list`")
+        Failure::new("BOT-C004", 4, format!("no bottle named {name}")).with_fix("see `bottle list`")
     }))
 }
 
@@ -313,8 +310,7 @@ fn find_bottle(global: &Global, bottle: &str) -> Result<Box<dyn bottle_core::Bot
         }
     }
     Err(last_error.map(Failure::from).unwrap_or_else(|| {
-        Failure::new("BOT-C004", 4, format!("no bottle named {name}"))
-            .with_fix("see `bottle list`")
+        Failure::new("BOT-C004", 4, format!("no bottle named {name}")).with_fix("see `bottle list`")
     }))
 }
 

@@ -19,9 +19,7 @@ pub enum NetError {
     },
 
     /// A CIDR string or prefix length is not valid.
-    #[error(
-        "invalid IPv4 network {input:?}: {reason}"
-    )]
+    #[error("invalid IPv4 network {input:?}: {reason}")]
     InvalidNet {
         /// What was given.
         input: String,
@@ -30,9 +28,7 @@ pub enum NetError {
     },
 
     /// The host's route table could not be read.
-    #[error(
-        "could not read the host route table {path}: {source}"
-    )]
+    #[error("could not read the host route table {path}: {source}")]
     RouteRead {
         /// The file.
         path: PathBuf,
@@ -42,9 +38,7 @@ pub enum NetError {
     },
 
     /// The host's route table is not in the format `/proc/net/route` uses.
-    #[error(
-        "{path}:{line}: {detail}"
-    )]
+    #[error("{path}:{line}: {detail}")]
     RouteParse {
         /// The file.
         path: PathBuf,
@@ -68,10 +62,16 @@ impl Coded for NetError {
 
     fn fix(&self) -> Option<String> {
         let fix = match self {
-            NetError::SubnetsExhausted { .. } => "remove bottles you no longer need with `bottle stop NAME` or `bottle cleanup`, then unused networks with `docker network prune`",
+            NetError::SubnetsExhausted { .. } => {
+                "remove bottles you no longer need with `bottle stop NAME` or `bottle cleanup`, then unused networks with `docker network prune`"
+            }
             NetError::InvalidNet { .. } => "write it as a.b.c.d/len with len between 0 and 32",
-            NetError::RouteRead { .. } => "check that procfs is mounted and readable, or pass the right root",
-            NetError::RouteParse { .. } => "this file should be the kernel's /proc/net/route; check the root passed to HostRoutes::read",
+            NetError::RouteRead { .. } => {
+                "check that procfs is mounted and readable, or pass the right root"
+            }
+            NetError::RouteParse { .. } => {
+                "this file should be the kernel's /proc/net/route; check the root passed to HostRoutes::read"
+            }
         };
         Some(fix.into())
     }
@@ -106,6 +106,10 @@ mod tests {
         codes.sort_unstable();
         codes.dedup();
         assert_eq!(codes.len(), count);
-        assert!(errors.iter().all(|e| e.fix().is_some_and(|fix| !fix.is_empty())));
+        assert!(
+            errors
+                .iter()
+                .all(|e| e.fix().is_some_and(|fix| !fix.is_empty()))
+        );
     }
 }

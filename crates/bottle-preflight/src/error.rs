@@ -125,10 +125,7 @@ mod tests {
             .with_remediation("sudo modprobe kvm_intel");
         let err = require(&[ok, warn, fail]).unwrap_err();
         assert_eq!(err.code(), "BOT-P004");
-        assert_eq!(
-            err.to_string(),
-            "preflight failed: kvm.device: no /dev/kvm"
-        );
+        assert_eq!(err.to_string(), "preflight failed: kvm.device: no /dev/kvm");
         assert_eq!(err.fix().as_deref(), Some("sudo modprobe kvm_intel"));
         let backend: BackendError = err.into();
         assert_eq!(backend.kind, BackendErrorKind::Preflight);

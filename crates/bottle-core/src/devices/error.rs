@@ -98,9 +98,7 @@ pub enum DeviceError {
         source: io::Error,
     },
     /// A pattern matched more paths than the resolver will look at.
-    #[error(
-        "device pattern {pattern:?} matches more than {limit} paths under /dev"
-    )]
+    #[error("device pattern {pattern:?} matches more than {limit} paths under /dev")]
     TooManyMatches {
         /// The pattern.
         pattern: String,

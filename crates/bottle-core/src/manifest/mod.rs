@@ -319,10 +319,7 @@ mod tests {
         assert_eq!(err.fix().as_deref(), Some("name a local image"));
         err.position = None;
         err.field.clear();
-        assert_eq!(
-            err.to_string(),
-            "bottle.toml: image is empty"
-        );
+        assert_eq!(err.to_string(), "bottle.toml: image is empty");
     }
 
     #[test]
