@@ -6,8 +6,11 @@
 //! concrete fix. Three passes, each stopping at its first problem:
 //!
 //! 1. TOML syntax (toml's parser, which keeps spans);
-//! 2. deserialising into the serde model (unknown keys, types, missing
-//!    keys), through `serde_path_to_error` for the field path;
+//! 2. the shape of the spanned tree: unknown keys and enumeration values
+//!    against the known fields, and tables written as arrays; then
+//!    deserialising into the serde model (types, missing keys), through
+//!    `serde_path_to_error` for the field path. The first problem in the
+//!    document wins;
 //! 3. semantic checks on the model, located by walking the
 //!    same spanned tree.
 //!
@@ -20,6 +23,7 @@ pub mod codes;
 mod decode;
 pub mod host;
 mod model;
+mod schema;
 mod span;
 mod suggest;
 mod validate;
@@ -140,7 +144,10 @@ pub fn load(path: &Path) -> Result<Manifest, ManifestError> {
 /// against; the checks that those paths exist read the file system.
 pub fn parse(path: &Path, text: &str) -> Result<Manifest, ManifestError> {
     let doc = Doc::parse(text).map_err(|err| syntax_error(path, text, &err))?;
-    let shape = decode::tables_written_as_arrays(&doc);
+    let shape = [schema::check(&doc), decode::tables_written_as_arrays(&doc)]
+        .into_iter()
+        .flatten()
+        .min_by_key(|p| p.span.as_ref().map_or(usize::MAX, |s| s.start));
     let manifest: Manifest = match serde_path_to_error::deserialize(doc.deserializer()) {
         Ok(manifest) => manifest,
         Err(err) => {
