@@ -104,7 +104,7 @@ pub fn internal_network(
     }
 }
 
-/// The bottle network of a microVM's bundle: [`config::internal_network`]
+/// The bottle network of a microVM's bundle: [`internal_network`]
 /// (internal, no NAT) except that the host keeps its gateway address on
 /// the bridge, so smolvm can dial the bundle from the host.
 pub fn vm_bundle_network(
