@@ -8,17 +8,13 @@ use bottle_core::Coded;
 #[derive(Debug, thiserror::Error)]
 pub enum BundleFilesError {
     /// The certificate authority could not be made.
-    #[error(
-        "certificate authority: {detail}; fix: regenerate the bottle's CA with bottle_bundle::generate_ca"
-    )]
+    #[error("certificate authority: {detail}")]
     Ca {
         /// What failed.
         detail: String,
     },
     /// Git cannot be found on the host or its files cannot be collected.
-    #[error(
-        "git runtime: {detail}; fix: install git on the host (Debian: apt-get install git) and rebuild the bundle image"
-    )]
+    #[error("git runtime: {detail}")]
     GitRuntime {
         /// What failed.
         detail: String,
@@ -31,5 +27,15 @@ impl Coded for BundleFilesError {
             Self::Ca { .. } => "BOT-B007",
             Self::GitRuntime { .. } => "BOT-B014",
         }
+    }
+
+    fn fix(&self) -> Option<String> {
+        let fix = match self {
+            Self::Ca { .. } => "regenerate the bottle's CA with bottle_bundle::generate_ca",
+            Self::GitRuntime { .. } => {
+                "install git on the host (Debian: apt-get install git) and rebuild the bundle image"
+            }
+        };
+        Some(fix.into())
     }
 }

@@ -119,7 +119,7 @@ pub fn git_runtime_files(
                 continue;
             }
             return Err(runtime_err(format!(
-                "{} is missing; fix: install git's HTTP transport (on Debian: apt-get install git)",
+                "{} is missing: git's HTTP transport is not installed",
                 host.display()
             )));
         }

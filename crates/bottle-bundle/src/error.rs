@@ -6,9 +6,7 @@ use bottle_core::Coded;
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
     /// The config file could not be read.
-    #[error(
-        "could not read bundle config {path}: {source}; fix: check that the backend wrote the config into the bundle"
-    )]
+    #[error("could not read bundle config {path}: {source}")]
     ConfigRead {
         /// The file.
         path: String,
@@ -17,9 +15,7 @@ pub enum BundleError {
         source: std::io::Error,
     },
     /// The config file is not valid.
-    #[error(
-        "invalid bundle config {path}: {detail}; fix: regenerate it with the same bottle version as the bundle image"
-    )]
+    #[error("invalid bundle config {path}: {detail}")]
     ConfigInvalid {
         /// The file.
         path: String,
@@ -27,9 +23,7 @@ pub enum BundleError {
         detail: String,
     },
     /// An allowlist rule cannot be understood.
-    #[error(
-        "invalid allow rule {rule:?}: {reason}; fix: use an exact host (api.example.com), a suffix rule (*.example.com) or an IP literal"
-    )]
+    #[error("invalid allow rule {rule:?}: {reason}")]
     Rule {
         /// The rule as written.
         rule: String,
@@ -37,9 +31,7 @@ pub enum BundleError {
         reason: String,
     },
     /// A daemon's listen address is not a socket address.
-    #[error(
-        "{daemon} listen address {addr:?} is not host:port; fix: use an address like 127.0.0.1:9099"
-    )]
+    #[error("{daemon} listen address {addr:?} is not host:port")]
     ListenAddr {
         /// The daemon.
         daemon: &'static str,
@@ -47,9 +39,7 @@ pub enum BundleError {
         addr: String,
     },
     /// A daemon could not bind its port.
-    #[error(
-        "could not bind {daemon} on {addr}: {source}; fix: free the port or change the daemon's listen address"
-    )]
+    #[error("could not bind {daemon} on {addr}: {source}")]
     Bind {
         /// The daemon.
         daemon: &'static str,
@@ -60,25 +50,19 @@ pub enum BundleError {
         source: std::io::Error,
     },
     /// The egress daemon was asked to listen on a non-loopback address.
-    #[error(
-        "egress_listen {addr} is not a loopback address; fix: bind egress to 127.0.0.1 so that only the proxy can reach it"
-    )]
+    #[error("egress_listen {addr} is not a loopback address")]
     EgressNotLoopback {
         /// The address.
         addr: String,
     },
     /// The certificate authority could not be made or loaded.
-    #[error(
-        "certificate authority: {detail}; fix: regenerate the bottle's CA with bottle_bundle::generate_ca"
-    )]
+    #[error("certificate authority: {detail}")]
     Ca {
         /// What failed.
         detail: String,
     },
     /// A credential's secret file could not be read.
-    #[error(
-        "could not read credential {name} from {path}: {detail}; fix: check that the backend copied the secret into the bundle"
-    )]
+    #[error("could not read credential {name} from {path}: {detail}")]
     Credential {
         /// The credential's name.
         name: String,
@@ -88,13 +72,13 @@ pub enum BundleError {
         detail: String,
     },
     /// TLS configuration failed (upstream roots, server config).
-    #[error("tls setup failed: {detail}; fix: check the PEM files named in the bundle config")]
+    #[error("tls setup failed: {detail}")]
     Tls {
         /// What failed.
         detail: String,
     },
     /// The audit log could not be opened, written or read.
-    #[error("audit log {path}: {source}; fix: check that the log directory exists and is writable")]
+    #[error("audit log {path}: {source}")]
     Audit {
         /// The file.
         path: String,
@@ -103,9 +87,7 @@ pub enum BundleError {
         source: std::io::Error,
     },
     /// A daemon kept crashing.
-    #[error(
-        "daemon {daemon} failed {restarts} times within {window_ms} ms, last: {last}; fix: read the bundle's stderr for the cause"
-    )]
+    #[error("daemon {daemon} failed {restarts} times within {window_ms} ms, last: {last}")]
     CrashLoop {
         /// The daemon.
         daemon: String,
@@ -117,7 +99,7 @@ pub enum BundleError {
         last: String,
     },
     /// A daemon stopped with an I/O error.
-    #[error("daemon {daemon} stopped: {detail}; fix: read the bundle's stderr for the cause")]
+    #[error("daemon {daemon} stopped: {detail}")]
     Daemon {
         /// The daemon.
         daemon: String,
@@ -125,9 +107,7 @@ pub enum BundleError {
         detail: String,
     },
     /// A git-gate repository is misconfigured or missing.
-    #[error(
-        "git-gate repository {repo}: {detail}; fix: check the repository's entry in the manifest and that the backend mounted it into the bundle"
-    )]
+    #[error("git-gate repository {repo}: {detail}")]
     GitRepo {
         /// The repository's name.
         repo: String,
@@ -135,9 +115,7 @@ pub enum BundleError {
         detail: String,
     },
     /// Git itself cannot be found or set up (host side or in the bundle).
-    #[error(
-        "git runtime: {detail}; fix: install git on the host (Debian: apt-get install git) and rebuild the bundle image"
-    )]
+    #[error("git runtime: {detail}")]
     GitRuntime {
         /// What failed.
         detail: String,
@@ -173,5 +151,35 @@ impl Coded for BundleError {
             Self::GitRepo { .. } => "BOT-B013",
             Self::GitRuntime { .. } => "BOT-B014",
         }
+    }
+
+    fn fix(&self) -> Option<String> {
+        let fix = match self {
+            Self::ConfigRead { .. } => "check that the backend wrote the config into the bundle",
+            Self::ConfigInvalid { .. } => {
+                "regenerate it with the same bottle version as the bundle image"
+            }
+            Self::Rule { .. } => {
+                "use an exact host (api.example.com), a suffix rule (*.example.com) or an IP literal"
+            }
+            Self::ListenAddr { .. } => "use an address like 127.0.0.1:9099",
+            Self::Bind { .. } => "free the port or change the daemon's listen address",
+            Self::EgressNotLoopback { .. } => {
+                "bind egress to 127.0.0.1 so that only the proxy can reach it"
+            }
+            Self::Ca { .. } => "regenerate the bottle's CA with bottle_bundle::generate_ca",
+            Self::Credential { .. } => "check that the backend copied the secret into the bundle",
+            Self::Tls { .. } => "check the PEM files named in the bundle config",
+            Self::Audit { .. } => "check that the log directory exists and is writable",
+            Self::CrashLoop { .. } => "read the bundle's stderr for the cause",
+            Self::Daemon { .. } => "read the bundle's stderr for the cause",
+            Self::GitRepo { .. } => {
+                "check the repository's entry in the manifest and that the backend mounted it into the bundle"
+            }
+            Self::GitRuntime { .. } => {
+                "install git on the host (Debian: apt-get install git) and rebuild the bundle image"
+            }
+        };
+        Some(fix.into())
     }
 }

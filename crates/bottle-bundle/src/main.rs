@@ -70,7 +70,11 @@ fn main() -> ExitCode {
 }
 
 fn fail(e: &bottle_bundle::BundleError) -> ExitCode {
-    eprintln!("bottle-bundle: error[{}]: {e}", e.code());
+    // One line: the bundle's stderr ends up in a log the backend quotes.
+    match e.fix() {
+        Some(fix) => eprintln!("bottle-bundle: error[{}]: {e}; fix: {fix}", e.code()),
+        None => eprintln!("bottle-bundle: error[{}]: {e}", e.code()),
+    }
     ExitCode::FAILURE
 }
 

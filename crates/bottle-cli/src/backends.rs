@@ -24,11 +24,12 @@ pub fn selected(global: &Global) -> Result<BackendKind, Failure> {
             Failure::new(
                 "BOT-C001",
                 EXIT_USAGE,
-                format!(
-                    "unknown backend {name:?} (from --backend or BOT_BOTTLE_BACKEND)\n  fix: use one of: {}",
-                    BackendKind::ALL.map(BackendKind::as_str).join(", ")
-                ),
+                format!("unknown backend {name:?} (from --backend or BOT_BOTTLE_BACKEND)"),
             )
+            .with_fix(format!(
+                "use one of: {}",
+                BackendKind::ALL.map(BackendKind::as_str).join(", ")
+            ))
         }),
     }
 }
@@ -72,15 +73,8 @@ impl std::ops::Deref for AnyBackend {
 
 /// Constructs a backend.
 pub fn open(kind: BackendKind, global: &Global, mode: Mode) -> Result<AnyBackend, BackendError> {
-    let state_root =
-        bottle_core::state::state_root(|key| std::env::var(key).ok()).map_err(|err| {
-            BackendError::new(
-                BackendErrorKind::Preflight,
-                "BOT-S002",
-                err.to_string(),
-                "set HOME or XDG_STATE_HOME",
-            )
-        })?;
+    let state_root = bottle_core::state::state_root(|key| std::env::var(key).ok())
+        .map_err(|err| BackendError::from_coded(BackendErrorKind::Preflight, err))?;
     match kind {
         BackendKind::Docker => {
             let mut options = bottle_docker::DockerOptions::new(state_root);

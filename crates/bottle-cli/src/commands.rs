@@ -103,11 +103,10 @@ fn plan(global: &Global, args: &PlanArgs) -> Result<ExitCode, Failure> {
 /// Asks y/N on the terminal; anything but y/yes declines.
 fn confirm(question: &str) -> Result<bool, Failure> {
     if !output::interactive() {
-        return Err(Failure::new(
-            "BOT-C003",
-            EXIT_USAGE,
-            "no terminal to confirm the plan on\n  fix: pass --yes to start without confirming",
-        ));
+        return Err(
+            Failure::new("BOT-C003", EXIT_USAGE, "no terminal to confirm the plan on")
+                .with_fix("pass --yes to start without confirming"),
+        );
     }
     let mut stderr = io::stderr();
     let _ = write!(stderr, "{question} [y/N] ");
@@ -261,10 +260,11 @@ fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
                         "BOT-C007",
                         crate::failure::EXIT_BACKEND,
                         format!(
-                            "{name} was stopped but some of its resources remain: {}\n  fix: run `bottle cleanup`, then check `bottle list`",
+                            "{name} was stopped but some of its resources remain: {}",
                             report.failed.join("; ")
                         ),
-                    ));
+                    )
+                    .with_fix("run `bottle cleanup`, then check `bottle list`"));
                 }
                 out(&format!("stopped {name}\n"));
                 return Ok(ExitCode::SUCCESS);
@@ -276,11 +276,7 @@ fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
         }
     }
     Err(last_error.map(Failure::from).unwrap_or_else(|| {
-        Failure::new(
-            "BOT-C004",
-            4,
-            format!("no bottle named {name}\n  fix: see `bottle list`"),
-        )
+        Failure::new("BOT-C004", 4, format!("no bottle named {name}")).with_fix("see `bottle list`")
     }))
 }
 
@@ -314,11 +310,7 @@ fn find_bottle(global: &Global, bottle: &str) -> Result<Box<dyn bottle_core::Bot
         }
     }
     Err(last_error.map(Failure::from).unwrap_or_else(|| {
-        Failure::new(
-            "BOT-C004",
-            4,
-            format!("no bottle named {name}\n  fix: see `bottle list`"),
-        )
+        Failure::new("BOT-C004", 4, format!("no bottle named {name}")).with_fix("see `bottle list`")
     }))
 }
 
@@ -339,11 +331,9 @@ fn cp(global: &Global, args: &CpArgs) -> Result<ExitCode, Failure> {
         return Err(Failure::new(
             "BOT-C006",
             EXIT_USAGE,
-            format!(
-                "destination {:?} does not name a bottle\n  fix: write BOTTLE:DIR, e.g. demo:/tmp",
-                args.destination
-            ),
-        ));
+            format!("destination {:?} does not name a bottle", args.destination),
+        )
+        .with_fix("write BOTTLE:DIR, e.g. demo:/tmp"));
     };
     find_bottle(global, bottle)?.copy_in(&args.source, dir)?;
     Ok(ExitCode::SUCCESS)
@@ -368,11 +358,9 @@ fn follow_file(path: &Path, follow: bool) -> Result<(), Failure> {
         Failure::new(
             "BOT-C005",
             4,
-            format!(
-                "cannot read the audit log {}: {err}\n  fix: check the bottle name with `bottle list`",
-                path.display()
-            ),
+            format!("cannot read the audit log {}: {err}", path.display()),
         )
+        .with_fix("check the bottle name with `bottle list`")
     })?;
     let mut buf = vec![0u8; 64 * 1024];
     loop {

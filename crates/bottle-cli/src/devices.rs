@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
+use bottle_core::BottleSpec;
 use bottle_core::devices::{self, AdminPolicy, DevicePolicy, ResolvedDevices};
-use bottle_core::{BottleSpec, Coded as _};
 
 use crate::failure::{EXIT_USAGE, Failure};
 
@@ -12,9 +12,8 @@ use crate::failure::{EXIT_USAGE, Failure};
 /// file's blacklist, never replace it, so a user cannot point it at a
 /// permissive file to get around the administrator.
 pub fn admin_policy() -> Result<AdminPolicy, Failure> {
-    let load = |path: &Path| {
-        AdminPolicy::load(path).map_err(|err| Failure::new(err.code(), EXIT_USAGE, err.to_string()))
-    };
+    let load =
+        |path: &Path| AdminPolicy::load(path).map_err(|err| Failure::coded(&err, EXIT_USAGE));
     let mut policy = load(Path::new(devices::DEFAULT_POLICY_FILE))?;
     if let Ok(extra) = std::env::var(devices::POLICY_FILE_ENV) {
         let extra = load(Path::new(&extra))?;
@@ -29,13 +28,13 @@ pub fn admin_policy() -> Result<AdminPolicy, Failure> {
 /// Resolves the spec's device requests against the host's `/dev`.
 pub fn resolve(spec: &BottleSpec) -> Result<ResolvedDevices, Failure> {
     let admin = admin_policy()?;
-    let policy = DevicePolicy::for_spec(spec, &admin)
-        .map_err(|err| Failure::new(err.code(), EXIT_USAGE, err.to_string()))?;
+    let policy =
+        DevicePolicy::for_spec(spec, &admin).map_err(|err| Failure::coded(&err, EXIT_USAGE))?;
     // An unknown kernel counts as old: the /dev/pts rule then stays strict.
     let kernel = bottle_preflight::kernel_version(&bottle_preflight::HostRoot::host())
         .ok()
         .flatten();
     policy
         .resolve(Path::new("/"), kernel)
-        .map_err(|err| Failure::new(err.code(), EXIT_USAGE, err.to_string()))
+        .map_err(|err| Failure::coded(&err, EXIT_USAGE))
 }

@@ -30,8 +30,10 @@ pub const EXIT_DECLINED: u8 = 7;
 pub struct Failure {
     /// Stable code, if the error has one.
     pub code: Option<&'static str>,
-    /// The full message, possibly several lines.
+    /// What failed, with its causes appended.
     pub message: String,
+    /// What the operator should do next, printed once after the message.
+    pub fix: Option<String>,
     /// The process exit code.
     pub exit: u8,
 }
@@ -42,6 +44,23 @@ impl Failure {
         Failure {
             code: Some(code),
             message: message.into(),
+            fix: None,
+            exit,
+        }
+    }
+
+    /// The same failure with what the operator should do next.
+    pub fn with_fix(mut self, fix: impl Into<String>) -> Failure {
+        self.fix = Some(fix.into());
+        self
+    }
+
+    /// A library's typed error: its code, message and fix.
+    pub fn coded<E: Coded + std::fmt::Display>(err: &E, exit: u8) -> Failure {
+        Failure {
+            code: Some(err.code()),
+            message: err.to_string(),
+            fix: err.fix(),
             exit,
         }
     }
@@ -54,19 +73,19 @@ impl Failure {
 
 impl From<ManifestError> for Failure {
     fn from(err: ManifestError) -> Failure {
-        Failure::new(err.code(), EXIT_USAGE, err.to_string())
+        Failure::coded(&err, EXIT_USAGE)
     }
 }
 
 impl From<bottle_core::spec::SpecError> for Failure {
     fn from(err: bottle_core::spec::SpecError) -> Failure {
-        Failure::new(err.code(), EXIT_USAGE, err.to_string())
+        Failure::coded(&err, EXIT_USAGE)
     }
 }
 
 impl From<bottle_core::state::StateDirError> for Failure {
     fn from(err: bottle_core::state::StateDirError) -> Failure {
-        Failure::new(err.code(), EXIT_USAGE, err.to_string())
+        Failure::coded(&err, EXIT_USAGE)
     }
 }
 
@@ -78,22 +97,19 @@ impl From<BackendError> for Failure {
             BackendErrorKind::NotFound | BackendErrorKind::Failed => EXIT_BACKEND,
             BackendErrorKind::Unsupported => EXIT_UNAVAILABLE,
         };
-        let mut message = err.message.clone();
+        let mut failure = Failure::coded(&err, exit);
         let mut source = std::error::Error::source(&err);
         while let Some(cause) = source {
-            // Backends often spell their cause into the message already,
-            // and a cause's own `fix:` lines repeat the one printed below.
+            // The first cause is usually the backend's typed error, whose
+            // text is the message itself; backends also often spell a
+            // cause into their message already.
             let text = cause.to_string();
-            let first = text.lines().next().unwrap_or_default();
-            if !first.is_empty() && !message.contains(first) {
-                message.push_str(&format!(": {first}"));
+            if !text.is_empty() && !failure.message.contains(&text) {
+                failure.message.push_str(&format!(": {text}"));
             }
             source = cause.source();
         }
-        if !err.fix.is_empty() {
-            message.push_str(&format!("\n  fix: {}", err.fix));
-        }
-        Failure::new(err.code, exit, message)
+        failure
     }
 }
 
@@ -102,6 +118,7 @@ impl From<anyhow::Error> for Failure {
         Failure {
             code: None,
             message: format!("{err:#}"),
+            fix: None,
             exit: 1,
         }
     }

@@ -5,12 +5,16 @@ use std::io::{self, IsTerminal as _, Write as _};
 
 use crate::failure::Failure;
 
-/// Prints `error[CODE]: message` to stderr.
+/// Prints `error[CODE]: message` and, when there is one, a single `fix:`
+/// line to stderr.
 pub fn print_failure(failure: &Failure) {
-    let text = match failure.code {
+    let mut text = match failure.code {
         Some(code) => format!("error[{code}]: {}\n", failure.message),
         None => format!("error: {}\n", failure.message),
     };
+    if let Some(fix) = &failure.fix {
+        text.push_str(&format!("  fix: {fix}\n"));
+    }
     let _ = io::stderr().write_all(text.as_bytes());
 }
 

@@ -4,7 +4,6 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use bottle_core::Coded as _;
 use bottle_core::requests::{self, RequestError, Status};
 use bottle_core::slug;
 
@@ -20,7 +19,7 @@ impl From<RequestError> for Failure {
             | RequestError::BadId { .. }
             | RequestError::AlreadyDecided { .. } => EXIT_USAGE,
         };
-        Failure::new(err.code(), exit, err.to_string())
+        Failure::coded(&err, exit)
     }
 }
 

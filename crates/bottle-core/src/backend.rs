@@ -73,14 +73,15 @@ pub enum BackendErrorKind {
 /// The one error type that crosses the [`BottleBackend`] boundary.
 ///
 /// Each backend crate keeps its own typed error and converts it into this at
-/// the trait boundary, keeping its stable code and its remediation.
+/// the trait boundary ([`BackendError::from_coded`]), keeping its stable code
+/// and its fix. Displays as the message alone; the fix is [`Coded::fix`].
 #[derive(Debug)]
 pub struct BackendError {
     /// Stable code of the underlying error, e.g. `BOT-D003`.
     pub code: &'static str,
     /// What failed, as a lowercase fragment ("could not create network ...").
     pub message: String,
-    /// What the operator should do next.
+    /// What the operator should do next; empty when nothing can be said.
     pub fix: String,
     /// Classification for exit codes.
     pub kind: BackendErrorKind,
@@ -105,6 +106,21 @@ impl BackendError {
         }
     }
 
+    /// Wraps a crate's typed error: its code, message and fix, with the
+    /// error itself kept as the cause.
+    pub fn from_coded<E>(kind: BackendErrorKind, err: E) -> Self
+    where
+        E: Coded + std::error::Error + Send + Sync + 'static,
+    {
+        BackendError::new(
+            kind,
+            err.code(),
+            err.to_string(),
+            err.fix().unwrap_or_default(),
+        )
+        .with_source(err)
+    }
+
     /// Attaches the underlying cause.
     pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
         self.source = Some(Box::new(source));
@@ -114,11 +130,7 @@ impl BackendError {
 
 impl fmt::Display for BackendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "[{}] {}", self.code, self.message)?;
-        if !self.fix.is_empty() {
-            write!(f, "\n  fix: {}", self.fix)?;
-        }
-        Ok(())
+        f.write_str(&self.message)
     }
 }
 
@@ -133,6 +145,10 @@ impl std::error::Error for BackendError {
 impl Coded for BackendError {
     fn code(&self) -> &'static str {
         self.code
+    }
+
+    fn fix(&self) -> Option<String> {
+        Some(self.fix.clone()).filter(|fix| !fix.is_empty())
     }
 }
 

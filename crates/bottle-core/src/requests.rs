@@ -154,25 +154,19 @@ pub struct DecisionRecord {
 #[derive(Debug, Error)]
 pub enum RequestError {
     /// No request has this id.
-    #[error(
-        "no request {id}; fix: run `bottle requests` to see the pending requests and their ids"
-    )]
+    #[error("no request {id}")]
     Unknown {
         /// The id asked for.
         id: String,
     },
     /// The id is not of the form `<slug>-<n>`.
-    #[error(
-        "{id:?} is not a request id; fix: copy the id from `bottle requests` (like `claude-3`)"
-    )]
+    #[error("{id:?} is not a request id")]
     BadId {
         /// The id given.
         id: String,
     },
     /// The request has already been answered.
-    #[error(
-        "request {id} was already {status}; fix: nothing to do (a decision is final; the agent can ask again)"
-    )]
+    #[error("request {id} was already {status}")]
     AlreadyDecided {
         /// The id.
         id: String,
@@ -180,9 +174,7 @@ pub enum RequestError {
         status: Status,
     },
     /// A file of the queue could not be read or written.
-    #[error(
-        "cannot {action} {path}: {source}; fix: check that the directory exists and is writable by you"
-    )]
+    #[error("cannot {action} {path}: {source}")]
     Io {
         /// What was being done.
         action: &'static str,
@@ -193,9 +185,7 @@ pub enum RequestError {
         source: std::io::Error,
     },
     /// A file of the queue is not valid.
-    #[error(
-        "{path} is not a valid request file: {detail}; fix: remove it (the agent can ask again)"
-    )]
+    #[error("{path} is not a valid request file: {detail}")]
     Invalid {
         /// The file.
         path: String,
@@ -213,6 +203,21 @@ impl Coded for RequestError {
             Self::Io { .. } => "BOT-Q004",
             Self::Invalid { .. } => "BOT-Q005",
         }
+    }
+
+    fn fix(&self) -> Option<String> {
+        let fix = match self {
+            Self::Unknown { .. } => {
+                "run `bottle requests` to see the pending requests and their ids"
+            }
+            Self::BadId { .. } => "copy the id from `bottle requests` (like `claude-3`)",
+            Self::AlreadyDecided { .. } => {
+                "nothing to do (a decision is final; the agent can ask again)"
+            }
+            Self::Io { .. } => "check that the directory exists and is writable by you",
+            Self::Invalid { .. } => "remove it (the agent can ask again)",
+        };
+        Some(fix.into())
     }
 }
 

@@ -27,6 +27,10 @@ impl Coded for SlugError {
     fn code(&self) -> &'static str {
         "BOT-S001"
     }
+
+    fn fix(&self) -> Option<String> {
+        Some("give the bottle a name with letters or digits (--name)".into())
+    }
 }
 
 /// Turns a free-form name into a slug: lowercase ASCII letters, digits and

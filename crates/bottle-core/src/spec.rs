@@ -20,7 +20,7 @@ pub const DEFAULT_EGRESS_PORTS: [u16; 2] = [443, 80];
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SpecError {
     /// No `[agents.<name>]` table for this agent.
-    #[error("{manifest}: no agent named {agent:?}{hint}\n  fix: use one of: {known}")]
+    #[error("{manifest}: no agent named {agent:?}{hint}")]
     UnknownAgent {
         /// The manifest file.
         manifest: String,
@@ -41,6 +41,13 @@ impl Coded for SpecError {
         match self {
             SpecError::UnknownAgent { .. } => "BOT-M050",
             SpecError::Slug(err) => err.code(),
+        }
+    }
+
+    fn fix(&self) -> Option<String> {
+        match self {
+            SpecError::UnknownAgent { known, .. } => Some(format!("use one of: {known}")),
+            SpecError::Slug(err) => err.fix(),
         }
     }
 }

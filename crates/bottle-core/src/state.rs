@@ -16,13 +16,17 @@ pub const STATE_VERSION: u32 = 1;
 /// Neither `XDG_STATE_HOME` nor `HOME` is usable.
 #[derive(Debug, Error, PartialEq, Eq)]
 #[error(
-    "cannot locate the state directory: neither XDG_STATE_HOME nor HOME is set to an absolute path; set one of them"
+    "cannot locate the state directory: neither XDG_STATE_HOME nor HOME is set to an absolute path"
 )]
 pub struct StateDirError;
 
 impl Coded for StateDirError {
     fn code(&self) -> &'static str {
         "BOT-S002"
+    }
+
+    fn fix(&self) -> Option<String> {
+        Some("set XDG_STATE_HOME or HOME to an absolute path".into())
     }
 }
 

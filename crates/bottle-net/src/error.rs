@@ -11,7 +11,7 @@ use thiserror::Error;
 pub enum NetError {
     /// Every candidate `192.168.X.0/24` overlaps something already there.
     #[error(
-        "no free bottle subnet: all {candidates} candidates 192.168.1.0/24-192.168.254.0/24 (192.168.17.0/24 is never used) overlap a docker network or a host route\n  fix: remove bottles you no longer need with `bottle stop NAME` or `bottle cleanup`, then unused networks with `docker network prune`"
+        "no free bottle subnet: all {candidates} candidates 192.168.1.0/24-192.168.254.0/24 (192.168.17.0/24 is never used) overlap a docker network or a host route"
     )]
     SubnetsExhausted {
         /// How many subnets were tried.
@@ -19,9 +19,7 @@ pub enum NetError {
     },
 
     /// A CIDR string or prefix length is not valid.
-    #[error(
-        "invalid IPv4 network {input:?}: {reason}\n  fix: write it as a.b.c.d/len with len between 0 and 32"
-    )]
+    #[error("invalid IPv4 network {input:?}: {reason}")]
     InvalidNet {
         /// What was given.
         input: String,
@@ -30,9 +28,7 @@ pub enum NetError {
     },
 
     /// The host's route table could not be read.
-    #[error(
-        "could not read the host route table {path}: {source}\n  fix: check that procfs is mounted and readable, or pass the right root"
-    )]
+    #[error("could not read the host route table {path}: {source}")]
     RouteRead {
         /// The file.
         path: PathBuf,
@@ -42,9 +38,7 @@ pub enum NetError {
     },
 
     /// The host's route table is not in the format `/proc/net/route` uses.
-    #[error(
-        "{path}:{line}: {detail}\n  fix: this file should be the kernel's /proc/net/route; check the root passed to HostRoutes::read"
-    )]
+    #[error("{path}:{line}: {detail}")]
     RouteParse {
         /// The file.
         path: PathBuf,
@@ -64,6 +58,22 @@ impl Coded for NetError {
             NetError::RouteParse { .. } => "BOT-N004",
             // N005 to N013 named the removed loopback alias pool: never reuse them.
         }
+    }
+
+    fn fix(&self) -> Option<String> {
+        let fix = match self {
+            NetError::SubnetsExhausted { .. } => {
+                "remove bottles you no longer need with `bottle stop NAME` or `bottle cleanup`, then unused networks with `docker network prune`"
+            }
+            NetError::InvalidNet { .. } => "write it as a.b.c.d/len with len between 0 and 32",
+            NetError::RouteRead { .. } => {
+                "check that procfs is mounted and readable, or pass the right root"
+            }
+            NetError::RouteParse { .. } => {
+                "this file should be the kernel's /proc/net/route; check the root passed to HostRoutes::read"
+            }
+        };
+        Some(fix.into())
     }
 }
 
@@ -96,6 +106,10 @@ mod tests {
         codes.sort_unstable();
         codes.dedup();
         assert_eq!(codes.len(), count);
-        assert!(errors.iter().all(|e| e.to_string().contains("\n  fix: ")));
+        assert!(
+            errors
+                .iter()
+                .all(|e| e.fix().is_some_and(|fix| !fix.is_empty()))
+        );
     }
 }

@@ -325,7 +325,7 @@ mod tests {
             err,
             NetError::SubnetsExhausted { candidates: 253 }
         ));
-        assert!(err.to_string().contains("fix: "));
+        assert!(bottle_core::Coded::fix(&err).is_some_and(|fix| fix.contains("bottle cleanup")));
         let mut asked = asked.into_inner();
         assert_eq!(asked[0], preferred_octet("anything"));
         asked.sort_unstable();

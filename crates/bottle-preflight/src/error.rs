@@ -16,7 +16,7 @@ use crate::check::{Check, Status};
 #[derive(Debug, thiserror::Error)]
 pub enum PreflightError {
     /// A host file that exists could not be read.
-    #[error("could not read {}: {source}; fix: check that this user can read it", path.display())]
+    #[error("could not read {}: {source}", path.display())]
     Read {
         /// The file, under the host root.
         path: PathBuf,
@@ -25,7 +25,7 @@ pub enum PreflightError {
         source: std::io::Error,
     },
     /// A host path could not be inspected (stat, access, existence).
-    #[error("could not inspect {}: {source}; fix: check that this user can reach the path", path.display())]
+    #[error("could not inspect {}: {source}", path.display())]
     Inspect {
         /// The path, under the host root.
         path: PathBuf,
@@ -34,7 +34,7 @@ pub enum PreflightError {
         source: std::io::Error,
     },
     /// The kernel release string is not `major.minor...`.
-    #[error("could not parse kernel release {content:?} from {}; fix: report this kernel release string to the bottle maintainers", path.display())]
+    #[error("could not parse kernel release {content:?} from {}", path.display())]
     KernelRelease {
         /// The file read.
         path: PathBuf,
@@ -42,7 +42,7 @@ pub enum PreflightError {
         content: String,
     },
     /// At least one check failed, so the selected backend cannot run.
-    #[error("preflight failed: {}; fix: {}", failed_summary(.checks), failed_fix(.checks))]
+    #[error("preflight failed: {}", failed_summary(.checks))]
     Failed {
         /// The failed checks.
         checks: Vec<Check>,
@@ -57,6 +57,17 @@ impl Coded for PreflightError {
             PreflightError::KernelRelease { .. } => "BOT-P003",
             PreflightError::Failed { .. } => "BOT-P004",
         }
+    }
+
+    fn fix(&self) -> Option<String> {
+        Some(match self {
+            PreflightError::Read { .. } => "check that this user can read it".into(),
+            PreflightError::Inspect { .. } => "check that this user can reach the path".into(),
+            PreflightError::KernelRelease { .. } => {
+                "report this kernel release string to the bottle maintainers".into()
+            }
+            PreflightError::Failed { checks } => failed_fix(checks),
+        })
     }
 }
 
@@ -96,26 +107,7 @@ pub fn require(checks: &[Check]) -> Result<(), PreflightError> {
 
 impl From<PreflightError> for BackendError {
     fn from(err: PreflightError) -> Self {
-        let code = err.code();
-        match err {
-            PreflightError::Failed { checks } => BackendError::new(
-                BackendErrorKind::Preflight,
-                code,
-                format!("preflight failed: {}", failed_summary(&checks)),
-                failed_fix(&checks),
-            ),
-            other => {
-                // Display carries "; fix: ..." already; split it so the
-                // backend error keeps message and fix apart.
-                let text = other.to_string();
-                let (message, fix) = text
-                    .split_once("; fix: ")
-                    .map(|(m, f)| (m.to_owned(), f.to_owned()))
-                    .unwrap_or((text.clone(), String::new()));
-                BackendError::new(BackendErrorKind::Preflight, code, message, fix)
-                    .with_source(other)
-            }
-        }
+        BackendError::from_coded(BackendErrorKind::Preflight, err)
     }
 }
 
@@ -133,10 +125,8 @@ mod tests {
             .with_remediation("sudo modprobe kvm_intel");
         let err = require(&[ok, warn, fail]).unwrap_err();
         assert_eq!(err.code(), "BOT-P004");
-        assert_eq!(
-            err.to_string(),
-            "preflight failed: kvm.device: no /dev/kvm; fix: sudo modprobe kvm_intel"
-        );
+        assert_eq!(err.to_string(), "preflight failed: kvm.device: no /dev/kvm");
+        assert_eq!(err.fix().as_deref(), Some("sudo modprobe kvm_intel"));
         let backend: BackendError = err.into();
         assert_eq!(backend.kind, BackendErrorKind::Preflight);
         assert_eq!(backend.message, "preflight failed: kvm.device: no /dev/kvm");

@@ -87,12 +87,16 @@ fn settle(
 ) -> Check {
     result.unwrap_or_else(|err| {
         let status = if needed { Status::Fail } else { Status::Warn };
-        Check::new(
+        let check = Check::new(
             id,
             title,
             status,
             format!("check could not run: error[{}]: {err}", err.code()),
-        )
+        );
+        match err.fix() {
+            Some(fix) => check.with_remediation(fix),
+            None => check,
+        }
     })
 }
 
@@ -110,7 +114,11 @@ mod tests {
         assert_eq!(check.status, Status::Fail);
         assert_eq!(
             check.message,
-            "check could not run: error[BOT-P001]: could not read /proc/modules: boom; fix: check that this user can read it"
+            "check could not run: error[BOT-P001]: could not read /proc/modules: boom"
+        );
+        assert_eq!(
+            check.remediation.as_deref(),
+            Some("check that this user can read it")
         );
         assert_eq!(settle("x", "x", false, Err(err())).status, Status::Warn);
     }

@@ -1,10 +1,10 @@
 //! The crate's error type and its stable codes (`BOT-K…`, K for krun).
 //!
-//! Every error says what failed and what to do next. At the
-//! [`bottle_core::BottleBackend`] boundary it becomes a
-//! [`BackendError`] that keeps the code, the message and the fix apart.
+//! Every error displays what failed and knows what to do next
+//! ([`Coded::fix`]). At the [`bottle_core::BottleBackend`] boundary it
+//! becomes a [`BackendError`] that keeps the code, the message and the fix
+//! apart.
 
-use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
@@ -14,16 +14,19 @@ use bottle_core::backend::{BackendError, BackendErrorKind};
 use crate::version::SmolvmVersion;
 
 /// Everything that can go wrong while driving smolvm.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum SmolvmError {
     /// The `smolvm` program is not on `PATH` (or not executable).
+    #[error("could not run {program:?}: {source}")]
     NotInstalled {
         /// The program that was looked up.
         program: String,
         /// Why it could not be started.
+        #[source]
         source: io::Error,
     },
     /// smolvm ran but failed on its own (not a guest command's failure).
+    #[error("`{}` failed with {}{}", argv.join(" "), exit_text(*code), stderr_suffix(stderr))]
     Failed {
         /// The argv that failed.
         argv: Vec<String>,
@@ -33,16 +36,21 @@ pub enum SmolvmError {
         stderr: String,
     },
     /// `smolvm --version` said something we cannot read.
+    #[error("could not read the smolvm version from {:?}", output.trim())]
     BadVersion {
         /// What it printed.
         output: String,
     },
     /// This smolvm does not enforce an egress allowlist at all.
+    #[error(
+        "smolvm {version} does not enforce an egress allowlist (only 1.1.3 and later do, smolvm PR #427), so a bottle would have no network boundary"
+    )]
     VersionUnenforced {
         /// The version found.
         version: SmolvmVersion,
     },
     /// smolvm's output was not in the shape its source says it is.
+    #[error("unexpected output from `{}`: {detail}", argv.join(" "))]
     BadOutput {
         /// The argv whose output it was.
         argv: Vec<String>,
@@ -50,25 +58,36 @@ pub enum SmolvmError {
         detail: String,
     },
     /// Neither `HOME` nor the platform's data directory could be found.
+    #[error("cannot locate smolvm's state database: {detail}")]
     StateDbPath {
         /// What is missing.
         detail: String,
     },
     /// smolvm's state database is not where smolvm keeps it.
+    #[error(
+        "smolvm's state database {} does not exist, so the allowlist cannot be confirmed",
+        path.display()
+    )]
     StateDbMissing {
         /// Where it was looked for.
         path: PathBuf,
     },
     /// The state database could not be opened, read or written.
+    #[error("could not {action} smolvm's state database {}: {source}", path.display())]
     StateDb {
         /// What we were doing.
         action: String,
         /// The database file.
         path: PathBuf,
         /// The SQLite error.
+        #[source]
         source: rusqlite::Error,
     },
     /// The machine has no row in smolvm's state database.
+    #[error(
+        "machine {machine:?} has no record in {}, so its allowlist cannot be confirmed",
+        path.display()
+    )]
     StateRowMissing {
         /// The database file.
         path: PathBuf,
@@ -76,6 +95,10 @@ pub enum SmolvmError {
         machine: String,
     },
     /// The machine's row does not hold a JSON object.
+    #[error(
+        "the record of machine {machine:?} in {} is not usable: {detail}",
+        path.display()
+    )]
     StateRecordInvalid {
         /// The database file.
         path: PathBuf,
@@ -85,6 +108,10 @@ pub enum SmolvmError {
         detail: String,
     },
     /// The allowlist read back after the patch is not the one written.
+    #[error(
+        "the egress policy of machine {machine:?} did not persist in {}: wrote {wanted}, read back {found}",
+        path.display()
+    )]
     AllowlistNotPersisted {
         /// The database file.
         path: PathBuf,
@@ -96,28 +123,38 @@ pub enum SmolvmError {
         found: String,
     },
     /// The image export is not a `docker save` archive we can serve.
+    #[error("the image export is not a usable docker-save archive: {detail}")]
     ImageArchive {
         /// What is wrong with it.
         detail: String,
     },
     /// A file or directory could not be used.
+    #[error("could not {action} {}: {source}", path.display())]
     Io {
         /// What we were doing ("write", "create directory", ...).
         action: String,
         /// The path.
         path: PathBuf,
         /// The I/O error.
+        #[source]
         source: io::Error,
     },
     /// The local OCI registry could not be served.
+    #[error("local image registry: could not {action}: {source}")]
     Registry {
         /// What we were doing.
         action: String,
         /// The I/O error.
+        #[source]
         source: io::Error,
     },
     /// `machine exec` ended without the exit-code marker our wrapper prints,
     /// so the guest command's exit code is unknown.
+    #[error(
+        "`smolvm machine exec` in {machine:?} ended (code {}) before the command's exit code was reported: {}",
+        code.map_or_else(|| "none".to_string(), |c| c.to_string()),
+        stderr.trim()
+    )]
     ExecMarkerMissing {
         /// The machine.
         machine: String,
@@ -128,6 +165,7 @@ pub enum SmolvmError {
     },
     /// The address the bundle serves the agent on cannot be a one-address
     /// allowlist under smolvm's egress gateway.
+    #[error("the bundle address {address} cannot be the bottle's allowlist: {reason}")]
     BundleAddress {
         /// The address.
         address: String,
@@ -135,11 +173,13 @@ pub enum SmolvmError {
         reason: String,
     },
     /// No machine of that name exists.
+    #[error("no smolvm machine named {machine:?}")]
     VmMissing {
         /// The machine.
         machine: String,
     },
     /// A guest-side step of the launch (provisioning) failed.
+    #[error("could not provision the bottle ({step}): {}", detail.trim())]
     Provision {
         /// The step.
         step: String,
@@ -147,113 +187,73 @@ pub enum SmolvmError {
         detail: String,
     },
     /// A machine of that name already exists.
+    #[error("a smolvm machine named {machine:?} already exists")]
     AlreadyExists {
         /// The machine.
         machine: String,
     },
     /// A collaborator (the bundle host, the host check) failed; its error is
     /// passed through unchanged.
+    #[error(transparent)]
     External(BackendError),
 }
 
 impl SmolvmError {
-    /// What failed, as a lowercase fragment.
+    /// What failed, as a lowercase fragment: the Display text. Kept as a
+    /// method for the call sites that collect messages into reports.
     pub fn message(&self) -> String {
+        self.to_string()
+    }
+
+    /// How the CLI should classify this failure.
+    pub fn kind(&self) -> BackendErrorKind {
         match self {
-            SmolvmError::NotInstalled { program, source } => {
-                format!("could not run {program:?}: {source}")
-            }
-            SmolvmError::Failed { argv, code, stderr } => {
-                let code = code.map_or_else(|| "a signal".to_string(), |c| format!("code {c}"));
-                let stderr = stderr.trim();
-                if stderr.is_empty() {
-                    format!("`{}` failed with {code}", argv.join(" "))
-                } else {
-                    format!("`{}` failed with {code}: {stderr}", argv.join(" "))
-                }
-            }
-            SmolvmError::BadVersion { output } => {
-                format!("could not read the smolvm version from {:?}", output.trim())
-            }
-            SmolvmError::VersionUnenforced { version } => format!(
-                "smolvm {version} does not enforce an egress allowlist (only 1.1.3 and later do, smolvm PR #427), so a bottle would have no network boundary"
-            ),
-            SmolvmError::BadOutput { argv, detail } => {
-                format!("unexpected output from `{}`: {detail}", argv.join(" "))
-            }
-            SmolvmError::StateDbPath { detail } => {
-                format!("cannot locate smolvm's state database: {detail}")
-            }
-            SmolvmError::StateDbMissing { path } => format!(
-                "smolvm's state database {} does not exist, so the allowlist cannot be confirmed",
-                path.display()
-            ),
-            SmolvmError::StateDb {
-                action,
-                path,
-                source,
-            } => format!(
-                "could not {action} smolvm's state database {}: {source}",
-                path.display()
-            ),
-            SmolvmError::StateRowMissing { path, machine } => format!(
-                "machine {machine:?} has no record in {}, so its allowlist cannot be confirmed",
-                path.display()
-            ),
-            SmolvmError::StateRecordInvalid {
-                path,
-                machine,
-                detail,
-            } => format!(
-                "the record of machine {machine:?} in {} is not usable: {detail}",
-                path.display()
-            ),
-            SmolvmError::AllowlistNotPersisted {
-                path,
-                machine,
-                wanted,
-                found,
-            } => format!(
-                "the egress policy of machine {machine:?} did not persist in {}: wrote {wanted}, read back {found}",
-                path.display()
-            ),
-            SmolvmError::ImageArchive { detail } => {
-                format!("the image export is not a usable docker-save archive: {detail}")
-            }
-            SmolvmError::Io {
-                action,
-                path,
-                source,
-            } => format!("could not {action} {}: {source}", path.display()),
-            SmolvmError::Registry { action, source } => {
-                format!("local image registry: could not {action}: {source}")
-            }
-            SmolvmError::ExecMarkerMissing {
-                machine,
-                code,
-                stderr,
-            } => format!(
-                "`smolvm machine exec` in {machine:?} ended (code {}) before the command's exit code was reported: {}",
-                code.map_or_else(|| "none".to_string(), |c| c.to_string()),
-                stderr.trim()
-            ),
-            SmolvmError::BundleAddress { address, reason } => {
-                format!("the bundle address {address} cannot be the bottle's allowlist: {reason}")
-            }
-            SmolvmError::VmMissing { machine } => format!("no smolvm machine named {machine:?}"),
-            SmolvmError::Provision { step, detail } => {
-                format!("could not provision the bottle ({step}): {}", detail.trim())
-            }
-            SmolvmError::AlreadyExists { machine } => {
-                format!("a smolvm machine named {machine:?} already exists")
-            }
-            SmolvmError::External(err) => err.message.clone(),
+            SmolvmError::NotInstalled { .. }
+            | SmolvmError::BadVersion { .. }
+            | SmolvmError::VersionUnenforced { .. } => BackendErrorKind::Preflight,
+            SmolvmError::StateDbPath { .. }
+            | SmolvmError::StateDbMissing { .. }
+            | SmolvmError::StateRowMissing { .. }
+            | SmolvmError::StateRecordInvalid { .. }
+            | SmolvmError::AllowlistNotPersisted { .. }
+            | SmolvmError::BundleAddress { .. } => BackendErrorKind::IsolationUnconfirmed,
+            SmolvmError::VmMissing { .. } => BackendErrorKind::NotFound,
+            SmolvmError::External(err) => err.kind,
+            _ => BackendErrorKind::Failed,
+        }
+    }
+}
+
+impl Coded for SmolvmError {
+    fn code(&self) -> &'static str {
+        match self {
+            SmolvmError::NotInstalled { .. } => "BOT-K001",
+            SmolvmError::Failed { .. } => "BOT-K002",
+            SmolvmError::BadVersion { .. } => "BOT-K003",
+            SmolvmError::VersionUnenforced { .. } => "BOT-K004",
+            SmolvmError::BadOutput { .. } => "BOT-K005",
+            SmolvmError::StateDbPath { .. } => "BOT-K010",
+            SmolvmError::StateDbMissing { .. } => "BOT-K011",
+            SmolvmError::StateDb { .. } => "BOT-K012",
+            SmolvmError::StateRowMissing { .. } => "BOT-K013",
+            SmolvmError::StateRecordInvalid { .. } => "BOT-K014",
+            SmolvmError::AllowlistNotPersisted { .. } => "BOT-K015",
+            // K020 named the removed Smolfile renderer, K030 the removed Docker
+            // image source: never reuse them.
+            SmolvmError::ImageArchive { .. } => "BOT-K031",
+            SmolvmError::Registry { .. } => "BOT-K032",
+            SmolvmError::Io { .. } => "BOT-K040",
+            SmolvmError::ExecMarkerMissing { .. } => "BOT-K050",
+            SmolvmError::BundleAddress { .. } => "BOT-K060",
+            SmolvmError::VmMissing { .. } => "BOT-K070",
+            SmolvmError::Provision { .. } => "BOT-K071",
+            SmolvmError::AlreadyExists { .. } => "BOT-K072",
+            SmolvmError::External(err) => err.code,
         }
     }
 
-    /// What the operator should do next.
-    pub fn fix(&self) -> String {
-        match self {
+    fn fix(&self) -> Option<String> {
+        let fix = match self {
             SmolvmError::NotInstalled { .. } => {
                 "install smolvm 1.1.3 or later (https://smolmachines.com/install.sh) and make sure it is on PATH, or pick the docker backend".into()
             }
@@ -309,74 +309,9 @@ impl SmolvmError {
             SmolvmError::AlreadyExists { .. } => {
                 "stop the running bottle with `bottle stop NAME`, or remove leftovers with `bottle cleanup`".into()
             }
-            SmolvmError::External(err) => err.fix.clone(),
-        }
-    }
-
-    /// How the CLI should classify this failure.
-    pub fn kind(&self) -> BackendErrorKind {
-        match self {
-            SmolvmError::NotInstalled { .. }
-            | SmolvmError::BadVersion { .. }
-            | SmolvmError::VersionUnenforced { .. } => BackendErrorKind::Preflight,
-            SmolvmError::StateDbPath { .. }
-            | SmolvmError::StateDbMissing { .. }
-            | SmolvmError::StateRowMissing { .. }
-            | SmolvmError::StateRecordInvalid { .. }
-            | SmolvmError::AllowlistNotPersisted { .. }
-            | SmolvmError::BundleAddress { .. } => BackendErrorKind::IsolationUnconfirmed,
-            SmolvmError::VmMissing { .. } => BackendErrorKind::NotFound,
-            SmolvmError::External(err) => err.kind,
-            _ => BackendErrorKind::Failed,
-        }
-    }
-}
-
-impl fmt::Display for SmolvmError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}\n  fix: {}", self.message(), self.fix())
-    }
-}
-
-impl std::error::Error for SmolvmError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            SmolvmError::NotInstalled { source, .. }
-            | SmolvmError::Io { source, .. }
-            | SmolvmError::Registry { source, .. } => Some(source),
-            SmolvmError::StateDb { source, .. } => Some(source),
-            SmolvmError::External(err) => Some(err),
-            _ => None,
-        }
-    }
-}
-
-impl Coded for SmolvmError {
-    fn code(&self) -> &'static str {
-        match self {
-            SmolvmError::NotInstalled { .. } => "BOT-K001",
-            SmolvmError::Failed { .. } => "BOT-K002",
-            SmolvmError::BadVersion { .. } => "BOT-K003",
-            SmolvmError::VersionUnenforced { .. } => "BOT-K004",
-            SmolvmError::BadOutput { .. } => "BOT-K005",
-            SmolvmError::StateDbPath { .. } => "BOT-K010",
-            SmolvmError::StateDbMissing { .. } => "BOT-K011",
-            SmolvmError::StateDb { .. } => "BOT-K012",
-            SmolvmError::StateRowMissing { .. } => "BOT-K013",
-            SmolvmError::StateRecordInvalid { .. } => "BOT-K014",
-            SmolvmError::AllowlistNotPersisted { .. } => "BOT-K015",
-            // K020 named the removed Smolfile renderer, K030 the removed Docker
-            // image source: never reuse them.
-            SmolvmError::ImageArchive { .. } => "BOT-K031",
-            SmolvmError::Registry { .. } => "BOT-K032",
-            SmolvmError::Io { .. } => "BOT-K040",
-            SmolvmError::ExecMarkerMissing { .. } => "BOT-K050",
-            SmolvmError::BundleAddress { .. } => "BOT-K060",
-            SmolvmError::VmMissing { .. } => "BOT-K070",
-            SmolvmError::Provision { .. } => "BOT-K071",
-            SmolvmError::AlreadyExists { .. } => "BOT-K072",
-            SmolvmError::External(err) => err.code,
-        }
+            SmolvmError::External(err) => return err.fix(),
+        };
+        Some(fix)
     }
 }
 
@@ -385,7 +320,22 @@ impl From<SmolvmError> for BackendError {
         if let SmolvmError::External(inner) = err {
             return inner;
         }
-        BackendError::new(err.kind(), err.code(), err.message(), err.fix()).with_source(err)
+        BackendError::from_coded(err.kind(), err)
+    }
+}
+
+/// How a process ended, for [`SmolvmError::Failed`].
+fn exit_text(code: Option<i32>) -> String {
+    code.map_or_else(|| "a signal".to_string(), |c| format!("code {c}"))
+}
+
+/// `: <stderr>` when smolvm said anything.
+fn stderr_suffix(stderr: &str) -> String {
+    let stderr = stderr.trim();
+    if stderr.is_empty() {
+        String::new()
+    } else {
+        format!(": {stderr}")
     }
 }
 
@@ -402,18 +352,111 @@ pub(crate) fn io_err(action: &str, path: impl Into<PathBuf>, source: io::Error) 
 mod tests {
     use super::*;
 
+    fn every_variant() -> Vec<SmolvmError> {
+        let io = || io::Error::other("boom");
+        let text = || "x".to_string();
+        vec![
+            SmolvmError::NotInstalled {
+                program: text(),
+                source: io(),
+            },
+            SmolvmError::Failed {
+                argv: vec![text()],
+                code: Some(1),
+                stderr: text(),
+            },
+            SmolvmError::BadVersion { output: text() },
+            SmolvmError::VersionUnenforced {
+                version: SmolvmVersion::new(1, 1, 2),
+            },
+            SmolvmError::BadOutput {
+                argv: vec![text()],
+                detail: text(),
+            },
+            SmolvmError::StateDbPath { detail: text() },
+            SmolvmError::StateDbMissing { path: "/x".into() },
+            SmolvmError::StateDb {
+                action: text(),
+                path: "/x".into(),
+                source: rusqlite::Error::QueryReturnedNoRows,
+            },
+            SmolvmError::StateRowMissing {
+                path: "/x".into(),
+                machine: text(),
+            },
+            SmolvmError::StateRecordInvalid {
+                path: "/x".into(),
+                machine: text(),
+                detail: text(),
+            },
+            SmolvmError::AllowlistNotPersisted {
+                path: "/x".into(),
+                machine: text(),
+                wanted: text(),
+                found: text(),
+            },
+            SmolvmError::ImageArchive { detail: text() },
+            SmolvmError::Io {
+                action: text(),
+                path: "/x".into(),
+                source: io(),
+            },
+            SmolvmError::Registry {
+                action: text(),
+                source: io(),
+            },
+            SmolvmError::ExecMarkerMissing {
+                machine: text(),
+                code: None,
+                stderr: text(),
+            },
+            SmolvmError::BundleAddress {
+                address: text(),
+                reason: text(),
+            },
+            SmolvmError::VmMissing { machine: text() },
+            SmolvmError::Provision {
+                step: text(),
+                detail: text(),
+            },
+            SmolvmError::AlreadyExists { machine: text() },
+            SmolvmError::External(BackendError::new(
+                BackendErrorKind::Failed,
+                "BOT-D003",
+                "could not x",
+                "check x",
+            )),
+        ]
+    }
+
     #[test]
-    fn every_message_carries_a_fix_and_keeps_its_code_across_the_boundary() {
+    fn every_variant_is_a_message_with_a_separate_fix_kept_across_the_boundary() {
+        for err in every_variant() {
+            let message = err.to_string();
+            // Lowercase prose; a leading name like BOTTLE_FAILPOINT is fine.
+            let mut chars = message.chars();
+            let capitalised = chars.next().is_some_and(char::is_uppercase)
+                && chars.next().is_some_and(char::is_lowercase);
+            assert!(!capitalised, "{message}");
+            assert!(!message.contains("fix:"), "{message}");
+            let fix = err.fix().unwrap_or_default();
+            assert!(!fix.is_empty(), "{message}");
+            let (code, kind) = (err.code(), err.kind());
+            let backend: BackendError = err.into();
+            assert_eq!((backend.code, backend.kind), (code, kind));
+            assert_eq!(backend.message, message);
+            assert_eq!(backend.fix, fix);
+        }
+    }
+
+    #[test]
+    fn a_missing_state_row_leaves_isolation_unconfirmed() {
         let err = SmolvmError::StateRowMissing {
             path: "/x/smolvm.db".into(),
             machine: "bot-bottle-a".into(),
         };
-        let text = err.to_string();
-        assert!(text.contains("\n  fix: "), "{text}");
-        let backend: BackendError = err.into();
-        assert_eq!(backend.code, "BOT-K013");
-        assert_eq!(backend.kind, BackendErrorKind::IsolationUnconfirmed);
-        assert!(!backend.fix.is_empty());
+        assert_eq!(err.code(), "BOT-K013");
+        assert_eq!(err.kind(), BackendErrorKind::IsolationUnconfirmed);
     }
 
     #[test]
@@ -422,7 +465,7 @@ mod tests {
             version: SmolvmVersion::new(1, 1, 2),
         };
         assert_eq!(err.kind(), BackendErrorKind::Preflight);
-        assert!(err.message().contains("1.1.2"));
-        assert!(err.fix().contains("no override"));
+        assert!(err.to_string().contains("1.1.2"));
+        assert!(err.fix().is_some_and(|fix| fix.contains("no override")));
     }
 }

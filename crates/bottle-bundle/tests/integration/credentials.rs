@@ -98,5 +98,5 @@ async fn missing_secret_file_stops_the_bundle_from_starting() {
         });
     let err = bottle_bundle::start(config).await.unwrap_err();
     assert_eq!(err.code(), "BOT-B008");
-    assert!(err.to_string().contains("fix:"));
+    assert!(err.fix().is_some_and(|fix| fix.contains("secret")));
 }

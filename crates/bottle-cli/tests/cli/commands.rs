@@ -162,3 +162,56 @@ fn plan_shows_dropped_devices_and_why() {
         .stdout(predicate::str::contains("dropped      /dev/zero"))
         .stderr(predicate::str::contains("warning:"));
 }
+
+/// The lines of stderr that carry a fix.
+fn fix_lines(stderr: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(stderr)
+        .lines()
+        .filter(|line| line.contains("fix:"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_manifest_error_prints_its_fix_once() {
+    let state = temp_state_root();
+    let manifest = state.path().join("bottle.toml");
+    std::fs::write(&manifest, "[agents.a]\nimage = \"x\"\nimgae = \"y\"\n").unwrap();
+    let output = bottle(state.path())
+        .arg("--manifest")
+        .arg(&manifest)
+        .arg("check")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.starts_with("error[BOT-M003]: "), "{stderr}");
+    assert_eq!(
+        fix_lines(&output.stderr),
+        ["  fix: did you mean `image`?"],
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_backend_error_with_causes_prints_its_fix_once() {
+    // A daemon socket that does not exist: the docker backend fails with a
+    // typed error whose cause is the client's error.
+    let state = temp_state_root();
+    let socket = state.path().join("no-daemon.sock");
+    let output = bottle(state.path())
+        .env("DOCKER_HOST", format!("unix://{}", socket.display()))
+        .args(["--backend", "docker", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(3), "preflight exit code");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.starts_with("error[BOT-D001]: "), "{stderr}");
+    let fixes = fix_lines(&output.stderr);
+    assert_eq!(fixes.len(), 1, "{stderr}");
+    assert!(
+        fixes[0].starts_with("  fix: start the docker daemon"),
+        "{stderr}"
+    );
+    assert!(stderr.ends_with(&format!("{}\n", fixes[0])), "{stderr}");
+}

@@ -13,9 +13,8 @@ use crate::error::Coded;
 pub enum DeviceError {
     /// The admin policy file exists but cannot be read.
     #[error(
-        "{}: cannot read the admin device policy: {source}\n  fix: make the file readable by this user (it should be root-owned, mode 0644), or point {} at the right file; bottle does not start without the admin policy once the file exists",
-        file.display(),
-        super::POLICY_FILE_ENV
+        "{}: cannot read the admin device policy: {source}",
+        file.display()
     )]
     PolicyUnreadable {
         /// The policy file.
@@ -27,7 +26,7 @@ pub enum DeviceError {
     /// The admin policy file is not valid TOML, has an unknown key, or a
     /// value of the wrong type.
     #[error(
-        "{}{}: {field}: {message}\n  fix: the admin policy may only set devices_blacklist = [\"/dev/...\", ...]; see docs/DEVICES.md",
+        "{}{}: {field}: {message}",
         file.display(),
         position.map(|(l, c)| format!(":{l}:{c}")).unwrap_or_default()
     )]
@@ -44,7 +43,7 @@ pub enum DeviceError {
     /// A blacklist entry (admin file or manifest) that is not a glob under
     /// `/dev/`.
     #[error(
-        "{}: {field}: {pattern:?} {problem}\n  fix: write each entry as an absolute glob under /dev/, e.g. \"/dev/sd*\"",
+        "{}: {field}: {pattern:?} {problem}",
         file.display()
     )]
     BadBlacklistPattern {
@@ -59,7 +58,7 @@ pub enum DeviceError {
     },
     /// A `devices` entry that is not a glob under `/dev/`.
     #[error(
-        "{}: {field}: {pattern:?} {problem}\n  fix: write each entry as an absolute glob under /dev/, e.g. \"/dev/nvidia*\"",
+        "{}: {field}: {pattern:?} {problem}",
         file.display()
     )]
     BadDevicePattern {
@@ -74,7 +73,7 @@ pub enum DeviceError {
     },
     /// A `devices` entry that would pass all of `/dev` (`/dev/*`, `/dev/**`).
     #[error(
-        "{}: {field}: {pattern:?} would expose all of /dev\n  fix: list only the nodes the agent needs, e.g. \"/dev/nvidia*\" or \"/dev/snd\"",
+        "{}: {field}: {pattern:?} would expose all of /dev",
         file.display()
     )]
     TooBroad {
@@ -88,7 +87,7 @@ pub enum DeviceError {
     /// Part of `/dev` covered by the blacklist could not be listed or
     /// stat'ed, so an alias of a blacklisted node could go unnoticed.
     #[error(
-        "{}: cannot check the device blacklist: {source}\n  fix: make the path readable by this user, or set devices = [] in the manifest; bottle does not pass devices it cannot check against the blacklist",
+        "{}: cannot check the device blacklist: {source}",
         path.display()
     )]
     BlacklistUnreadable {
@@ -99,9 +98,7 @@ pub enum DeviceError {
         source: io::Error,
     },
     /// A pattern matched more paths than the resolver will look at.
-    #[error(
-        "device pattern {pattern:?} matches more than {limit} paths under /dev\n  fix: narrow the pattern to the nodes the agent needs"
-    )]
+    #[error("device pattern {pattern:?} matches more than {limit} paths under /dev")]
     TooManyMatches {
         /// The pattern.
         pattern: String,
@@ -121,6 +118,22 @@ impl Coded for DeviceError {
             DeviceError::BlacklistUnreadable { .. } => "BOT-V006",
             DeviceError::TooManyMatches { .. } => "BOT-V007",
         }
+    }
+
+    fn fix(&self) -> Option<String> {
+        let fix = match self {
+            DeviceError::PolicyUnreadable { .. } => format!(
+                "make the file readable by this user (it should be root-owned, mode 0644), or point {} at the right file; bottle does not start without the admin policy once the file exists",
+                super::POLICY_FILE_ENV
+            ),
+            DeviceError::PolicyInvalid { .. } => "the admin policy may only set devices_blacklist = [\"/dev/...\", ...]; see docs/DEVICES.md".into(),
+            DeviceError::BadBlacklistPattern { .. } => "write each entry as an absolute glob under /dev/, e.g. \"/dev/sd*\"".into(),
+            DeviceError::BadDevicePattern { .. } => "write each entry as an absolute glob under /dev/, e.g. \"/dev/nvidia*\"".into(),
+            DeviceError::TooBroad { .. } => "list only the nodes the agent needs, e.g. \"/dev/nvidia*\" or \"/dev/snd\"".into(),
+            DeviceError::BlacklistUnreadable { .. } => "make the path readable by this user, or set devices = [] in the manifest; bottle does not pass devices it cannot check against the blacklist".into(),
+            DeviceError::TooManyMatches { .. } => "narrow the pattern to the nodes the agent needs".into(),
+        };
+        Some(fix)
     }
 }
 

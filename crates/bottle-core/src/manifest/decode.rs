@@ -1,46 +1,19 @@
-//! Turning serde's deserialisation errors into manifest problems: unknown
-//! keys with a suggestion, wrong types with a concrete rewrite, missing keys.
+//! Turning serde's deserialisation errors into manifest problems: wrong
+//! types with a concrete rewrite, out-of-range numbers, missing keys.
+//! Unknown keys and enumeration values never get here: the schema walk
+//! ([`super::schema`]) finds them on the spanned tree first.
 //!
-//! serde reports these as formatted strings (`unknown field `x`, expected
-//! one of ...`); the formats are serde's own and have been stable for years,
-//! and every shape handled here is pinned by a file in the bad-manifest
-//! catalogue, so a change in serde shows up as a test failure, not as a
-//! silently worse message.
+//! serde reports these as formatted strings (`invalid type: string "x",
+//! expected u32`); the formats are serde's own and have been stable for
+//! years, and every shape handled here is pinned by a file in the
+//! bad-manifest catalogue, so a change in serde shows up as a test failure,
+//! not as a silently worse message.
 
 use std::ops::Range;
 
 use super::Problem;
 use super::codes;
 use super::span::{Doc, FieldPath, Kind, Seg};
-use super::suggest;
-
-/// Agent keys, for "this belongs under `[agents.<name>]`" hints. Pinned to
-/// the model by a test.
-pub(crate) const AGENT_KEYS: &[&str] = &[
-    "image",
-    "build",
-    "command",
-    "env",
-    "prompt",
-    "skills",
-    "git",
-    "egress",
-    "credentials",
-    "devices",
-    "devices_blacklist",
-    "limits",
-];
-
-/// Keys of the agent's sub-tables that people write one level too high.
-const NESTED: &[(&str, &str)] = &[
-    ("allow", "egress.allow"),
-    ("ports", "egress.ports"),
-    ("memory", "limits.memory"),
-    ("pids", "limits.pids"),
-    ("cpus", "limits.cpus"),
-    ("context", "build.context"),
-    ("dockerfile", "build.dockerfile"),
-];
 
 /// The problem a serde error describes.
 pub(crate) fn problem(doc: &Doc<'_>, err: &serde_path_to_error::Error<toml::de::Error>) -> Problem {
@@ -121,32 +94,7 @@ pub(crate) fn tables_written_as_arrays(doc: &Doc<'_>) -> Option<Problem> {
         .min_by_key(|p| p.span.as_ref().map_or(usize::MAX, |s| s.start))
 }
 
-fn classify(message: &str, mut path: FieldPath, span: Option<Range<usize>>, raw: &str) -> Problem {
-    if let Some(rest) = message.strip_prefix("unknown field `") {
-        let (field, valid) = name_and_choices(rest);
-        if path.segments().last() != Some(&Seg::Key(field.to_string())) {
-            path.push(Seg::Key(field.to_string()));
-        }
-        return unknown_key(path, span, field, &valid);
-    }
-    if let Some(rest) = message.strip_prefix("unknown variant `") {
-        let (variant, valid) = name_and_choices(rest);
-        if raw.starts_with(['"', '\'']) {
-            let fix = match suggest::did_you_mean(variant, &valid) {
-                Some(close) => format!("did you mean \"{close}\"?"),
-                None => format!("use one of: {}", quoted_list(&valid)),
-            };
-            return Problem::new(
-                codes::INVALID_VALUE,
-                path,
-                span,
-                format!("unknown value \"{variant}\""),
-                fix,
-            );
-        }
-        path.push(Seg::Key(variant.to_string()));
-        return unknown_key(path, span, variant, &valid);
-    }
+fn classify(message: &str, path: FieldPath, span: Option<Range<usize>>, raw: &str) -> Problem {
     if let Some(rest) = message.strip_prefix("missing field `") {
         let field = rest.split('`').next().unwrap_or(rest);
         return missing_key(path, span, field);
@@ -208,41 +156,6 @@ fn classify(message: &str, mut path: FieldPath, span: Option<Range<usize>>, raw:
         span,
         message.to_string(),
         "see docs/MANIFEST.md for what this key takes".to_string(),
-    )
-}
-
-/// `` name`, expected one of `a`, `b` `` → (`name`, [`a`, `b`]).
-fn name_and_choices(rest: &str) -> (&str, Vec<&str>) {
-    let (name, tail) = rest.split_once('`').unwrap_or((rest, ""));
-    // Backticked words after the name are the choices; the text between
-    // them is serde's prose ("expected one of", ", ", " or ").
-    let choices = tail.split('`').skip(1).step_by(2).collect();
-    (name, choices)
-}
-
-fn unknown_key(path: FieldPath, span: Option<Range<usize>>, key: &str, valid: &[&str]) -> Problem {
-    let depth = path.segments().len();
-    let parent_is_agent = valid == AGENT_KEYS;
-    let fix = if let Some(close) = suggest::did_you_mean(key, valid) {
-        format!("did you mean `{close}`?")
-    } else if let Some((_, nested)) = NESTED
-        .iter()
-        .find(|(name, _)| parent_is_agent && *name == key)
-    {
-        format!("did you mean `{nested}`?")
-    } else if depth == 1 && AGENT_KEYS.contains(&key) {
-        "agent settings go under a named agent table, e.g. [agents.claude]".to_string()
-    } else if valid.is_empty() {
-        "remove it".to_string()
-    } else {
-        format!("valid keys here: {}", suggest::list(valid))
-    };
-    Problem::new(
-        codes::UNKNOWN_KEY,
-        path,
-        span,
-        format!("unknown key `{key}`"),
-        fix,
     )
 }
 
@@ -431,38 +344,5 @@ fn humanize_found(found: &str) -> String {
         "sequence" => "an array".into(),
         "map" => "a table".into(),
         s => s.replace("floating point", "number").replace('`', ""),
-    }
-}
-
-fn quoted_list(values: &[&str]) -> String {
-    values
-        .iter()
-        .map(|v| format!("\"{v}\""))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn choices_are_read_from_serde_messages() {
-        assert_eq!(
-            name_and_choices("imgae`, expected one of `image`, `build`, `command`"),
-            ("imgae", vec!["image", "build", "command"])
-        );
-        assert_eq!(
-            name_and_choices("foo`, expected `allow` or `ports`"),
-            ("foo", vec!["allow", "ports"])
-        );
-        assert_eq!(name_and_choices("x`, there are no fields"), ("x", vec![]));
-    }
-
-    #[test]
-    fn agent_keys_match_the_model() {
-        let err = toml::from_str::<super::super::Agent>("nosuchkey = 1").unwrap_err();
-        let rest = err.message().strip_prefix("unknown field `").unwrap();
-        assert_eq!(name_and_choices(rest).1, AGENT_KEYS);
     }
 }

@@ -6,8 +6,11 @@
 //! concrete fix. Three passes, each stopping at its first problem:
 //!
 //! 1. TOML syntax (toml's parser, which keeps spans);
-//! 2. deserialising into the serde model (unknown keys, types, missing
-//!    keys), through `serde_path_to_error` for the field path;
+//! 2. the shape of the spanned tree: unknown keys and enumeration values
+//!    against the known fields, and tables written as arrays; then
+//!    deserialising into the serde model (types, missing keys), through
+//!    `serde_path_to_error` for the field path. The first problem in the
+//!    document wins;
 //! 3. semantic checks on the model, located by walking the
 //!    same spanned tree.
 //!
@@ -20,6 +23,7 @@ pub mod codes;
 mod decode;
 pub mod host;
 mod model;
+mod schema;
 mod span;
 mod suggest;
 mod validate;
@@ -37,8 +41,8 @@ use span::{Doc, FieldPath};
 
 /// A manifest that could not be read or is invalid.
 ///
-/// Displays as `file:line:column: field: message` followed by a `fix:` line;
-/// parts that are unknown are left out.
+/// Displays as `file:line:column: field: message`, leaving out the parts
+/// that are unknown; the fix is [`Coded::fix`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ManifestError {
     /// The manifest file, as the caller named it.
@@ -66,11 +70,7 @@ impl fmt::Display for ManifestError {
         if !self.field.is_empty() {
             write!(f, ": {}", self.field)?;
         }
-        write!(f, ": {}", self.message)?;
-        if !self.fix.is_empty() {
-            write!(f, "\n  fix: {}", self.fix)?;
-        }
-        Ok(())
+        write!(f, ": {}", self.message)
     }
 }
 
@@ -79,6 +79,10 @@ impl std::error::Error for ManifestError {}
 impl Coded for ManifestError {
     fn code(&self) -> &'static str {
         self.code
+    }
+
+    fn fix(&self) -> Option<String> {
+        Some(self.fix.clone()).filter(|fix| !fix.is_empty())
     }
 }
 
@@ -140,7 +144,10 @@ pub fn load(path: &Path) -> Result<Manifest, ManifestError> {
 /// against; the checks that those paths exist read the file system.
 pub fn parse(path: &Path, text: &str) -> Result<Manifest, ManifestError> {
     let doc = Doc::parse(text).map_err(|err| syntax_error(path, text, &err))?;
-    let shape = decode::tables_written_as_arrays(&doc);
+    let shape = [schema::check(&doc), decode::tables_written_as_arrays(&doc)]
+        .into_iter()
+        .flatten()
+        .min_by_key(|p| p.span.as_ref().map_or(usize::MAX, |s| s.start));
     let manifest: Manifest = match serde_path_to_error::deserialize(doc.deserializer()) {
         Ok(manifest) => manifest,
         Err(err) => {
@@ -314,14 +321,12 @@ mod tests {
         };
         assert_eq!(
             err.to_string(),
-            "bottle.toml:3:9: agents.claude.image: image is empty\n  fix: name a local image"
+            "bottle.toml:3:9: agents.claude.image: image is empty"
         );
+        assert_eq!(err.fix().as_deref(), Some("name a local image"));
         err.position = None;
         err.field.clear();
-        assert_eq!(
-            err.to_string(),
-            "bottle.toml: image is empty\n  fix: name a local image"
-        );
+        assert_eq!(err.to_string(), "bottle.toml: image is empty");
     }
 
     #[test]

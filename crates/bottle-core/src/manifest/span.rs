@@ -122,6 +122,11 @@ impl<'i> Doc<'i> {
         })
     }
 
+    /// The document's root table.
+    pub(crate) fn root(&self) -> &DeTable<'i> {
+        self.root.get_ref()
+    }
+
     /// A deserializer over a copy of the tree.
     pub(crate) fn deserializer(&self) -> toml::Deserializer<'i> {
         toml::Deserializer::from(self.root.clone())

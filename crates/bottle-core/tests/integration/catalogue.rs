@@ -20,6 +20,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use bottle_core::Coded as _;
 use bottle_core::manifest::{self, codes};
 
 fn catalogue() -> PathBuf {
@@ -40,7 +41,10 @@ fn tomls(dir: &Path) -> Vec<PathBuf> {
 fn rendered(path: &Path) -> (String, &'static str) {
     let mut err = manifest::load(path).expect_err("a bad manifest must not load");
     err.file = PathBuf::from(path.file_name().unwrap());
-    (format!("error[{}]: {}\n", err.code, err), err.code)
+    let fix = err
+        .fix()
+        .map_or_else(String::new, |fix| format!("  fix: {fix}\n"));
+    (format!("error[{}]: {err}\n{fix}", err.code), err.code)
 }
 
 #[test]
