@@ -112,7 +112,7 @@ fn step(text: &str) {
 }
 
 /// Runs the demo.
-pub fn run() -> anyhow::Result<ExitCode> {
+pub(crate) fn run() -> anyhow::Result<ExitCode> {
     let binaries = dist::run()?;
     let bottle = bottle_binary()?;
     let root = workspace_root();

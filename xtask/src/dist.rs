@@ -7,17 +7,17 @@ use anyhow::bail;
 use crate::process::{cargo, describe_exit, watch, workspace_root};
 
 /// The only target the static binaries are built for.
-pub const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
+pub(crate) const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
 
 /// Cargo's target directory: `CARGO_TARGET_DIR` if set, else `target/`.
-pub fn target_dir() -> PathBuf {
+pub(crate) fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"))
 }
 
 /// The static binaries and where they end up.
-pub struct StaticBinaries {
+pub(crate) struct StaticBinaries {
     /// The sidecar bundle.
     pub bundle: PathBuf,
     /// The sandbox-escape probe (`cargo xtask sandbox-escape` copies it
@@ -28,7 +28,7 @@ pub struct StaticBinaries {
 /// Builds the static binaries in release mode. With an explicit `--target`,
 /// RUSTFLAGS reach only the target crates, not build scripts or proc macros,
 /// which cannot be linked statically.
-pub fn run() -> anyhow::Result<StaticBinaries> {
+pub(crate) fn run() -> anyhow::Result<StaticBinaries> {
     let dir = build(&["bottle-bundle", "bottle-probe"])?;
     let bundle = dir.join("bottle-bundle");
     let probe = dir.join("bottle-probe");
@@ -41,7 +41,7 @@ pub fn run() -> anyhow::Result<StaticBinaries> {
 }
 
 /// Builds `packages` statically; returns the directory the binaries are in.
-pub fn build(packages: &[&str]) -> anyhow::Result<PathBuf> {
+pub(crate) fn build(packages: &[&str]) -> anyhow::Result<PathBuf> {
     let mut args = vec!["build", "--release", "--target", STATIC_TARGET];
     for package in packages {
         args.extend(["-p", package]);

@@ -8,6 +8,12 @@
 //!
 //! Its tests include tidy (`tidy.rs`): checks of the repository's own text.
 
+#![expect(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a build tool: it reports to the developer's terminal"
+)]
+
 mod demo;
 mod dist;
 mod escape;

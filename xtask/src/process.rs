@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use bottle_core::exec::{CommandOutput, CommandRunner as _, CommandSpec, SystemRunner};
 
 /// The workspace root (xtask lives one level below it).
-pub fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest_dir
         .parent()
@@ -17,30 +17,30 @@ pub fn workspace_root() -> PathBuf {
 }
 
 /// `program`, to be run from the workspace root.
-pub fn command(program: impl Into<OsString>) -> CommandSpec {
+pub(crate) fn command(program: impl Into<OsString>) -> CommandSpec {
     CommandSpec::new(program).cwd(workspace_root())
 }
 
 /// `cargo`, as the one running xtask.
-pub fn cargo() -> CommandSpec {
+pub(crate) fn cargo() -> CommandSpec {
     command(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
 /// Runs `spec` with its output captured. `Err` only when it could not be
 /// started (or ran past its time bound); a non-zero exit is in the output.
-pub fn capture(spec: &CommandSpec) -> anyhow::Result<CommandOutput> {
+pub(crate) fn capture(spec: &CommandSpec) -> anyhow::Result<CommandOutput> {
     SystemRunner
         .run(spec)
         .with_context(|| format!("could not run `{}`", spec.argv().join(" ")))
 }
 
 /// Runs `spec` in the operator's terminal, so its progress shows.
-pub fn watch(spec: CommandSpec) -> anyhow::Result<CommandOutput> {
+pub(crate) fn watch(spec: CommandSpec) -> anyhow::Result<CommandOutput> {
     capture(&spec.inherit_streams())
 }
 
 /// How an exit reads in a message: `exit 3`, or `killed by a signal`.
-pub fn describe_exit(output: &CommandOutput) -> String {
+pub(crate) fn describe_exit(output: &CommandOutput) -> String {
     output
         .code
         .map_or_else(|| "killed by a signal".to_string(), |c| format!("exit {c}"))

@@ -8,7 +8,7 @@ use crate::process::{cargo, watch};
 
 /// Builds the static binaries, then runs `cargo test --workspace` with their
 /// paths in the environment. Extra arguments go to `cargo test`.
-pub fn run(extra: &[String]) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(extra: &[String]) -> anyhow::Result<ExitCode> {
     let binaries = dist::run()?;
     let tests = cargo()
         .args(["test", "--workspace"])

@@ -14,6 +14,7 @@
 //!   bottle CA → scanning → egress over loopback → new TLS to the upstream.
 //!   There is no pass-through mode: every allowed tunnel is intercepted.
 
+#![expect(clippy::print_stdout, reason = "a benchmark prints its table")]
 #![expect(
     clippy::unwrap_used,
     reason = "a benchmark harness: any failure must abort the run loudly"

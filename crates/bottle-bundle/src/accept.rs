@@ -14,7 +14,7 @@ use crate::BundleError;
 /// The next connection on `listener`, holding one of `slots` for as long as
 /// the caller keeps the permit (so at most `slots` connections are served at
 /// once). An error means the daemon `daemon` cannot accept any more.
-pub async fn next_connection(
+pub(crate) async fn next_connection(
     listener: &TcpListener,
     slots: &Arc<Semaphore>,
     daemon: &str,
@@ -35,7 +35,7 @@ pub async fn next_connection(
                 return Ok((stream, peer, permit));
             }
             Err(e) if is_transient(&e) => {
-                eprintln!("bottle-bundle: {daemon} accept: {e}");
+                crate::log!("{daemon} accept: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(e) => return Err(failed(format!("accept failed: {e}"))),

@@ -121,7 +121,7 @@ impl AuditLog {
         let mut line = match serde_json::to_vec(record) {
             Ok(l) => l,
             Err(e) => {
-                eprintln!("bottle-bundle: could not encode audit record: {e}");
+                crate::log!("could not encode audit record: {e}");
                 return;
             }
         };
@@ -131,8 +131,8 @@ impl AuditLog {
             Err(poisoned) => poisoned.into_inner(),
         };
         if let Err(e) = file.write_all(&line).and_then(|()| file.flush()) {
-            eprintln!(
-                "bottle-bundle: could not write audit log {}: {e}",
+            crate::log!(
+                "could not write audit log {}: {e}",
                 self.inner.path.display()
             );
         }

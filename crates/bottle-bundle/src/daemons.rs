@@ -164,8 +164,8 @@ async fn run_daemon(d: Daemon, policy: RestartPolicy) -> Result<(), BundleError>
             .base_backoff
             .saturating_mul(1 << count.saturating_sub(1).min(16))
             .min(policy.max_backoff);
-        eprintln!(
-            "bottle-bundle: {} stopped ({last}); restart {count} in {} ms",
+        crate::log!(
+            "{} stopped ({last}); restart {count} in {} ms",
             d.name,
             backoff.as_millis()
         );

@@ -19,6 +19,7 @@ pub mod egress;
 mod error;
 pub mod gitgate;
 pub mod io;
+pub mod log;
 pub mod proxy;
 pub mod scan;
 pub mod supervise;

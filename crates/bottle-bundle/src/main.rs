@@ -7,6 +7,11 @@
 //! - `bottle-bundle gen-ca --bottle NAME --cert FILE --key FILE` writes a
 //!   fresh per-bottle CA.
 
+#![expect(
+    clippy::print_stderr,
+    reason = "a command-line program: `health` and `gen-ca` answer, and startup errors end, on stderr"
+)]
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;

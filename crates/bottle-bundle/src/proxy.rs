@@ -382,7 +382,7 @@ impl Proxy {
         tokio::spawn(async move {
             match hyper::upgrade::on(req).await {
                 Ok(upgraded) => this.intercept(TokioIo::new(upgraded), target).await,
-                Err(e) => eprintln!("bottle-bundle: proxy: CONNECT upgrade failed: {e}"),
+                Err(e) => crate::log!("proxy: CONNECT upgrade failed: {e}"),
             }
         });
         Response::new(boxed(http_body_util::Empty::<Bytes>::new()))
@@ -449,7 +449,7 @@ impl Proxy {
         let config = match self.minter.server_config(&target.host) {
             Ok(c) => c,
             Err(e) => {
-                eprintln!("bottle-bundle: proxy: {e}");
+                crate::log!("proxy: {e}");
                 return fail("leaf_mint_failed", 0);
             }
         };
@@ -692,7 +692,7 @@ impl Proxy {
                     "egress_unreachable",
                     &target.rule,
                 );
-                eprintln!("bottle-bundle: proxy: egress request failed: {e}");
+                crate::log!("proxy: egress request failed: {e}");
                 self.refuse(
                     StatusCode::BAD_GATEWAY,
                     rec,

@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 /// egress-allowlisting sidecar.
 #[derive(Debug, Parser)]
 #[command(name = "bottle", version, about, propagate_version = true)]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(flatten)]
     pub global: Global,
     #[command(subcommand)]
@@ -17,7 +17,7 @@ pub struct Cli {
 
 /// Options every command accepts.
 #[derive(Debug, Args)]
-pub struct Global {
+pub(crate) struct Global {
     /// The backend: docker (default) or smolmachines.
     #[arg(long, global = true, env = "BOT_BOTTLE_BACKEND", value_name = "NAME")]
     pub backend: Option<String>,
@@ -43,7 +43,7 @@ pub struct Global {
 
 /// The commands.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Prepare, confirm and launch a bottle, then attach to the agent.
     Start(StartArgs),
     /// Show what `start` would do, without doing it.
@@ -78,7 +78,7 @@ pub enum Command {
 
 /// `bottle start`.
 #[derive(Debug, Args)]
-pub struct StartArgs {
+pub(crate) struct StartArgs {
     /// The agent (a key under `[agents]` in the manifest).
     pub agent: String,
     /// Name the bottle (default: the agent's name).
@@ -91,7 +91,7 @@ pub struct StartArgs {
 
 /// `bottle plan`.
 #[derive(Debug, Args)]
-pub struct PlanArgs {
+pub(crate) struct PlanArgs {
     /// The agent (a key under `[agents]` in the manifest).
     pub agent: String,
     /// Name the bottle (default: the agent's name).
@@ -101,14 +101,14 @@ pub struct PlanArgs {
 
 /// A command that takes one bottle.
 #[derive(Debug, Args)]
-pub struct BottleArg {
+pub(crate) struct BottleArg {
     /// The bottle (`bot-bottle-<slug>` or just `<slug>`).
     pub bottle: String,
 }
 
 /// `bottle exec`.
 #[derive(Debug, Args)]
-pub struct ExecArgs {
+pub(crate) struct ExecArgs {
     /// The bottle (`bot-bottle-<slug>` or just `<slug>`).
     pub bottle: String,
     /// Attach a terminal (interactive).
@@ -121,7 +121,7 @@ pub struct ExecArgs {
 
 /// `bottle cp`.
 #[derive(Debug, Args)]
-pub struct CpArgs {
+pub(crate) struct CpArgs {
     /// The host file or directory.
     pub source: std::path::PathBuf,
     /// `BOTTLE:DIR`, the directory inside the bottle to copy into.
@@ -130,7 +130,7 @@ pub struct CpArgs {
 
 /// `bottle logs`.
 #[derive(Debug, Args)]
-pub struct LogsArgs {
+pub(crate) struct LogsArgs {
     /// The bottle (`bot-bottle-<slug>` or just `<slug>`).
     pub bottle: String,
     /// Keep printing new lines as they arrive.
@@ -140,7 +140,7 @@ pub struct LogsArgs {
 
 /// `bottle requests`.
 #[derive(Debug, Args)]
-pub struct RequestsArgs {
+pub(crate) struct RequestsArgs {
     /// Only this bottle's requests (`bot-bottle-<slug>` or just `<slug>`).
     pub bottle: Option<String>,
     /// Also show the requests already answered.
@@ -150,7 +150,7 @@ pub struct RequestsArgs {
 
 /// `bottle approve` / `bottle deny`.
 #[derive(Debug, Args)]
-pub struct DecideArgs {
+pub(crate) struct DecideArgs {
     /// The request's id, as `bottle requests` shows it (like `claude-3`).
     pub id: String,
     /// Why (shown to the agent).
@@ -160,7 +160,7 @@ pub struct DecideArgs {
 
 /// `bottle completions`.
 #[derive(Debug, Args)]
-pub struct CompletionsArgs {
+pub(crate) struct CompletionsArgs {
     /// The shell.
     pub shell: clap_complete::Shell,
 }

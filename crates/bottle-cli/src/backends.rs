@@ -17,7 +17,7 @@ use crate::args::Global;
 use crate::failure::{EXIT_USAGE, Failure};
 
 /// The backend named by `--backend` / `BOT_BOTTLE_BACKEND`, default docker.
-pub fn selected(global: &Global) -> Result<BackendKind, Failure> {
+pub(crate) fn selected(global: &Global) -> Result<BackendKind, Failure> {
     match global.backend.as_deref() {
         None | Some("") => Ok(BackendKind::Docker),
         Some(name) => BackendKind::parse(name).ok_or_else(|| {
@@ -35,25 +35,25 @@ pub fn selected(global: &Global) -> Result<BackendKind, Failure> {
 }
 
 /// Whether the operator chose a backend explicitly.
-pub fn explicit(global: &Global) -> bool {
+pub(crate) fn explicit(global: &Global) -> bool {
     global.backend.as_deref().is_some_and(|b| !b.is_empty())
 }
 
 /// How a command wants its backend set up.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Mode {
+pub(crate) struct Mode {
     /// `bottle start --detach`: the bottle outlives this process.
     pub detach: bool,
 }
 
 /// The smolmachines backend as the CLI composes it: bundles and agent
 /// images from the Docker Engine.
-pub type Smolmachines = bottle_smolvm::SmolvmBackend<bottle_docker::DockerBundleHost>;
+pub(crate) type Smolmachines = bottle_smolvm::SmolvmBackend<bottle_docker::DockerBundleHost>;
 
 /// One of the backends, each with its own typed plans (youki's
 /// `AnyCgroupManager` pattern): `start` dispatches on it, every other
 /// command sees a `dyn BottleBackend` through `Deref`.
-pub enum AnyBackend {
+pub(crate) enum AnyBackend {
     /// `--backend docker`.
     Docker(bottle_docker::DockerBackend),
     /// `--backend smolmachines`.
@@ -72,7 +72,11 @@ impl std::ops::Deref for AnyBackend {
 }
 
 /// Constructs a backend.
-pub fn open(kind: BackendKind, global: &Global, mode: Mode) -> Result<AnyBackend, BackendError> {
+pub(crate) fn open(
+    kind: BackendKind,
+    global: &Global,
+    mode: Mode,
+) -> Result<AnyBackend, BackendError> {
     let state_root = bottle_core::state::state_root(|key| std::env::var(key).ok())
         .map_err(|err| BackendError::from_coded(BackendErrorKind::Preflight, err))?;
     match kind {
@@ -91,12 +95,12 @@ pub fn open(kind: BackendKind, global: &Global, mode: Mode) -> Result<AnyBackend
 }
 
 /// Names the `smolvm` program to run (default: `smolvm` on `PATH`).
-pub const SMOLVM_ENV: &str = "BOTTLE_SMOLVM";
+pub(crate) const SMOLVM_ENV: &str = "BOTTLE_SMOLVM";
 
 /// Test-only: `1` skips the KVM check, but only while [`SMOLVM_ENV`] names
 /// the `fake-smolvm` test double (which boots nothing); it is ignored, with
 /// a warning, for any other program, and announced on stderr every time.
-pub const FAKE_NO_KVM_ENV: &str = "BOTTLE_TEST_FAKE_SMOLVM_NO_KVM";
+pub(crate) const FAKE_NO_KVM_ENV: &str = "BOTTLE_TEST_FAKE_SMOLVM_NO_KVM";
 
 /// The file name of the test double (`crates/fake-smolvm`).
 const FAKE_SMOLVM: &str = "fake-smolvm";
@@ -144,15 +148,22 @@ fn vm_host_check(
 ) -> Arc<bottle_smolvm::backend::HostCheck> {
     let is_fake = program.file_name().is_some_and(|n| n == FAKE_SMOLVM);
     if fake_without_kvm && is_fake {
-        eprintln!(
-            "warning: {FAKE_NO_KVM_ENV}=1 and {SMOLVM_ENV} is the test double {}: the KVM check is skipped (nothing here is isolated)",
-            program.display()
+        // Announced even with --quiet: nothing here is isolated.
+        crate::output::note(
+            false,
+            &format!(
+                "warning: {FAKE_NO_KVM_ENV}=1 and {SMOLVM_ENV} is the test double {}: the KVM check is skipped (nothing here is isolated)",
+                program.display()
+            ),
         );
         return Arc::new(|| Ok(()));
     }
-    if fake_without_kvm && !quiet {
-        eprintln!(
-            "warning: {FAKE_NO_KVM_ENV} is ignored: {SMOLVM_ENV} does not name the {FAKE_SMOLVM} test double, so KVM is checked"
+    if fake_without_kvm {
+        crate::output::note(
+            quiet,
+            &format!(
+                "warning: {FAKE_NO_KVM_ENV} is ignored: {SMOLVM_ENV} does not name the {FAKE_SMOLVM} test double, so KVM is checked"
+            ),
         );
     }
     Arc::new(|| {
@@ -175,5 +186,7 @@ fn progress(global: &Global) -> Option<bottle_docker::Progress> {
     if global.quiet || !std::io::stderr().is_terminal() {
         return None;
     }
-    Some(std::sync::Arc::new(|line: &str| eprintln!("{line}")))
+    Some(std::sync::Arc::new(|line: &str| {
+        crate::output::err_bytes(format!("{line}\n").as_bytes());
+    }))
 }

@@ -15,7 +15,7 @@ use crate::failure::{EXIT_DECLINED, EXIT_USAGE, Failure};
 use crate::output::{self, note, out};
 
 /// Runs one command.
-pub fn run(cli: Cli) -> Result<ExitCode, Failure> {
+pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
     let global = &cli.global;
     match cli.command {
         Command::Check => check(global),

@@ -11,7 +11,7 @@ use crate::failure::{EXIT_USAGE, Failure};
 /// `BOTTLE_POLICY_FILE` if set. The override can only add to the system
 /// file's blacklist, never replace it, so a user cannot point it at a
 /// permissive file to get around the administrator.
-pub fn admin_policy() -> Result<AdminPolicy, Failure> {
+pub(crate) fn admin_policy() -> Result<AdminPolicy, Failure> {
     let load =
         |path: &Path| AdminPolicy::load(path).map_err(|err| Failure::coded(&err, EXIT_USAGE));
     let mut policy = load(Path::new(devices::DEFAULT_POLICY_FILE))?;
@@ -26,7 +26,7 @@ pub fn admin_policy() -> Result<AdminPolicy, Failure> {
 }
 
 /// Resolves the spec's device requests against the host's `/dev`.
-pub fn resolve(spec: &BottleSpec) -> Result<ResolvedDevices, Failure> {
+pub(crate) fn resolve(spec: &BottleSpec) -> Result<ResolvedDevices, Failure> {
     let admin = admin_policy()?;
     let policy =
         DevicePolicy::for_spec(spec, &admin).map_err(|err| Failure::coded(&err, EXIT_USAGE))?;

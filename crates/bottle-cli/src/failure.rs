@@ -13,21 +13,21 @@ use bottle_core::backend::{BackendError, BackendErrorKind};
 use bottle_core::{Coded, ManifestError};
 
 /// Exit code: bad input.
-pub const EXIT_USAGE: u8 = 2;
+pub(crate) const EXIT_USAGE: u8 = 2;
 /// Exit code: the host cannot run the backend.
-pub const EXIT_PREFLIGHT: u8 = 3;
+pub(crate) const EXIT_PREFLIGHT: u8 = 3;
 /// Exit code: the backend failed.
-pub const EXIT_BACKEND: u8 = 4;
+pub(crate) const EXIT_BACKEND: u8 = 4;
 /// Exit code: isolation could not be confirmed.
-pub const EXIT_ISOLATION: u8 = 5;
+pub(crate) const EXIT_ISOLATION: u8 = 5;
 /// Exit code: the command's backend has not landed yet.
-pub const EXIT_UNAVAILABLE: u8 = 6;
+pub(crate) const EXIT_UNAVAILABLE: u8 = 6;
 /// Exit code: the operator answered no.
-pub const EXIT_DECLINED: u8 = 7;
+pub(crate) const EXIT_DECLINED: u8 = 7;
 
 /// An error on its way to the operator.
 #[derive(Debug)]
-pub struct Failure {
+pub(crate) struct Failure {
     /// Stable code, if the error has one.
     pub code: Option<&'static str>,
     /// What failed, with its causes appended.
@@ -40,7 +40,7 @@ pub struct Failure {
 
 impl Failure {
     /// A failure with a code and exit status.
-    pub fn new(code: &'static str, exit: u8, message: impl Into<String>) -> Failure {
+    pub(crate) fn new(code: &'static str, exit: u8, message: impl Into<String>) -> Failure {
         Failure {
             code: Some(code),
             message: message.into(),
@@ -50,13 +50,13 @@ impl Failure {
     }
 
     /// The same failure with what the operator should do next.
-    pub fn with_fix(mut self, fix: impl Into<String>) -> Failure {
+    pub(crate) fn with_fix(mut self, fix: impl Into<String>) -> Failure {
         self.fix = Some(fix.into());
         self
     }
 
     /// A library's typed error: its code, message and fix.
-    pub fn coded<E: Coded + std::fmt::Display>(err: &E, exit: u8) -> Failure {
+    pub(crate) fn coded<E: Coded + std::fmt::Display>(err: &E, exit: u8) -> Failure {
         Failure {
             code: Some(err.code()),
             message: err.to_string(),
@@ -66,7 +66,7 @@ impl Failure {
     }
 
     /// The process exit code.
-    pub fn exit_code(&self) -> ExitCode {
+    pub(crate) fn exit_code(&self) -> ExitCode {
         ExitCode::from(self.exit)
     }
 }

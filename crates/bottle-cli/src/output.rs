@@ -7,7 +7,7 @@ use crate::failure::Failure;
 
 /// Prints `error[CODE]: message` and, when there is one, a single `fix:`
 /// line to stderr.
-pub fn print_failure(failure: &Failure) {
+pub(crate) fn print_failure(failure: &Failure) {
     let mut text = match failure.code {
         Some(code) => format!("error[{code}]: {}\n", failure.message),
         None => format!("error: {}\n", failure.message),
@@ -19,35 +19,35 @@ pub fn print_failure(failure: &Failure) {
 }
 
 /// Writes to stdout, ignoring a closed pipe.
-pub fn out(text: &str) {
+pub(crate) fn out(text: &str) {
     let mut stdout = io::stdout().lock();
     let _ = stdout.write_all(text.as_bytes());
     let _ = stdout.flush();
 }
 
 /// Writes raw bytes to stdout, ignoring a closed pipe.
-pub fn out_bytes(bytes: &[u8]) {
+pub(crate) fn out_bytes(bytes: &[u8]) {
     let mut stdout = io::stdout().lock();
     let _ = stdout.write_all(bytes);
     let _ = stdout.flush();
 }
 
 /// Writes raw bytes to stderr.
-pub fn err_bytes(bytes: &[u8]) {
+pub(crate) fn err_bytes(bytes: &[u8]) {
     let mut stderr = io::stderr().lock();
     let _ = stderr.write_all(bytes);
     let _ = stderr.flush();
 }
 
 /// A one-line note on stderr (warnings, progress), unless quiet.
-pub fn note(quiet: bool, text: &str) {
+pub(crate) fn note(quiet: bool, text: &str) {
     if !quiet {
         err_bytes(format!("{text}\n").as_bytes());
     }
 }
 
 /// Pretty JSON on stdout.
-pub fn json(value: &impl serde::Serialize) -> Result<(), Failure> {
+pub(crate) fn json(value: &impl serde::Serialize) -> Result<(), Failure> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|err| anyhow::anyhow!("could not render JSON: {err}"))?;
     out(&format!("{text}\n"));
@@ -55,12 +55,12 @@ pub fn json(value: &impl serde::Serialize) -> Result<(), Failure> {
 }
 
 /// Whether stdin and stderr are both terminals (a prompt can be answered).
-pub fn interactive() -> bool {
+pub(crate) fn interactive() -> bool {
     io::stdin().is_terminal() && io::stderr().is_terminal()
 }
 
 /// A fixed-width table: a header row and left-aligned columns.
-pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (i, cell) in row.iter().enumerate() {

@@ -24,7 +24,11 @@ impl From<RequestError> for Failure {
 }
 
 /// `bottle requests [BOTTLE] [--all]`.
-pub fn list(global: &Global, args: &RequestsArgs, state_root: &Path) -> Result<ExitCode, Failure> {
+pub(crate) fn list(
+    global: &Global,
+    args: &RequestsArgs,
+    state_root: &Path,
+) -> Result<ExitCode, Failure> {
     let mut all = match &args.bottle {
         Some(bottle) => {
             let dir = requests::requests_dir(&state_root.join(slug::slug_of(bottle)));
@@ -77,7 +81,7 @@ pub fn list(global: &Global, args: &RequestsArgs, state_root: &Path) -> Result<E
 }
 
 /// `bottle approve ID` / `bottle deny ID`.
-pub fn decide(
+pub(crate) fn decide(
     global: &Global,
     args: &DecideArgs,
     decision: Status,
@@ -108,7 +112,7 @@ pub fn decide(
 }
 
 /// Pending requests of the bottle named `bottle` (for `bottle list`).
-pub fn pending_count(state_root: &Path, bottle: &str) -> usize {
+pub(crate) fn pending_count(state_root: &Path, bottle: &str) -> usize {
     let dir = requests::requests_dir(&state_root.join(slug::slug_of(bottle)));
     requests::pending(&dir).map_or(0, |p| p.len())
 }

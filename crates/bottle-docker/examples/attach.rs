@@ -2,6 +2,11 @@
 //! mode, resize): `attach STATE_ROOT NAME [COMMAND...]`. Without a command
 //! it runs the image's default one.
 
+#![expect(
+    clippy::print_stderr,
+    reason = "an example reports what it did on the terminal"
+)]
+
 use std::process::ExitCode;
 
 use bottle_core::BottleBackend;

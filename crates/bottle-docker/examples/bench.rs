@@ -11,6 +11,11 @@
 //!
 //! Prints Markdown for docs/PERF.md.
 
+#![expect(
+    clippy::print_stdout,
+    reason = "an example reports what it did on the terminal"
+)]
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 

@@ -7,6 +7,12 @@
 //! process they kill mid-launch (with `BOTTLE_FAILPOINT=<step>:sleep`) to
 //! leave an orphan behind for `cleanup`.
 
+#![expect(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "an example reports what it did on the terminal"
+)]
+
 use std::io::Read as _;
 use std::path::PathBuf;
 use std::process::ExitCode;

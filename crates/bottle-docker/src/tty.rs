@@ -12,19 +12,19 @@ use nix::sys::termios::{self, SetArg, Termios};
 use crate::error::DockerError;
 
 /// True when both stdin and stdout are terminals.
-pub fn stdin_and_stdout_are_terminals() -> bool {
+pub(crate) fn stdin_and_stdout_are_terminals() -> bool {
     std::io::stdin().is_terminal() && std::io::stdout().is_terminal()
 }
 
 /// Puts stdin's terminal in raw mode until dropped.
 #[derive(Debug)]
-pub struct RawMode {
+pub(crate) struct RawMode {
     original: Termios,
 }
 
 impl RawMode {
     /// Saves the current settings and switches to raw mode.
-    pub fn enable() -> Result<RawMode, DockerError> {
+    pub(crate) fn enable() -> Result<RawMode, DockerError> {
         let stdin = std::io::stdin();
         let err = |action: &str| {
             let action = action.to_string();
@@ -51,7 +51,7 @@ impl Drop for RawMode {
 }
 
 /// The terminal's (rows, columns), from stdout.
-pub fn window_size() -> Option<(u16, u16)> {
+pub(crate) fn window_size() -> Option<(u16, u16)> {
     let size = rustix::termios::tcgetwinsize(std::io::stdout()).ok()?;
     (size.ws_row > 0 && size.ws_col > 0).then_some((size.ws_row, size.ws_col))
 }
@@ -60,13 +60,13 @@ pub fn window_size() -> Option<(u16, u16)> {
 /// thread polls with a short timeout so [`StdinPump::stop`] ends it without
 /// waiting for the operator to type.
 #[derive(Debug)]
-pub struct StdinPump {
+pub(crate) struct StdinPump {
     stop: Arc<AtomicBool>,
 }
 
 impl StdinPump {
     /// Starts the reader. The channel closes at end of input.
-    pub fn start() -> (tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>, StdinPump) {
+    pub(crate) fn start() -> (tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>, StdinPump) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
@@ -79,7 +79,7 @@ impl StdinPump {
     }
 
     /// Tells the reader thread to finish.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
     }
 }

@@ -3,6 +3,12 @@
 //! probe ran (whatever they found: the harness judges), 1 when the config
 //! is unusable or stdout closed, 2 on a usage error.
 
+#![expect(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "the probe's contract with the harness is one JSON line per probe on stdout"
+)]
+
 use std::path::Path;
 use std::process::ExitCode;
 

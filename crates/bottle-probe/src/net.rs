@@ -7,10 +7,10 @@ use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 /// The most a probe reads from one peer.
-pub const READ_CAP: usize = 64 * 1024;
+pub(crate) const READ_CAP: usize = 64 * 1024;
 
 /// Parses a target address; the error names the field.
-pub fn parse_ip(field: &str, value: &str) -> Result<IpAddr, String> {
+pub(crate) fn parse_ip(field: &str, value: &str) -> Result<IpAddr, String> {
     value
         .trim_start_matches('[')
         .trim_end_matches(']')
@@ -19,7 +19,11 @@ pub fn parse_ip(field: &str, value: &str) -> Result<IpAddr, String> {
 }
 
 /// An `ip` or `ip:port` target with a default port.
-pub fn parse_addr(field: &str, value: &str, default_port: u16) -> Result<SocketAddr, String> {
+pub(crate) fn parse_addr(
+    field: &str,
+    value: &str,
+    default_port: u16,
+) -> Result<SocketAddr, String> {
     if let Ok(sa) = value.parse::<SocketAddr>() {
         return Ok(sa);
     }
@@ -27,7 +31,7 @@ pub fn parse_addr(field: &str, value: &str, default_port: u16) -> Result<SocketA
 }
 
 /// `host:port` for a request line or header (IPv6 bracketed).
-pub fn authority(host: &str, port: u16) -> String {
+pub(crate) fn authority(host: &str, port: u16) -> String {
     if host.contains(':') && !host.starts_with('[') {
         format!("[{host}]:{port}")
     } else {
@@ -36,7 +40,7 @@ pub fn authority(host: &str, port: u16) -> String {
 }
 
 /// A host for a URL or `Host:` header (IPv6 bracketed), no port.
-pub fn url_host(host: &str) -> String {
+pub(crate) fn url_host(host: &str) -> String {
     if host.contains(':') && !host.starts_with('[') {
         format!("[{host}]")
     } else {
@@ -45,7 +49,7 @@ pub fn url_host(host: &str) -> String {
 }
 
 /// Connects within `timeout`, with read and write timeouts set.
-pub fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+pub(crate) fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
     let s = TcpStream::connect_timeout(&addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
@@ -54,7 +58,7 @@ pub fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream
 
 /// Reads until EOF, [`READ_CAP`], or `deadline`; whatever arrived is
 /// returned even when the read ends in an error or a timeout.
-pub fn read_until_close(s: &mut impl Read, deadline: Instant) -> Vec<u8> {
+pub(crate) fn read_until_close(s: &mut impl Read, deadline: Instant) -> Vec<u8> {
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     while got.len() < READ_CAP && Instant::now() < deadline {
@@ -67,7 +71,7 @@ pub fn read_until_close(s: &mut impl Read, deadline: Instant) -> Vec<u8> {
 }
 
 /// Reads an HTTP response head (up to the blank line), bounded.
-pub fn read_head(s: &mut impl Read, deadline: Instant) -> Vec<u8> {
+pub(crate) fn read_head(s: &mut impl Read, deadline: Instant) -> Vec<u8> {
     let mut got = Vec::new();
     let mut b = [0u8; 1];
     while got.len() < READ_CAP && Instant::now() < deadline && !got.ends_with(b"\r\n\r\n") {
@@ -80,14 +84,18 @@ pub fn read_head(s: &mut impl Read, deadline: Instant) -> Vec<u8> {
 }
 
 /// Sends `request` and returns everything the peer answers.
-pub fn exchange(addr: SocketAddr, request: &[u8], timeout: Duration) -> std::io::Result<Vec<u8>> {
+pub(crate) fn exchange(
+    addr: SocketAddr,
+    request: &[u8],
+    timeout: Duration,
+) -> std::io::Result<Vec<u8>> {
     let mut s = connect(addr, timeout)?;
     s.write_all(request)?;
     Ok(read_until_close(&mut s, Instant::now() + timeout))
 }
 
 /// A plain `GET` with `Connection: close`.
-pub fn http_get(
+pub(crate) fn http_get(
     addr: SocketAddr,
     host: &str,
     target: &str,
@@ -100,7 +108,7 @@ pub fn http_get(
 }
 
 /// The status code of an HTTP response, if it starts like one.
-pub fn status(reply: &[u8]) -> Option<u16> {
+pub(crate) fn status(reply: &[u8]) -> Option<u16> {
     let line = reply.split(|&b| b == b'\n').next()?;
     let line = std::str::from_utf8(line).ok()?;
     let mut parts = line.split_whitespace();
@@ -112,7 +120,7 @@ pub fn status(reply: &[u8]) -> Option<u16> {
 
 /// Resolves a `host:port` (used only for the proxy address, which the
 /// harness gives as an IP; a name goes through the system resolver).
-pub fn resolve_one(host_port: &str) -> Result<SocketAddr, String> {
+pub(crate) fn resolve_one(host_port: &str) -> Result<SocketAddr, String> {
     if let Ok(sa) = host_port.parse::<SocketAddr>() {
         return Ok(sa);
     }
@@ -124,7 +132,7 @@ pub fn resolve_one(host_port: &str) -> Result<SocketAddr, String> {
 }
 
 /// Splits `http://host:port[/...]` into a socket address.
-pub fn proxy_addr(url: &str) -> Result<SocketAddr, String> {
+pub(crate) fn proxy_addr(url: &str) -> Result<SocketAddr, String> {
     let rest = url
         .strip_prefix("http://")
         .ok_or_else(|| format!("targets.proxy = {url:?} is not an http:// URL"))?;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 /// Pushes one byte into a terminal's input queue (`TIOCSTI`). Returns the
 /// raw `ioctl` result as an I/O error on failure.
-pub fn tiocsti(fd: &impl AsRawFd, byte: u8) -> std::io::Result<()> {
+pub(crate) fn tiocsti(fd: &impl AsRawFd, byte: u8) -> std::io::Result<()> {
     let c = byte;
     #[expect(
         unsafe_code,
@@ -26,7 +26,7 @@ pub fn tiocsti(fd: &impl AsRawFd, byte: u8) -> std::io::Result<()> {
 /// Whether `/proc/self/cwd` and `getcwd()` name the same directory; a
 /// working directory outside the root (a leaked host directory) makes
 /// `getcwd` fail or disagree. `None`: `/proc` unreadable.
-pub fn cwd_consistent() -> Option<bool> {
+pub(crate) fn cwd_consistent() -> Option<bool> {
     let via_proc = std::fs::metadata("/proc/self/cwd").ok()?;
     let Ok(named) = std::env::current_dir() else {
         return Some(false);
@@ -41,7 +41,7 @@ pub fn cwd_consistent() -> Option<bool> {
 }
 
 /// A field of `/proc/self/status`-style text (`CapEff`, `NoNewPrivs`).
-pub fn status_field_in(text: &str, name: &str) -> Option<String> {
+pub(crate) fn status_field_in(text: &str, name: &str) -> Option<String> {
     text.lines().find_map(|l| {
         let (k, v) = l.split_once(':')?;
         (k == name).then(|| v.trim().to_string())
@@ -51,7 +51,7 @@ pub fn status_field_in(text: &str, name: &str) -> Option<String> {
 /// A cgroup limit: the first of `paths` that reads as a number. `Ok(None)`:
 /// a file says there is no limit (`max`, or the v1 "unlimited" value);
 /// `Err`: no file was readable.
-pub fn cgroup_limit(paths: &[&str]) -> Result<Option<u64>, String> {
+pub(crate) fn cgroup_limit(paths: &[&str]) -> Result<Option<u64>, String> {
     let mut tried = Vec::new();
     for p in paths {
         match std::fs::read_to_string(p) {
@@ -63,7 +63,7 @@ pub fn cgroup_limit(paths: &[&str]) -> Result<Option<u64>, String> {
 }
 
 /// `max` or a v1 huge value (above 2^60) is no limit.
-pub fn parse_limit(text: &str) -> Option<u64> {
+pub(crate) fn parse_limit(text: &str) -> Option<u64> {
     let t = text.trim();
     if t == "max" {
         return None;
@@ -73,7 +73,7 @@ pub fn parse_limit(text: &str) -> Option<u64> {
 
 /// A fresh directory for a probe's scratch files: under the temp dir, else
 /// under the working directory. The caller removes it.
-pub fn scratch_dir(tag: &str) -> Option<PathBuf> {
+pub(crate) fn scratch_dir(tag: &str) -> Option<PathBuf> {
     let name = format!("bottle-probe-{tag}-{}", std::process::id());
     for base in [
         std::env::temp_dir(),
@@ -89,7 +89,7 @@ pub fn scratch_dir(tag: &str) -> Option<PathBuf> {
 }
 
 /// The probe's own executable, for spawning helper children.
-pub fn self_exe() -> PathBuf {
+pub(crate) fn self_exe() -> PathBuf {
     PathBuf::from("/proc/self/exe")
 }
 
@@ -97,7 +97,7 @@ pub fn self_exe() -> PathBuf {
 /// (see [`crate::child`]), with stdin closed. The probe is a static binary
 /// that must not depend on the CLI's command runner, and it never runs any
 /// other program.
-pub fn helper(task: &[&str]) -> std::process::Command {
+pub(crate) fn helper(task: &[&str]) -> std::process::Command {
     #[expect(
         clippy::disallowed_methods,
         reason = "the probe only re-executes itself; see the doc comment"

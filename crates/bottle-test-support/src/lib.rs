@@ -108,6 +108,10 @@ pub fn docker_required() -> bool {
 /// `test` cannot run here because of `why`: prints a skip line, or panics
 /// when Docker is required.
 #[track_caller]
+#[expect(
+    clippy::print_stdout,
+    reason = "a skipped test says so in the test output, where cargo test shows it"
+)]
 pub fn skip_docker_test(test: &str, why: impl Display) {
     assert!(
         !docker_required(),

@@ -11,7 +11,7 @@ use sha2::{Digest as _, Sha256};
 use crate::{Result, error};
 
 /// `dirs::data_local_dir()` as smolvm sees it (see the crate docs).
-pub fn data_local_dir(version: SmolvmVersion) -> Result<PathBuf> {
+pub(crate) fn data_local_dir(version: SmolvmVersion) -> Result<PathBuf> {
     let var = |k: &str| {
         std::env::var(k)
             .ok()
@@ -37,14 +37,14 @@ pub fn data_local_dir(version: SmolvmVersion) -> Result<PathBuf> {
 }
 
 /// An open state database.
-pub struct StateDb {
+pub(crate) struct StateDb {
     conn: Connection,
 }
 
 impl StateDb {
     /// Opens (creating if needed) the database at `path` with smolvm's
     /// tables.
-    pub fn open(path: &Path) -> Result<StateDb> {
+    pub(crate) fn open(path: &Path) -> Result<StateDb> {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)
                 .map_err(|e| error(format!("create {}: {e}", parent.display())))?;
@@ -62,7 +62,7 @@ impl StateDb {
     }
 
     /// The machine's record, if there is one.
-    pub fn get(&self, name: &str) -> Result<Option<Value>> {
+    pub(crate) fn get(&self, name: &str) -> Result<Option<Value>> {
         let data: Option<Vec<u8>> = self
             .conn
             .query_row("SELECT data FROM vms WHERE name = ?1", [name], |r| r.get(0))
@@ -75,13 +75,13 @@ impl StateDb {
     }
 
     /// The machine's record; smolvm's "not found" error without one.
-    pub fn require(&self, name: &str) -> Result<Value> {
+    pub(crate) fn require(&self, name: &str) -> Result<Value> {
         self.get(name)?
             .ok_or_else(|| error(format!("machine '{name}' not found")))
     }
 
     /// Writes the machine's record, replacing any.
-    pub fn put(&self, name: &str, record: &Value) -> Result<()> {
+    pub(crate) fn put(&self, name: &str, record: &Value) -> Result<()> {
         let bytes = serde_json::to_vec(record).map_err(|e| error(e.to_string()))?;
         self.conn
             .execute(
@@ -94,7 +94,7 @@ impl StateDb {
     }
 
     /// Removes the machine's record.
-    pub fn remove(&self, name: &str) -> Result<()> {
+    pub(crate) fn remove(&self, name: &str) -> Result<()> {
         self.conn
             .execute("DELETE FROM vms WHERE name = ?1", [name])
             .map_err(|e| error(format!("delete vm '{name}': {e}")))?;
@@ -102,7 +102,7 @@ impl StateDb {
     }
 
     /// Every record, by name.
-    pub fn records(&self) -> Result<Vec<Value>> {
+    pub(crate) fn records(&self) -> Result<Vec<Value>> {
         let mut stmt = self
             .conn
             .prepare("SELECT data FROM vms ORDER BY name")
@@ -118,7 +118,7 @@ impl StateDb {
 
     /// The `revert-db-writes` fault: a trigger that undoes every later
     /// write to the machine's record.
-    pub fn revert_later_writes(&self, name: &str) -> Result<()> {
+    pub(crate) fn revert_later_writes(&self, name: &str) -> Result<()> {
         let quoted = name.replace('\'', "''");
         let digest = format!("{:x}", Sha256::digest(name.as_bytes()));
         self.conn

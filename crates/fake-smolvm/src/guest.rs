@@ -15,7 +15,7 @@ use crate::{Fake, Result, error};
 
 /// `machine exec`.
 #[derive(Args)]
-pub struct ExecArgs {
+pub(crate) struct ExecArgs {
     /// The machine's name.
     #[arg(long, default_value = "default")]
     name: String,
@@ -44,7 +44,7 @@ fn key_value(pair: &str) -> std::result::Result<(String, String), String> {
 
 /// `machine cp SRC DST`, exactly one of them `MACHINE:/path`.
 #[derive(Args)]
-pub struct CpArgs {
+pub(crate) struct CpArgs {
     /// A host path or `MACHINE:/path`.
     src: String,
     /// A host path or `MACHINE:/path`.
@@ -53,7 +53,7 @@ pub struct CpArgs {
 
 /// Runs the command in the guest root. Output is buffered like smolvm's:
 /// stdout, then stderr, then the command's exit code.
-pub fn exec(fake: &Fake, args: ExecArgs) -> Result<ExitCode> {
+pub(crate) fn exec(fake: &Fake, args: ExecArgs) -> Result<ExitCode> {
     require_running(fake, &args.name)?;
     let stdin = if args.interactive {
         let mut buf = Vec::new();
@@ -81,7 +81,7 @@ pub fn exec(fake: &Fake, args: ExecArgs) -> Result<ExitCode> {
     Ok(ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1)))
 }
 
-pub fn cp(fake: &Fake, args: CpArgs) -> Result<ExitCode> {
+pub(crate) fn cp(fake: &Fake, args: CpArgs) -> Result<ExitCode> {
     let split = |s: &str| -> Option<(String, String)> {
         let (name, path) = s.split_once(':')?;
         (!name.is_empty() && !name.contains('/') && path.starts_with('/'))

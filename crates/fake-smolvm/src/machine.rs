@@ -12,7 +12,7 @@ use crate::{Fake, Result, error, usage};
 /// `machine create`. The name is `--name` from 1.1.0, a positional before
 /// (see `command_line`).
 #[derive(Args)]
-pub struct CreateArgs {
+pub(crate) struct CreateArgs {
     /// The machine's name.
     #[arg(short, long)]
     name: String,
@@ -29,7 +29,7 @@ pub struct CreateArgs {
 
 /// `machine start` and `machine stop`.
 #[derive(Args)]
-pub struct NameArgs {
+pub(crate) struct NameArgs {
     /// The machine's name.
     #[arg(short, long, default_value = "default")]
     name: String,
@@ -37,7 +37,7 @@ pub struct NameArgs {
 
 /// `machine delete`. The name is `--name` from 1.1.0, a positional before.
 #[derive(Args)]
-pub struct DeleteArgs {
+pub(crate) struct DeleteArgs {
     /// The machine's name.
     #[arg(short, long)]
     name: String,
@@ -48,7 +48,7 @@ pub struct DeleteArgs {
 
 /// `machine ls`.
 #[derive(Args)]
-pub struct LsArgs {
+pub(crate) struct LsArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -57,7 +57,7 @@ pub struct LsArgs {
     verbose: bool,
 }
 
-pub fn create(fake: &Fake, args: CreateArgs) -> Result<ExitCode> {
+pub(crate) fn create(fake: &Fake, args: CreateArgs) -> Result<ExitCode> {
     let CreateArgs {
         name,
         from,
@@ -119,7 +119,7 @@ pub fn create(fake: &Fake, args: CreateArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn start(fake: &Fake, args: NameArgs) -> Result<ExitCode> {
+pub(crate) fn start(fake: &Fake, args: NameArgs) -> Result<ExitCode> {
     let name = args.name;
     let db = fake.open_db()?;
     let mut record = db.require(&name)?;
@@ -143,7 +143,7 @@ pub fn start(fake: &Fake, args: NameArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn stop(fake: &Fake, args: NameArgs) -> Result<ExitCode> {
+pub(crate) fn stop(fake: &Fake, args: NameArgs) -> Result<ExitCode> {
     let name = args.name;
     let db = fake.open_db()?;
     let mut record = db.require(&name)?;
@@ -154,7 +154,7 @@ pub fn stop(fake: &Fake, args: NameArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn delete(fake: &Fake, args: DeleteArgs) -> Result<ExitCode> {
+pub(crate) fn delete(fake: &Fake, args: DeleteArgs) -> Result<ExitCode> {
     let DeleteArgs { name, force } = args;
     if !force {
         return Err(error("delete needs confirmation; pass -f"));
@@ -168,7 +168,7 @@ pub fn delete(fake: &Fake, args: DeleteArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn ls(fake: &Fake, args: LsArgs) -> Result<ExitCode> {
+pub(crate) fn ls(fake: &Fake, args: LsArgs) -> Result<ExitCode> {
     let machines: Vec<Value> = fake
         .open_db()?
         .records()?
@@ -214,7 +214,7 @@ pub fn ls(fake: &Fake, args: LsArgs) -> Result<ExitCode> {
 }
 
 /// smolvm's error for `exec` and `cp` on a machine that is not running.
-pub fn require_running(fake: &Fake, name: &str) -> Result<()> {
+pub(crate) fn require_running(fake: &Fake, name: &str) -> Result<()> {
     let record = fake.open_db()?.require(name)?;
     if record["state"] != "running" {
         return Err(error(format!(

@@ -15,7 +15,7 @@ use crate::error;
 
 /// `pack create --image HOST:PORT/NAME:TAG -o OUT`.
 #[derive(Args)]
-pub struct PackCreateArgs {
+pub(crate) struct PackCreateArgs {
     /// The image, in a registry the host can reach.
     #[arg(short = 'I', long)]
     image: String,
@@ -24,7 +24,7 @@ pub struct PackCreateArgs {
     output: PathBuf,
 }
 
-pub fn create(args: PackCreateArgs) -> crate::Result<ExitCode> {
+pub(crate) fn create(args: PackCreateArgs) -> crate::Result<ExitCode> {
     let PackCreateArgs { image, output } = args;
     let pulled = pull(&image).map_err(|e| error(format!("pull {image}: {e}")))?;
     std::fs::write(&output, "#!/bin/sh\necho 'fake smolmachine launcher'\n")

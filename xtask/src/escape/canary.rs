@@ -21,25 +21,25 @@ use super::sys::Sys;
 use super::teardown;
 
 /// The canary interface (at most 15 characters).
-pub const IFACE: &str = "btlcanary0";
+pub(crate) const IFACE: &str = "btlcanary0";
 
 /// "The internet": serves HTTP on 80, 443 and 8443, UDP echo on 5353.
-pub const INTERNET: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+pub(crate) const INTERNET: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
 /// The cloud-metadata stand-in for direct dials.
-pub const METADATA_STANDIN: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 254);
+pub(crate) const METADATA_STANDIN: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 254);
 /// The metadata address itself, held locally during the run so that a DNS
 /// answer pointing at it can only ever reach the gate's own listener.
-pub const METADATA: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
+pub(crate) const METADATA: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
 /// A private address (RFC 1918) for the private-rebinding answer, held
 /// locally for the same reason.
-pub const PRIVATE: Ipv4Addr = Ipv4Addr::new(10, 213, 77, 10);
+pub(crate) const PRIVATE: Ipv4Addr = Ipv4Addr::new(10, 213, 77, 10);
 /// The recording DNS server.
-pub const DNS: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 53);
+pub(crate) const DNS: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 53);
 /// "The internet" over IPv6.
-pub const INTERNET_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x10);
+pub(crate) const INTERNET_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x10);
 
 /// Every address the interface holds.
-pub fn addresses() -> Vec<IpAddr> {
+pub(crate) fn addresses() -> Vec<IpAddr> {
     vec![
         IpAddr::V4(INTERNET),
         IpAddr::V4(METADATA_STANDIN),
@@ -51,7 +51,7 @@ pub fn addresses() -> Vec<IpAddr> {
 }
 
 /// The canary interface; deleted when dropped (and on Ctrl-C).
-pub struct Interface {
+pub(crate) struct Interface {
     sys: Arc<dyn Sys>,
     teardown_id: u64,
 }
@@ -60,7 +60,7 @@ impl Interface {
     /// Creates [`IFACE`] holding [`addresses`]: a dummy interface, or an
     /// empty bridge on kernels without the dummy driver (it behaves the
     /// same: no ports, the addresses are local).
-    pub fn create(sys: Arc<dyn Sys>) -> anyhow::Result<Interface> {
+    pub(crate) fn create(sys: Arc<dyn Sys>) -> anyhow::Result<Interface> {
         // A leftover from a killed run.
         let _ = sys.run("ip", &["link", "del", IFACE]);
         let created = sys
@@ -94,7 +94,7 @@ impl Interface {
 
     /// Aborts unless every canary address routes locally and sits on the
     /// canary interface.
-    pub fn verify(&self) -> anyhow::Result<()> {
+    pub(crate) fn verify(&self) -> anyhow::Result<()> {
         let listed =
             route::parse_addr_show(&self.sys.run("ip", &["-o", "addr", "show", "dev", IFACE])?);
         for addr in addresses() {
@@ -118,7 +118,7 @@ impl Drop for Interface {
 /// How a canary is reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Proto {
+pub(crate) enum Proto {
     /// TCP, answered with an HTTP 200 carrying the token.
     Tcp,
     /// UDP, echoed back after the token.
@@ -127,7 +127,7 @@ pub enum Proto {
 
 /// One connection or datagram a canary received.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Hit {
+pub(crate) struct Hit {
     /// The canary's name.
     pub canary: String,
     /// The address it was reached at.
@@ -142,7 +142,7 @@ pub struct Hit {
 
 /// A listener to start.
 #[derive(Debug, Clone)]
-pub struct Spec {
+pub(crate) struct Spec {
     /// Its name in reports (`internet:80`, `host-loopback`, ...).
     pub name: String,
     /// Where to bind (port 0: any free port).
@@ -153,7 +153,7 @@ pub struct Spec {
 
 /// A started listener.
 #[derive(Debug, Clone)]
-pub struct Bound {
+pub(crate) struct Bound {
     /// Its name.
     pub name: String,
     /// The address it is bound to (port filled in).
@@ -163,7 +163,7 @@ pub struct Bound {
 }
 
 /// The running listeners; stopped and joined when dropped.
-pub struct Listeners {
+pub(crate) struct Listeners {
     /// The listeners, in start order.
     pub bound: Vec<Bound>,
     log: Arc<Mutex<Vec<Hit>>>,
@@ -172,13 +172,13 @@ pub struct Listeners {
 }
 
 /// The body every TCP canary answers with.
-pub fn http_body(token: &str, canary: &str) -> String {
+pub(crate) fn http_body(token: &str, canary: &str) -> String {
     format!("bottle-canary {token} {canary}\n")
 }
 
 impl Listeners {
     /// Binds and serves every listener in `specs`.
-    pub fn start(specs: &[Spec], token: &str) -> anyhow::Result<Listeners> {
+    pub(crate) fn start(specs: &[Spec], token: &str) -> anyhow::Result<Listeners> {
         let log = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let mut listeners = Listeners {
@@ -228,12 +228,12 @@ impl Listeners {
     }
 
     /// The listener named `name`.
-    pub fn get(&self, name: &str) -> Option<&Bound> {
+    pub(crate) fn get(&self, name: &str) -> Option<&Bound> {
         self.bound.iter().find(|b| b.name == name)
     }
 
     /// Everything received so far.
-    pub fn hits(&self) -> Vec<Hit> {
+    pub(crate) fn hits(&self) -> Vec<Hit> {
         self.log.lock().map(|l| l.clone()).unwrap_or_default()
     }
 }
@@ -279,7 +279,7 @@ fn serve_tcp(
 }
 
 /// The Host header of a request head, if any.
-pub fn host_header(head: &str) -> Option<String> {
+pub(crate) fn host_header(head: &str) -> Option<String> {
     head.lines().skip(1).find_map(|line| {
         let (key, value) = line.split_once(':')?;
         key.trim()

@@ -13,7 +13,7 @@ use super::teardown;
 
 /// How to run `bottle`.
 #[derive(Clone)]
-pub struct BottleCli {
+pub(crate) struct BottleCli {
     /// The `bottle` binary.
     pub bin: PathBuf,
     /// The manifest every command gets.
@@ -31,7 +31,7 @@ pub struct BottleCli {
 
 impl BottleCli {
     /// The argv and environment of `bottle ARGS`.
-    pub fn command<S: AsRef<str>>(&self, args: &[S], timeout: Duration) -> Run {
+    pub(crate) fn command<S: AsRef<str>>(&self, args: &[S], timeout: Duration) -> Run {
         let mut all = vec![
             "--backend".to_string(),
             self.backend.clone(),
@@ -51,7 +51,7 @@ impl BottleCli {
     }
 
     /// `bottle start AGENT --yes --detach`; returns the bottle's name.
-    pub fn start(&self, agent: &str) -> anyhow::Result<String> {
+    pub(crate) fn start(&self, agent: &str) -> anyhow::Result<String> {
         let out = self.checked(
             &["start", agent, "--yes", "--detach"],
             Duration::from_secs(300),
@@ -65,7 +65,7 @@ impl BottleCli {
     }
 
     /// `bottle list --json`.
-    pub fn list(&self) -> anyhow::Result<Vec<Value>> {
+    pub(crate) fn list(&self) -> anyhow::Result<Vec<Value>> {
         let out = self.checked(&["list", "--json"], Duration::from_secs(60))?;
         let value: Value = serde_json::from_str(out.trim())
             .with_context(|| format!("`bottle list --json` printed {out:?}"))?;
@@ -73,7 +73,7 @@ impl BottleCli {
     }
 
     /// The bundle address `bottle list --json` reports for `name`.
-    pub fn bundle_address(&self, name: &str) -> anyhow::Result<String> {
+    pub(crate) fn bundle_address(&self, name: &str) -> anyhow::Result<String> {
         let list = self.list()?;
         let entry = list
             .iter()
@@ -86,7 +86,7 @@ impl BottleCli {
     }
 
     /// `bottle exec NAME -- ARGV` (exit code kept, not checked).
-    pub fn exec<S: AsRef<str>>(
+    pub(crate) fn exec<S: AsRef<str>>(
         &self,
         name: &str,
         argv: &[S],
@@ -98,7 +98,7 @@ impl BottleCli {
     }
 
     /// `bottle cp HOST NAME:DIR`.
-    pub fn cp(&self, host: &Path, name: &str, dir: &str) -> anyhow::Result<()> {
+    pub(crate) fn cp(&self, host: &Path, name: &str, dir: &str) -> anyhow::Result<()> {
         self.checked(
             &["cp", &host.display().to_string(), &format!("{name}:{dir}")],
             Duration::from_secs(60),
@@ -107,7 +107,7 @@ impl BottleCli {
     }
 
     /// `bottle stop NAME`.
-    pub fn stop(&self, name: &str) -> anyhow::Result<()> {
+    pub(crate) fn stop(&self, name: &str) -> anyhow::Result<()> {
         let run = self.command(&["stop", name], Duration::from_secs(120));
         let out = self.sys.output(&run)?;
         if !out.success() && !out.stderr.contains("no bottle named") {
@@ -118,7 +118,7 @@ impl BottleCli {
 }
 
 /// A started bottle; stopped when dropped (and on Ctrl-C).
-pub struct BottleGuard {
+pub(crate) struct BottleGuard {
     /// `bot-bottle-<slug>`.
     pub name: String,
     teardown_id: u64,
@@ -128,7 +128,7 @@ impl BottleGuard {
     /// Starts `agent` and guards the bottle. A start that fails half-way is
     /// the backend's to unwind; the name is stopped anyway in case it did
     /// not.
-    pub fn start(cli: &BottleCli, agent: &str) -> anyhow::Result<BottleGuard> {
+    pub(crate) fn start(cli: &BottleCli, agent: &str) -> anyhow::Result<BottleGuard> {
         let expected = format!("bot-bottle-{agent}");
         let stopper = cli.clone();
         let stop_name = expected.clone();

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 
 /// The zone the recorder answers for.
-pub const ZONE: &str = "bottle.test";
+pub(crate) const ZONE: &str = "bottle.test";
 
 const TYPE_A: u16 = 1;
 const TYPE_AAAA: u16 = 28;
@@ -34,7 +34,7 @@ const RCODE_NXDOMAIN: u8 = 3;
 
 /// One question from a DNS message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Question {
+pub(crate) struct Question {
     /// The message ID.
     pub id: u16,
     /// Header flags (to copy RD back).
@@ -49,7 +49,7 @@ pub struct Question {
 
 /// Parses the first question of a query. `None` for anything malformed
 /// (including compression pointers, which a question never needs).
-pub fn parse_query(msg: &[u8]) -> Option<Question> {
+pub(crate) fn parse_query(msg: &[u8]) -> Option<Question> {
     if msg.len() < 12 {
         return None;
     }
@@ -87,7 +87,7 @@ pub fn parse_query(msg: &[u8]) -> Option<Question> {
 
 /// What the recorder says to a question.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reply {
+pub(crate) enum Reply {
     /// A records (TTL 0, so every lookup comes back here).
     Addresses(Vec<std::net::Ipv4Addr>),
     /// The name exists but has no record of this type.
@@ -99,7 +99,7 @@ pub enum Reply {
 }
 
 /// Decides the reply from the answer table.
-pub fn decide(answers: &BTreeMap<String, Vec<std::net::Ipv4Addr>>, q: &Question) -> Reply {
+pub(crate) fn decide(answers: &BTreeMap<String, Vec<std::net::Ipv4Addr>>, q: &Question) -> Reply {
     let in_zone = q.name == ZONE || q.name.ends_with(&format!(".{ZONE}"));
     if !in_zone {
         return Reply::ServFail;
@@ -113,7 +113,7 @@ pub fn decide(answers: &BTreeMap<String, Vec<std::net::Ipv4Addr>>, q: &Question)
 }
 
 /// Encodes the reply to `q`.
-pub fn encode_reply(q: &Question, reply: &Reply) -> Vec<u8> {
+pub(crate) fn encode_reply(q: &Question, reply: &Reply) -> Vec<u8> {
     let (rcode, addrs): (u8, &[std::net::Ipv4Addr]) = match reply {
         Reply::Addresses(a) => (0, a),
         Reply::NoData => (0, &[]),
@@ -147,7 +147,7 @@ pub fn encode_reply(q: &Question, reply: &Reply) -> Vec<u8> {
 }
 
 /// Builds a query for `name` (type A), as the host-side control sends it.
-pub fn encode_query(id: u16, name: &str) -> Vec<u8> {
+pub(crate) fn encode_query(id: u16, name: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(32 + name.len());
     out.extend_from_slice(&id.to_be_bytes());
     out.extend_from_slice(&0x0100u16.to_be_bytes());
@@ -165,7 +165,7 @@ pub fn encode_query(id: u16, name: &str) -> Vec<u8> {
 }
 
 /// The rcode and A records of a response (for the host-side control).
-pub fn parse_response(msg: &[u8]) -> Option<(u8, Vec<std::net::Ipv4Addr>)> {
+pub(crate) fn parse_response(msg: &[u8]) -> Option<(u8, Vec<std::net::Ipv4Addr>)> {
     if msg.len() < 12 || msg[2] & 0x80 == 0 {
         return None;
     }
@@ -213,7 +213,7 @@ pub fn parse_response(msg: &[u8]) -> Option<(u8, Vec<std::net::Ipv4Addr>)> {
 
 /// One query the recorder received.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Recorded {
+pub(crate) struct Recorded {
     /// Who asked.
     pub source: SocketAddr,
     /// The name asked for.
@@ -225,7 +225,7 @@ pub struct Recorded {
 }
 
 /// The running recorder; stops and joins its threads when dropped.
-pub struct DnsRecorder {
+pub(crate) struct DnsRecorder {
     answers: Arc<Mutex<BTreeMap<String, Vec<std::net::Ipv4Addr>>>>,
     log: Arc<Mutex<Vec<Recorded>>>,
     stop: Arc<AtomicBool>,
@@ -235,7 +235,7 @@ pub struct DnsRecorder {
 
 impl DnsRecorder {
     /// Listens on `addr` (UDP and TCP port 53 normally).
-    pub fn start(addr: SocketAddr) -> anyhow::Result<DnsRecorder> {
+    pub(crate) fn start(addr: SocketAddr) -> anyhow::Result<DnsRecorder> {
         let udp = UdpSocket::bind(addr)
             .with_context(|| format!("could not bind DNS canary udp {addr}"))?;
         udp.set_read_timeout(Some(Duration::from_millis(100)))?;
@@ -270,25 +270,25 @@ impl DnsRecorder {
     }
 
     /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// Sets the A records of `name` (lowercase, no trailing dot).
-    pub fn set(&self, name: &str, addrs: Vec<std::net::Ipv4Addr>) {
+    pub(crate) fn set(&self, name: &str, addrs: Vec<std::net::Ipv4Addr>) {
         if let Ok(mut answers) = self.answers.lock() {
             answers.insert(name.to_ascii_lowercase(), addrs);
         }
     }
 
     /// Everything received so far.
-    pub fn queries(&self) -> Vec<Recorded> {
+    pub(crate) fn queries(&self) -> Vec<Recorded> {
         self.log.lock().map(|l| l.clone()).unwrap_or_default()
     }
 
     /// Queries from `source` so far.
     #[cfg(test)]
-    pub fn queries_from(&self, source: std::net::IpAddr) -> Vec<Recorded> {
+    pub(crate) fn queries_from(&self, source: std::net::IpAddr) -> Vec<Recorded> {
         self.queries()
             .into_iter()
             .filter(|q| q.source.ip() == source)
@@ -388,7 +388,10 @@ fn serve_tcp_conn(
 
 /// Asks `server` for `name` over UDP from the host (the DNS positive
 /// control): returns the rcode and addresses.
-pub fn query_udp(server: SocketAddr, name: &str) -> anyhow::Result<(u8, Vec<std::net::Ipv4Addr>)> {
+pub(crate) fn query_udp(
+    server: SocketAddr,
+    name: &str,
+) -> anyhow::Result<(u8, Vec<std::net::Ipv4Addr>)> {
     let bind: SocketAddr = if server.is_ipv4() {
         "0.0.0.0:0"
     } else {

@@ -12,10 +12,10 @@ use super::engine::EngineSocket;
 use super::sys::{Run, Sys};
 
 /// Where a dockerd the gate starts writes its output.
-pub const LOG: &str = "/var/log/bottle-escape-dockerd.log";
+pub(crate) const LOG: &str = "/var/log/bottle-escape-dockerd.log";
 
 /// PIDs of processes whose `comm` is `name`.
-pub fn pids_named(name: &str) -> Vec<u32> {
+pub(crate) fn pids_named(name: &str) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -28,7 +28,7 @@ pub fn pids_named(name: &str) -> Vec<u32> {
 }
 
 /// Splits `/proc/<pid>/cmdline`.
-pub fn parse_cmdline(raw: &[u8]) -> Vec<String> {
+pub(crate) fn parse_cmdline(raw: &[u8]) -> Vec<String> {
     raw.split(|b| *b == 0)
         .filter(|a| !a.is_empty())
         .map(|a| String::from_utf8_lossy(a).into_owned())
@@ -37,7 +37,7 @@ pub fn parse_cmdline(raw: &[u8]) -> Vec<String> {
 
 /// The `sh -c` line that starts `argv` in its own session, detached from
 /// the gate, output appended to [`LOG`].
-pub fn detached_start(argv: &[String]) -> Run {
+pub(crate) fn detached_start(argv: &[String]) -> Run {
     let mut args = vec![
         "-c".to_string(),
         format!("setsid -f \"$@\" >>{LOG} 2>&1 </dev/null"),
@@ -48,7 +48,7 @@ pub fn detached_start(argv: &[String]) -> Run {
 }
 
 /// Restarts dockerd and waits until the Engine answers again; returns how.
-pub fn restart(sys: &Arc<dyn Sys>, engine: &EngineSocket) -> anyhow::Result<String> {
+pub(crate) fn restart(sys: &Arc<dyn Sys>, engine: &EngineSocket) -> anyhow::Result<String> {
     let systemd = sys
         .output(&Run::new("systemctl", &["is-active", "docker"]))
         .is_ok_and(|o| o.success() && o.stdout.trim() == "active");

@@ -11,17 +11,17 @@ use anyhow::{Context as _, bail};
 use serde_json::Value;
 
 /// The Engine's socket.
-pub const DEFAULT_SOCKET: &str = "/var/run/docker.sock";
+pub(crate) const DEFAULT_SOCKET: &str = "/var/run/docker.sock";
 
 /// A Docker Engine reached over its Unix socket.
 #[derive(Debug, Clone)]
-pub struct EngineSocket {
+pub(crate) struct EngineSocket {
     socket: PathBuf,
 }
 
 /// One HTTP response.
 #[derive(Debug, Clone)]
-pub struct Response {
+pub(crate) struct Response {
     /// Status code.
     pub status: u16,
     /// Body (de-chunked).
@@ -30,7 +30,7 @@ pub struct Response {
 
 impl EngineSocket {
     /// The Engine at `DOCKER_HOST` (`unix://` only) or the default socket.
-    pub fn from_env() -> EngineSocket {
+    pub(crate) fn from_env() -> EngineSocket {
         let socket = std::env::var("DOCKER_HOST")
             .ok()
             .and_then(|h| h.strip_prefix("unix://").map(str::to_string))
@@ -42,7 +42,7 @@ impl EngineSocket {
 
     /// Sends one request and reads the whole response (bounded by
     /// `timeout` per read).
-    pub fn request(
+    pub(crate) fn request(
         &self,
         method: &str,
         path: &str,
@@ -75,14 +75,14 @@ impl EngineSocket {
     }
 
     /// GET returning JSON; a non-2xx status is an error.
-    pub fn get(&self, path: &str) -> anyhow::Result<Value> {
+    pub(crate) fn get(&self, path: &str) -> anyhow::Result<Value> {
         let response = self.request("GET", path, None, Duration::from_secs(30))?;
         json_ok(&response, "GET", path)
     }
 
     /// POST (optional JSON body), 2xx required; returns the body as JSON
     /// (`Null` when empty).
-    pub fn post(
+    pub(crate) fn post(
         &self,
         path: &str,
         body: Option<&Value>,
@@ -93,23 +93,23 @@ impl EngineSocket {
     }
 
     /// Whether `/_ping` answers OK.
-    pub fn ping(&self) -> bool {
+    pub(crate) fn ping(&self) -> bool {
         self.request("GET", "/_ping", None, Duration::from_secs(3))
             .is_ok_and(|r| r.status == 200)
     }
 
     /// `docker inspect` of a container.
-    pub fn inspect_container(&self, name: &str) -> anyhow::Result<Value> {
+    pub(crate) fn inspect_container(&self, name: &str) -> anyhow::Result<Value> {
         self.get(&format!("/containers/{}/json", encode(name)))
     }
 
     /// `docker network inspect`.
-    pub fn inspect_network(&self, name: &str) -> anyhow::Result<Value> {
+    pub(crate) fn inspect_network(&self, name: &str) -> anyhow::Result<Value> {
         self.get(&format!("/networks/{}", encode(name)))
     }
 
     /// Host PIDs of every process in a running container.
-    pub fn container_pids(&self, name: &str) -> anyhow::Result<Vec<u32>> {
+    pub(crate) fn container_pids(&self, name: &str) -> anyhow::Result<Vec<u32>> {
         let top = self.get(&format!(
             "/containers/{}/top?ps_args=-eo%20pid",
             encode(name)
@@ -118,7 +118,7 @@ impl EngineSocket {
     }
 
     /// `docker kill -s KILL`.
-    pub fn kill(&self, name: &str) -> anyhow::Result<()> {
+    pub(crate) fn kill(&self, name: &str) -> anyhow::Result<()> {
         self.post(
             &format!("/containers/{}/kill?signal=KILL", encode(name)),
             None,
@@ -144,7 +144,7 @@ fn json_ok(response: &Response, method: &str, path: &str) -> anyhow::Result<Valu
 }
 
 /// Percent-encodes a path segment or query value.
-pub fn encode(text: &str) -> String {
+pub(crate) fn encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for byte in text.bytes() {
         if byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte) {
@@ -157,7 +157,7 @@ pub fn encode(text: &str) -> String {
 }
 
 /// Splits an HTTP/1.1 response into status and (de-chunked) body.
-pub fn parse_response(raw: &[u8]) -> Option<Response> {
+pub(crate) fn parse_response(raw: &[u8]) -> Option<Response> {
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
     let head = std::str::from_utf8(&raw[..split]).ok()?;
     let body = &raw[split + 4..];
@@ -192,7 +192,7 @@ fn dechunk(mut body: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// The PID column of a `/top` answer.
-pub fn pids_from_top(top: &Value) -> Vec<u32> {
+pub(crate) fn pids_from_top(top: &Value) -> Vec<u32> {
     let Some(column) = top["Titles"]
         .as_array()
         .and_then(|t| t.iter().position(|t| t.as_str() == Some("PID")))

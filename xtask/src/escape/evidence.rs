@@ -11,7 +11,7 @@ use super::report::{Expect, Observed, Row};
 
 /// An IPv4 network, `a.b.c.d/len`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cidr {
+pub(crate) struct Cidr {
     /// The network address.
     pub addr: Ipv4Addr,
     /// The prefix length.
@@ -20,7 +20,7 @@ pub struct Cidr {
 
 impl Cidr {
     /// Parses `a.b.c.d/len` (a bare address is a /32).
-    pub fn parse(text: &str) -> Option<Cidr> {
+    pub(crate) fn parse(text: &str) -> Option<Cidr> {
         let (addr, len) = match text.trim().split_once('/') {
             Some((a, l)) => (a, l.parse().ok()?),
             None => (text.trim(), 32),
@@ -33,7 +33,7 @@ impl Cidr {
     }
 
     /// Whether `ip` is inside the network.
-    pub fn contains(&self, ip: IpAddr) -> bool {
+    pub(crate) fn contains(&self, ip: IpAddr) -> bool {
         let IpAddr::V4(ip) = ip.to_canonical() else {
             return false;
         };
@@ -51,7 +51,7 @@ impl std::fmt::Display for Cidr {
 /// What a probing phase may legitimately cause at the canaries: the
 /// bundles' proxied fetches of the allowlisted hosts, nothing else.
 #[derive(Debug, Clone, Default)]
-pub struct Allowance {
+pub(crate) struct Allowance {
     /// The shared egress network (the bundles' source addresses).
     pub egress: Vec<Cidr>,
     /// Where the allowlisted hosts are pinned (the internet canary's HTTP
@@ -62,7 +62,7 @@ pub struct Allowance {
 }
 
 /// Why one canary hit is not explained by `allowance` (`None`: it is).
-pub fn unexplained_hit(hit: &Hit, allowance: &Allowance) -> Option<String> {
+pub(crate) fn unexplained_hit(hit: &Hit, allowance: &Allowance) -> Option<String> {
     let from_a_bundle = allowance.egress.iter().any(|c| c.contains(hit.peer.ip()));
     let pinned = hit.proto == Proto::Tcp && allowance.pinned.contains(&hit.local);
     let host_ok = match &hit.host {
@@ -94,7 +94,7 @@ pub fn unexplained_hit(hit: &Hit, allowance: &Allowance) -> Option<String> {
 }
 
 /// The row for every canary hit of a probing phase.
-pub fn canary_row(phase: &str, hits: &[Hit], allowance: &Allowance) -> Row {
+pub(crate) fn canary_row(phase: &str, hits: &[Hit], allowance: &Allowance) -> Row {
     let problems: Vec<String> = hits
         .iter()
         .filter_map(|h| unexplained_hit(h, allowance))
@@ -111,7 +111,7 @@ pub fn canary_row(phase: &str, hits: &[Hit], allowance: &Allowance) -> Row {
 
 /// What the DNS recorder may legitimately see during a probing phase.
 #[derive(Debug, Clone, Default)]
-pub struct DnsAllowance {
+pub(crate) struct DnsAllowance {
     /// Every bottle's internal network: nothing from there may reach the
     /// recorder.
     pub bottle_subnets: Vec<Cidr>,
@@ -124,7 +124,7 @@ pub struct DnsAllowance {
 /// The DNS rows of a probing phase: escapes (queries from a bottle, or for
 /// a name only the probe knows) and pinned names that were looked up anyway
 /// (a wrong resolver path, not an escape: an error).
-pub fn dns_rows(phase: &str, queries: &[Recorded], allowance: &DnsAllowance) -> Vec<Row> {
+pub(crate) fn dns_rows(phase: &str, queries: &[Recorded], allowance: &DnsAllowance) -> Vec<Row> {
     let matches = |name: &str, list: &[String]| {
         list.iter()
             .any(|c| name == c || name.ends_with(&format!(".{c}")))
@@ -190,7 +190,7 @@ pub fn dns_rows(phase: &str, queries: &[Recorded], allowance: &DnsAllowance) -> 
 /// The DNS positive control of a phase that probed rebinding names: the
 /// bundle's lookups of them reached the recorder, so the Engine really
 /// forwards to it. Returns the row and whether the control passed.
-pub fn upstream_control(
+pub(crate) fn upstream_control(
     phase: &str,
     queries: &[Recorded],
     rebind_hosts: &[String],
@@ -231,7 +231,7 @@ pub fn upstream_control(
 }
 
 /// A row that passes when `problems` is empty and is an escape otherwise.
-pub fn evidence_row(
+pub(crate) fn evidence_row(
     phase: &str,
     probe: &str,
     category: &str,

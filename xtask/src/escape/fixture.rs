@@ -10,34 +10,34 @@ use anyhow::{Context as _, bail};
 use crate::process::workspace_root;
 
 /// The DNS zone every test name lives in.
-pub const ZONE: &str = super::dns::ZONE;
+pub(crate) const ZONE: &str = super::dns::ZONE;
 
 /// The name allowed to agent `agent`, answered with the internet canary.
-pub fn allowed_host(agent: &str) -> String {
+pub(crate) fn allowed_host(agent: &str) -> String {
     format!("allowed-{}.{ZONE}", short(agent))
 }
 
 /// The rebinding name that resolves to `agent`'s own bundle.
-pub fn rebind_bundle_host(agent: &str) -> String {
+pub(crate) fn rebind_bundle_host(agent: &str) -> String {
     format!("rebind-bundle-{}.{ZONE}", short(agent))
 }
 
 /// The rebinding names every probing agent is allowed (they resolve to
 /// addresses egress must refuse to dial).
-pub const REBIND_HOSTS: &[&str] = &[
+pub(crate) const REBIND_HOSTS: &[&str] = &[
     "rebind-loopback.bottle.test",
     "rebind-metadata.bottle.test",
     "rebind-private.bottle.test",
 ];
 
 /// The agent key without the common prefix (`escape-a` -> `a`).
-pub fn short(agent: &str) -> &str {
+pub(crate) fn short(agent: &str) -> &str {
     agent.strip_prefix("escape-").unwrap_or(agent)
 }
 
 /// One agent of the run's manifest.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentDef {
+pub(crate) struct AgentDef {
     /// `[agents.<key>]`; also the bottle's name (`bot-bottle-<key>`).
     pub key: String,
     /// Whether its allowlist includes the rebinding names.
@@ -45,17 +45,17 @@ pub struct AgentDef {
 }
 
 /// Memory limit every agent gets.
-pub const MEMORY: &str = "256m";
+pub(crate) const MEMORY: &str = "256m";
 /// The same in bytes.
-pub const MEMORY_BYTES: i64 = 256 << 20;
+pub(crate) const MEMORY_BYTES: i64 = 256 << 20;
 /// PID limit every agent gets.
-pub const PIDS: i64 = 128;
+pub(crate) const PIDS: i64 = 128;
 /// Ports the proxy lets through.
-pub const PORTS: &[u16] = &[80, 443];
+pub(crate) const PORTS: &[u16] = &[80, 443];
 
 /// Where the agents' image comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AgentSource {
+pub(crate) enum AgentSource {
     /// Built by the backend from this context (docker).
     Build(PathBuf),
     /// An image the Engine already holds (smolmachines, which cannot build
@@ -81,7 +81,7 @@ impl AgentSource {
 /// allowed host is pinned to `pin` (the internet canary), so the bundle
 /// never looks it up; the rebinding names are not pinned and go through
 /// the Engine's resolver to the DNS recorder.
-pub fn manifest(source: &AgentSource, agents: &[AgentDef], pin: &str) -> String {
+pub(crate) fn manifest(source: &AgentSource, agents: &[AgentDef], pin: &str) -> String {
     let mut out =
         String::from("# Written by `cargo xtask sandbox-escape` for one run.\nversion = 1\n");
     for agent in agents {
@@ -115,7 +115,7 @@ pub fn manifest(source: &AgentSource, agents: &[AgentDef], pin: &str) -> String 
 
 /// Writes the demo agent's build context into `dir`: the files of
 /// `examples/demo-agent/` plus the host's static busybox.
-pub fn write_context(dir: &Path) -> anyhow::Result<PathBuf> {
+pub(crate) fn write_context(dir: &Path) -> anyhow::Result<PathBuf> {
     let source = workspace_root().join("examples/demo-agent");
     std::fs::create_dir_all(dir)?;
     for entry in std::fs::read_dir(&source)

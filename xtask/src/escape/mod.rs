@@ -6,22 +6,22 @@
 //! control passed; 10 on any escape; 1 on a failed control, a probe that
 //! could not tell, or a harness error.
 
-pub mod canary;
-pub mod cli;
-pub mod dns;
-pub mod dockerd;
-pub mod engine;
-pub mod evidence;
-pub mod fixture;
-pub mod gate;
-pub mod posture;
-pub mod probe;
-pub mod report;
-pub mod resolv;
-pub mod route;
-pub mod smol;
-pub mod sys;
-pub mod teardown;
+pub(crate) mod canary;
+pub(crate) mod cli;
+pub(crate) mod dns;
+pub(crate) mod dockerd;
+pub(crate) mod engine;
+pub(crate) mod evidence;
+pub(crate) mod fixture;
+pub(crate) mod gate;
+pub(crate) mod posture;
+pub(crate) mod probe;
+pub(crate) mod report;
+pub(crate) mod resolv;
+pub(crate) mod route;
+pub(crate) mod smol;
+pub(crate) mod sys;
+pub(crate) mod teardown;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -34,7 +34,7 @@ use self::sys::{RealSys, Sys};
 
 /// What the command line asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Args {
+pub(crate) struct Args {
     /// `docker` or `smolmachines`.
     pub backend: String,
     /// Print the report as JSON instead of the table.
@@ -46,7 +46,7 @@ pub struct Args {
 }
 
 /// Parses the arguments after `sandbox-escape`.
-pub fn parse_args(args: &[String]) -> anyhow::Result<Args> {
+pub(crate) fn parse_args(args: &[String]) -> anyhow::Result<Args> {
     let mut parsed = Args {
         backend: "docker".into(),
         json: false,
@@ -98,7 +98,7 @@ fn token() -> String {
 }
 
 /// Runs the gate.
-pub fn run(args: &[String]) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: &[String]) -> anyhow::Result<ExitCode> {
     let args = parse_args(args)?;
     teardown::watch_signals()?;
     let started = Instant::now();

@@ -11,7 +11,7 @@ use super::report::{Expect, Observed, Row};
 
 /// What the spec says the agent must look like.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Spec {
+pub(crate) struct Spec {
     /// Memory limit in bytes.
     pub memory: i64,
     /// PID limit.
@@ -22,7 +22,7 @@ pub struct Spec {
 
 /// The fields of `/proc/<pid>/status` the gate checks.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Status {
+pub(crate) struct Status {
     /// `Name`.
     pub name: String,
     /// `CapEff`, `CapPrm`, `CapBnd`, `CapAmb` as hex strings.
@@ -40,7 +40,7 @@ pub struct Status {
 }
 
 /// Parses `/proc/<pid>/status`.
-pub fn parse_status(text: &str) -> Status {
+pub(crate) fn parse_status(text: &str) -> Status {
     let mut s = Status::default();
     for line in text.lines() {
         let Some((key, value)) = line.split_once(':') else {
@@ -62,7 +62,7 @@ pub fn parse_status(text: &str) -> Status {
 }
 
 /// Why a process's status breaks the spec (empty: it does not).
-pub fn status_problems(s: &Status) -> Vec<String> {
+pub(crate) fn status_problems(s: &Status) -> Vec<String> {
     let zero = |v: &str| !v.is_empty() && v.chars().all(|c| c == '0');
     let mut problems = Vec::new();
     for (field, value) in [
@@ -86,7 +86,7 @@ pub fn status_problems(s: &Status) -> Vec<String> {
 
 /// The cgroup path of `controller` from `/proc/<pid>/cgroup` (v1 lines
 /// `N:controller[,other]:/path`, or the v2 line `0::/path`).
-pub fn cgroup_path(text: &str, controller: &str) -> Option<String> {
+pub(crate) fn cgroup_path(text: &str, controller: &str) -> Option<String> {
     let mut v2 = None;
     for line in text.lines() {
         let mut parts = line.splitn(3, ':');
@@ -103,7 +103,12 @@ pub fn cgroup_path(text: &str, controller: &str) -> Option<String> {
 
 /// Reads a cgroup limit file for `pid` (v1 or v2 layout); `None` when it
 /// cannot be found.
-pub fn cgroup_limit(pid: u32, controller: &str, v1_file: &str, v2_file: &str) -> Option<String> {
+pub(crate) fn cgroup_limit(
+    pid: u32,
+    controller: &str,
+    v1_file: &str,
+    v2_file: &str,
+) -> Option<String> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
     let path = cgroup_path(&text, controller)?;
     let path = path.trim_start_matches('/');
@@ -137,7 +142,7 @@ fn row(phase: &str, probe: &str, problems: Vec<String>, ok: &str) -> Row {
 }
 
 /// Checks the agent container's inspect document against `spec`.
-pub fn check_inspect(phase: &str, inspect: &Value, spec: &Spec) -> Vec<Row> {
+pub(crate) fn check_inspect(phase: &str, inspect: &Value, spec: &Spec) -> Vec<Row> {
     let host = &inspect["HostConfig"];
     let mut rows = Vec::new();
 
@@ -291,7 +296,7 @@ pub fn check_inspect(phase: &str, inspect: &Value, spec: &Spec) -> Vec<Row> {
 /// like every container bottle runs (no capabilities, no-new-privileges,
 /// seccomp on, no host namespaces or devices, no Docker socket), and on
 /// exactly its bottle's bridge `network` and the shared egress network.
-pub fn check_bundle_inspect(phase: &str, inspect: &Value, network: &str) -> Vec<Row> {
+pub(crate) fn check_bundle_inspect(phase: &str, inspect: &Value, network: &str) -> Vec<Row> {
     let host = &inspect["HostConfig"];
     let strings = |v: &Value| -> Vec<String> {
         v.as_array()
@@ -373,7 +378,7 @@ pub fn check_bundle_inspect(phase: &str, inspect: &Value, network: &str) -> Vec<
 }
 
 /// Checks every process of the agent (host PIDs) in the kernel's view.
-pub fn check_processes(phase: &str, pids: &[u32], spec: &Spec) -> Vec<Row> {
+pub(crate) fn check_processes(phase: &str, pids: &[u32], spec: &Spec) -> Vec<Row> {
     let mut proc_problems = Vec::new();
     let mut limit_problems = Vec::new();
     if pids.is_empty() {

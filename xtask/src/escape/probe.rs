@@ -13,16 +13,16 @@ use super::sys::Output;
 /// In-bottle probes that must *reach* their target: the proxy's positive
 /// control (the allowlisted host through the bundle). Every other in-bottle
 /// probe must be blocked.
-pub const IN_BOTTLE_CONTROLS: &[&str] = &["proxy-allowed-control"];
+pub(crate) const IN_BOTTLE_CONTROLS: &[&str] = &["proxy-allowed-control"];
 
 /// Whether an in-bottle result is a positive control.
-pub fn is_in_bottle_control(result: &ProbeResult) -> bool {
+pub(crate) fn is_in_bottle_control(result: &ProbeResult) -> bool {
     IN_BOTTLE_CONTROLS.contains(&result.probe.as_str())
 }
 
 /// The lines of the probe's stdout: the results, and every line that was
 /// not one (each fails the run).
-pub fn parse_output(stdout: &str) -> (Vec<ProbeResult>, Vec<String>) {
+pub(crate) fn parse_output(stdout: &str) -> (Vec<ProbeResult>, Vec<String>) {
     let mut results = Vec::new();
     let mut bad = Vec::new();
     for line in stdout.lines().map(str::trim).filter(|l| !l.is_empty()) {
@@ -100,7 +100,7 @@ fn failed_run(
 
 /// The rows of the host-side control run, and each network probe's
 /// control outcome by name (true: it reached its canary).
-pub fn control_rows(phase: &str, out: &Output) -> (Vec<Row>, BTreeMap<String, bool>) {
+pub(crate) fn control_rows(phase: &str, out: &Output) -> (Vec<Row>, BTreeMap<String, bool>) {
     let (results, bad) = parse_output(&out.stdout);
     let mut rows = failed_run(phase, "probe-control-run", out, &results, &bad);
     // A failed control run fails the run (the rows above are errors); the
@@ -124,7 +124,7 @@ pub fn control_rows(phase: &str, out: &Output) -> (Vec<Row>, BTreeMap<String, bo
 
 /// Two controls for one probe: failed if either failed, passed if either
 /// ran and none failed, `None` if neither exists.
-pub fn combine(a: Option<&bool>, b: Option<&bool>) -> Option<bool> {
+pub(crate) fn combine(a: Option<&bool>, b: Option<&bool>) -> Option<bool> {
     match (a.copied(), b.copied()) {
         (Some(false), _) | (_, Some(false)) => Some(false),
         (None, None) => None,
@@ -136,7 +136,7 @@ pub fn combine(a: Option<&bool>, b: Option<&bool>) -> Option<bool> {
 /// probe name; a blocked probe whose control failed proves nothing.
 /// `proxy_expected` says whether the proxy's positive control must reach
 /// (false after the bundle was killed: then it must fail too).
-pub fn bottle_rows(
+pub(crate) fn bottle_rows(
     phase: &str,
     out: &Output,
     controls: &BTreeMap<String, bool>,
@@ -173,7 +173,7 @@ pub fn bottle_rows(
 /// The probe's name for the proxy probe of a rebinding host
 /// (`rebind-loopback.bottle.test` -> `proxy-rebind-loopback`), as the
 /// probe names it.
-pub fn rebind_probe_name(host: &str) -> String {
+pub(crate) fn rebind_probe_name(host: &str) -> String {
     let label = host.split('.').next().unwrap_or(host);
     let label = label.strip_prefix("rebind-").unwrap_or(label);
     let clean: String = label
@@ -190,7 +190,7 @@ pub fn rebind_probe_name(host: &str) -> String {
 }
 
 /// The config for a bottle: everything real, nothing else.
-pub fn bottle_config(
+pub(crate) fn bottle_config(
     token: &str,
     timeout_ms: u64,
     targets: Targets,
@@ -211,7 +211,7 @@ pub fn bottle_config(
 /// with an empty target out of a control run — except the other bottle's
 /// bundle, which points at `other_bundle_stand_in`, a canary listening on
 /// the proxy port. So the control never sends anything off this machine.
-pub fn control_config(
+pub(crate) fn control_config(
     token: &str,
     timeout_ms: u64,
     bottle: &Targets,
@@ -233,7 +233,7 @@ pub fn control_config(
 }
 
 /// Every IP address a config makes the probe dial (for the route check).
-pub fn dialled_addresses(config: &ProbeConfig) -> Vec<String> {
+pub(crate) fn dialled_addresses(config: &ProbeConfig) -> Vec<String> {
     let t = &config.targets;
     let mut out = vec![
         t.internet_v4.clone(),

@@ -13,15 +13,15 @@ use std::process::ExitCode;
 use serde::Serialize;
 
 /// Exit code when any escape was observed.
-pub const EXIT_ESCAPE: u8 = 10;
+pub(crate) const EXIT_ESCAPE: u8 = 10;
 /// Exit code for a failed control, a probe that could not run, or a
 /// harness error.
-pub const EXIT_FAILED: u8 = 1;
+pub(crate) const EXIT_FAILED: u8 = 1;
 
 /// What a row expects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Expect {
+pub(crate) enum Expect {
     /// An attack: must be blocked.
     Blocked,
     /// A positive control: must reach its canary.
@@ -31,7 +31,7 @@ pub enum Expect {
 /// What was observed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Observed {
+pub(crate) enum Observed {
     /// The attempt failed the way isolation should make it fail.
     Blocked,
     /// The attempt got through.
@@ -44,7 +44,7 @@ pub enum Observed {
 /// The verdict on one row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// As expected.
     Pass,
     /// The probe could not run or could not tell: nothing is proven.
@@ -58,7 +58,7 @@ pub enum Verdict {
 
 impl Verdict {
     /// The word in the table.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Verdict::Pass => "pass",
             Verdict::Error => "ERROR",
@@ -70,7 +70,7 @@ impl Verdict {
 
 /// Judges one row. `control` is the outcome of the positive control for
 /// the canary the row depends on (`None`: it depends on none).
-pub fn judge(expect: Expect, observed: Observed, control: Option<bool>) -> Verdict {
+pub(crate) fn judge(expect: Expect, observed: Observed, control: Option<bool>) -> Verdict {
     match (expect, observed) {
         // An escape stays an escape even when a control failed too.
         (Expect::Blocked, Observed::Reached) => Verdict::Escape,
@@ -84,7 +84,7 @@ pub fn judge(expect: Expect, observed: Observed, control: Option<bool>) -> Verdi
 
 /// One line of the report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Row {
+pub(crate) struct Row {
     /// Where it ran: `bottle A`, `host control`, `after bundle kill`, ...
     pub phase: String,
     /// The probe (or check) name.
@@ -103,7 +103,7 @@ pub struct Row {
 
 impl Row {
     /// A judged row.
-    pub fn new(
+    pub(crate) fn new(
         phase: &str,
         probe: &str,
         category: &str,
@@ -126,7 +126,7 @@ impl Row {
 
 /// Counts per verdict.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Summary {
+pub(crate) struct Summary {
     /// Rows that passed.
     pub pass: usize,
     /// Escapes.
@@ -139,7 +139,7 @@ pub struct Summary {
 
 /// The whole run.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// The backend under test.
     pub backend: String,
     /// The run's canary token.
@@ -154,7 +154,7 @@ pub struct Report {
 
 impl Report {
     /// Counts per verdict.
-    pub fn summary(&self) -> Summary {
+    pub(crate) fn summary(&self) -> Summary {
         let mut s = Summary::default();
         for row in &self.rows {
             match row.verdict {
@@ -169,7 +169,7 @@ impl Report {
 
     /// 10 on any escape; 1 on a failed control, a probe error, a harness
     /// error, or an empty run; 0 only when everything passed.
-    pub fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         let s = self.summary();
         if s.escape > 0 {
             EXIT_ESCAPE
@@ -185,12 +185,12 @@ impl Report {
     }
 
     /// The process exit code.
-    pub fn exit(&self) -> ExitCode {
+    pub(crate) fn exit(&self) -> ExitCode {
         ExitCode::from(self.exit_code())
     }
 
     /// The table, grouped by phase, then the summary line.
-    pub fn render_table(&self) -> String {
+    pub(crate) fn render_table(&self) -> String {
         let headers = ["PROBE", "CATEGORY", "EXPECTED", "OBSERVED", "VERDICT"];
         let cells = |r: &Row| {
             [
@@ -265,7 +265,7 @@ impl Report {
     }
 
     /// The report as one JSON document.
-    pub fn render_json(&self) -> String {
+    pub(crate) fn render_json(&self) -> String {
         let value = serde_json::json!({
             "backend": self.backend,
             "token": self.token,

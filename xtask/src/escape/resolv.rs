@@ -15,10 +15,10 @@ use anyhow::Context as _;
 use super::teardown;
 
 /// The file Docker reads.
-pub const RESOLV_CONF: &str = "/etc/resolv.conf";
+pub(crate) const RESOLV_CONF: &str = "/etc/resolv.conf";
 
 /// The temporary file: the canary first, then the host's own nameservers.
-pub fn swapped(original: &str, canary: Ipv4Addr) -> String {
+pub(crate) fn swapped(original: &str, canary: Ipv4Addr) -> String {
     let mut out = format!(
         "# bottle sandbox-escape gate: recording DNS canary first (restored at the end)\nnameserver {canary}\n"
     );
@@ -41,14 +41,14 @@ pub fn swapped(original: &str, canary: Ipv4Addr) -> String {
 }
 
 /// The swapped `/etc/resolv.conf`; restored when dropped (and on Ctrl-C).
-pub struct ResolvGuard {
+pub(crate) struct ResolvGuard {
     teardown_id: u64,
 }
 
 impl ResolvGuard {
     /// Swaps `path` (following a symlink to the real file) for one listing
     /// `canary` first.
-    pub fn swap(path: &Path, canary: Ipv4Addr) -> anyhow::Result<ResolvGuard> {
+    pub(crate) fn swap(path: &Path, canary: Ipv4Addr) -> anyhow::Result<ResolvGuard> {
         let real: PathBuf = std::fs::canonicalize(path)
             .with_context(|| format!("could not resolve {}", path.display()))?;
         let original =

@@ -14,7 +14,7 @@ use super::evidence::Cidr;
 
 /// What `ip route get ADDR` said about one address.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RouteGet {
+pub(crate) struct RouteGet {
     /// The route type when the line starts with one (`local`, `unreachable`,
     /// ...); `None` for a plain unicast route.
     pub kind: Option<String>,
@@ -41,7 +41,7 @@ const ROUTE_TYPES: &[&str] = &[
 ];
 
 /// Parses the first line of `ip route get` output.
-pub fn parse_route_get(output: &str) -> Option<RouteGet> {
+pub(crate) fn parse_route_get(output: &str) -> Option<RouteGet> {
     let line = output.lines().find(|l| !l.trim().is_empty())?;
     let mut tokens = line.split_whitespace().peekable();
     let kind = match tokens.peek() {
@@ -64,7 +64,7 @@ pub fn parse_route_get(output: &str) -> Option<RouteGet> {
 }
 
 /// Why an address is not provably local.
-pub fn check_local(addr: IpAddr, route_get_output: &str) -> Result<(), String> {
+pub(crate) fn check_local(addr: IpAddr, route_get_output: &str) -> Result<(), String> {
     let Some(route) = parse_route_get(route_get_output) else {
         return Err(format!(
             "`ip route get {addr}` printed nothing parseable: {route_get_output:?}"
@@ -91,7 +91,7 @@ pub fn check_local(addr: IpAddr, route_get_output: &str) -> Result<(), String> {
 /// `bridges` (bottle networks the run created, as subnet and bridge
 /// device): a direct route (no `via`) through that very device to an
 /// address inside its subnet.
-pub fn check_local_or_bridge(
+pub(crate) fn check_local_or_bridge(
     addr: IpAddr,
     route_get_output: &str,
     bridges: &[(Cidr, String)],
@@ -119,7 +119,7 @@ pub fn check_local_or_bridge(
 
 /// The addresses `ip -o addr show dev IFACE` lists (prefix lengths
 /// dropped).
-pub fn parse_addr_show(output: &str) -> Vec<IpAddr> {
+pub(crate) fn parse_addr_show(output: &str) -> Vec<IpAddr> {
     output
         .lines()
         .filter_map(|line| {

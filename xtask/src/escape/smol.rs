@@ -20,7 +20,7 @@ use super::sys::{Run, Sys};
 
 /// Adapts the gate's [`Sys`] to the workspace's [`CommandRunner`], so the
 /// smolvm probe spawns through xtask's one spawning point.
-pub struct SysRunner(pub Arc<dyn Sys>);
+pub(crate) struct SysRunner(pub Arc<dyn Sys>);
 
 impl CommandRunner for SysRunner {
     fn run(&self, spec: &CommandSpec) -> io::Result<CommandOutput> {
@@ -42,15 +42,15 @@ impl CommandRunner for SysRunner {
 }
 
 /// Names the `smolvm` program the CLI runs (as `bottle-cli` reads it).
-pub const SMOLVM_ENV: &str = "BOTTLE_SMOLVM";
+pub(crate) const SMOLVM_ENV: &str = "BOTTLE_SMOLVM";
 /// The CLI's test switch that skips the KVM check for the double.
-pub const FAKE_NO_KVM_ENV: &str = "BOTTLE_TEST_FAKE_SMOLVM_NO_KVM";
+pub(crate) const FAKE_NO_KVM_ENV: &str = "BOTTLE_TEST_FAKE_SMOLVM_NO_KVM";
 /// The double's file name.
-pub const FAKE_SMOLVM: &str = "fake-smolvm";
+pub(crate) const FAKE_SMOLVM: &str = "fake-smolvm";
 
 /// The smolvm a smolmachines run drives.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
+pub(crate) struct Target {
     /// The program (`smolvm` on `PATH`, or `BOTTLE_SMOLVM`).
     pub program: PathBuf,
     /// The `fake-smolvm` double: nothing is isolated, escapes are expected.
@@ -59,14 +59,14 @@ pub struct Target {
 
 /// Whether `BOTTLE_SMOLVM` (`program`) and the test switch (`no_kvm`)
 /// select the double, as the CLI decides it.
-pub fn fake_selected(program: Option<&OsStr>, no_kvm: Option<&OsStr>) -> Option<PathBuf> {
+pub(crate) fn fake_selected(program: Option<&OsStr>, no_kvm: Option<&OsStr>) -> Option<PathBuf> {
     let program = program.filter(|p| !p.is_empty()).map(PathBuf::from)?;
     let is_fake = program.file_name().is_some_and(|n| n == FAKE_SMOLVM);
     (is_fake && no_kvm.is_some_and(|v| v == "1")).then_some(program)
 }
 
 /// The smolvm to run the gate against, or exactly why none can be.
-pub fn select(sys: Arc<dyn Sys>) -> Result<Target, String> {
+pub(crate) fn select(sys: Arc<dyn Sys>) -> Result<Target, String> {
     let program = std::env::var_os(SMOLVM_ENV);
     if let Some(fake) = fake_selected(
         program.as_deref(),
@@ -94,7 +94,7 @@ pub fn select(sys: Arc<dyn Sys>) -> Result<Target, String> {
 }
 
 /// `Ok(version)` when smolvm and KVM are usable, else the reason.
-pub fn available(sys: Arc<dyn Sys>) -> Result<String, String> {
+pub(crate) fn available(sys: Arc<dyn Sys>) -> Result<String, String> {
     bottle_smolvm::real_smolvm_available(Arc::new(SysRunner(sys))).map(|v| v.to_string())
 }
 

@@ -11,7 +11,7 @@ use crate::process::command;
 
 /// What a finished program left.
 #[derive(Debug, Clone, Default)]
-pub struct Output {
+pub(crate) struct Output {
     /// Exit code; `None` when killed by a signal or the time bound.
     pub code: Option<i32>,
     /// Standard output.
@@ -24,14 +24,14 @@ pub struct Output {
 
 impl Output {
     /// Exit code 0.
-    pub fn success(&self) -> bool {
+    pub(crate) fn success(&self) -> bool {
         self.code == Some(0)
     }
 }
 
 /// One program to run.
 #[derive(Debug, Clone)]
-pub struct Run {
+pub(crate) struct Run {
     /// The program.
     pub program: String,
     /// Its arguments.
@@ -44,7 +44,7 @@ pub struct Run {
 
 impl Run {
     /// `program args...` with a 30 s bound.
-    pub fn new<S: AsRef<str>>(program: &str, args: &[S]) -> Run {
+    pub(crate) fn new<S: AsRef<str>>(program: &str, args: &[S]) -> Run {
         Run {
             program: program.to_string(),
             args: args.iter().map(|a| a.as_ref().to_string()).collect(),
@@ -54,19 +54,19 @@ impl Run {
     }
 
     /// With another time bound.
-    pub fn timeout(mut self, timeout: Duration) -> Run {
+    pub(crate) fn timeout(mut self, timeout: Duration) -> Run {
         self.timeout = timeout;
         self
     }
 
     /// With an extra environment variable.
-    pub fn env(mut self, key: &str, value: &str) -> Run {
+    pub(crate) fn env(mut self, key: &str, value: &str) -> Run {
         self.env.push((key.to_string(), value.to_string()));
         self
     }
 
     /// The command line, for messages.
-    pub fn display(&self) -> String {
+    pub(crate) fn display(&self) -> String {
         std::iter::once(self.program.as_str())
             .chain(self.args.iter().map(String::as_str))
             .collect::<Vec<_>>()
@@ -75,7 +75,7 @@ impl Run {
 }
 
 /// Runs host programs.
-pub trait Sys: Send + Sync {
+pub(crate) trait Sys: Send + Sync {
     /// Runs `run` to completion (or its time bound). `Err` only when it
     /// could not be started.
     fn output(&self, run: &Run) -> anyhow::Result<Output>;
@@ -91,7 +91,7 @@ pub trait Sys: Send + Sync {
 }
 
 /// Stdout of a successful run, or an error saying what failed.
-pub fn checked(out: Output, run: &Run) -> anyhow::Result<String> {
+pub(crate) fn checked(out: Output, run: &Run) -> anyhow::Result<String> {
     if out.timed_out {
         bail!(
             "`{}` did not finish within {:?}",
@@ -113,7 +113,7 @@ pub fn checked(out: Output, run: &Run) -> anyhow::Result<String> {
 
 /// Runs real processes through the workspace's one runner.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct RealSys;
+pub(crate) struct RealSys;
 
 impl Sys for RealSys {
     fn output(&self, run: &Run) -> anyhow::Result<Output> {

@@ -17,7 +17,7 @@ static NEXT: AtomicU64 = AtomicU64::new(1);
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 /// Registers `action`; returns the id to [`run`] it by.
-pub fn register(what: &'static str, action: impl FnOnce() + Send + 'static) -> u64 {
+pub(crate) fn register(what: &'static str, action: impl FnOnce() + Send + 'static) -> u64 {
     let id = NEXT.fetch_add(1, Ordering::SeqCst);
     if let Ok(mut actions) = ACTIONS.lock() {
         actions.push((id, what, Box::new(action)));
@@ -26,7 +26,7 @@ pub fn register(what: &'static str, action: impl FnOnce() + Send + 'static) -> u
 }
 
 /// Runs the action `id` if it has not run yet.
-pub fn run(id: u64) {
+pub(crate) fn run(id: u64) {
     let action = ACTIONS.lock().ok().and_then(|mut actions| {
         let at = actions.iter().position(|(i, _, _)| *i == id)?;
         Some(actions.remove(at).2)
@@ -38,7 +38,7 @@ pub fn run(id: u64) {
 
 /// Runs every registered action, newest first; `announce` names each on
 /// stderr (the Ctrl-C path, where the operator wants to see it happen).
-pub fn run_all(announce: bool) {
+pub(crate) fn run_all(announce: bool) {
     loop {
         let next = ACTIONS.lock().ok().and_then(|mut actions| actions.pop());
         match next {
@@ -58,7 +58,7 @@ pub fn run_all(announce: bool) {
 /// exits 130. Call first thing, before any other thread exists. Child
 /// processes start with an empty signal mask (std resets it), so they still
 /// get Ctrl-C.
-pub fn watch_signals() -> anyhow::Result<()> {
+pub(crate) fn watch_signals() -> anyhow::Result<()> {
     use nix::sys::signal::{SigSet, Signal};
     let mut set = SigSet::empty();
     set.add(Signal::SIGINT);
@@ -69,6 +69,10 @@ pub fn watch_signals() -> anyhow::Result<()> {
             INTERRUPTED.store(true, Ordering::SeqCst);
             eprintln!("sandbox-escape: {signal:?}: tearing down");
             run_all(true);
+            #[expect(
+                clippy::exit,
+                reason = "after an interrupt the gate ends here with 130, whatever the main thread is doing"
+            )]
             std::process::exit(130);
         }
     });
@@ -78,7 +82,7 @@ pub fn watch_signals() -> anyhow::Result<()> {
 /// After an interrupt the watcher owns the end of the process: the main
 /// thread waits here (bounded) for it to finish undoing and exit 130, so
 /// an interrupted run never ends with a report or another exit code.
-pub fn wait_if_interrupted() {
+pub(crate) fn wait_if_interrupted() {
     if !INTERRUPTED.load(Ordering::SeqCst) {
         return;
     }
@@ -86,6 +90,10 @@ pub fn wait_if_interrupted() {
     while Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
+    #[expect(
+        clippy::exit,
+        reason = "the interrupt watcher did not end the process in time"
+    )]
     std::process::exit(130);
 }
 

@@ -266,7 +266,7 @@ impl Supervise {
         let ids = match requests::decided_ids(&self.dir) {
             Ok(ids) => ids,
             Err(e) => {
-                eprintln!("bottle-bundle: supervise: {e}");
+                crate::log!("supervise: {e}");
                 return 0;
             }
         };
@@ -284,7 +284,7 @@ impl Supervise {
                     continue;
                 }
                 Err(e) => {
-                    eprintln!("bottle-bundle: supervise: {e}");
+                    crate::log!("supervise: {e}");
                     applied.insert(id);
                     continue;
                 }
@@ -314,7 +314,7 @@ impl Supervise {
             && let Ask::Egress { host } = &r.ask
             && let Err(e) = self.runtime.allow(host)
         {
-            eprintln!("bottle-bundle: supervise: cannot allow {host}: {e}");
+            crate::log!("supervise: cannot allow {host}: {e}");
             reason = "operator_approved_invalid_host";
         }
         // Checked again on approval: the file may be edited by hand, or
@@ -329,10 +329,7 @@ impl Supervise {
                     rule = full;
                 }
                 Err(e) => {
-                    eprintln!(
-                        "bottle-bundle: supervise: cannot allow the push {}: {e}",
-                        r.id
-                    );
+                    crate::log!("supervise: cannot allow the push {}: {e}", r.id);
                     reason = "operator_approved_not_pushable";
                 }
             }

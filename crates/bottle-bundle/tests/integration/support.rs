@@ -22,12 +22,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 /// Host names the tests map onto 127.0.0.1 with `resolve`.
-pub const ALLOWED: &str = "api.allowed.test";
-pub const OTHER_ALLOWED: &str = "other.allowed.test";
+pub(crate) const ALLOWED: &str = "api.allowed.test";
+pub(crate) const OTHER_ALLOWED: &str = "other.allowed.test";
 
 /// A request as the upstream saw it.
 #[derive(Debug, Clone)]
-pub struct Seen {
+pub(crate) struct Seen {
     pub method: String,
     pub path: String,
     pub headers: Vec<(String, String)>,
@@ -35,7 +35,7 @@ pub struct Seen {
 }
 
 impl Seen {
-    pub fn header(&self, name: &str) -> Vec<String> {
+    pub(crate) fn header(&self, name: &str) -> Vec<String> {
         self.headers
             .iter()
             .filter(|(k, _)| k.eq_ignore_ascii_case(name))
@@ -45,7 +45,7 @@ impl Seen {
 }
 
 /// Upstream HTTP + HTTPS echo servers on 127.0.0.1.
-pub struct Upstream {
+pub(crate) struct Upstream {
     pub http: SocketAddr,
     pub https: SocketAddr,
     pub seen: Arc<Mutex<Vec<Seen>>>,
@@ -121,7 +121,7 @@ where
 }
 
 impl Upstream {
-    pub async fn start(dir: &Path) -> Self {
+    pub(crate) async fn start(dir: &Path) -> Self {
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let ca = bottle_bundle::generate_ca("upstream-test").unwrap();
         let root_pem = dir.join("upstream-root.pem");
@@ -162,13 +162,13 @@ impl Upstream {
         }
     }
 
-    pub fn seen(&self) -> Vec<Seen> {
+    pub(crate) fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
 }
 
 /// A bundle under test, its files and the upstream.
-pub struct Env {
+pub(crate) struct Env {
     pub _dir: tempfile::TempDir,
     pub upstream: Upstream,
     pub bundle: RunningBundle,
@@ -176,7 +176,7 @@ pub struct Env {
     pub config: BundleConfig,
 }
 
-pub struct Options {
+pub(crate) struct Options {
     pub allow: Vec<String>,
     pub extra_ports: Vec<u16>,
     pub credentials: Vec<(String, String, String, String)>, // host, header, format, secret
@@ -205,7 +205,11 @@ impl Default for Options {
     }
 }
 
-pub fn base_config(dir: &Path, upstream: &Upstream, opts: &Options) -> (BundleConfig, String) {
+pub(crate) fn base_config(
+    dir: &Path,
+    upstream: &Upstream,
+    opts: &Options,
+) -> (BundleConfig, String) {
     let ca = bottle_bundle::generate_ca("test").unwrap();
     let ca_cert = dir.join("ca.pem");
     let ca_key = dir.join("ca.key");
@@ -250,7 +254,7 @@ pub fn base_config(dir: &Path, upstream: &Upstream, opts: &Options) -> (BundleCo
 }
 
 impl Env {
-    pub async fn start(opts: Options) -> Self {
+    pub(crate) async fn start(opts: Options) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let upstream = Upstream::start(dir.path()).await;
         let (config, ca_pem) = base_config(dir.path(), &upstream, &opts);
@@ -264,23 +268,23 @@ impl Env {
         }
     }
 
-    pub fn proxy(&self) -> SocketAddr {
+    pub(crate) fn proxy(&self) -> SocketAddr {
         self.bundle.proxy_addr
     }
 
-    pub fn audit(&self) -> Vec<AuditRecord> {
+    pub(crate) fn audit(&self) -> Vec<AuditRecord> {
         bottle_bundle::read_audit(Path::new(&self.config.audit_log)).unwrap()
     }
 
     /// Sends raw bytes to the proxy and reads the reply until it closes.
-    pub async fn raw(&self, request: &[u8]) -> Resp {
+    pub(crate) async fn raw(&self, request: &[u8]) -> Resp {
         let mut s = TcpStream::connect(self.proxy()).await.unwrap();
         s.write_all(request).await.unwrap();
         read_response(&mut s).await
     }
 
     /// CONNECT to `authority`; returns the stream after a 200, or the refusal.
-    pub async fn connect(&self, authority: &str) -> Result<TcpStream, Resp> {
+    pub(crate) async fn connect(&self, authority: &str) -> Result<TcpStream, Resp> {
         let mut s = TcpStream::connect(self.proxy()).await.unwrap();
         s.write_all(
             format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").as_bytes(),
@@ -304,7 +308,7 @@ impl Env {
     }
 
     /// CONNECT + TLS (trusting the bottle CA) with the given SNI.
-    pub async fn tls(
+    pub(crate) async fn tls(
         &self,
         authority: &str,
         sni: &str,
@@ -316,7 +320,7 @@ impl Env {
     }
 
     /// One HTTPS request through the proxy; returns the response.
-    pub async fn https(&self, authority: &str, request: &[u8]) -> Resp {
+    pub(crate) async fn https(&self, authority: &str, request: &[u8]) -> Resp {
         let host = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
         let mut tls = self.tls(authority, host).await.unwrap();
         tls.write_all(request).await.unwrap();
@@ -326,7 +330,7 @@ impl Env {
     }
 }
 
-pub async fn tls_client(
+pub(crate) async fn tls_client(
     ca_pem: &str,
     s: TcpStream,
     sni: &str,
@@ -349,24 +353,24 @@ pub async fn tls_client(
 
 /// A parsed HTTP response.
 #[derive(Debug, Clone, Default)]
-pub struct Resp {
+pub(crate) struct Resp {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
 }
 
 impl Resp {
-    pub fn header(&self, name: &str) -> Option<String> {
+    pub(crate) fn header(&self, name: &str) -> Option<String> {
         self.headers
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.clone())
     }
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
     /// Head and body as one string (for "never appears anywhere" checks).
-    pub fn everything(&self) -> String {
+    pub(crate) fn everything(&self) -> String {
         let mut s = String::new();
         for (k, v) in &self.headers {
             s.push_str(&format!("{k}: {v}\n"));
@@ -376,7 +380,7 @@ impl Resp {
     }
 }
 
-pub async fn read_head<S: AsyncRead + Unpin>(s: &mut S) -> Vec<u8> {
+pub(crate) async fn read_head<S: AsyncRead + Unpin>(s: &mut S) -> Vec<u8> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -388,7 +392,7 @@ pub async fn read_head<S: AsyncRead + Unpin>(s: &mut S) -> Vec<u8> {
     head
 }
 
-pub fn parse_head(head: &[u8]) -> Resp {
+pub(crate) fn parse_head(head: &[u8]) -> Resp {
     let text = String::from_utf8_lossy(head);
     let mut lines = text.split("\r\n");
     let status = lines
@@ -408,7 +412,7 @@ pub fn parse_head(head: &[u8]) -> Resp {
 }
 
 /// Reads one response: head, then a content-length or chunked body, or to EOF.
-pub async fn read_response<S: AsyncRead + Unpin>(s: &mut S) -> Resp {
+pub(crate) async fn read_response<S: AsyncRead + Unpin>(s: &mut S) -> Resp {
     let head = read_head(s).await;
     let mut resp = parse_head(&head);
     if let Some(len) = resp

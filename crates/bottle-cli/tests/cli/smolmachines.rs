@@ -190,9 +190,12 @@ fn sandbox_available(world: &World, test: &str) -> bool {
     let ok = match smolvm.exec("bot-bottle-probe", &["true".into()], &[]) {
         Ok(out) => out.exit_code == 0,
         Err(err) => {
-            println!(
-                "SKIP smolmachines test {test}: fake-smolvm cannot sandbox guest commands here: {}",
-                err.message()
+            bottle_test_support::skip_docker_test(
+                test,
+                format!(
+                    "fake-smolvm cannot sandbox guest commands here: {}",
+                    err.message()
+                ),
             );
             false
         }

@@ -31,6 +31,7 @@ struct FakeRoot {
 
 impl FakeRoot {
     /// `None` (after printing a skip line) when this process may not mknod.
+    #[expect(clippy::print_stderr, reason = "a skipped test says why")]
     fn new(test: &str) -> Option<FakeRoot> {
         let dir = tempfile::tempdir().unwrap();
         fs::create_dir(dir.path().join("dev")).unwrap();

@@ -20,16 +20,16 @@ static SERIAL: Mutex<()> = Mutex::new(());
 static DEMO_IMAGE: OnceLock<Result<String, String>> = OnceLock::new();
 
 /// The demo agent image tag the tests build.
-pub const DEMO_TAG: &str = "bottle-demo-agent:test";
+pub(crate) const DEMO_TAG: &str = "bottle-demo-agent:test";
 
 /// Skips (prints why) or, when Docker is required, fails.
-pub fn unavailable(test: &str, why: &str) -> Option<Fixture> {
+pub(crate) fn unavailable(test: &str, why: &str) -> Option<Fixture> {
     bottle_test_support::skip_docker_test(test, why);
     None
 }
 
 /// One test's world: the backend, its state root and manifest dir.
-pub struct Fixture {
+pub(crate) struct Fixture {
     pub backend: DockerBackend,
     pub state: TempDir,
     pub dir: TempDir,
@@ -38,17 +38,17 @@ pub struct Fixture {
 }
 
 /// The workspace's `examples/demo-agent`.
-pub fn demo_dir() -> PathBuf {
+pub(crate) fn demo_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/demo-agent")
 }
 
 /// Sets up a test, or returns `None` after printing why it is skipped.
-pub fn setup(test: &str) -> Option<Fixture> {
+pub(crate) fn setup(test: &str) -> Option<Fixture> {
     setup_with(test, |_| {})
 }
 
 /// Like [`setup`], adjusting the backend options first.
-pub fn setup_with(test: &str, adjust: impl FnOnce(&mut DockerOptions)) -> Option<Fixture> {
+pub(crate) fn setup_with(test: &str, adjust: impl FnOnce(&mut DockerOptions)) -> Option<Fixture> {
     let serial = SERIAL
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -101,13 +101,13 @@ pub fn setup_with(test: &str, adjust: impl FnOnce(&mut DockerOptions)) -> Option
 
 impl Fixture {
     /// Writes the test manifest (agent `demo`) and returns its path.
-    pub fn manifest(&self) -> PathBuf {
+    pub(crate) fn manifest(&self) -> PathBuf {
         self.manifest_with("")
     }
 
     /// Like [`Fixture::manifest`], appending `extra` TOML (tables under
     /// `[agents.demo]`). The first call writes the file.
-    pub fn manifest_with(&self, extra: &str) -> PathBuf {
+    pub(crate) fn manifest_with(&self, extra: &str) -> PathBuf {
         let path = self.dir.path().join("bottle.toml");
         if !path.exists() {
             std::fs::write(self.dir.path().join("prompt.md"), "do the thing\n").unwrap();
@@ -145,14 +145,14 @@ cpus = 0.5
     }
 
     /// The spec of bottle `name` running agent `demo`.
-    pub fn spec(&self, name: &str) -> BottleSpec {
+    pub(crate) fn spec(&self, name: &str) -> BottleSpec {
         let path = self.manifest();
         let manifest = bottle_core::manifest::load(&path).unwrap();
         BottleSpec::new(&manifest, &path, "demo", Some(name), self.state.path()).unwrap()
     }
 
     /// Prepares and launches `name`, returning a guard that stops it.
-    pub fn start(&self, name: &str) -> (Guard<'_>, Box<dyn bottle_core::Bottle>) {
+    pub(crate) fn start(&self, name: &str) -> (Guard<'_>, Box<dyn bottle_core::Bottle>) {
         let spec = self.spec(name);
         let guard = Guard {
             backend: &self.backend,
@@ -165,7 +165,7 @@ cpus = 0.5
 }
 
 /// Stops a bottle when dropped, whatever happened in the test.
-pub struct Guard<'a> {
+pub(crate) struct Guard<'a> {
     pub backend: &'a DockerBackend,
     pub name: String,
 }
@@ -177,19 +177,19 @@ impl Drop for Guard<'_> {
 }
 
 /// A unique bottle name for this process and test.
-pub fn name(test: &str) -> String {
+pub(crate) fn name(test: &str) -> String {
     format!("t{}-{test}", std::process::id())
 }
 
 /// Runs a shell command in the bottle.
-pub fn sh(bottle: &dyn bottle_core::Bottle, script: &str) -> bottle_core::ExecOutput {
+pub(crate) fn sh(bottle: &dyn bottle_core::Bottle, script: &str) -> bottle_core::ExecOutput {
     bottle
         .exec(&["sh".to_string(), "-c".to_string(), script.to_string()])
         .unwrap()
 }
 
 /// Every container and network labelled with this bottle's slug.
-pub fn resources_of(backend: &DockerBackend, name: &str) -> Vec<String> {
+pub(crate) fn resources_of(backend: &DockerBackend, name: &str) -> Vec<String> {
     let slug = bottle_core::slug::slugify(name).unwrap();
     let filter = HashMap::from([("label".to_string(), vec![format!("bottle.slug={slug}")])]);
     let mut found = Vec::new();
@@ -223,7 +223,7 @@ pub fn resources_of(backend: &DockerBackend, name: &str) -> Vec<String> {
 }
 
 /// Names of every container and network whose name starts `bot-bottle-`.
-pub fn all_bottle_resources(backend: &DockerBackend) -> (Vec<String>, Vec<String>) {
+pub(crate) fn all_bottle_resources(backend: &DockerBackend) -> (Vec<String>, Vec<String>) {
     let engine = backend.engine().unwrap();
     let containers = engine
         .block_on(engine.docker.list_containers(Some(
@@ -246,7 +246,7 @@ pub fn all_bottle_resources(backend: &DockerBackend) -> (Vec<String>, Vec<String
 }
 
 /// Inspects a container.
-pub fn inspect(
+pub(crate) fn inspect(
     backend: &DockerBackend,
     container: &str,
 ) -> bollard::models::ContainerInspectResponse {
@@ -257,7 +257,7 @@ pub fn inspect(
 }
 
 /// The IP of `container` on `network`.
-pub fn ip_on(backend: &DockerBackend, container: &str, network: &str) -> String {
+pub(crate) fn ip_on(backend: &DockerBackend, container: &str, network: &str) -> String {
     inspect(backend, container)
         .network_settings
         .and_then(|n| n.networks)
@@ -267,7 +267,11 @@ pub fn ip_on(backend: &DockerBackend, container: &str, network: &str) -> String 
 }
 
 /// A file from a container through the archive API: contents, mode, uid.
-pub fn download(backend: &DockerBackend, container: &str, path: &str) -> (Vec<u8>, u32, u64) {
+pub(crate) fn download(
+    backend: &DockerBackend,
+    container: &str,
+    path: &str,
+) -> (Vec<u8>, u32, u64) {
     use futures_util::StreamExt;
     use std::io::Read;
     let engine = backend.engine().unwrap();

@@ -14,48 +14,52 @@ use bottle_preflight::{Check, Context, HostRoot, Identity};
 use bottle_test_support::wait_for;
 
 /// A temp dir standing in for `/`.
-pub struct FakeHost {
+pub(crate) struct FakeHost {
     pub dir: tempfile::TempDir,
 }
 
 impl FakeHost {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         FakeHost {
             dir: tempfile::tempdir().unwrap(),
         }
     }
 
-    pub fn root(&self) -> HostRoot {
+    pub(crate) fn root(&self) -> HostRoot {
         HostRoot::new(self.dir.path())
     }
 
     /// The real path of a host path under this root.
-    pub fn path(&self, host_path: &str) -> PathBuf {
+    pub(crate) fn path(&self, host_path: &str) -> PathBuf {
         self.root().join(host_path)
     }
 
     /// Writes a file (creating parents) and returns its real path.
-    pub fn write(&self, host_path: &str, contents: &str) -> PathBuf {
+    pub(crate) fn write(&self, host_path: &str, contents: &str) -> PathBuf {
         let path = self.path(host_path);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, contents).unwrap();
         path
     }
 
-    pub fn mkdir(&self, host_path: &str) -> PathBuf {
+    pub(crate) fn mkdir(&self, host_path: &str) -> PathBuf {
         let path = self.path(host_path);
         std::fs::create_dir_all(&path).unwrap();
         path
     }
 
-    pub fn chmod(&self, host_path: &str, mode: u32) {
+    pub(crate) fn chmod(&self, host_path: &str, mode: u32) {
         std::fs::set_permissions(self.path(host_path), std::fs::Permissions::from_mode(mode))
             .unwrap();
     }
 
     /// A context for a Linux x86_64 host under this root, with no `PATH` and
     /// the default Docker socket.
-    pub fn ctx<'a>(&self, runner: &'a dyn CommandRunner, backend: BackendKind) -> Context<'a> {
+    pub(crate) fn ctx<'a>(
+        &self,
+        runner: &'a dyn CommandRunner,
+        backend: BackendKind,
+    ) -> Context<'a> {
         Context {
             root: self.root(),
             runner,
@@ -77,14 +81,14 @@ impl FakeHost {
 /// A fake Docker daemon: accepts one connection on a real unix socket,
 /// reads the request head, then writes `response` (or, with `None`, never
 /// answers and waits for the client to hang up).
-pub struct FakeDocker {
+pub(crate) struct FakeDocker {
     thread: JoinHandle<Vec<u8>>,
 }
 
 const SERVER_BOUND: Duration = Duration::from_secs(10);
 
 impl FakeDocker {
-    pub fn serve(socket: &Path, response: Option<Vec<u8>>) -> Self {
+    pub(crate) fn serve(socket: &Path, response: Option<Vec<u8>>) -> Self {
         std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
         let listener = UnixListener::bind(socket).unwrap();
         listener.set_nonblocking(true).unwrap();
@@ -120,13 +124,13 @@ impl FakeDocker {
     }
 
     /// The request bytes the server received.
-    pub fn request(self) -> Vec<u8> {
+    pub(crate) fn request(self) -> Vec<u8> {
         self.thread.join().unwrap()
     }
 }
 
 /// An HTTP/1.1 response with a content-length body.
-pub fn http(status: &str, body: &str) -> Vec<u8> {
+pub(crate) fn http(status: &str, body: &str) -> Vec<u8> {
     format!(
         "HTTP/1.1 {status}\r\nApi-Version: 1.41\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
@@ -135,13 +139,13 @@ pub fn http(status: &str, body: &str) -> Vec<u8> {
 }
 
 /// The check with `id`.
-pub fn find<'a>(checks: &'a [Check], id: &str) -> &'a Check {
+pub(crate) fn find<'a>(checks: &'a [Check], id: &str) -> &'a Check {
     checks
         .iter()
         .find(|check| check.id == id)
         .unwrap_or_else(|| panic!("no check {id} in {checks:#?}"))
 }
 
-pub fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }

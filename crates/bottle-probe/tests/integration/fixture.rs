@@ -10,7 +10,7 @@ use std::time::Duration;
 use bottle_probe::contract::{ProbeConfig, ProbeResult, Targets};
 
 /// The one place the tests spawn a process.
-pub fn command(program: &str) -> Command {
+pub(crate) fn command(program: &str) -> Command {
     #[expect(
         clippy::disallowed_methods,
         reason = "the tests run the probe binary itself, not a host tool"
@@ -20,7 +20,8 @@ pub fn command(program: &str) -> Command {
 
 /// Whether this process may bind ports below 1024; prints a skip line when
 /// not (and fails when root is required).
-pub fn can_bind_low_ports() -> bool {
+#[expect(clippy::print_stderr, reason = "a skipped test says why")]
+pub(crate) fn can_bind_low_ports() -> bool {
     let root = nix::unistd::geteuid().is_root();
     if !root {
         assert!(
@@ -34,7 +35,7 @@ pub fn can_bind_low_ports() -> bool {
 
 /// A loopback address of its own for this test process (all of 127/8 is
 /// local), so parallel test runs do not collide on fixed ports.
-pub fn loopback(last: u8) -> Ipv4Addr {
+pub(crate) fn loopback(last: u8) -> Ipv4Addr {
     let pid = std::process::id();
     Ipv4Addr::new(
         127,
@@ -45,7 +46,7 @@ pub fn loopback(last: u8) -> Ipv4Addr {
 }
 
 /// An HTTP canary: every connection gets a 200 whose body carries `token`.
-pub fn http_canary(addr: SocketAddr, token: &str) {
+pub(crate) fn http_canary(addr: SocketAddr, token: &str) {
     let l = TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
     let body = format!("canary {token}\n");
     std::thread::spawn(move || {
@@ -65,7 +66,7 @@ pub fn http_canary(addr: SocketAddr, token: &str) {
 }
 
 /// A request head, read with a bound.
-pub fn read_head(s: &mut TcpStream) -> Vec<u8> {
+pub(crate) fn read_head(s: &mut TcpStream) -> Vec<u8> {
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
     let mut got = Vec::new();
     let mut b = [0u8; 1];
@@ -123,7 +124,7 @@ fn dns_canary(addr: SocketAddr) {
 }
 
 /// The canaries every test shares, started once per test process.
-pub struct Canaries {
+pub(crate) struct Canaries {
     pub token: String,
     pub targets: Targets,
     /// Whether `[::1]:80` could be bound for the IPv6 canary.
@@ -131,7 +132,7 @@ pub struct Canaries {
 }
 
 /// Starts the canaries (once).
-pub fn canaries() -> &'static Canaries {
+pub(crate) fn canaries() -> &'static Canaries {
     static C: OnceLock<Canaries> = OnceLock::new();
     C.get_or_init(|| {
         let token = format!("tok-{}-canary", std::process::id());
@@ -162,7 +163,13 @@ pub fn canaries() -> &'static Canaries {
         if v6 {
             http_canary("[::1]:80".parse().unwrap(), &token);
         } else {
-            eprintln!("note: [::1]:80 is taken; the IPv6 canary is not checked");
+            #[expect(
+                clippy::print_stderr,
+                reason = "the test says what it leaves unchecked"
+            )]
+            {
+                eprintln!("note: [::1]:80 is taken; the IPv6 canary is not checked");
+            }
         }
         let targets = Targets {
             internet_v4: internet.to_string(),
@@ -187,7 +194,7 @@ pub fn canaries() -> &'static Canaries {
 }
 
 /// A config around `targets`.
-pub fn config(token: &str, targets: Targets, control: bool, only: &[&str]) -> ProbeConfig {
+pub(crate) fn config(token: &str, targets: Targets, control: bool, only: &[&str]) -> ProbeConfig {
     ProbeConfig {
         token: token.into(),
         control,
@@ -198,7 +205,7 @@ pub fn config(token: &str, targets: Targets, control: bool, only: &[&str]) -> Pr
 }
 
 /// The outcome of one run of the binary.
-pub struct Run {
+pub(crate) struct Run {
     pub code: Option<i32>,
     pub results: Vec<ProbeResult>,
     pub stderr: String,
@@ -206,7 +213,7 @@ pub struct Run {
 
 /// Runs the probe binary with `config`, from `cwd`, through `/bin/sh -c`
 /// when `shell_prefix` is given (to hand it descriptors).
-pub fn run_probe(config: &ProbeConfig, cwd: &Path, shell_prefix: Option<&str>) -> Run {
+pub(crate) fn run_probe(config: &ProbeConfig, cwd: &Path, shell_prefix: Option<&str>) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("probe.json");
     std::fs::write(&path, serde_json::to_vec(config).unwrap()).unwrap();
@@ -239,7 +246,7 @@ pub fn run_probe(config: &ProbeConfig, cwd: &Path, shell_prefix: Option<&str>) -
 }
 
 /// The names of the network probes the control runs.
-pub fn network_probe_names(config: &ProbeConfig) -> Vec<String> {
+pub(crate) fn network_probe_names(config: &ProbeConfig) -> Vec<String> {
     bottle_probe::probes::catalogue(config)
         .into_iter()
         .filter(|p| p.network)
@@ -249,7 +256,7 @@ pub fn network_probe_names(config: &ProbeConfig) -> Vec<String> {
 
 /// Targets for tests whose probes dial only a fake proxy: every address is
 /// a loopback one where nothing listens.
-pub fn canaries_targets_without_listeners() -> Targets {
+pub(crate) fn canaries_targets_without_listeners() -> Targets {
     let silent = loopback(30).to_string();
     Targets {
         internet_v4: silent.clone(),

@@ -17,54 +17,54 @@ use sha2::{Digest as _, Sha256};
 
 /// The fake smolvm binary (built on first use; see
 /// [`fake_smolvm::executable`]).
-pub fn fake() -> PathBuf {
+pub(crate) fn fake() -> PathBuf {
     fake_smolvm::executable().unwrap_or_else(|err| panic!("{err}"))
 }
 
 /// A private world for one test: a temp dir holding the fake's data, the
 /// bottle state root and the image cache.
-pub struct World {
+pub(crate) struct World {
     pub dir: tempfile::TempDir,
 }
 
 impl World {
-    pub fn new() -> World {
+    pub(crate) fn new() -> World {
         World {
             dir: tempfile::tempdir().unwrap(),
         }
     }
 
-    pub fn home(&self) -> PathBuf {
+    pub(crate) fn home(&self) -> PathBuf {
         self.dir.path().join("home")
     }
 
-    pub fn data(&self) -> PathBuf {
+    pub(crate) fn data(&self) -> PathBuf {
         self.dir.path().join("data")
     }
 
     /// Where smolvm keeps its database in this world.
-    pub fn db(&self) -> PathBuf {
+    pub(crate) fn db(&self) -> PathBuf {
         self.data().join("smolvm/server/smolvm.db")
     }
 
-    pub fn fake_dir(&self) -> PathBuf {
+    pub(crate) fn fake_dir(&self) -> PathBuf {
         self.data().join("smolvm/fake")
     }
 
-    pub fn guest(&self, machine: &str) -> PathBuf {
+    pub(crate) fn guest(&self, machine: &str) -> PathBuf {
         self.fake_dir().join("guests").join(machine)
     }
 
-    pub fn state_root(&self) -> PathBuf {
+    pub(crate) fn state_root(&self) -> PathBuf {
         self.dir.path().join("state")
     }
 
-    pub fn cache(&self) -> PathBuf {
+    pub(crate) fn cache(&self) -> PathBuf {
         self.dir.path().join("cache")
     }
 
     /// The fake, pretending to be `version`, with `mode` faults.
-    pub fn smolvm(&self, version: &str, mode: &str) -> Smolvm {
+    pub(crate) fn smolvm(&self, version: &str, mode: &str) -> Smolvm {
         Smolvm::with_program(fake(), Arc::new(SystemRunner))
             .env("HOME", self.home())
             .env("XDG_DATA_HOME", self.data())
@@ -74,7 +74,7 @@ impl World {
     }
 
     /// What the fake's `machine start` booted `machine` with.
-    pub fn booted(&self, machine: &str) -> Option<serde_json::Value> {
+    pub(crate) fn booted(&self, machine: &str) -> Option<serde_json::Value> {
         let path = self
             .fake_dir()
             .join("started")
@@ -87,7 +87,7 @@ impl World {
 
 /// Whether the fake can confine guest commands on this host (it needs user
 /// and mount namespaces). Tests that exec print a skip line without it.
-pub fn sandbox_available(world: &World) -> bool {
+pub(crate) fn sandbox_available(world: &World) -> bool {
     let smolvm = world.smolvm("1.9.3", "");
     let artifact = world.dir.path().join("probe.smolmachine");
     std::fs::write(
@@ -100,9 +100,12 @@ pub fn sandbox_available(world: &World) -> bool {
     let ok = match smolvm.exec("bot-bottle-probe", &["true".into()], &[]) {
         Ok(out) => out.exit_code == 0,
         Err(err) => {
-            eprintln!(
-                "skip: fake-smolvm cannot sandbox guest commands here: {}",
-                err.message()
+            bottle_test_support::skip_docker_test(
+                "this smolvm test",
+                format!(
+                    "fake-smolvm cannot sandbox guest commands here: {}",
+                    err.message()
+                ),
             );
             false
         }
@@ -112,7 +115,7 @@ pub fn sandbox_available(world: &World) -> bool {
 }
 
 /// A layer tar holding one file.
-pub fn layer(path: &str, contents: &[u8]) -> Vec<u8> {
+pub(crate) fn layer(path: &str, contents: &[u8]) -> Vec<u8> {
     let mut builder = tar::Builder::new(Vec::new());
     let mut header = tar::Header::new_gnu();
     header.set_size(contents.len() as u64);
@@ -122,20 +125,24 @@ pub fn layer(path: &str, contents: &[u8]) -> Vec<u8> {
     builder.into_inner().unwrap()
 }
 
-pub fn digest(bytes: &[u8]) -> String {
+pub(crate) fn digest(bytes: &[u8]) -> String {
     format!("sha256:{:x}", Sha256::digest(bytes))
 }
 
 /// A docker-save archive in the classic layout (`<id>/layer.tar`,
 /// `<config hex>.json`, `manifest.json`), written to `dest`. Returns the
 /// config digest (the image ID) and the layer digests.
-pub struct SavedImage {
+pub(crate) struct SavedImage {
     pub id: String,
     pub layers: Vec<String>,
     pub config: Vec<u8>,
 }
 
-pub fn docker_save(dest: &Path, layers: &[Vec<u8>], symlink_last_to_first: bool) -> SavedImage {
+pub(crate) fn docker_save(
+    dest: &Path,
+    layers: &[Vec<u8>],
+    symlink_last_to_first: bool,
+) -> SavedImage {
     let diff_ids: Vec<String> = layers.iter().map(|l| digest(l)).collect();
     let config = serde_json::to_vec(&serde_json::json!({
         "architecture": "amd64",
@@ -207,14 +214,14 @@ pub fn docker_save(dest: &Path, layers: &[Vec<u8>], symlink_last_to_first: bool)
 }
 
 /// One raw HTTP/1.1 exchange (`Connection: close`).
-pub struct Reply {
+pub(crate) struct Reply {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
 }
 
 impl Reply {
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
@@ -222,7 +229,7 @@ impl Reply {
     }
 }
 
-pub fn http(addr: SocketAddr, method: &str, path: &str) -> Reply {
+pub(crate) fn http(addr: SocketAddr, method: &str, path: &str) -> Reply {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(std::time::Duration::from_secs(30)))
@@ -260,17 +267,17 @@ pub fn http(addr: SocketAddr, method: &str, path: &str) -> Reply {
 /// What [`RecordingBundles`] "resolves" at prepare: a typed stand-in for a
 /// real host's data, to prove it travels through the plan to `start`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct RecordedBundle {
+pub(crate) struct RecordedBundle {
     pub network: String,
 }
 
 /// The address a [`RecordingBundles`] plans a bundle at, and its plan
 /// lines.
-pub type PlannedBundle = (Ipv4Addr, Vec<(String, String)>);
+pub(crate) type PlannedBundle = (Ipv4Addr, Vec<(String, String)>);
 
 /// A bundle host that starts nothing: it hands out a fixed address and a CA
 /// file, and records what it was asked.
-pub struct RecordingBundles {
+pub(crate) struct RecordingBundles {
     pub address: Ipv4Addr,
     pub ca: PathBuf,
     pub calls: Mutex<Vec<String>>,
@@ -282,7 +289,7 @@ pub struct RecordingBundles {
 }
 
 impl RecordingBundles {
-    pub fn new(world: &World, address: Ipv4Addr) -> Arc<RecordingBundles> {
+    pub(crate) fn new(world: &World, address: Ipv4Addr) -> Arc<RecordingBundles> {
         let ca = world.dir.path().join("ca.pem");
         std::fs::write(
             &ca,
@@ -299,11 +306,11 @@ impl RecordingBundles {
         })
     }
 
-    pub fn calls(&self) -> Vec<String> {
+    pub(crate) fn calls(&self) -> Vec<String> {
         self.calls.lock().unwrap().clone()
     }
 
-    pub fn live(&self) -> Vec<String> {
+    pub(crate) fn live(&self) -> Vec<String> {
         self.live.lock().unwrap().clone()
     }
 }
@@ -365,13 +372,13 @@ impl BundleHost for RecordingBundles {
 
 /// Agent images from a test-made docker-save archive; the backend packs
 /// them for real through the local registry and the fake's `pack create`.
-pub struct ArchiveImages {
+pub(crate) struct ArchiveImages {
     pub archive: PathBuf,
     pub image: AgentImage,
 }
 
 impl ArchiveImages {
-    pub fn new(world: &World) -> Arc<ArchiveImages> {
+    pub(crate) fn new(world: &World) -> Arc<ArchiveImages> {
         let archive = world.dir.path().join("image.tar");
         let saved = docker_save(
             &archive,
@@ -404,7 +411,7 @@ impl ImageStore for ArchiveImages {
 }
 
 /// Docker, when it answers; absent is a skip unless BOTTLE_REQUIRE_DOCKER=1.
-pub fn docker_available(test: &str) -> Option<bollard::Docker> {
+pub(crate) fn docker_available(test: &str) -> Option<bollard::Docker> {
     let answering = bollard::Docker::connect_with_defaults().and_then(|docker| {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()

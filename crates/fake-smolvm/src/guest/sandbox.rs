@@ -14,7 +14,7 @@ const DEVICES: [&str; 4] = ["null", "zero", "random", "urandom"];
 
 /// Runs `argv` with `root` as `/`. Called only from a single-threaded
 /// process (a user namespace cannot be entered otherwise).
-pub fn run_in_guest(
+pub(super) fn run_in_guest(
     root: &Path,
     argv: &[String],
     env: &[(String, String)],

@@ -195,7 +195,7 @@ impl Gate {
 
 /// The Linux bridge of a Docker bridge network: its `bridge.name` option,
 /// else Docker's default `br-<first 12 of the id>`.
-pub fn bridge_device(network: &Value) -> String {
+pub(super) fn bridge_device(network: &Value) -> String {
     match network["Options"]["com.docker.network.bridge.name"].as_str() {
         Some(name) if !name.is_empty() => name.to_string(),
         _ => {

@@ -155,7 +155,7 @@ impl Gate {
 }
 
 /// The canary listeners of a run.
-pub fn listener_specs() -> Vec<Spec> {
+pub(super) fn listener_specs() -> Vec<Spec> {
     let tcp = |name: &str, bind: SocketAddr| Spec {
         name: name.into(),
         bind,

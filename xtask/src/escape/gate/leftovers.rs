@@ -11,7 +11,7 @@ use crate::escape::engine::EngineSocket;
 /// What of `after` the run left behind: its own bottles' resources, and
 /// the shared egress network when no other bottle (another user of this
 /// Engine) still needs it.
-pub fn leftovers(before: &BTreeSet<String>, after: &BTreeSet<String>) -> Vec<String> {
+pub(super) fn leftovers(before: &BTreeSet<String>, after: &BTreeSet<String>) -> Vec<String> {
     let ours = |r: &str| {
         r.split_once(' ')
             .is_some_and(|(_, name)| name.starts_with(RUN_PREFIX))

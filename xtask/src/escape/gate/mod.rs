@@ -78,7 +78,7 @@ const RUN_PREFIX: &str = "bot-bottle-escape-";
 
 /// The backend under test.
 #[derive(Debug, Clone)]
-pub enum Backend {
+pub(crate) enum Backend {
     /// Containers.
     Docker,
     /// microVMs through this smolvm (real, or the test double).
@@ -87,7 +87,7 @@ pub enum Backend {
 
 impl Backend {
     /// The name `bottle --backend` takes.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Backend::Docker => "docker",
             Backend::Smolmachines(_) => "smolmachines",
@@ -97,7 +97,7 @@ impl Backend {
 
 /// Options of the run.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// The backend under test.
     pub backend: Backend,
     /// Go on to the next phase after a harness error in one.
@@ -144,7 +144,7 @@ struct Gate {
 
 /// Runs the gate against `options.backend`; rows and harness errors go
 /// into `report`. Everything it sets up is undone before it returns.
-pub fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> anyhow::Result<()> {
+pub(crate) fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!(
             "the gate needs root (it creates the canary interface and swaps /etc/resolv.conf)\n  fix: run it as root, e.g. `sudo -E cargo xtask sandbox-escape`"
@@ -377,6 +377,6 @@ impl Gate {
 }
 
 /// A progress line on stderr (stdout carries the report).
-pub fn progress(text: &str) {
+pub(crate) fn progress(text: &str) {
     eprintln!("sandbox-escape: {text}");
 }

@@ -202,7 +202,7 @@ impl Gate {
 }
 
 /// The names of the network and proxy probes of an earlier run.
-pub fn network_and_proxy(results: &[ProbeResult]) -> Vec<String> {
+pub(super) fn network_and_proxy(results: &[ProbeResult]) -> Vec<String> {
     results
         .iter()
         .filter(|r| r.network || r.category == "proxy")

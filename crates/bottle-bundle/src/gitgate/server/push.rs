@@ -34,7 +34,7 @@ impl GitGate {
             // Approved refs are escaped into literal globs, so this is not
             // expected; the manifest's rules still hold.
             Err(e) => {
-                eprintln!("bottle-bundle: git-gate: ignoring run-time push approvals: {e}");
+                crate::log!("git-gate: ignoring run-time push approvals: {e}");
                 (repo.config.clone(), repo.policy.clone())
             }
         }
