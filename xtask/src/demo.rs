@@ -2,7 +2,7 @@
 //! work — an allowed request succeeding, a denied one refused, a direct
 //! connection going nowhere — then tear everything down.
 //!
-//! "The internet" is a TEST-NET address (192.0.2.80) on a dummy (or empty
+//! "The internet" is a TEST-NET address (203.0.113.80) on a dummy (or empty
 //! bridge) interface this command creates, so the demo sends nothing off this machine.
 
 use std::io::{Read as _, Write as _};
@@ -20,8 +20,8 @@ use crate::process::{capture, cargo, command, describe_exit, watch, workspace_ro
 
 /// The dummy interface that stands in for the internet.
 const IFACE: &str = "btldemo0";
-/// The demo upstream's address (TEST-NET-1), pinned in examples/bottle.toml.
-const UPSTREAM: &str = "192.0.2.80";
+/// The demo upstream's address (TEST-NET-3, outside the 192.0.2.0/24 some hosts put eth0 in), pinned in examples/bottle.toml.
+const UPSTREAM: &str = "203.0.113.80";
 /// What the upstream answers.
 const GREETING: &str = "hello from demo.bottle.test, the one host this bottle may reach\n";
 
