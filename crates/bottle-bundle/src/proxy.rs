@@ -26,7 +26,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
@@ -64,6 +64,9 @@ impl std::fmt::Debug for Proxy {
             .finish_non_exhaustive()
     }
 }
+
+/// Ports on which a tunnel must start with TLS.
+const TLS_PORTS: [u16; 2] = [443, 8443];
 
 /// Where a request is going, after normalisation.
 #[derive(Debug, Clone)]
@@ -395,9 +398,10 @@ impl Proxy {
     ) {
         let handshake_limit = Duration::from_millis(self.limits.header_read_timeout_ms);
         let host_s = target.host.to_string();
-        // Handshake trouble is an error; a fronted SNI is a denial.
+        // Handshake trouble is an error; a fronted SNI or plain bytes to a
+        // TLS port are denials.
         let fail = |reason: &str, status: u16| {
-            let decision = if reason == "sni_mismatch" {
+            let decision = if matches!(reason, "sni_mismatch" | "tunnel_not_tls") {
                 Decision::Deny
             } else {
                 Decision::Error
@@ -424,6 +428,20 @@ impl Proxy {
         }
         let io = Prefixed::new(Bytes::copy_from_slice(&first[..n]), io);
         if first[0] != 0x16 {
+            if TLS_PORTS.contains(&target.port) {
+                // Plain bytes to a TLS port: whatever they are, they are not
+                // what the operator allowed, and a credential must not
+                // follow them in the clear.
+                fail("tunnel_not_tls", 403);
+                let mut io = io;
+                let _ = io
+                    .write_all(
+                        b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\nbottle: this tunnel goes to a TLS port, but the client did not start TLS; use https://\n",
+                    )
+                    .await;
+                let _ = io.shutdown().await;
+                return;
+            }
             // Not a TLS handshake record: plain HTTP inside the tunnel.
             target.scheme = "http";
             self.serve_tunnel(io, target).await;

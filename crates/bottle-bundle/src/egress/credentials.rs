@@ -103,6 +103,11 @@ impl Credentials {
         }
     }
 
+    /// Whether the bundle holds a credential for `host`.
+    pub(super) fn has(&self, host: &str) -> bool {
+        self.injections.contains_key(host)
+    }
+
     /// Names of the credentials injected for `host`.
     pub(super) fn names(&self, host: &str) -> Vec<String> {
         self.injections

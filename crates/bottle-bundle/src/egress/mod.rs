@@ -273,6 +273,32 @@ impl Egress {
                 );
             }
         };
+        if scheme != "https" && self.credentials.has(&host_s) {
+            // The agent cannot see the credential, but it would decide that
+            // it travels in the clear: a credential goes only on a TLS leg
+            // whose certificate egress verifies.
+            self.audit(
+                Decision::Deny,
+                &host_s,
+                port,
+                &method,
+                &pq,
+                StatusCode::FORBIDDEN,
+                "credential_needs_tls",
+                &rule,
+                start,
+            );
+            return self.generated(
+                StatusCode::FORBIDDEN,
+                Decision::Deny,
+                "credential_needs_tls",
+                &rule,
+                format!(
+                    "bottle: the bundle adds a credential for {host_s} and sends it only over TLS; use https://{} instead of plain HTTP",
+                    host.authority_form()
+                ),
+            );
+        }
         let authority = match (scheme.as_str(), port) {
             ("https", 443) | ("http", 80) => host.authority_form(),
             _ => format!("{}:{port}", host.authority_form()),

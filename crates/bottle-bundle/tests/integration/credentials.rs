@@ -72,12 +72,83 @@ async fn other_hosts_do_not_get_the_credential() {
     assert_eq!(resp.status, 200);
     let seen = env.upstream.seen();
     assert!(seen[0].header("x-api-key").is_empty());
+    // Over TLS the credential's own host gets it.
+    let authority = format!("{ALLOWED}:{}", env.upstream.https.port());
     let resp = env
-        .raw(format!("GET http://{ALLOWED}:{port}/ HTTP/1.1\r\nHost: {ALLOWED}:{port}\r\nX-Api-Key: mine\r\nConnection: close\r\n\r\n").as_bytes())
+        .https(
+            &authority,
+            format!(
+                "GET / HTTP/1.1\r\nHost: {ALLOWED}\r\nX-Api-Key: mine\r\nConnection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        )
         .await;
-    assert_eq!(resp.status, 200);
+    assert_eq!(resp.status, 200, "{}", resp.text());
     let seen = env.upstream.seen();
     assert_eq!(seen[1].header("x-api-key"), vec![SECRET.to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_never_travels_in_plain_http() {
+    let opts = Options {
+        credentials: vec![(
+            ALLOWED.into(),
+            "x-api-key".into(),
+            "{}".into(),
+            SECRET.into(),
+        )],
+        ..Options::default()
+    };
+    let env = Env::start(opts).await;
+    let port = env.upstream.http.port();
+    // Absolute-form plain HTTP to the credential's host: refused, nothing
+    // reaches the upstream, and the agent is told why.
+    let resp = env
+        .raw(format!("GET http://{ALLOWED}:{port}/ HTTP/1.1\r\nHost: {ALLOWED}:{port}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await;
+    assert_eq!(resp.status, 403, "{}", resp.text());
+    assert!(resp.text().contains("only over TLS"), "{}", resp.text());
+    // Plain HTTP inside a CONNECT tunnel to a non-TLS port: the same.
+    let resp = env
+        .raw(format!("CONNECT {ALLOWED}:{port} HTTP/1.1\r\nHost: {ALLOWED}:{port}\r\n\r\nGET / HTTP/1.1\r\nHost: {ALLOWED}:{port}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await;
+    let all = resp.everything();
+    assert!(all.contains("403 Forbidden"), "{all}");
+    assert!(all.contains("only over TLS"), "{all}");
+    assert!(env.upstream.seen().is_empty(), "the upstream was reached");
+    assert!(!all.contains(SECRET));
+    let refused: Vec<_> = env
+        .audit()
+        .into_iter()
+        .filter(|r| r.reason == "credential_needs_tls")
+        .collect();
+    for daemon in ["proxy", "egress"] {
+        assert_eq!(
+            refused.iter().filter(|r| r.daemon == daemon).count(),
+            2,
+            "{daemon} audits both refusals: {refused:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_to_a_tls_port_must_start_tls() {
+    let env = Env::start(Options::default()).await;
+    // Port 443 is allowed; nothing listens there, and nothing is dialed:
+    // the refusal comes from the first byte the client sends.
+    let resp = env
+        .raw(format!("CONNECT {ALLOWED}:443 HTTP/1.1\r\nHost: {ALLOWED}:443\r\n\r\nGET / HTTP/1.1\r\nHost: {ALLOWED}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await;
+    let all = resp.everything();
+    assert!(all.contains("403 Forbidden"), "{all}");
+    assert!(all.contains("did not start TLS"), "{all}");
+    assert!(
+        env.audit()
+            .iter()
+            .any(|r| r.reason == "tunnel_not_tls" && r.port == 443),
+        "the refusal is audited"
+    );
+    assert!(env.upstream.seen().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
