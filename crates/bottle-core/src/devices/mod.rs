@@ -10,15 +10,19 @@
 //!
 //! A blacklisted node must not get in under another name, so a candidate is
 //! refused when its own path, the path it finally resolves to, or its device
-//! number (kind, major, minor) matches the blacklist.
+//! number (kind, major, minor) matches the blacklist. A block node is also
+//! refused when the driver that owns its major in `/proc/devices` is a raw
+//! disk driver of a built-in entry, and every block node is refused when
+//! `/proc/devices` cannot be read.
 //!
 //! **I/O:** unlike the rest of bottle-core, this module touches the host: it
 //! reads the admin policy file it is given ([`AdminPolicy::load`]) and lists
-//! and stats device nodes under the root it is given
+//! and stats device nodes and reads `proc/devices` under the root it is given
 //! ([`DevicePolicy::resolve`]). Production passes `/`; tests pass a temporary
 //! directory holding a fake `dev/` made with `mknod`. Nothing outside that
 //! root is read, and nothing is ever written.
 
+mod drivers;
 mod error;
 mod policy;
 mod resolve;

@@ -12,6 +12,7 @@ use std::ops::RangeInclusive;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 
+use super::drivers::{BlockDrivers, DISK_DRIVERS};
 use super::error::DeviceError;
 use super::policy::{BlacklistSource, DevicePolicy};
 use super::{DeviceKind, DeviceNode, DroppedDevice, PTS_MIN_KERNEL, ResolvedDevices};
@@ -138,6 +139,7 @@ impl DevicePolicy {
         kernel: Option<(u32, u32)>,
     ) -> Result<ResolvedDevices, DeviceError> {
         let numbers = BlacklistedNumbers::collect(self, root)?;
+        let drivers = BlockDrivers::read(root);
         let pts_entry = self.blacklist.iter().position(|entry| {
             entry.source == BlacklistSource::BuiltIn && entry.pattern == "/dev/pts"
         });
@@ -190,7 +192,7 @@ impl DevicePolicy {
                     if !seen.insert(container_path.clone()) {
                         continue;
                     }
-                    match self.check(root, &candidate, &numbers, relaxed) {
+                    match self.check(root, &candidate, &numbers, &drivers, relaxed) {
                         Verdict::Pass(node, used_relaxation) => {
                             passed_by_relaxing |= used_relaxation;
                             out.passed.push(node);
@@ -199,6 +201,15 @@ impl DevicePolicy {
                             path: container_path,
                             reason,
                         }),
+                        Verdict::Unconfirmed(reason) => {
+                            out.warnings.push(format!(
+                                "device {container_path} cannot be checked, skipping: {reason}"
+                            ));
+                            out.dropped.push(DroppedDevice {
+                                path: container_path,
+                                reason,
+                            });
+                        }
                         Verdict::Blacklisted { mut reason, entry } => {
                             if pts_request && !new_kernel && Some(entry) == pts_entry {
                                 reason.push_str(&format!(
@@ -252,6 +263,18 @@ impl DevicePolicy {
         (None, relaxed_hit)
     }
 
+    /// The built-in entry whose raw-disk driver is one of `owners`, with
+    /// that driver.
+    fn disk_driver_entry<'a>(&self, owners: &[&'a str]) -> Option<(usize, &'a str)> {
+        owners.iter().find_map(|owner| {
+            let (pattern, _) = DISK_DRIVERS.iter().find(|(_, driver)| driver == owner)?;
+            let index = self.blacklist.iter().position(|entry| {
+                entry.source == BlacklistSource::BuiltIn && entry.pattern == *pattern
+            })?;
+            Some((index, *owner))
+        })
+    }
+
     fn describe_entry(&self, index: usize) -> String {
         let entry = &self.blacklist[index];
         format!("blacklisted by {} ({})", entry.pattern, entry.source)
@@ -262,6 +285,7 @@ impl DevicePolicy {
         root: &Path,
         candidate: &Path,
         numbers: &BlacklistedNumbers,
+        drivers: &BlockDrivers,
         relaxed: Option<usize>,
     ) -> Verdict {
         let container_path = display(candidate);
@@ -323,6 +347,25 @@ impl DevicePolicy {
             };
         }
         let (kind, major, minor) = id;
+        if kind == DeviceKind::Block {
+            let owners = match drivers.owners(major) {
+                Ok(owners) => owners,
+                Err(why) => {
+                    return Verdict::Unconfirmed(format!(
+                        "cannot tell which driver owns block major {major}, so no block device is passed: {why}"
+                    ));
+                }
+            };
+            if let Some((index, driver)) = self.disk_driver_entry(&owners) {
+                return Verdict::Blacklisted {
+                    reason: format!(
+                        "block major {major} belongs to the {driver} driver (/proc/devices), {}",
+                        self.describe_entry(index)
+                    ),
+                    entry: index,
+                };
+            }
+        }
         Verdict::Pass(
             DeviceNode {
                 host_path,
@@ -342,6 +385,9 @@ enum Verdict {
     Pass(DeviceNode, bool),
     /// Refused by the blacklist entry `entry` (warned about).
     Blacklisted { reason: String, entry: usize },
+    /// Refused because the blacklist could not be checked for it (warned
+    /// about).
+    Unconfirmed(String),
     /// Not a usable device node.
     Drop(String),
 }

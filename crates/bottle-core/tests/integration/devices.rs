@@ -44,7 +44,9 @@ impl FakeRoot {
         ) {
             Ok(()) => {
                 fs::remove_file(&probe).unwrap();
-                Some(FakeRoot { dir })
+                let root = FakeRoot { dir };
+                root.proc_devices(HOST_PROC_DEVICES);
+                Some(root)
             }
             Err(Errno::EPERM) if std::env::var("BOTTLE_REQUIRE_MKNOD").as_deref() != Ok("1") => {
                 eprintln!(
@@ -58,6 +60,12 @@ impl FakeRoot {
 
     fn root(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// Replaces the root's `/proc/devices`.
+    fn proc_devices(&self, text: &str) -> &Self {
+        fs::write(self.at("/proc/devices"), text).unwrap();
+        self
     }
 
     fn at(&self, path: &str) -> PathBuf {
@@ -119,6 +127,28 @@ impl FakeRoot {
             .blk("/dev/loop0", 7, 0)
     }
 }
+
+/// The `/proc/devices` every fake root starts with: a virtual machine's, with
+/// the SCSI disk majors, device-mapper and virtio-blk on dynamic majors, and
+/// NVMe namespaces on the extended major.
+const HOST_PROC_DEVICES: &str = "Character devices:
+  1 mem
+  4 tty
+  5 /dev/tty
+ 13 input
+136 pts
+195 nvidia-frontend
+508 nvidia-uvm
+511 nvidia-caps
+
+Block devices:
+  7 loop
+  8 sd
+ 65 sd
+252 device-mapper
+254 virtblk
+259 blkext
+";
 
 const MANIFEST: &str = "/work/bottle.toml";
 
@@ -634,6 +664,104 @@ fn well_known_device_numbers_are_refused_even_without_the_original_node() {
             ),
         ]
     );
+}
+
+#[test]
+fn block_nodes_on_a_blacklisted_disk_driver_are_refused_whatever_their_number() {
+    let Some(root) = FakeRoot::new("disk-drivers") else {
+        return;
+    };
+    // No /dev node carries any of these numbers: only the driver that owns
+    // the major, in /proc/devices, says they are disks.
+    root.blk("/dev/innocent", 8, 200)
+        .blk("/dev/namespace", 259, 77)
+        .blk("/dev/volume", 252, 3)
+        .blk("/dev/virtual", 254, 16)
+        .blk("/dev/unowned", 240, 1)
+        .chr("/dev/gpu", 195, 0);
+    let resolved = resolve(
+        &root,
+        Some(&[
+            "/dev/innocent",
+            "/dev/namespace",
+            "/dev/volume",
+            "/dev/virtual",
+            "/dev/unowned",
+            "/dev/gpu",
+        ]),
+        &[],
+        &AdminPolicy::builtin_only(),
+        NEW_KERNEL,
+    );
+    assert_eq!(passed(&resolved), ["/dev/unowned", "/dev/gpu"]);
+    let reasons = dropped(&resolved);
+    assert_eq!(reasons[0].0, "/dev/innocent");
+    assert_eq!(
+        reasons[1..],
+        [
+            (
+                "/dev/namespace",
+                "block major 259 belongs to the blkext driver (/proc/devices), blacklisted by /dev/nvme* (built-in)"
+            ),
+            (
+                "/dev/volume",
+                "block major 252 belongs to the device-mapper driver (/proc/devices), blacklisted by /dev/dm-* (built-in)"
+            ),
+            (
+                "/dev/virtual",
+                "block major 254 belongs to the virtblk driver (/proc/devices), blacklisted by /dev/vd* (built-in)"
+            ),
+        ]
+    );
+    assert_eq!(resolved.warnings.len(), 4, "{:?}", resolved.warnings);
+}
+
+#[test]
+fn block_nodes_are_refused_when_proc_devices_cannot_be_read() {
+    let Some(root) = FakeRoot::new("no-proc-devices") else {
+        return;
+    };
+    root.blk("/dev/unowned", 240, 1).chr("/dev/gpu", 195, 0);
+    let request: &[&str] = &["/dev/unowned", "/dev/gpu"];
+    for (case, proc_devices) in [
+        (
+            "without a block section",
+            Some("Character devices:\n195 nvidia\n"),
+        ),
+        ("garbled", Some("Block devices:\n  8 sd\nnot a line\n")),
+        ("missing", None),
+    ] {
+        match proc_devices {
+            Some(text) => {
+                root.proc_devices(text);
+            }
+            None => fs::remove_file(root.root().join("proc/devices")).unwrap(),
+        }
+        let resolved = resolve(
+            &root,
+            Some(request),
+            &[],
+            &AdminPolicy::builtin_only(),
+            NEW_KERNEL,
+        );
+        assert_eq!(passed(&resolved), ["/dev/gpu"], "{case}");
+        let reasons = dropped(&resolved);
+        assert_eq!(reasons.len(), 1, "{case}: {reasons:?}");
+        assert_eq!(reasons[0].0, "/dev/unowned", "{case}");
+        assert!(
+            reasons[0].1.starts_with(
+                "cannot tell which driver owns block major 240, so no block device is passed: "
+            ),
+            "{case}: {}",
+            reasons[0].1
+        );
+        assert_eq!(
+            resolved.warnings.len(),
+            1,
+            "{case}: {:?}",
+            resolved.warnings
+        );
+    }
 }
 
 #[test]
