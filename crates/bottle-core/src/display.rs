@@ -101,15 +101,27 @@ mod tests {
             r"\u{1b}]8;;http://evil/\u{1b}\click\u{1b}]8;;\u{1b}\",
             r"\u001b]8;;http://evil/\u001b\\click\u001b]8;;\u001b\\",
         ),
-        ("\u{9d}0;title\u{9c}", r"\u{9d}0;title\u{9c}", r"\u009d0;title\u009c"),
+        (
+            "\u{9d}0;title\u{9c}",
+            r"\u{9d}0;title\u{9c}",
+            r"\u009d0;title\u009c",
+        ),
         ("txt.\u{202e}exe", r"txt.\u{202e}exe", r"txt.\u202eexe"),
         (
             "\u{2066}admin\u{2069}",
             r"\u{2066}admin\u{2069}",
             r"\u2066admin\u2069",
         ),
-        ("a\u{200e}b\u{200f}c\u{61c}", r"a\u{200e}b\u{200f}c\u{61c}", r"a\u200eb\u200fc\u061c"),
-        ("line\u{2028}next\u{2029}", r"line\u{2028}next\u{2029}", r"line\u2028next\u2029"),
+        (
+            "a\u{200e}b\u{200f}c\u{61c}",
+            r"a\u{200e}b\u{200f}c\u{61c}",
+            r"a\u200eb\u200fc\u061c",
+        ),
+        (
+            "line\u{2028}next\u{2029}",
+            r"line\u{2028}next\u{2029}",
+            r"line\u2028next\u2029",
+        ),
         ("bell\u{7}", r"bell\u{7}", r"bell\u0007"),
         ("del\u{7f}", r"del\u{7f}", r"del\u007f"),
         ("a\nb\tc\rd", r"a\u{a}b\u{9}c\u{d}d", r"a\nb\tc\rd"),
@@ -137,7 +149,10 @@ mod tests {
                 !escaped.chars().any(|c| c != '\n' && acts_on_terminal(c)),
                 "{input:?}: {escaped}"
             );
-            assert!(escaped.contains(&format!("\"path\": \"{json}\"")), "{escaped}");
+            assert!(
+                escaped.contains(&format!("\"path\": \"{json}\"")),
+                "{escaped}"
+            );
             let back: serde_json::Value = serde_json::from_str(&escaped).unwrap();
             assert_eq!(back, value, "{input:?}");
         }
