@@ -161,7 +161,7 @@ fn start_on<B: BottleLauncher>(
         plan.devices.clear();
     }
     if !global.quiet || !global.yes {
-        output::err_bytes(format!("{}\n{}", plan.bottle, plan.render()).as_bytes());
+        output::err(&format!("{}\n{}", plan.bottle, plan.render()));
     }
     if !global.yes && !confirm("start this bottle?")? {
         note(global.quiet, "not started");
@@ -352,6 +352,8 @@ fn logs(args: &LogsArgs) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Prints the audit log, each line escaped for the terminal (the agent
+/// chose the hosts and paths in it), and with `follow` waits for more.
 fn follow_file(path: &Path, follow: bool) -> Result<(), Failure> {
     use std::io::Read as _;
     let mut file = std::fs::File::open(path).map_err(|err| {
@@ -363,19 +365,46 @@ fn follow_file(path: &Path, follow: bool) -> Result<(), Failure> {
         .with_fix("check the bottle name with `bottle list`")
     })?;
     let mut buf = vec![0u8; 64 * 1024];
+    // Bytes after the last newline read so far: a line is printed whole.
+    let mut partial = Vec::new();
     loop {
         let n = file
             .read(&mut buf)
             .map_err(|err| anyhow::anyhow!("reading {}: {err}", path.display()))?;
         if n > 0 {
-            output::out_bytes(&buf[..n]);
+            partial.extend_from_slice(&buf[..n]);
+            if let Some(end) = partial.iter().rposition(|&b| b == b'\n') {
+                let complete: Vec<u8> = partial.drain(..=end).collect();
+                let text: String = complete[..end]
+                    .split(|&b| b == b'\n')
+                    .map(audit_line)
+                    .collect();
+                output::out(&text);
+            }
             continue;
         }
         if !follow {
+            if !partial.is_empty() {
+                output::out(&audit_line(&partial));
+            }
             return Ok(());
         }
         std::thread::sleep(std::time::Duration::from_millis(250));
     }
+}
+
+/// One audit log line for the terminal, newline-terminated: a JSON record
+/// keeps its value with what a terminal acts on written as `\uXXXX`; a line
+/// that is not JSON is shown with visible `\u{XX}` escapes.
+fn audit_line(line: &[u8]) -> String {
+    use bottle_core::display::{escape_for_terminal, escape_json_for_terminal};
+    let line = String::from_utf8_lossy(line);
+    let shown = if serde_json::from_str::<serde::de::IgnoredAny>(&line).is_ok() {
+        escape_json_for_terminal(&line)
+    } else {
+        escape_for_terminal(&line)
+    };
+    format!("{shown}\n")
 }
 
 fn doctor(global: &Global) -> Result<ExitCode, Failure> {

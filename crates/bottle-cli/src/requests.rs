@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
+use bottle_core::display::escape_for_terminal;
 use bottle_core::requests::{self, RequestError, Status};
 use bottle_core::slug;
 
@@ -94,17 +95,23 @@ pub(crate) fn decide(
     }
     let effect = match (&request.ask, decision) {
         (requests::Ask::Egress { host }, Status::Approved) => {
-            format!("; {host} is allowed for {} from now on", request.bottle)
+            format!(
+                "; {} is allowed for {} from now on",
+                escape_for_terminal(host),
+                escape_for_terminal(&request.bottle)
+            )
         }
-        (requests::Ask::Push { repo, git_ref }, Status::Approved) => {
-            format!("; {git_ref} can be pushed to {repo} from now on")
-        }
+        (requests::Ask::Push { repo, git_ref }, Status::Approved) => format!(
+            "; {} can be pushed to {} from now on",
+            escape_for_terminal(git_ref),
+            escape_for_terminal(repo)
+        ),
         _ => String::new(),
     };
     out(&format!(
         "{} {}: {} {}{effect}\n",
         request.status,
-        request.id,
+        escape_for_terminal(&request.id),
         request.ask.kind(),
         one_line(&request.ask.summary(), 80)
     ));
@@ -117,13 +124,11 @@ pub(crate) fn pending_count(state_root: &Path, bottle: &str) -> usize {
     requests::pending(&dir).map_or(0, |p| p.len())
 }
 
-/// `text` on one line, cut to `max` characters: the agent wrote it, so it
-/// must not be able to forge extra table rows or terminal escapes.
+/// `text` escaped for the terminal (so on one line), cut to `max`
+/// characters: the agent wrote it, so it must not be able to forge extra
+/// table rows or act on the terminal.
 fn one_line(text: &str, max: usize) -> String {
-    let clean: String = text
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
+    let clean = escape_for_terminal(text);
     if clean.chars().count() > max {
         clean
             .chars()
@@ -131,7 +136,7 @@ fn one_line(text: &str, max: usize) -> String {
             .collect::<String>()
             + "…"
     } else {
-        clean
+        clean.into_owned()
     }
 }
 
@@ -141,7 +146,7 @@ mod tests {
 
     #[test]
     fn agent_text_stays_on_one_line() {
-        assert_eq!(one_line("a\nb\x1b[2J", 80), "a b [2J");
+        assert_eq!(one_line("a\nb\x1b[2J", 80), r"a\u{a}b\u{1b}[2J");
         assert_eq!(one_line("abcdef", 4), "abc…");
     }
 }

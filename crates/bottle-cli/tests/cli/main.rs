@@ -9,6 +9,7 @@ mod catalogue;
 mod commands;
 mod requests;
 mod smolmachines;
+mod terminal;
 
 use std::path::PathBuf;
 
