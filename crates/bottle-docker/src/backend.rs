@@ -572,7 +572,7 @@ impl BottleBackend for DockerBackend {
                 Ok(tags) => report
                     .removed
                     .extend(tags.into_iter().map(|t| format!("image {t}"))),
-                Err(err) => report.failed.push(err.message()),
+                Err(err) => report.failed.push(err.to_string()),
             }
         }
         Ok(report)

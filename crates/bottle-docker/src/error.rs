@@ -226,12 +226,6 @@ impl DockerError {
         }
     }
 
-    /// What failed, as a lowercase fragment: the Display text. Kept as a
-    /// method for the call sites that collect messages into reports.
-    pub fn message(&self) -> String {
-        self.to_string()
-    }
-
     /// The classification the CLI maps to an exit code.
     pub fn kind(&self) -> BackendErrorKind {
         match self {

@@ -35,9 +35,13 @@ pub struct ImageFacts {
     pub default_command: Vec<String>,
 }
 
-/// Inspects a local image; a missing one is [`DockerError::ImageNotFound`].
-pub fn inspect_image(engine: &Engine, reference: &str) -> Result<ImageFacts, DockerError> {
-    let image = engine
+/// The Engine's inspection of a local image; a missing one is
+/// [`DockerError::ImageNotFound`].
+pub(crate) fn inspect_raw(
+    engine: &Engine,
+    reference: &str,
+) -> Result<bollard::models::ImageInspect, DockerError> {
+    engine
         .block_on(engine.docker.inspect_image(reference))
         .map_err(|err| {
             if is_not_found(&err) {
@@ -47,7 +51,12 @@ pub fn inspect_image(engine: &Engine, reference: &str) -> Result<ImageFacts, Doc
             } else {
                 DockerError::api(format!("inspect image {reference}"))(err)
             }
-        })?;
+        })
+}
+
+/// Inspects a local image; a missing one is [`DockerError::ImageNotFound`].
+pub fn inspect_image(engine: &Engine, reference: &str) -> Result<ImageFacts, DockerError> {
+    let image = inspect_raw(engine, reference)?;
     let config = image.config.unwrap_or_default();
     let mut default_command = config.entrypoint.unwrap_or_default();
     default_command.extend(config.cmd.unwrap_or_default());

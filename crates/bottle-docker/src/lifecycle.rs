@@ -295,7 +295,7 @@ pub fn stop(engine: &Engine, state_root: &Path, name: &str) -> Result<CleanupRep
         match data::remove_state_dir(&dir) {
             Ok(true) => report.removed.push(format!("state dir {}", dir.display())),
             Ok(false) => {}
-            Err(err) => report.failed.push(err.message()),
+            Err(err) => report.failed.push(err.to_string()),
         }
     }
     remove_egress_into(engine, &mut report);
@@ -346,12 +346,9 @@ pub(crate) fn remove_resources(
                 .removed
                 .push(format!("{} {}", resource.kind, resource.name)),
             Ok(false) => {}
-            Err(err) => report.failed.push(format!(
-                "{} {}: {}",
-                resource.kind,
-                resource.name,
-                err.message()
-            )),
+            Err(err) => report
+                .failed
+                .push(format!("{} {}: {}", resource.kind, resource.name, err)),
         }
     }
 }
@@ -361,7 +358,7 @@ pub(crate) fn remove_egress_into(engine: &Engine, report: &mut CleanupReport) {
     match remove_egress_if_unused(engine) {
         Ok(true) => report.removed.push(format!("network {EGRESS_NETWORK}")),
         Ok(false) => {}
-        Err(err) => report.failed.push(err.message()),
+        Err(err) => report.failed.push(err.to_string()),
     }
 }
 
@@ -417,7 +414,7 @@ pub fn cleanup_orphans(engine: &Engine, state_root: &Path) -> Result<CleanupRepo
             match data::remove_state_dir(&dir) {
                 Ok(true) => report.removed.push(format!("state dir {}", dir.display())),
                 Ok(false) => {}
-                Err(err) => report.failed.push(err.message()),
+                Err(err) => report.failed.push(err.to_string()),
             }
         }
     }
@@ -429,7 +426,7 @@ pub fn cleanup_orphans(engine: &Engine, state_root: &Path) -> Result<CleanupRepo
             }
         }
         Ok(false) => {}
-        Err(err) => report.failed.push(err.message()),
+        Err(err) => report.failed.push(err.to_string()),
     }
     Ok(report)
 }

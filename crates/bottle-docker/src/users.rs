@@ -89,13 +89,13 @@ mod tests {
         assert!(
             owner("nobody-here")
                 .unwrap_err()
-                .message()
+                .to_string()
                 .contains("passwd")
         );
         assert!(
             owner("agent:wheel")
                 .unwrap_err()
-                .message()
+                .to_string()
                 .contains("group")
         );
     }

@@ -35,7 +35,7 @@ use futures_util::StreamExt as _;
 use crate::backend::{DockerBackend, DockerOptions};
 use crate::client::Engine;
 use crate::data::{self, BundleData, StatePaths};
-use crate::error::{DockerError, is_not_found};
+use crate::error::DockerError;
 use crate::launch;
 use crate::lifecycle;
 use crate::names::{EGRESS_NETWORK, LABEL_MANAGED, LABEL_NAME, LABEL_SLUG, MANAGED_FOR_VM};
@@ -120,7 +120,7 @@ impl DockerBundleHost {
                     .removed
                     .push(format!("bundle files in {}", dir.display())),
                 Ok(false) => {}
-                Err(err) => report.failed.push(err.message()),
+                Err(err) => report.failed.push(err.to_string()),
             }
         }
         lifecycle::remove_egress_into(engine, &mut report);
@@ -181,18 +181,7 @@ impl EngineImages {
     }
 
     fn inspect_inner(&self, reference: &str) -> Result<AgentImage, DockerError> {
-        let engine = self.backend.engine()?;
-        let image = engine
-            .block_on(engine.docker.inspect_image(reference))
-            .map_err(|err| {
-                if is_not_found(&err) {
-                    DockerError::ImageNotFound {
-                        reference: reference.to_string(),
-                    }
-                } else {
-                    DockerError::api(format!("inspect image {reference}"))(err)
-                }
-            })?;
+        let image = crate::images::inspect_raw(self.backend.engine()?, reference)?;
         let Some(id) = image.id else {
             return Err(DockerError::ImageNotFound {
                 reference: reference.to_string(),

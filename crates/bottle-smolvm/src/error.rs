@@ -199,12 +199,6 @@ pub enum SmolvmError {
 }
 
 impl SmolvmError {
-    /// What failed, as a lowercase fragment: the Display text. Kept as a
-    /// method for the call sites that collect messages into reports.
-    pub fn message(&self) -> String {
-        self.to_string()
-    }
-
     /// How the CLI should classify this failure.
     pub fn kind(&self) -> BackendErrorKind {
         match self {

@@ -61,7 +61,7 @@ pub fn real_smolvm_available(runner: Arc<dyn CommandRunner>) -> Result<SmolvmVer
     let smolvm = Smolvm::new(runner);
     let version = smolvm
         .version()
-        .map_err(|err| format!("smolvm is not usable: {}", err.message()))?;
+        .map_err(|err| format!("smolvm is not usable: {}", err))?;
     if !version.allowlist_enforced() {
         return Err(format!(
             "smolvm {version} is installed, but only {SMOLVM_MIN_SUPPORTED} and later enforce the egress allowlist"

@@ -160,7 +160,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             let smolvm = Arc::clone(&self.smolvm);
             let machine = machine.clone();
             unwind.push("the microVM", move || {
-                smolvm.delete(&machine).map_err(|e| e.message())
+                smolvm.delete(&machine).map_err(|e| e.to_string())
             });
         }
         let db = self.db_path()?;
@@ -171,7 +171,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             let smolvm = Arc::clone(&self.smolvm);
             let machine = machine.clone();
             unwind.push("the running microVM", move || {
-                smolvm.stop(&machine).map_err(|e| e.message())
+                smolvm.stop(&machine).map_err(|e| e.to_string())
             });
         }
         // smolvm read the record to boot; it must still be the one confirmed.

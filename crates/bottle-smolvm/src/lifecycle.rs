@@ -124,13 +124,11 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         {
             report
                 .failed
-                .push(format!("vm {} (stop): {}", machine.name, err.message()));
+                .push(format!("vm {} (stop): {}", machine.name, err));
         }
         match self.smolvm.delete(&machine.name) {
             Ok(()) => report.removed.push(format!("vm {}", machine.name)),
-            Err(err) => report
-                .failed
-                .push(format!("vm {}: {}", machine.name, err.message())),
+            Err(err) => report.failed.push(format!("vm {}: {}", machine.name, err)),
         }
     }
 

@@ -157,13 +157,13 @@ fn docker(test: &str) -> Option<Docker> {
     };
     let engine = match Engine::connect(None) {
         Ok(engine) => engine,
-        Err(err) => return skip(format!("Docker is not reachable: {}", err.message())),
+        Err(err) => return skip(format!("Docker is not reachable: {}", err)),
     };
     if let Err(err) = engine.block_on(engine.docker.ping()) {
         return skip(format!("Docker is not reachable: {err}"));
     }
     let image = bottle_docker::images::ensure_bundle_image(&engine, &bundle, &[], None)
-        .unwrap_or_else(|err| panic!("{test}: the bundle image: {}", err.message()));
+        .unwrap_or_else(|err| panic!("{test}: the bundle image: {}", err));
     Some(Docker {
         engine,
         image,
@@ -192,10 +192,7 @@ fn sandbox_available(world: &World, test: &str) -> bool {
         Err(err) => {
             bottle_test_support::skip_docker_test(
                 test,
-                format!(
-                    "fake-smolvm cannot sandbox guest commands here: {}",
-                    err.message()
-                ),
+                format!("fake-smolvm cannot sandbox guest commands here: {}", err),
             );
             false
         }

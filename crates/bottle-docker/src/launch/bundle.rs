@@ -134,7 +134,7 @@ impl<'a, D> Launch<'a, D> {
         self.undo.push("the bottle network", move || {
             lifecycle::remove_network(engine, &name)
                 .map(drop)
-                .map_err(|e| e.message())
+                .map_err(|e| e.to_string())
         });
         self.check_network(network)
     }
@@ -216,7 +216,7 @@ impl<'a, D> Launch<'a, D> {
         self.undo.push("the egress network", move || {
             lifecycle::remove_egress_if_unused(engine)
                 .map(drop)
-                .map_err(|e| e.message())
+                .map_err(|e| e.to_string())
         });
         Ok(())
     }
@@ -361,7 +361,7 @@ impl<'a, D> Launch<'a, D> {
                     last = String::from_utf8_lossy(&out.stderr).trim().to_string();
                 }
                 // The container may be going down; the next inspect says.
-                Err(err) => last = err.message(),
+                Err(err) => last = err.to_string(),
             }
             if Instant::now() >= deadline {
                 return Err(self.unhealthy(
@@ -461,6 +461,9 @@ mod tests {
         credential.file = None;
         credential.env = Some("BOTTLE_DOCKER_TEST_UNSET_VARIABLE".into());
         let err = read_secret(&credential).unwrap_err();
-        assert!(err.message().contains("BOTTLE_DOCKER_TEST_UNSET_VARIABLE"));
+        assert!(
+            err.to_string()
+                .contains("BOTTLE_DOCKER_TEST_UNSET_VARIABLE")
+        );
     }
 }

@@ -142,12 +142,12 @@ impl<'a, D> Launch<'a, D> {
             LaunchMode::Bottle => undo.push("the state dir", move || {
                 data::remove_state_dir(&root)
                     .map(drop)
-                    .map_err(|e| e.message())
+                    .map_err(|e| e.to_string())
             }),
             LaunchMode::BundleForVm => undo.push("the bundle's files", move || {
                 data::remove_bundle_files(&root)
                     .map(drop)
-                    .map_err(|e| e.message())
+                    .map_err(|e| e.to_string())
             }),
         }
         let owner = Owner::current();
@@ -199,7 +199,7 @@ impl<'a, D> Launch<'a, D> {
         self.undo.push(what, move || {
             lifecycle::remove_container(engine, &name)
                 .map(drop)
-                .map_err(|e| e.message())
+                .map_err(|e| e.to_string())
         });
     }
 }

@@ -102,10 +102,7 @@ pub(crate) fn sandbox_available(world: &World) -> bool {
         Err(err) => {
             bottle_test_support::skip_docker_test(
                 "this smolvm test",
-                format!(
-                    "fake-smolvm cannot sandbox guest commands here: {}",
-                    err.message()
-                ),
+                format!("fake-smolvm cannot sandbox guest commands here: {}", err),
             );
             false
         }
