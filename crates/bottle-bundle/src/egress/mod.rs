@@ -55,6 +55,15 @@ use crate::audit::{AuditLog, AuditRecord, Decision, redact_path};
 use crate::body::{BoxBody, boxed, full};
 use crate::io::IdleIo;
 
+/// What egress saw of a request, for the audit line of its answer.
+struct Seen<'a> {
+    host: &'a str,
+    port: u16,
+    method: &'a str,
+    path: &'a str,
+    start: Instant,
+}
+
 /// Everything the egress daemon needs, built once at start.
 pub struct Egress {
     bottle: String,
@@ -173,39 +182,35 @@ impl Egress {
         resp
     }
 
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one argument per audit field; a builder would only add noise"
-    )]
-    fn audit(
+    /// Answers a request egress does not forward (`message` is the body the
+    /// agent reads) and writes its audit line: every such answer is audited.
+    fn refuse(
         &self,
-        decision: Decision,
-        host: &str,
-        port: u16,
-        method: &str,
-        path: &str,
+        seen: &Seen<'_>,
         status: StatusCode,
+        decision: Decision,
         reason: &str,
         rule: &str,
-        start: Instant,
-    ) {
+        message: String,
+    ) -> Response<BoxBody> {
         self.audit.write(&AuditRecord {
             v: crate::audit::AUDIT_VERSION,
             time: bottle_core::time::now_rfc3339_millis(),
             bottle: self.bottle.clone(),
             daemon: "egress".into(),
             decision,
-            host: host.into(),
-            port,
-            method: method.into(),
-            path: redact_path(path),
+            host: seen.host.into(),
+            port: seen.port,
+            method: seen.method.into(),
+            path: redact_path(seen.path),
             status: status.as_u16(),
             bytes_up: 0,
             bytes_down: 0,
-            duration_ms: u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
+            duration_ms: u64::try_from(seen.start.elapsed().as_millis()).unwrap_or(u64::MAX),
             reason: reason.into(),
             rule: rule.into(),
         });
+        self.generated(status, decision, reason, rule, message)
     }
 
     /// Handles one request from the proxy.
@@ -229,18 +234,14 @@ impl Egress {
             (Some(Ok((h, p))), Some(s @ ("http" | "https"))) => (h, p, s.to_string()),
             _ => {
                 let msg = "bottle: egress takes requests from the bottle proxy only".to_string();
-                self.audit(
-                    Decision::Deny,
-                    "",
-                    0,
-                    &method,
-                    &pq,
-                    StatusCode::BAD_REQUEST,
-                    "not_from_proxy",
-                    "",
-                    start,
-                );
-                return self.generated(
+                return self.refuse(
+                    &Seen {
+                        host: "",
+                        port: 0,
+                        method: &method,
+                        path: &pq,
+                        start,
+                    },
                     StatusCode::BAD_REQUEST,
                     Decision::Deny,
                     "not_from_proxy",
@@ -250,21 +251,18 @@ impl Egress {
             }
         };
         let host_s = host.to_string();
+        let seen = Seen {
+            host: &host_s,
+            port,
+            method: &method,
+            path: &pq,
+            start,
+        };
         let rule = match self.policy.check(&host, port) {
             Verdict::Allow { rule } => rule,
             Verdict::Deny(d) => {
-                self.audit(
-                    Decision::Deny,
-                    &host_s,
-                    port,
-                    &method,
-                    &pq,
-                    StatusCode::FORBIDDEN,
-                    d.reason,
-                    &d.rule,
-                    start,
-                );
-                return self.generated(
+                return self.refuse(
+                    &seen,
                     StatusCode::FORBIDDEN,
                     Decision::Deny,
                     d.reason,
@@ -277,18 +275,8 @@ impl Egress {
             // The agent cannot see the credential, but it would decide that
             // it travels in the clear: a credential goes only on a TLS leg
             // whose certificate egress verifies.
-            self.audit(
-                Decision::Deny,
-                &host_s,
-                port,
-                &method,
-                &pq,
-                StatusCode::FORBIDDEN,
-                "credential_needs_tls",
-                &rule,
-                start,
-            );
-            return self.generated(
+            return self.refuse(
+                &seen,
                 StatusCode::FORBIDDEN,
                 Decision::Deny,
                 "credential_needs_tls",
@@ -306,18 +294,8 @@ impl Egress {
         let uri: Uri = match format!("{scheme}://{authority}{pq}").parse() {
             Ok(u) => u,
             Err(_) => {
-                self.audit(
-                    Decision::Error,
-                    &host_s,
-                    port,
-                    &method,
-                    &pq,
-                    StatusCode::BAD_REQUEST,
-                    "bad_uri",
-                    &rule,
-                    start,
-                );
-                return self.generated(
+                return self.refuse(
+                    &seen,
                     StatusCode::BAD_REQUEST,
                     Decision::Error,
                     "bad_uri",
@@ -344,10 +322,7 @@ impl Egress {
             }
             Err(e) => {
                 let (status, decision, reason, message) = classify_upstream_error(&e, &host_s);
-                self.audit(
-                    decision, &host_s, port, &method, &pq, status, reason, &rule, start,
-                );
-                self.generated(status, decision, reason, &rule, message)
+                self.refuse(&seen, status, decision, reason, &rule, message)
             }
         }
     }
