@@ -89,19 +89,28 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<ExitCode> {
         budget: args.budget,
         batch: 100,
     };
+    let budget = match campaign.budget {
+        Budget::Cases(n) => format!("{n} cases"),
+        Budget::Time(t) => format!("{} s", t.as_secs()),
+    };
     println!(
-        "fuzz: seed {seed}, {:?} per target, against {}",
-        campaign.budget,
+        "fuzz: seed {seed}, {budget} per target, against {}",
         bin.display()
     );
     match fuzz::run(&bin, &campaign, |line| println!("fuzz: {line}")) {
         Ok(summaries) => {
             for s in summaries {
+                let statuses: Vec<String> = s
+                    .statuses
+                    .iter()
+                    .map(|(k, n)| format!("{k}: {n}"))
+                    .collect();
                 println!(
-                    "fuzz: {} held: {} cases, slowest close {} ms",
+                    "fuzz: {} held: {} cases, slowest close {} ms; answers {}",
                     s.target.name(),
                     s.cases,
-                    s.slowest_close.as_millis()
+                    s.slowest_close.as_millis(),
+                    statuses.join(", ")
                 );
             }
             Ok(ExitCode::SUCCESS)

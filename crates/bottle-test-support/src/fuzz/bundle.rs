@@ -329,39 +329,13 @@ impl Bundle {
             .join("\n")
     }
 
-    /// Audit lines that allowed what the policy denies: a proxy or egress
-    /// decision for any host but the allowed one, a git-gate decision for
-    /// any repository but [`REPO`], or anything supervise allowed itself.
-    pub fn wrong_allows(&self) -> Result<Vec<String>, FuzzError> {
-        let text = match std::fs::read_to_string(&self.audit_log) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-            Err(e) => return Err(FuzzError::Setup(format!("read the audit log: {e}"))),
-        };
-        let mut wrong = Vec::new();
-        for line in text.lines() {
-            let Ok(record) = serde_json::from_str::<serde_json::Value>(line) else {
-                wrong.push(format!("unparsable audit line: {line}"));
-                continue;
-            };
-            if record["decision"] != "allow" {
-                continue;
-            }
-            let host = record["host"]
-                .as_str()
-                .unwrap_or_default()
-                .trim_end_matches('.')
-                .to_ascii_lowercase();
-            let fine = match record["daemon"].as_str().unwrap_or_default() {
-                "proxy" | "egress" => host == ALLOWED_HOST,
-                "git-gate" => host == REPO,
-                _ => false,
-            };
-            if !fine {
-                wrong.push(line.to_string());
-            }
+    /// The audit log as written so far.
+    pub fn audit_text(&self) -> Result<String, FuzzError> {
+        match std::fs::read_to_string(&self.audit_log) {
+            Ok(t) => Ok(t),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
+            Err(e) => Err(FuzzError::Setup(format!("read the audit log: {e}"))),
         }
-        Ok(wrong)
     }
 
     /// The audit log's last lines, for a report.
@@ -384,6 +358,37 @@ impl Bundle {
             .map(str::to_string)
             .collect())
     }
+}
+
+/// Audit lines in `text` that allowed what the policy denies: a proxy or
+/// egress decision for any host but [`ALLOWED_HOST`], a git-gate decision
+/// for any repository but [`REPO`], or anything another daemon allowed by
+/// itself (supervise never does).
+pub fn wrong_allows(text: &str) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for line in text.lines() {
+        let Ok(record) = serde_json::from_str::<serde_json::Value>(line) else {
+            wrong.push(format!("unparsable audit line: {line}"));
+            continue;
+        };
+        if record["decision"] != "allow" {
+            continue;
+        }
+        let host = record["host"]
+            .as_str()
+            .unwrap_or_default()
+            .trim_end_matches('.')
+            .to_ascii_lowercase();
+        let fine = match record["daemon"].as_str().unwrap_or_default() {
+            "proxy" | "egress" => host == ALLOWED_HOST,
+            "git-gate" => host == REPO,
+            _ => false,
+        };
+        if !fine {
+            wrong.push(line.to_string());
+        }
+    }
+    wrong
 }
 
 /// How one connection ended.
@@ -484,4 +489,68 @@ pub fn exchange(
         after: start.elapsed(),
         reply,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_allow_for_anything_but_the_allowed_host_is_wrong() {
+        let line = |daemon: &str, decision: &str, host: &str| {
+            serde_json::json!({"daemon": daemon, "decision": decision, "host": host}).to_string()
+        };
+        let text = [
+            line("proxy", "allow", "API.fuzz.test."),
+            line("proxy", "deny", DENIED_HOST),
+            line("git-gate", "allow", REPO),
+            line("proxy", "allow", DENIED_HOST),
+            line("egress", "allow", "127.0.0.2"),
+            line("supervise", "allow", "docs.rs"),
+        ]
+        .join("\n");
+        let wrong = wrong_allows(&text);
+        assert_eq!(wrong.len(), 3, "{wrong:?}");
+        assert!(wrong[0].contains(DENIED_HOST));
+        assert_eq!(wrong_allows("not json").len(), 1);
+    }
+
+    #[test]
+    fn a_daemon_that_never_closes_is_caught_at_the_bound() {
+        let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = silent.local_addr().unwrap();
+        let limit = Duration::from_millis(300);
+        let waited = exchange(
+            addr,
+            b"GET / HTTP/1.1\r\n\r\n",
+            1,
+            Duration::ZERO,
+            HalfClose::Now,
+            limit,
+        )
+        .unwrap_err();
+        assert!(waited >= limit, "{waited:?}");
+        drop(silent);
+    }
+
+    #[test]
+    fn a_daemon_that_answers_and_closes_is_timed() {
+        let server = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = server.local_addr().unwrap();
+        let answer = std::thread::spawn(move || {
+            let (stream, _) = server.accept().unwrap();
+            answer_ok(stream);
+        });
+        let closed = exchange(
+            addr,
+            b"GET / HTTP/1.1\r\n\r\n",
+            2,
+            Duration::from_millis(1),
+            HalfClose::AfterReply,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        answer.join().unwrap();
+        assert!(closed.reply.starts_with(b"HTTP/1.1 200"));
+    }
 }

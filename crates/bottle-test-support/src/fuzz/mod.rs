@@ -26,6 +26,7 @@ pub mod proxy;
 pub mod rng;
 pub mod supervise;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -98,6 +99,9 @@ pub struct TargetSummary {
     pub cases: u64,
     /// The longest a connection stayed open after its last byte.
     pub slowest_close: Duration,
+    /// How the daemon answered: cases per status code (`-` for none), to
+    /// see how deep the cases got.
+    pub statuses: BTreeMap<String, u64>,
 }
 
 /// Why a campaign stopped short.
@@ -201,6 +205,7 @@ fn run_target(
     };
     let started = Instant::now();
     let mut slowest_close = Duration::ZERO;
+    let mut statuses = BTreeMap::new();
     let mut index = 0;
     loop {
         let more = match campaign.budget {
@@ -233,7 +238,10 @@ fn run_target(
             Delivery::HoldOpen => (1, Duration::ZERO, HalfClose::Never),
         };
         match exchange(addr, &case.bytes, pieces, pause, half_close, limit) {
-            Ok(closed) => slowest_close = slowest_close.max(closed.after),
+            Ok(closed) => {
+                slowest_close = slowest_close.max(closed.after);
+                *statuses.entry(status_of(&closed.reply)).or_default() += 1;
+            }
             Err(waited) => {
                 return Err(finding(
                     bundle,
@@ -277,7 +285,20 @@ fn run_target(
         target,
         cases: index,
         slowest_close,
+        statuses,
     })
+}
+
+/// The status code a reply starts with, or `-`.
+fn status_of(reply: &[u8]) -> String {
+    reply
+        .strip_prefix(b"HTTP/1.1 ".as_slice())
+        .or_else(|| reply.strip_prefix(b"HTTP/1.0 ".as_slice()))
+        .and_then(|rest| rest.get(..3))
+        .map_or_else(
+            || "-".to_string(),
+            |code| String::from_utf8_lossy(code).into_owned(),
+        )
 }
 
 /// The known-good requests every daemon must still answer, and the
@@ -347,7 +368,7 @@ fn check_batch(bundle: &Bundle, limit: Duration) -> Result<(), String> {
             canary - 1
         ));
     }
-    let wrong = bundle.wrong_allows().map_err(|e| e.to_string())?;
+    let wrong = bundle::wrong_allows(&bundle.audit_text().map_err(|e| e.to_string())?);
     if !wrong.is_empty() {
         return Err(format!(
             "audit allowed what the policy denies: {}",
