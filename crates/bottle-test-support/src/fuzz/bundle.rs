@@ -269,7 +269,7 @@ impl Bundle {
         })
     }
 
-    /// `host:port` spellings of the allowed and the denied host.
+    /// `host:port` of the allowed host (its upstream on this machine).
     pub fn allowed_authority(&self) -> String {
         format!("{ALLOWED_HOST}:{}", self.upstream.addr.port())
     }
