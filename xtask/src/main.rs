@@ -5,6 +5,8 @@
 //! - `cargo xtask dist`: build the static binaries only.
 //! - `cargo xtask demo`: bring up the example bottle and show its policy.
 //! - `cargo xtask sandbox-escape`: the escape gate (see [`escape`]).
+//! - `cargo xtask fuzz`: the long fuzz campaign against the bundle's
+//!   daemons (see [`fuzz`]).
 //!
 //! Its tests include tidy (`tidy.rs`): checks of the repository's own text.
 
@@ -17,6 +19,7 @@
 mod demo;
 mod dist;
 mod escape;
+mod fuzz;
 mod process;
 mod test;
 #[cfg(test)]
@@ -35,8 +38,9 @@ fn main() -> ExitCode {
         "demo" => demo::run(),
         "dist" => dist::run().map(|_| ExitCode::SUCCESS),
         "sandbox-escape" => escape::run(rest),
+        "fuzz" => fuzz::run(rest),
         _ => {
-            eprintln!("usage: cargo xtask <test|dist|demo|sandbox-escape> [args]");
+            eprintln!("usage: cargo xtask <test|dist|demo|sandbox-escape|fuzz> [args]");
             return ExitCode::from(2);
         }
     };

@@ -8,9 +8,14 @@
 //! - [`wait_until`] / [`wait_for`] / [`eventually`] (and async twins
 //!   behind the `tokio` feature): wait for a condition with a bound,
 //!   instead of sleeping and hoping it has happened;
-//! - [`temp_state_root`]: a private state root per test.
+//! - [`temp_state_root`]: a private state root per test;
+//! - `fuzz` (feature `fuzz`): the seeded fuzz campaign against the real
+//!   `bottle-bundle` binary, shared by its test and `cargo xtask fuzz`.
 //!
 //! A dev-dependency only: nothing here ships.
+
+#[cfg(feature = "fuzz")]
+pub mod fuzz;
 
 use std::fmt::Display;
 use std::io;
