@@ -139,7 +139,8 @@ fn smolmachines(
 }
 
 /// The host check run before anything else: bottle-preflight's platform
-/// and KVM checks, failing with their remediation. Skipped only when the
+/// and KVM checks (a CPU with hardware virtualisation, a device the `kvm`
+/// group may open, a test guest that runs), failing with their remediation. Skipped only when the
 /// test switch is on *and* `program` is the test double; never silently.
 fn vm_host_check(
     program: &Path,
@@ -174,6 +175,9 @@ fn vm_host_check(
             bottle_preflight::kvm::check_device(&ctx)?,
             bottle_preflight::kvm::check_access(&ctx)?,
             bottle_preflight::kvm::check_module(&ctx)?,
+            bottle_preflight::kvm::check_cpu(&ctx)?,
+            bottle_preflight::kvm::check_group(&ctx)?,
+            bottle_preflight::kvm_guest::check_guest(&ctx),
         ];
         Ok(bottle_preflight::require(&checks)?)
     })

@@ -1,5 +1,6 @@
 //! The KVM checks the smolmachines backend needs on Linux: the `/dev/kvm`
-//! device, this user's access to it, and the vendor kernel module.
+//! device, this user's access to it, the vendor kernel module, a CPU that
+//! exposes hardware virtualisation, and a device the `kvm` group may open.
 //!
 //! Remediation is specific to what was found: the CPU vendor (from
 //! `/proc/cpuinfo`), the `kvm` group and the user's membership (from
@@ -23,6 +24,10 @@ pub const DEVICE_ID: &str = "kvm.device";
 pub const ACCESS_ID: &str = "kvm.access";
 /// Stable id of the kernel module check.
 pub const MODULE_ID: &str = "kvm.module";
+/// Stable id of the hardware virtualisation check.
+pub const CPU_ID: &str = "kvm.cpu";
+/// Stable id of the `kvm` group check.
+pub const GROUP_ID: &str = "kvm.group";
 
 /// The KVM device node.
 pub const DEVICE: &str = "/dev/kvm";
@@ -32,6 +37,8 @@ pub const VENDOR_MODULES: [&str; 2] = ["kvm_intel", "kvm_amd"];
 pub(crate) const DEVICE_TITLE: &str = "kvm device";
 pub(crate) const ACCESS_TITLE: &str = "kvm access";
 pub(crate) const MODULE_TITLE: &str = "kvm module";
+pub(crate) const CPU_TITLE: &str = "kvm cpu";
+pub(crate) const GROUP_TITLE: &str = "kvm group";
 const ONLY_SMOLVM: &str = "only the smolmachines backend needs kvm";
 const UDEV_RULE: &str = r#"KERNEL=="kvm", GROUP="kvm", MODE="0660""#;
 
@@ -187,6 +194,139 @@ pub fn check_module(ctx: &Context<'_>) -> Result<Check, PreflightError> {
         .with_remediation(module_remediation(root)?)
     };
     Ok(check.soften(ctx.backend == BackendKind::Smolmachines, ONLY_SMOLVM))
+}
+
+/// Checks that the CPU exposes hardware virtualisation (`vmx` or `svm` in
+/// `/proc/cpuinfo`) where `/dev/kvm` exists.
+///
+/// Without it `/dev/kvm` is emulated or nested in software (page-table
+/// based nested KVM): it opens and small guests run, but libkrun guests die
+/// with `KVM_EXIT_INTERNAL_ERROR` seconds into boot. This check, not the
+/// guest smoke test, is the verdict.
+pub fn check_cpu(ctx: &Context<'_>) -> Result<Check, PreflightError> {
+    if let Some(skip) = skip_off_linux(ctx, CPU_ID, CPU_TITLE) {
+        return Ok(skip);
+    }
+    if !exists(&ctx.root, DEVICE)? {
+        return Ok(Check::new(
+            CPU_ID,
+            CPU_TITLE,
+            Status::Skip,
+            format!("no {DEVICE} (see {DEVICE_ID})"),
+        ));
+    }
+    let cpu = read_optional(&ctx.root, "/proc/cpuinfo")?
+        .map(|text| parse_cpuinfo(&text))
+        .unwrap_or_default();
+    let check = match cpu.virtualisation {
+        Some(true) => Check::new(
+            CPU_ID,
+            CPU_TITLE,
+            Status::Ok,
+            "the cpu exposes hardware virtualisation (vmx or svm)".to_owned(),
+        ),
+        Some(false) => Check::new(
+            CPU_ID,
+            CPU_TITLE,
+            Status::Fail,
+            format!(
+                "{DEVICE} exists but the cpu has no vmx or svm flag: kvm here is emulated or nested without hardware virtualisation, and microVM guests cannot run on it"
+            ),
+        )
+        .with_remediation(
+            "run microVM bottles on a host whose CPU exposes VT-x or AMD-V (on a VM, enable nested virtualisation on its host so the guest sees vmx or svm), or use the docker backend (`--backend docker`)",
+        ),
+        None => Check::new(
+            CPU_ID,
+            CPU_TITLE,
+            Status::Skip,
+            "no x86 cpu flags in /proc/cpuinfo to check".to_owned(),
+        ),
+    };
+    Ok(check.soften(ctx.backend == BackendKind::Smolmachines, ONLY_SMOLVM))
+}
+
+/// Checks that `/dev/kvm` belongs to the `kvm` group with group read-write,
+/// when bottle runs as root.
+///
+/// smolvm run as root drops each VM to its own uid keeping only the `kvm`
+/// group (`drop_privileges` in smolvm's `src/process.rs`), so a root-only
+/// device fails every `machine start` with EACCES although root can open
+/// it. Run as another user, smolvm keeps that user's access, which
+/// `kvm.access` checks.
+pub fn check_group(ctx: &Context<'_>) -> Result<Check, PreflightError> {
+    if let Some(skip) = skip_off_linux(ctx, GROUP_ID, GROUP_TITLE) {
+        return Ok(skip);
+    }
+    if ctx.identity.uid != 0 {
+        return Ok(Check::new(
+            GROUP_ID,
+            GROUP_TITLE,
+            Status::Skip,
+            format!("smolvm run as this user keeps its own access to {DEVICE} (see {ACCESS_ID})"),
+        ));
+    }
+    let path = ctx.root.join(DEVICE);
+    let meta = match std::fs::metadata(&path) {
+        Ok(meta) => meta,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => {
+            return Ok(Check::new(
+                GROUP_ID,
+                GROUP_TITLE,
+                Status::Skip,
+                format!("no {DEVICE} (see {DEVICE_ID})"),
+            ));
+        }
+        Err(source) => return Err(PreflightError::Inspect { path, source }),
+    };
+    let users = read_users(&ctx.root)?;
+    let device = DeviceOwner {
+        gid: meta.gid(),
+        mode: meta.mode() & 0o7777,
+    };
+    let kvm = users.group_by_name("kvm");
+    let check = if kvm.is_some_and(|kvm| kvm.gid == device.gid) && device.mode & 0o060 == 0o060 {
+        Check::new(
+            GROUP_ID,
+            GROUP_TITLE,
+            Status::Ok,
+            format!("{DEVICE} is read-write for the kvm group"),
+        )
+    } else {
+        let owner = users
+            .groups
+            .iter()
+            .find(|group| group.gid == device.gid)
+            .map_or_else(|| format!("gid {}", device.gid), |group| group.name.clone());
+        Check::new(
+            GROUP_ID,
+            GROUP_TITLE,
+            Status::Fail,
+            format!(
+                "{DEVICE} belongs to group {owner} with mode {:04o}: smolvm run as root drops each VM to its own uid keeping only the kvm group, so every machine start fails with EACCES",
+                device.mode
+            ),
+        )
+        .with_remediation(group_remediation(kvm.is_some(), exists(&ctx.root, "/etc/NIXOS")?))
+    };
+    Ok(check.soften(ctx.backend == BackendKind::Smolmachines, ONLY_SMOLVM))
+}
+
+/// How to give the `kvm` group read-write access to `/dev/kvm` for good.
+fn group_remediation(has_kvm_group: bool, nixos: bool) -> String {
+    if nixos {
+        return format!(
+            "add to /etc/nixos/configuration.nix:\n  services.udev.extraRules = ''{UDEV_RULE}'';\nthen run `sudo nixos-rebuild switch`"
+        );
+    }
+    let create = if has_kvm_group {
+        ""
+    } else {
+        "create the group (`sudo groupadd --system kvm`), then "
+    };
+    format!(
+        "{create}add the udev rule `{UDEV_RULE}` (e.g. in /etc/udev/rules.d/65-kvm.rules) and run `sudo udevadm trigger`; until the next boot, `sudo chgrp kvm {DEVICE} && sudo chmod 660 {DEVICE}` does the same"
+    )
 }
 
 fn skip_off_linux(ctx: &Context<'_>, id: &'static str, title: &'static str) -> Option<Check> {

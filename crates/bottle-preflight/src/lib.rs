@@ -21,6 +21,7 @@ pub mod error;
 pub mod host;
 pub mod kernel;
 pub mod kvm;
+pub mod kvm_guest;
 pub mod platform;
 pub mod report;
 pub mod smolvm;
@@ -34,12 +35,15 @@ pub use kernel::kernel_version;
 pub use report::Report;
 
 /// Every check id, in the order [`run_all`] reports them.
-pub const ALL_IDS: [&str; 7] = [
+pub const ALL_IDS: [&str; 10] = [
     platform::ID,
     kernel::ID,
     kvm::DEVICE_ID,
     kvm::ACCESS_ID,
     kvm::MODULE_ID,
+    kvm::CPU_ID,
+    kvm::GROUP_ID,
+    kvm_guest::ID,
     smolvm::ID,
     docker::ID,
 ];
@@ -73,6 +77,14 @@ pub fn run_all(ctx: &Context<'_>) -> Vec<Check> {
             smolvm,
             kvm::check_module(ctx),
         ),
+        settle(kvm::CPU_ID, kvm::CPU_TITLE, smolvm, kvm::check_cpu(ctx)),
+        settle(
+            kvm::GROUP_ID,
+            kvm::GROUP_TITLE,
+            smolvm,
+            kvm::check_group(ctx),
+        ),
+        kvm_guest::check_guest(ctx),
         smolvm::check_smolvm(ctx),
         settle(docker::ID, docker::TITLE, docker, docker::check_docker(ctx)),
     ]

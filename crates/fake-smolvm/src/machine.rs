@@ -123,6 +123,8 @@ pub(crate) fn start(fake: &Fake, args: NameArgs) -> Result<ExitCode> {
     let name = args.name;
     let db = fake.open_db()?;
     let mut record = db.require(&name)?;
+    // The record stays `created` when the VM cannot start.
+    refuse_a_kvm_the_vm_cannot_open()?;
     let started_dir = fake.fake_dir.join("started");
     std::fs::create_dir_all(&started_dir).map_err(|e| error(e.to_string()))?;
     let booted = json!({
@@ -228,4 +230,37 @@ fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+/// The device `FAKE_SMOLVM_KVM_DEVICE` names, judged as the real smolvm's
+/// VM process meets it after its privilege drop: run as root, the VM keeps
+/// only the `kvm` group.
+fn refuse_a_kvm_the_vm_cannot_open() -> Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+
+    let Some(device) = std::env::var_os("FAKE_SMOLVM_KVM_DEVICE") else {
+        return Ok(());
+    };
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    let meta = std::fs::metadata(&device).map_err(|e| error(e.to_string()))?;
+    let kvm_gid = std::fs::read_to_string("/etc/group")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| {
+            let mut fields = line.split(':');
+            (fields.next() == Some("kvm"))
+                .then(|| fields.nth(1)?.parse::<u32>().ok())
+                .flatten()
+        });
+    let mode = meta.mode();
+    let for_everyone = mode & 0o006 == 0o006;
+    let for_kvm = kvm_gid == Some(meta.gid()) && mode & 0o060 == 0o060;
+    if for_everyone || for_kvm {
+        return Ok(());
+    }
+    Err(error(
+        "start vm: krun_start_enter returned: -13 (KVM inaccessible to the VM process after privilege drop — Cannot access /dev/kvm (permission denied).\nAdd your user to the 'kvm' group:\n\n sudo usermod -aG kvm $USER\n\nThen log out and log back in for the change to take effect.)",
+    ))
 }

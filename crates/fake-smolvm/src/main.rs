@@ -32,6 +32,18 @@
 //!   writes `OUT` and `OUT.smolmachine` (a JSON description, not a VM);
 //! - there is no VM: nothing boots, no network policy is enforced.
 //!
+//! - run as root, the real smolvm drops each VM to its own uid keeping only
+//!   the `kvm` group (`drop_privileges` in its `src/process.rs`), so a
+//!   `/dev/kvm` the `kvm` group cannot read and write fails `machine start`
+//!   with EACCES. The fake checks this only when `FAKE_SMOLVM_KVM_DEVICE`
+//!   names the device to judge (it boots nothing, so by default it does not
+//!   look at the host's `/dev/kvm`): run as root, a device neither
+//!   world-read-write nor group-read-write for the `kvm` group of
+//!   `/etc/group` fails the start with the real message shape
+//!   (`Error: start vm: krun_start_enter returned: -13 (…)`, exit 1);
+//! - a `machine start` that fails leaves the machine in state `created`, as
+//!   the real one does, for the caller to delete.
+//!
 //! `FAKE_SMOLVM_MODE` (comma-separated) injects faults:
 //! - `revert-db-writes`: a trigger undoes every later write to the machine's
 //!   record, so a patch of the allowlist does not take;

@@ -130,6 +130,9 @@ fn doctor_reports_every_check_and_exits_by_its_verdict() {
             "kvm.device",
             "kvm.access",
             "kvm.module",
+            "kvm.cpu",
+            "kvm.group",
+            "kvm.guest",
             "smolvm.version",
             "docker.daemon"
         ]
@@ -140,6 +143,38 @@ fn doctor_reports_every_check_and_exits_by_its_verdict() {
         let docker = checks.iter().find(|c| c["id"] == "docker.daemon").unwrap();
         assert_eq!(docker["status"], "ok", "{docker:#}");
     }
+}
+
+#[test]
+fn doctor_says_microvm_guests_cannot_run_without_hardware_virtualisation() {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flags = cpuinfo.lines().filter(|line| line.starts_with("flags"));
+    if flags
+        .flat_map(str::split_whitespace)
+        .any(|flag| flag == "vmx" || flag == "svm")
+    {
+        println!("skip: this host's cpu has vmx or svm; kvm here can run guests");
+        return;
+    }
+    let state = temp_state_root();
+    let output = bottle(state.path())
+        .args(["--backend", "smolmachines", "doctor", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(3));
+    if !std::path::Path::new("/dev/kvm").exists() {
+        return;
+    }
+    let checks: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap();
+    let cpu = checks.iter().find(|c| c["id"] == "kvm.cpu").unwrap();
+    assert_eq!(cpu["status"], "fail", "{cpu:#}");
+    assert!(
+        cpu["message"]
+            .as_str()
+            .unwrap()
+            .contains("microVM guests cannot run"),
+        "{cpu:#}"
+    );
 }
 
 #[test]

@@ -2,7 +2,10 @@
 
 use bottle_core::BackendKind;
 use bottle_core::Coded as _;
-use bottle_preflight::kvm::{check_access, check_device, check_module};
+use std::os::unix::fs::MetadataExt as _;
+
+use bottle_preflight::kvm::{check_access, check_cpu, check_device, check_group, check_module};
+use bottle_preflight::kvm_guest::check_guest;
 use bottle_preflight::{Status, run_all};
 
 use bottle_test_support::RecordingRunner;
@@ -228,7 +231,14 @@ fn macos_skips_every_kvm_check() {
     ctx.os = "macos".into();
     ctx.arch = "aarch64".into();
     let checks = run_all(&ctx);
-    for id in ["kvm.device", "kvm.access", "kvm.module"] {
+    for id in [
+        "kvm.device",
+        "kvm.access",
+        "kvm.module",
+        "kvm.cpu",
+        "kvm.group",
+        "kvm.guest",
+    ] {
         let check = find(&checks, id);
         assert_eq!(check.status, Status::Skip, "{check:?}");
         assert_eq!(
@@ -236,4 +246,133 @@ fn macos_skips_every_kvm_check() {
             "not needed on macos: smolvm uses Hypervisor.framework"
         );
     }
+}
+
+const AMD_NO_SVM_DEVICE: &str =
+    "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse hypervisor\n";
+
+#[test]
+fn kvm_without_a_virtualisation_flag_cannot_run_guests() {
+    let host = FakeHost::new();
+    host.write("/dev/kvm", "");
+    host.write("/proc/cpuinfo", AMD_NO_SVM_DEVICE);
+    let runner = RecordingRunner::refusing();
+    let check = check_cpu(&host.ctx(&runner, BackendKind::Smolmachines)).unwrap();
+    assert_eq!(check.status, Status::Fail);
+    assert_eq!(
+        check.message,
+        "/dev/kvm exists but the cpu has no vmx or svm flag: kvm here is emulated or nested without hardware virtualisation, and microVM guests cannot run on it"
+    );
+    let fix = check.remediation.unwrap();
+    assert!(fix.contains("--backend docker"), "{fix}");
+    let docker = check_cpu(&host.ctx(&runner, BackendKind::Docker)).unwrap();
+    assert_eq!(docker.status, Status::Warn);
+}
+
+#[test]
+fn a_virtualisation_flag_passes_and_no_device_skips() {
+    let host = FakeHost::new();
+    host.write("/proc/cpuinfo", INTEL);
+    let runner = RecordingRunner::refusing();
+    let ctx = host.ctx(&runner, BackendKind::Smolmachines);
+    let check = check_cpu(&ctx).unwrap();
+    assert_eq!(check.status, Status::Skip);
+    assert_eq!(check.message, "no /dev/kvm (see kvm.device)");
+    host.write("/dev/kvm", "");
+    assert_eq!(check_cpu(&ctx).unwrap().status, Status::Ok);
+    // No x86 flags line (an arm cpuinfo): nothing to judge.
+    host.write("/proc/cpuinfo", "processor\t: 0\nFeatures\t: fp asimd\n");
+    assert_eq!(check_cpu(&ctx).unwrap().status, Status::Skip);
+}
+
+fn as_root(ctx: &mut bottle_preflight::Context<'_>) {
+    ctx.identity = bottle_preflight::Identity {
+        uid: 0,
+        gid: 0,
+        groups: vec![0],
+    };
+}
+
+#[test]
+fn root_only_device_fails_for_root_with_the_chgrp_fix() {
+    let host = FakeHost::new();
+    host.write("/dev/kvm", "");
+    host.chmod("/dev/kvm", 0o600);
+    host.write("/etc/group", "root:x:0:\nkvm:x:994:\n");
+    let runner = RecordingRunner::refusing();
+    let mut ctx = host.ctx(&runner, BackendKind::Smolmachines);
+    as_root(&mut ctx);
+    let check = check_group(&ctx).unwrap();
+    assert_eq!(check.status, Status::Fail, "{check:?}");
+    let gid = std::fs::metadata(host.path("/dev/kvm")).unwrap().gid();
+    let owner = if gid == 0 {
+        "root".to_owned()
+    } else {
+        format!("gid {gid}")
+    };
+    assert_eq!(
+        check.message,
+        format!(
+            "/dev/kvm belongs to group {owner} with mode 0600: smolvm run as root drops each VM to its own uid keeping only the kvm group, so every machine start fails with EACCES"
+        )
+    );
+    assert_eq!(
+        check.remediation.unwrap(),
+        "add the udev rule `KERNEL==\"kvm\", GROUP=\"kvm\", MODE=\"0660\"` (e.g. in /etc/udev/rules.d/65-kvm.rules) and run `sudo udevadm trigger`; until the next boot, `sudo chgrp kvm /dev/kvm && sudo chmod 660 /dev/kvm` does the same"
+    );
+    // Not root: smolvm keeps the user's own access.
+    let user = check_group(&host.ctx(&runner, BackendKind::Smolmachines)).unwrap();
+    assert_eq!(user.status, Status::Skip);
+}
+
+#[test]
+fn kvm_group_read_write_device_passes_for_root() {
+    let host = FakeHost::new();
+    host.write("/dev/kvm", "");
+    host.chmod("/dev/kvm", 0o660);
+    let gid = std::fs::metadata(host.path("/dev/kvm")).unwrap().gid();
+    host.write("/etc/group", &format!("kvm:x:{gid}:\n"));
+    let runner = RecordingRunner::refusing();
+    let mut ctx = host.ctx(&runner, BackendKind::Smolmachines);
+    as_root(&mut ctx);
+    let check = check_group(&ctx).unwrap();
+    assert_eq!(check.status, Status::Ok, "{check:?}");
+    // Group read-only is not enough.
+    host.chmod("/dev/kvm", 0o640);
+    assert_eq!(check_group(&ctx).unwrap().status, Status::Fail);
+    // No kvm group at all: say to create it.
+    host.chmod("/dev/kvm", 0o660);
+    host.write("/etc/group", "root:x:0:\n");
+    let check = check_group(&ctx).unwrap();
+    assert_eq!(check.status, Status::Fail);
+    assert!(
+        check
+            .remediation
+            .unwrap()
+            .starts_with("create the group (`sudo groupadd --system kvm`)")
+    );
+}
+
+#[test]
+fn a_device_that_is_not_kvm_fails_the_guest_smoke_test() {
+    let host = FakeHost::new();
+    let runner = RecordingRunner::refusing();
+    let ctx = host.ctx(&runner, BackendKind::Smolmachines);
+    let check = check_guest(&ctx);
+    assert_eq!(check.status, Status::Skip);
+    assert_eq!(
+        check.message,
+        "no /dev/kvm to run a guest on (see kvm.device)"
+    );
+    host.write("/dev/kvm", "");
+    let check = check_guest(&ctx);
+    assert_eq!(check.status, Status::Fail, "{check:?}");
+    assert_eq!(
+        check.message,
+        "KVM_GET_API_VERSION failed on /dev/kvm: not a kvm device"
+    );
+    assert_eq!(
+        check_guest(&host.ctx(&runner, BackendKind::Docker)).status,
+        Status::Warn
+    );
 }

@@ -59,3 +59,59 @@ fn real_host_returns_a_check_per_id() {
         }
     }
 }
+
+/// Whether this machine's CPU advertises VT-x or AMD-V.
+fn host_has_hardware_virtualisation() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|text| {
+        text.lines()
+            .filter(|line| line.starts_with("flags"))
+            .any(|line| {
+                line.split_whitespace()
+                    .any(|flag| flag == "vmx" || flag == "svm")
+            })
+    })
+}
+
+#[test]
+fn without_hardware_virtualisation_microvm_guests_are_refused() {
+    if host_has_hardware_virtualisation() {
+        println!("skip: this host's cpu has vmx or svm; kvm here can run guests");
+        return;
+    }
+    let ctx = Context::from_host(&SystemRunner, BackendKind::Smolmachines);
+    let checks = run_all(&ctx);
+    println!("{}", Report::new(&checks));
+    assert!(bottle_preflight::is_fatal(&checks));
+    if std::path::Path::new("/dev/kvm").exists() {
+        let cpu = find(&checks, "kvm.cpu");
+        assert_eq!(cpu.status, Status::Fail, "{cpu:#?}");
+        assert!(
+            cpu.message.contains("microVM guests cannot run"),
+            "{}",
+            cpu.message
+        );
+    }
+}
+
+#[test]
+fn the_test_guest_runs_through_this_hosts_kvm_api() {
+    use bottle_preflight::kvm_guest::{GUEST_BOUND, GuestOutcome, run_guest};
+
+    if std::env::consts::ARCH != "x86_64" {
+        println!("skip: the test guest is x86-64 code");
+        return;
+    }
+    let outcome = run_guest(std::path::Path::new("/dev/kvm"), GUEST_BOUND);
+    println!("test guest on this host: {outcome:?}");
+    match &outcome {
+        GuestOutcome::NoAccess(errno) => {
+            println!("skip: cannot open /dev/kvm here ({errno})");
+        }
+        // Where /dev/kvm opens, every step up to KVM_RUN must work.
+        GuestOutcome::Refused { .. } => panic!("the KVM API refused a step: {outcome:?}"),
+        _ if host_has_hardware_virtualisation() => {
+            assert_eq!(outcome, GuestOutcome::Clean);
+        }
+        _ => {}
+    }
+}

@@ -25,6 +25,15 @@ struct Setup {
 }
 
 fn setup(version: &str, mode: &str) -> Setup {
+    setup_with(version, mode, |smolvm| smolvm)
+}
+
+/// [`setup`], with the fake's command adjusted by `configure`.
+fn setup_with(
+    version: &str,
+    mode: &str,
+    configure: impl FnOnce(bottle_smolvm::Smolvm) -> bottle_smolvm::Smolvm,
+) -> Setup {
     let world = World::new();
     let project = world.dir.path().join("project");
     std::fs::create_dir_all(project.join("skills/review")).unwrap();
@@ -58,7 +67,7 @@ url = "https://example.com/repo.git"
     let bundles = RecordingBundles::new(&world, BUNDLE);
     let images = ArchiveImages::new(&world);
     let backend = SmolvmBackend::new(
-        world.smolvm(version, mode),
+        configure(world.smolvm(version, mode)),
         images,
         SmolmachineCache::new(world.cache()),
         Arc::clone(&bundles),
@@ -188,6 +197,32 @@ fn a_policy_rewritten_at_boot_refuses_the_launch_and_stops_the_vm() {
     let plan = s.backend.prepare(&s.spec).unwrap();
     let err = s.backend.launch(&plan).err().expect("refused");
     assert_eq!(err.code, "BOT-K015", "{err}");
+    assert_nothing_left(&s);
+}
+
+#[test]
+fn a_failed_start_leaves_no_machine_behind() {
+    if !nix::unistd::geteuid().is_root() {
+        println!("skip: smolvm fails a start on a root-only /dev/kvm only when run as root");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let device = dir.path().join("kvm");
+    std::fs::write(&device, "").unwrap();
+    std::fs::set_permissions(&device, std::fs::Permissions::from_mode(0o600)).unwrap();
+    // smolvm run as root keeps only the kvm group for the VM, so a
+    // root-only device fails the start and leaves the machine `created`.
+    let s = setup_with("1.9.3", "", |smolvm| {
+        smolvm.env("FAKE_SMOLVM_KVM_DEVICE", &device)
+    });
+    let plan = s.backend.prepare(&s.spec).unwrap();
+    let err = s.backend.launch(&plan).err().expect("refused");
+    assert!(
+        err.message.contains("krun_start_enter returned: -13"),
+        "{err}"
+    );
+    assert!(s.world.booted(MACHINE).is_none());
     assert_nothing_left(&s);
 }
 

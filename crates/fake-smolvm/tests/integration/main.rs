@@ -141,3 +141,53 @@ fn every_call_is_logged_with_its_argv() {
         ]
     );
 }
+
+#[test]
+fn as_root_a_kvm_the_kvm_group_cannot_open_fails_start_and_leaves_created() {
+    if !nix::unistd::geteuid().is_root() {
+        println!("skip: the real smolvm drops privileges only when run as root");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let device = dir.path().join("kvm");
+    std::fs::write(&device, "").unwrap();
+    std::fs::set_permissions(&device, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let from = artifact(dir.path());
+    let create = fake(
+        dir.path(),
+        "1.9.3",
+        &[
+            "machine",
+            "create",
+            "--name",
+            "m",
+            "--from",
+            from.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(create.code, Some(0), "{}", create.stderr_text());
+    let start = CommandSpec::new(env!("CARGO_BIN_EXE_fake-smolvm"))
+        .args(["machine", "start", "--name", "m"])
+        .env("HOME", dir.path().join("home"))
+        .env("XDG_DATA_HOME", dir.path().join("data"))
+        .env("SMOLVM_DATA_DIR", "")
+        .env("FAKE_SMOLVM_VERSION", "1.9.3")
+        .env("FAKE_SMOLVM_KVM_DEVICE", &device);
+    let out = SystemRunner.run(&start).unwrap();
+    assert_eq!(out.code, Some(1));
+    assert!(
+        out.stderr_text()
+            .starts_with("Error: start vm: krun_start_enter returned: -13 (KVM inaccessible to the VM process after privilege drop"),
+        "{}",
+        out.stderr_text()
+    );
+    let ls = fake(dir.path(), "1.9.3", &["machine", "ls", "--json"]);
+    let machines: Vec<serde_json::Value> = serde_json::from_slice(&ls.stdout).unwrap();
+    assert_eq!(machines.len(), 1, "{machines:?}");
+    assert_eq!(machines[0]["state"], "created", "{machines:?}");
+
+    // Group kvm read-write (or world read-write) lets the VM open it.
+    std::fs::set_permissions(&device, std::fs::Permissions::from_mode(0o666)).unwrap();
+    assert_eq!(SystemRunner.run(&start).unwrap().code, Some(0));
+}
