@@ -332,7 +332,13 @@ mod tests {
             Some(true),
         );
         assert_eq!(row.verdict, Verdict::Escape, "{row:?}");
-        let row = secret_row("p", "credential", std::slice::from_ref(&clean), "s3cret", Some(true));
+        let row = secret_row(
+            "p",
+            "credential",
+            std::slice::from_ref(&clean),
+            "s3cret",
+            Some(true),
+        );
         assert_eq!(row.verdict, Verdict::Pass, "{row:?}");
         let row = secret_row("p", "credential", &[clean], "s3cret", Some(false));
         assert_eq!(row.verdict, Verdict::ControlFailed, "{row:?}");

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{Attempt, Ctx, Probe, errno_name, snippet};
+use super::{Attempt, Ctx, Probe, contains, errno_name, snippet};
 use crate::contract::{HOSTILE_EGRESS_HOST, HOSTILE_TEXT};
 use crate::net;
 
@@ -59,7 +59,7 @@ fn call_tool(c: &Ctx, url: &str, call: &serde_json::Value) -> Result<(), String>
     );
     let reply = net::exchange(addr, req.as_bytes(), c.timeout.max(Duration::from_secs(3)))
         .map_err(|e| format!("supervise {addr}: {}", errno_name(&e)))?;
-    let ok = net::status(&reply) == Some(200) && reply.windows(9).any(|w| w == b"\"result\"");
+    let ok = net::status(&reply) == Some(200) && contains(&reply, "\"result\"");
     if ok {
         Ok(())
     } else {
