@@ -67,6 +67,15 @@ pub struct Targets {
     pub allowed_host: String,
     /// A host the manifest does not allow.
     pub denied_host: String,
+    /// An allowlisted host, pinned to `internet_v4`, for which the bundle
+    /// holds a credential: the secret may only ever travel over TLS to it
+    /// (empty: no credential probes).
+    #[serde(default)]
+    pub credential_host: String,
+    /// The bottle's supervise endpoint as the agent sees it
+    /// (`http://<bundle>:9100/mcp`; empty: no supervise probes).
+    #[serde(default)]
+    pub supervise_url: String,
     /// Allowed names the run's resolver maps to forbidden addresses:
     /// loopback, metadata, the bundle itself, a private range.
     pub rebind_hosts: Vec<String>,
@@ -106,3 +115,25 @@ pub struct ProbeResult {
     /// Whether the probe is a network probe (the control runs only these).
     pub network: bool,
 }
+
+/// Text an agent plants for the operator's terminal (`operator-hostile-text`):
+/// a screen clear through the C1 CSI byte, an OSC title through the C1 OSC
+/// and ST bytes, an OSC 8 hyperlink, a right-to-left override, an isolate,
+/// line and paragraph separators, BEL and DEL. The harness reads them back
+/// through `bottle requests` and `bottle logs`, where none may come out raw.
+pub const HOSTILE_TEXT: &[&str] = &[
+    "\u{9b}2J\u{202e}moc.live",
+    "\u{9d}0;owned\u{9c}\u{2066}ok\u{2069}",
+    "\u{1b}]8;;http://x/\u{1b}\\click\u{1b}]8;;\u{1b}\\\u{2028}\u{2029}\u{7}\u{7f}",
+];
+
+/// The host the planted `request_egress` asks for (so the harness can tell
+/// that the operator's listing shows the planted request).
+pub const HOSTILE_EGRESS_HOST: &str = "hostile-text.bottle.test";
+
+/// The characters of [`HOSTILE_TEXT`] that act on a terminal; none may
+/// reach the operator's output raw.
+pub const TERMINAL_ACTIVE: &[char] = &[
+    '\u{1b}', '\u{7}', '\u{7f}', '\u{9b}', '\u{9c}', '\u{9d}', '\u{202e}', '\u{2066}', '\u{2069}',
+    '\u{2028}', '\u{2029}',
+];

@@ -138,7 +138,15 @@ pub(crate) struct Hit {
     pub proto: Proto,
     /// The HTTP Host header, when the peer sent a request.
     pub host: Option<String>,
+    /// What the peer sent: the request head and as much of a declared body
+    /// as arrived in time (at most [`RECEIVED_CAP`] bytes); the harness
+    /// looks for secrets in it.
+    #[serde(skip)]
+    pub received: Vec<u8>,
 }
+
+/// The most of a request a TCP canary keeps.
+pub(crate) const RECEIVED_CAP: usize = 64 * 1024;
 
 /// A listener to start.
 #[derive(Debug, Clone)]
@@ -299,21 +307,28 @@ fn serve_tcp_conn(
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_read_timeout(Some(Duration::from_millis(1500)));
     let deadline = Instant::now() + Duration::from_secs(3);
-    let mut head = Vec::new();
+    let mut received = Vec::new();
     let mut buf = [0u8; 2048];
-    // Read a request head if the peer sends one; a bare connect is a hit too.
-    while head.len() < 16 * 1024 && Instant::now() < deadline {
+    // Read a request head if the peer sends one (a bare connect is a hit
+    // too), then the body it declares, so that what leaked in a body is on
+    // record.
+    while received.len() < RECEIVED_CAP && Instant::now() < deadline {
+        let head_end = received
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .map(|p| p + 4);
+        if let Some(end) = head_end
+            && body_complete(&received[..end], &received[end..])
+        {
+            break;
+        }
         match stream.read(&mut buf) {
             Ok(0) | Err(_) => break,
-            Ok(n) => {
-                head.extend_from_slice(&buf[..n]);
-                if head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    break;
-                }
-            }
+            Ok(n) => received.extend_from_slice(&buf[..n]),
         }
     }
-    let head = String::from_utf8_lossy(&head);
+    received.truncate(RECEIVED_CAP);
+    let head = String::from_utf8_lossy(&received).into_owned();
     if let Ok(mut log) = log.lock() {
         log.push(Hit {
             canary: name.to_string(),
@@ -321,6 +336,7 @@ fn serve_tcp_conn(
             peer,
             proto: Proto::Tcp,
             host: host_header(&head),
+            received,
         });
     }
     let body = http_body(token, name);
@@ -329,6 +345,25 @@ fn serve_tcp_conn(
         body.len()
     );
     let _ = stream.write_all(response.as_bytes());
+}
+
+/// Whether `body` holds all of the body `head` declares: none declared,
+/// `Content-Length` bytes, or a chunked body's last chunk.
+fn body_complete(head: &[u8], body: &[u8]) -> bool {
+    let head = String::from_utf8_lossy(head).to_ascii_lowercase();
+    let header = |name: &str| {
+        head.lines().skip(1).find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            (key.trim() == name).then(|| value.trim().to_string())
+        })
+    };
+    if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        return body.windows(5).any(|w| w == b"0\r\n\r\n");
+    }
+    let length = header("content-length")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(0);
+    body.len() >= length
 }
 
 fn serve_udp(
@@ -351,6 +386,7 @@ fn serve_udp(
                     peer,
                     proto: Proto::Udp,
                     host: None,
+                    received: buf[..n].to_vec(),
                 });
             }
             let mut reply = http_body(token, name).into_bytes();
@@ -373,6 +409,17 @@ mod tests {
     }
 
     #[test]
+    fn a_declared_body_is_waited_for() {
+        let head = b"POST / HTTP/1.1\r\nContent-Length: 4\r\n\r\n";
+        assert!(!body_complete(head, b"ab"));
+        assert!(body_complete(head, b"abcd"));
+        assert!(body_complete(b"GET / HTTP/1.1\r\n\r\n", b""));
+        let chunked = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert!(!body_complete(chunked, b"4\r\nabcd\r\n"));
+        assert!(body_complete(chunked, b"4\r\nabcd\r\n0\r\n\r\n"));
+    }
+
+    #[test]
     fn listeners_answer_with_the_token_and_log_the_peer() {
         let specs = [
             Spec {
@@ -390,8 +437,9 @@ mod tests {
         let tcp = listeners.get("t").unwrap().addr;
         let mut stream = TcpStream::connect(tcp).unwrap();
         stream
-            .write_all(b"GET / HTTP/1.1\r\nHost: a.bottle.test\r\n\r\n")
+            .write_all(b"POST / HTTP/1.1\r\nHost: a.bottle.test\r\nContent-Length: 6\r\n\r\n")
             .unwrap();
+        stream.write_all(b"secret").unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).unwrap();
         assert!(response.starts_with("HTTP/1.1 200 OK"), "{response}");
@@ -411,6 +459,7 @@ mod tests {
         let tcp_hit = hits.iter().find(|h| h.canary == "t").unwrap();
         assert_eq!(tcp_hit.peer.ip(), stream.local_addr().unwrap().ip());
         assert_eq!(tcp_hit.host.as_deref(), Some("a.bottle.test"));
+        assert!(tcp_hit.received.ends_with(b"\r\n\r\nsecret"));
         let udp_hit = hits.iter().find(|h| h.canary == "u").unwrap();
         assert_eq!(udp_hit.peer, socket.local_addr().unwrap());
         assert_eq!(udp_hit.proto, Proto::Udp);

@@ -109,6 +109,48 @@ pub(crate) fn canary_row(phase: &str, hits: &[Hit], allowance: &Allowance) -> Ro
     )
 }
 
+/// The row for a secret that must never reach a canary in cleartext (the
+/// bundle's credential, injected only on a TLS upstream leg).
+/// `detector` is the host-side control: the same secret sent to the
+/// canary from the host was seen there.
+pub(crate) fn secret_row(
+    phase: &str,
+    probe: &str,
+    hits: &[Hit],
+    secret: &str,
+    detector: Option<bool>,
+) -> Row {
+    let leaks: Vec<String> = hits
+        .iter()
+        .filter(|h| {
+            !secret.is_empty()
+                && h.received
+                    .windows(secret.len())
+                    .any(|w| w == secret.as_bytes())
+        })
+        .map(|h| format!("{} received it in cleartext from {}", h.canary, h.peer))
+        .collect();
+    let observed = if leaks.is_empty() {
+        Observed::Blocked
+    } else {
+        Observed::Reached
+    };
+    let detail = if leaks.is_empty() {
+        format!("{} connections, none carried the secret", hits.len())
+    } else {
+        leaks.join("; ")
+    };
+    Row::new(
+        phase,
+        probe,
+        "credential",
+        Expect::Blocked,
+        observed,
+        detector,
+        detail,
+    )
+}
+
 /// What the DNS recorder may legitimately see during a probing phase.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct DnsAllowance {
@@ -273,7 +315,33 @@ mod tests {
             peer: peer.parse().unwrap(),
             proto,
             host: host.map(str::to_string),
+            received: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_secret_seen_at_a_canary_is_an_escape_and_a_blind_detector_proves_nothing() {
+        let mut leaked = hit("198.51.100.10:80", "172.20.0.2:4000", Proto::Tcp, None);
+        leaked.received = b"GET / HTTP/1.1\r\nx-cred: s3cret\r\n\r\n".to_vec();
+        let clean = hit("198.51.100.10:80", "172.20.0.2:4001", Proto::Tcp, None);
+        let row = secret_row(
+            "p",
+            "credential",
+            &[clean.clone(), leaked],
+            "s3cret",
+            Some(true),
+        );
+        assert_eq!(row.verdict, Verdict::Escape, "{row:?}");
+        let row = secret_row(
+            "p",
+            "credential",
+            std::slice::from_ref(&clean),
+            "s3cret",
+            Some(true),
+        );
+        assert_eq!(row.verdict, Verdict::Pass, "{row:?}");
+        let row = secret_row("p", "credential", &[clean], "s3cret", Some(false));
+        assert_eq!(row.verdict, Verdict::ControlFailed, "{row:?}");
     }
 
     fn allowance() -> Allowance {

@@ -17,6 +17,15 @@ pub(crate) fn allowed_host(agent: &str) -> String {
     format!("allowed-{}.{ZONE}", short(agent))
 }
 
+/// The name `agent`'s bundle holds a credential for, allowed and pinned
+/// to the internet canary like [`allowed_host`].
+pub(crate) fn credential_host(agent: &str) -> String {
+    format!("cred-{}.{ZONE}", short(agent))
+}
+
+/// The header the bundle sets on the credential host's requests.
+pub(crate) const CREDENTIAL_HEADER: &str = "x-bottle-canary-credential";
+
 /// The rebinding name that resolves to `agent`'s own bundle.
 pub(crate) fn rebind_bundle_host(agent: &str) -> String {
     format!("rebind-bundle-{}.{ZONE}", short(agent))
@@ -78,14 +87,20 @@ impl AgentSource {
 }
 
 /// The manifest for `agents`, their image from `source`. Each agent's
-/// allowed host is pinned to `pin` (the internet canary), so the bundle
-/// never looks it up; the rebinding names are not pinned and go through
-/// the Engine's resolver to the DNS recorder.
-pub(crate) fn manifest(source: &AgentSource, agents: &[AgentDef], pin: &str) -> String {
+/// allowed host and credential host are pinned to `pin` (the internet
+/// canary), so the bundle never looks them up; the rebinding names are not
+/// pinned and go through the Engine's resolver to the DNS recorder. The
+/// credential's secret is read from `credential`.
+pub(crate) fn manifest(
+    source: &AgentSource,
+    agents: &[AgentDef],
+    pin: &str,
+    credential: &Path,
+) -> String {
     let mut out =
         String::from("# Written by `cargo xtask sandbox-escape` for one run.\nversion = 1\n");
     for agent in agents {
-        let mut allow = vec![allowed_host(&agent.key)];
+        let mut allow = vec![allowed_host(&agent.key), credential_host(&agent.key)];
         if agent.rebind {
             allow.extend(REBIND_HOSTS.iter().map(|h| h.to_string()));
             allow.push(rebind_bundle_host(&agent.key));
@@ -103,10 +118,13 @@ pub(crate) fn manifest(source: &AgentSource, agents: &[AgentDef], pin: &str) -> 
         let _ = write!(
             out,
             "\n[agents.{key}]\n{source}\ncommand = [\"/bin/sh\"]\n\n\
-             [agents.{key}.egress]\nallow = [{allow}]\nports = [{ports}]\nresolve = {{ {pinned:?} = {pin:?} }}\n\n\
+             [agents.{key}.egress]\nallow = [{allow}]\nports = [{ports}]\nresolve = {{ {pinned:?} = {pin:?}, {cred:?} = {pin:?} }}\n\n\
+             [[agents.{key}.credentials]]\nname = \"canary\"\nsource = {{ file = {file:?} }}\nhost = {cred:?}\nheader = \"{CREDENTIAL_HEADER}\"\n\n\
              [agents.{key}.limits]\nmemory = \"{MEMORY}\"\npids = {PIDS}\n",
             key = agent.key,
             pinned = allowed_host(&agent.key),
+            cred = credential_host(&agent.key),
+            file = credential.display().to_string(),
             source = source.line(),
         );
     }
@@ -157,6 +175,7 @@ mod tests {
             &AgentSource::Build("/tmp/ctx".into()),
             &agents,
             "198.51.100.10",
+            Path::new("/tmp/credential"),
         );
         let expected = r#"# Written by `cargo xtask sandbox-escape` for one run.
 version = 1
@@ -166,9 +185,15 @@ build = { context = "/tmp/ctx" }
 command = ["/bin/sh"]
 
 [agents.escape-a.egress]
-allow = ["allowed-a.bottle.test", "rebind-loopback.bottle.test", "rebind-metadata.bottle.test", "rebind-private.bottle.test", "rebind-bundle-a.bottle.test"]
+allow = ["allowed-a.bottle.test", "cred-a.bottle.test", "rebind-loopback.bottle.test", "rebind-metadata.bottle.test", "rebind-private.bottle.test", "rebind-bundle-a.bottle.test"]
 ports = [80, 443]
-resolve = { "allowed-a.bottle.test" = "198.51.100.10" }
+resolve = { "allowed-a.bottle.test" = "198.51.100.10", "cred-a.bottle.test" = "198.51.100.10" }
+
+[[agents.escape-a.credentials]]
+name = "canary"
+source = { file = "/tmp/credential" }
+host = "cred-a.bottle.test"
+header = "x-bottle-canary-credential"
 
 [agents.escape-a.limits]
 memory = "256m"
@@ -179,9 +204,15 @@ build = { context = "/tmp/ctx" }
 command = ["/bin/sh"]
 
 [agents.escape-p1.egress]
-allow = ["allowed-p1.bottle.test"]
+allow = ["allowed-p1.bottle.test", "cred-p1.bottle.test"]
 ports = [80, 443]
-resolve = { "allowed-p1.bottle.test" = "198.51.100.10" }
+resolve = { "allowed-p1.bottle.test" = "198.51.100.10", "cred-p1.bottle.test" = "198.51.100.10" }
+
+[[agents.escape-p1.credentials]]
+name = "canary"
+source = { file = "/tmp/credential" }
+host = "cred-p1.bottle.test"
+header = "x-bottle-canary-credential"
 
 [agents.escape-p1.limits]
 memory = "256m"
@@ -194,6 +225,7 @@ pids = 128
     fn the_manifest_parses_with_the_real_parser() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bottle.toml");
+        std::fs::write(dir.path().join("credential"), "secret").unwrap();
         let agents = [AgentDef {
             key: "escape-a".into(),
             rebind: true,
@@ -204,12 +236,14 @@ pids = 128
                 &AgentSource::Build(dir.path().to_path_buf()),
                 &agents,
                 "198.51.100.10",
+                &dir.path().join("credential"),
             ),
         )
         .unwrap();
         let parsed = bottle_core::manifest::load(&path).unwrap();
         let agent = &parsed.agents["escape-a"];
-        assert_eq!(agent.egress.allow.len(), 5);
+        assert_eq!(agent.egress.allow.len(), 6);
+        assert_eq!(agent.credentials[0].host, "cred-a.bottle.test");
         assert_eq!(agent.limits.pids, Some(128));
         std::fs::write(
             &path,
@@ -217,6 +251,7 @@ pids = 128
                 &AgentSource::Image("bottle-escape-agent:latest".into()),
                 &agents,
                 "198.51.100.10",
+                &dir.path().join("credential"),
             ),
         )
         .unwrap();

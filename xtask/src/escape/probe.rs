@@ -389,6 +389,8 @@ mod tests {
             proxy: "http://10.77.0.2:8888".into(),
             allowed_host: "allowed-a.bottle.test".into(),
             denied_host: "denied.bottle.test".into(),
+            credential_host: String::new(),
+            supervise_url: String::new(),
             rebind_hosts: vec![],
             canary_names: vec![],
         }

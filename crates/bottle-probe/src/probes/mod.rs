@@ -10,6 +10,7 @@ mod dns;
 mod filesystem;
 mod kernel;
 mod network;
+mod operator;
 mod privilege;
 mod proxy;
 mod resources;
@@ -195,6 +196,7 @@ pub fn catalogue(config: &ProbeConfig) -> Vec<Probe> {
     all.extend(kernel::probes());
     all.extend(privilege::probes());
     all.extend(secrets::probes());
+    all.extend(operator::probes());
     all.extend(resources::probes());
     all
 }

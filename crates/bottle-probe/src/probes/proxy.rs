@@ -164,6 +164,20 @@ pub(super) fn probes(config: &ProbeConfig) -> Vec<Probe> {
                 )
             },
         ),
+        Probe::new(
+            "proxy-credential-cleartext",
+            CAT,
+            false,
+            "GET http://<credential_host>/ (a host the bundle holds a credential for) through the proxy: blocked unless the request is forwarded (2xx or the token); the harness also looks for the secret at the canary",
+            credential_cleartext,
+        ),
+        Probe::new(
+            "proxy-credential-tunnel-plain",
+            CAT,
+            false,
+            "CONNECT <credential_host>:443, then plain HTTP inside the tunnel: blocked unless the inner request is answered with the token; the CONNECT itself must open (the host is allowed)",
+            credential_tunnel_plain,
+        ),
     ];
     for host in &config.targets.rebind_hosts {
         let host = host.clone();
@@ -176,6 +190,58 @@ pub(super) fn probes(config: &ProbeConfig) -> Vec<Probe> {
         ));
     }
     v
+}
+
+/// Plain HTTP to the credential's host: the bundle must refuse rather than
+/// put the secret on the wire in cleartext.
+fn credential_cleartext(c: &Ctx) -> Attempt {
+    let h = &c.config.targets.credential_host;
+    if h.is_empty() {
+        return Attempt::skipped("no credential host");
+    }
+    let reply = match proxy_exchange(c, &get_request(&format!("http://{h}/"), h, &[])) {
+        Ok(r) => r,
+        Err(a) => return a,
+    };
+    let status = net::status(&reply);
+    let what = format!("status {status:?}: {}", snippet(&reply));
+    if status.is_some_and(|s| (200..300).contains(&s)) || contains(&reply, &c.config.token) {
+        Attempt::reached(format!("forwarded in cleartext: {what}"))
+    } else if status == Some(403) {
+        Attempt::blocked(what)
+    } else {
+        Attempt::error(format!("expected a 403 for an allowed host: {what}"))
+    }
+}
+
+/// Plain HTTP inside a CONNECT to the credential's TLS port: the tunnel
+/// opens (the host is allowed, the positive control), then the bundle must
+/// refuse the bytes that are not TLS.
+fn credential_tunnel_plain(c: &Ctx) -> Attempt {
+    let h = &c.config.targets.credential_host;
+    if h.is_empty() {
+        return Attempt::skipped("no credential host");
+    }
+    let authority = net::authority(h, 443);
+    let mut stream = match connect_tunnel(c, &authority) {
+        Err(a) => return a,
+        Ok((status, _, s)) if (200..300).contains(&status) => s,
+        Ok((_, head, _)) => {
+            return Attempt::error(format!(
+                "CONNECT {authority} did not open, though the host is allowed: {}",
+                snippet(&head)
+            ));
+        }
+    };
+    if let Err(e) = stream.write_all(&get_request("/", h, &[])) {
+        return Attempt::blocked(format!("tunnel closed on plain HTTP: {}", errno_name(&e)));
+    }
+    let reply = net::read_until_close(&mut stream, Instant::now() + c.timeout);
+    if contains(&reply, &c.config.token) {
+        Attempt::reached(format!("plain HTTP answered: {}", snippet(&reply)))
+    } else {
+        Attempt::blocked(format!("plain HTTP refused: {}", snippet(&reply)))
+    }
 }
 
 /// `rebind-loopback.bottle.test` → `proxy-rebind-loopback`.

@@ -186,6 +186,8 @@ pub(crate) fn canaries() -> &'static Canaries {
             proxy: format!("http://{}:8888", loopback(9)),
             allowed_host: "allowed.bottle.test".into(),
             denied_host: "denied.bottle.test".into(),
+            credential_host: String::new(),
+            supervise_url: String::new(),
             rebind_hosts: vec!["rebind-loopback.bottle.test".into()],
             canary_names: vec!["leak.canary.bottle.test".into()],
         };
@@ -273,6 +275,8 @@ pub(crate) fn canaries_targets_without_listeners() -> Targets {
         proxy: String::new(),
         allowed_host: "allowed.bottle.test".into(),
         denied_host: "denied.bottle.test".into(),
+        credential_host: String::new(),
+        supervise_url: String::new(),
         rebind_hosts: Vec::new(),
         canary_names: vec!["leak.canary.bottle.test".into()],
     }

@@ -12,5 +12,6 @@
 
 mod fixture;
 mod network;
+mod operator;
 mod output;
 mod proxy;

@@ -12,6 +12,9 @@ use bottle_probe::contract::Outcome;
 use crate::fixture::{self, read_head};
 
 const ALLOWED: &str = "allowed.bottle.test";
+/// The host the strict proxy holds a credential for: plain HTTP to it is
+/// refused, a tunnel to its TLS port opens but takes only TLS.
+const CREDENTIAL: &str = "cred.bottle.test";
 
 fn serve(leaky: bool, token: String) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -78,6 +81,11 @@ fn handle(mut s: TcpStream, leaky: bool, token: &str) {
         .iter()
         .any(|t| t.contains("AKIA") || t.contains("ghp_"));
     match method {
+        "CONNECT" if target == format!("{CREDENTIAL}:443") => {
+            let _ = s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
+            // Not TLS: hang up.
+            let _ = read_head(&mut s);
+        }
         "CONNECT" if target == format!("{ALLOWED}:80") => {
             let _ = s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
             let inner = String::from_utf8_lossy(&read_head(&mut s)).into_owned();
@@ -120,6 +128,7 @@ fn handle(mut s: TcpStream, leaky: bool, token: &str) {
 fn proxy_config(token: &str, proxy: SocketAddr) -> bottle_probe::contract::ProbeConfig {
     let mut t = fixture::canaries_targets_without_listeners();
     t.proxy = format!("http://{proxy}");
+    t.credential_host = CREDENTIAL.into();
     t.rebind_hosts = vec![
         "rebind-loopback.bottle.test".into(),
         "rebind-metadata.bottle.test".into(),

@@ -187,6 +187,8 @@ impl Gate {
             ),
             allowed_host: fixture::allowed_host(&me.key),
             denied_host: "denied.bottle.test".into(),
+            credential_host: fixture::credential_host(&me.key),
+            supervise_url: bottle_core::bundle::supervise_url(&me.bundle_ip),
             rebind_hosts: rebind,
             canary_names: self.canary_names(),
         }

@@ -11,6 +11,7 @@ use bottle_probe::contract::Targets;
 use super::{A, Gate, PROBE_RUN_BOUND, PROBE_TIMEOUT_MS};
 use crate::escape::canary::{self, Proto, Spec};
 use crate::escape::dns;
+use crate::escape::evidence;
 use crate::escape::fixture;
 use crate::escape::probe;
 use crate::escape::report::{Expect, Observed, Row};
@@ -56,6 +57,8 @@ impl Gate {
             proxy: String::new(),
             allowed_host: fixture::allowed_host(A),
             denied_host: "denied.bottle.test".into(),
+            credential_host: String::new(),
+            supervise_url: String::new(),
             rebind_hosts: fixture::REBIND_HOSTS
                 .iter()
                 .map(|s| s.to_string())
@@ -107,6 +110,7 @@ impl Gate {
             ),
         ));
         self.controls = outcomes;
+        self.credential_detector_control(phase)?;
         // Every network listener must have been reached from the host: the
         // canaries are alive, independently of what the probe says.
         let hits = self.listeners.hits();
@@ -139,6 +143,44 @@ impl Gate {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// The canaries a credential could reach in cleartext (80, and 443
+    /// spoken in plain HTTP) must see the secret when the host sends it:
+    /// otherwise a clean `credential-on-the-wire` row proves nothing.
+    fn credential_detector_control(&mut self, phase: &str) -> anyhow::Result<()> {
+        let secret = super::credential_secret(&self.token);
+        let request = format!(
+            "GET / HTTP/1.1\r\nHost: control\r\n{}: {secret}\r\nConnection: close\r\n\r\n",
+            fixture::CREDENTIAL_HEADER
+        );
+        let mut seen = Vec::new();
+        for port in [80, 443] {
+            let before = self.listeners.hits().len();
+            let _ = exchange(SocketAddr::from((canary::INTERNET, port)), &request);
+            let hits = self.listeners.hits();
+            let row = evidence::secret_row(phase, "-", &hits[before..], &secret, None);
+            seen.push((port, row.observed == Observed::Reached));
+        }
+        let ok = seen.iter().all(|(_, s)| *s);
+        for probe in CREDENTIAL_PROBES {
+            self.extra_controls.insert(probe.to_string(), ok);
+        }
+        self.credential_detector = Some(ok);
+        self.report.rows.push(Row::new(
+            phase,
+            "control-credential-detector",
+            "control",
+            Expect::Reached,
+            if ok {
+                Observed::Reached
+            } else {
+                Observed::Blocked
+            },
+            None,
+            format!("the secret sent from the host was seen at internet:80/443: {seen:?}"),
+        ));
         Ok(())
     }
 
@@ -191,12 +233,23 @@ pub(super) fn listener_specs() -> Vec<Spec> {
     ]
 }
 
+/// The in-bottle probes that put the credential's host in cleartext.
+const CREDENTIAL_PROBES: &[&str] = &[
+    "proxy-credential-cleartext",
+    "proxy-credential-tunnel-plain",
+];
+
 /// A plain HTTP GET of `/` from `addr`: the whole response.
 fn fetch_token(addr: SocketAddr) -> anyhow::Result<String> {
+    exchange(addr, "GET / HTTP/1.0\r\nHost: control\r\n\r\n")
+}
+
+/// Sends `request` to `addr` and reads the answer (bounded).
+fn exchange(addr: SocketAddr, request: &str) -> anyhow::Result<String> {
     use std::io::{Read as _, Write as _};
     let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
     stream.set_read_timeout(Some(Duration::from_secs(3)))?;
-    stream.write_all(b"GET / HTTP/1.0\r\nHost: control\r\n\r\n")?;
+    stream.write_all(request.as_bytes())?;
     let mut body = String::new();
     stream.take(64 * 1024).read_to_string(&mut body)?;
     Ok(body)

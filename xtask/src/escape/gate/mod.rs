@@ -18,13 +18,15 @@
 //! the host; `bottles`: starting bottles and their targets; `probing`: a
 //! probing phase and its evidence; `bottle_posture`: a bottle seen from
 //! the host; `faults`: the fault phases; `prepare`: what the run builds
-//! first; `leftovers`: what a run must not leave behind.
+//! first; `leftovers`: what a run must not leave behind; `operator`: what
+//! agent text does to the operator's terminal.
 
 mod bottle_posture;
 mod bottles;
 mod controls;
 mod faults;
 mod leftovers;
+mod operator;
 mod prepare;
 mod probing;
 
@@ -139,6 +141,9 @@ struct Gate {
     /// probe may dial from the host besides local addresses).
     bottle_bridges: Vec<(Cidr, String)>,
     config_seq: usize,
+    /// Whether the host saw the credential's secret at the canaries (the
+    /// control of every `credential-on-the-wire` row).
+    credential_detector: Option<bool>,
     report: Report,
 }
 
@@ -190,10 +195,12 @@ pub(crate) fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> 
                 AgentSource::Image(SMOL_AGENT_IMAGE.to_string())
             }
         };
+        let credential = work.join("credential");
+        std::fs::write(&credential, credential_secret(&report.token))?;
         let manifest = work.join("bottle.toml");
         std::fs::write(
             &manifest,
-            fixture::manifest(&source, &agents, &canary::INTERNET.to_string()),
+            fixture::manifest(&source, &agents, &canary::INTERNET.to_string(), &credential),
         )?;
         let cli = BottleCli {
             bin: bottle_bin,
@@ -294,6 +301,7 @@ fn run_with_canaries(
         bottle_subnets: Vec::new(),
         bottle_bridges: Vec::new(),
         config_seq: 0,
+        credential_detector: None,
         report: std::mem::take(report),
     };
     let result = gate.phases(options);
@@ -374,6 +382,12 @@ impl Gate {
         step(self, "fault: parallel bottles", r)?;
         Ok(())
     }
+}
+
+/// The secret of the run's canary credential: it may reach the internet
+/// canary only over TLS, so seeing it there in cleartext is an escape.
+fn credential_secret(token: &str) -> String {
+    format!("bottle-credential-{token}")
 }
 
 /// A progress line on stderr (stdout carries the report).

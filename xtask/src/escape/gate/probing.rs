@@ -144,8 +144,14 @@ impl Gate {
             phase,
             hits_before,
             &queries,
-            std::slice::from_ref(&targets.allowed_host),
+            &[
+                targets.allowed_host.clone(),
+                targets.credential_host.clone(),
+            ],
         );
+        if probes == ProbeSet::Full {
+            self.operator_output(phase, &bottle.guard.name)?;
+        }
         Ok(results)
     }
 
@@ -168,6 +174,13 @@ impl Gate {
         self.report
             .rows
             .push(evidence::canary_row(phase, &hits, &allowance));
+        self.report.rows.push(evidence::secret_row(
+            phase,
+            "credential-on-the-wire",
+            &hits,
+            &super::credential_secret(&self.token),
+            self.credential_detector,
+        ));
         let mut pinned: Vec<String> = [A, B, C, D]
             .iter()
             .chain(PARALLEL)
