@@ -19,8 +19,13 @@
 //! an HTTP header by the gate's own git processes: the agent never holds
 //! it (see [`upstream`]).
 //!
-//! Pushes are checked twice. The gate reads the command list at the start
-//! of the receive-pack request and refuses the whole push (answering in
+//! Pushes are checked twice. The gate reads the request's whole framing
+//! before receive-pack runs ([`push_request`]: shallow lines, the command
+//! list, a push certificate and the commands in and after it, push options,
+//! the start of the packfile), refuses what is outside git's grammar as
+//! `malformed_request`, refuses signed pushes (`signed_push`: the gate does
+//! not verify certificates) and push options (`push_options`: not offered),
+//! and refuses the whole push (answering in
 //! git's report-status format, so git prints `[remote rejected]` and our
 //! reasons) when a ref is outside the push globs, is a tag without an
 //! explicit `refs/tags/` glob, or is a deletion without `allow_delete`; a
@@ -45,6 +50,7 @@
 pub mod command;
 pub mod hook;
 pub mod pktline;
+pub mod push_request;
 pub mod push_rules;
 pub mod upstream;
 

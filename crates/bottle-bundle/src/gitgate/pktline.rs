@@ -1,8 +1,10 @@
-//! Git's pkt-line framing: just enough to read a push's command list, to
-//! answer a refused push the way `git receive-pack` would, and to read the
-//! report-status a real receive-pack sent back (for the audit line).
+//! Git's pkt-line framing: reading packets (the push request's grammar is
+//! in [`super::push_request`]), answering a refused push the way `git
+//! receive-pack` would, and reading the report-status a real receive-pack
+//! sent back (for the audit line).
 
-use super::push_rules::{RefUpdate, Refusal};
+use super::push_request::PushRequest;
+use super::push_rules::Refusal;
 
 /// The flush packet.
 pub const FLUSH: &[u8] = b"0000";
@@ -58,88 +60,6 @@ pub fn read_packet(buf: &[u8]) -> Result<(Packet<'_>, usize), PktError> {
     }
 }
 
-/// The command list at the start of a receive-pack request.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PushCommands {
-    /// The ref updates, in order.
-    pub updates: Vec<RefUpdate>,
-    /// Capabilities the client asked for (after the NUL of the first line).
-    pub caps: Vec<String>,
-    /// The client sent a signed push certificate (not supported).
-    pub push_cert: bool,
-}
-
-impl PushCommands {
-    /// Whether the client asked for capability `cap`.
-    pub fn has_cap(&self, cap: &str) -> bool {
-        self.caps.iter().any(|c| c == cap)
-    }
-
-    /// The side-band packet size the client asked for, if any.
-    pub fn sideband(&self) -> Option<usize> {
-        if self.has_cap("side-band-64k") {
-            Some(MAX_PAYLOAD - 1)
-        } else if self.has_cap("side-band") {
-            Some(999)
-        } else {
-            None
-        }
-    }
-
-    /// Whether the client expects a report-status.
-    pub fn wants_report(&self) -> bool {
-        self.has_cap("report-status") || self.has_cap("report-status-v2")
-    }
-}
-
-/// Parses the command list at the start of `buf`. `Ok(None)`: more bytes
-/// are needed. On success, also returns how many bytes it spans (up to and
-/// including the flush).
-pub fn parse_commands(buf: &[u8]) -> Result<Option<(PushCommands, usize)>, String> {
-    let mut cmds = PushCommands::default();
-    let mut pos = 0;
-    let mut first = true;
-    loop {
-        let (packet, len) = match read_packet(&buf[pos..]) {
-            Ok(p) => p,
-            Err(PktError::Incomplete) => return Ok(None),
-            Err(PktError::Invalid(e)) => return Err(e),
-        };
-        pos += len;
-        let data = match packet {
-            Packet::Flush => return Ok(Some((cmds, pos))),
-            Packet::Data(d) => d,
-            Packet::Delim | Packet::ResponseEnd => {
-                return Err("unexpected delimiter in the command list".into());
-            }
-        };
-        let data = data.strip_suffix(b"\n").unwrap_or(data);
-        if data.starts_with(b"shallow ") {
-            continue;
-        }
-        let (line, caps) = match data.iter().position(|&b| b == 0) {
-            Some(nul) => (&data[..nul], Some(&data[nul + 1..])),
-            None => (data, None),
-        };
-        if let Some(caps) = caps.filter(|_| first) {
-            cmds.caps = String::from_utf8_lossy(caps)
-                .split(' ')
-                .filter(|c| !c.is_empty())
-                .map(str::to_string)
-                .collect();
-        }
-        first = false;
-        if line.starts_with(b"push-cert") {
-            cmds.push_cert = true;
-            return Ok(Some((cmds, pos)));
-        }
-        let text = std::str::from_utf8(line).map_err(|_| "a command is not UTF-8".to_string())?;
-        let update = RefUpdate::parse(text)
-            .ok_or_else(|| format!("{text:?} is not an `old new ref` command"))?;
-        cmds.updates.push(update);
-    }
-}
-
 /// Wraps `data` into side-band packets on `band`.
 fn sideband(out: &mut Vec<u8>, band: u8, data: &[u8], max: usize) {
     for chunk in data.chunks(max.max(1)) {
@@ -151,12 +71,12 @@ fn sideband(out: &mut Vec<u8>, band: u8, data: &[u8], max: usize) {
 }
 
 /// The response a receive-pack would send had it refused every update:
-/// each message on side-band 2 (git prints them as `remote: error: ...`),
-/// then a report-status with `ng <ref> <reason>` for every update (git
-/// prints `! [remote rejected] <ref> (<reason>)`).
-pub fn refusal_response(cmds: &PushCommands, refusals: &[Refusal]) -> Vec<u8> {
+/// each message once on side-band 2 (git prints them as `remote: error:
+/// ...`), then a report-status with `ng <ref> <reason>` for every update
+/// (git prints `! [remote rejected] <ref> (<reason>)`).
+pub fn refusal_response(req: &PushRequest, refusals: &[Refusal]) -> Vec<u8> {
     let mut report = pkt(b"unpack ok\n");
-    for u in &cmds.updates {
+    for u in &req.updates {
         let short = refusals
             .iter()
             .find(|r| r.refname == u.refname)
@@ -167,17 +87,36 @@ pub fn refusal_response(cmds: &PushCommands, refusals: &[Refusal]) -> Vec<u8> {
         report.extend(pkt(format!("ng {} {short}\n", u.refname).as_bytes()));
     }
     report.extend_from_slice(FLUSH);
-    let Some(max) = cmds.sideband() else {
+    let Some(max) = req.sideband() else {
         return report;
     };
     let mut out = Vec::new();
+    let mut said: Vec<&str> = Vec::new();
     for r in refusals {
+        if said.contains(&r.message.as_str()) {
+            continue;
+        }
+        said.push(&r.message);
         let line = format!("error: bottle git-gate: {}\n", r.message);
         sideband(&mut out, 2, line.as_bytes(), max);
     }
     sideband(&mut out, 1, &report, max);
     out.extend_from_slice(FLUSH);
     out
+}
+
+/// git's error packet: the client stops and prints `remote error:
+/// <message>`. For requests whose capabilities (side-band, report-status)
+/// are unknown or absent, where a report cannot be shaped.
+pub fn error_packet(message: &str) -> Vec<u8> {
+    let mut text = format!("ERR bottle git-gate: {message}\n");
+    // Keep to one packet, cutting on a character boundary.
+    let mut cut = text.len().min(MAX_PAYLOAD - 1);
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    pkt(text.as_bytes())
 }
 
 /// What a receive-pack reported.
@@ -238,7 +177,7 @@ pub fn parse_report(buf: &[u8], sideband: bool) -> Report {
 
 #[cfg(test)]
 mod tests {
-    use super::super::push_rules::RefusalKind;
+    use super::super::push_rules::{RefUpdate, RefusalKind};
     use super::*;
 
     fn zero() -> String {
@@ -257,47 +196,33 @@ mod tests {
     }
 
     #[test]
-    fn parses_a_command_list_incrementally() {
-        let a = "a".repeat(40);
-        let mut body = pkt(format!(
-            "{} {a} refs/heads/agent/x\0report-status side-band-64k agent=git/2\n",
-            zero()
-        )
-        .as_bytes());
-        body.extend(pkt(format!("{a} {} refs/heads/old\n", zero()).as_bytes()));
-        body.extend_from_slice(FLUSH);
-        let span = body.len();
-        body.extend_from_slice(b"PACK....");
-        for cut in 0..span {
-            assert_eq!(parse_commands(&body[..cut]).unwrap(), None, "cut {cut}");
-        }
-        let (cmds, used) = parse_commands(&body).unwrap().unwrap();
-        assert_eq!(used, span);
-        assert_eq!(cmds.updates.len(), 2);
-        assert_eq!(cmds.updates[0].refname, "refs/heads/agent/x");
-        assert!(cmds.updates[1].is_delete());
-        assert!(cmds.wants_report());
-        assert_eq!(cmds.sideband(), Some(MAX_PAYLOAD - 1));
-        assert!(parse_commands(b"0008junk0000").is_err());
-    }
-
-    #[test]
     fn refusal_response_reads_back_as_a_report() {
         let a = "a".repeat(40);
         let line = |r: &str| format!("{} {a} {r}", zero());
-        let cmds = PushCommands {
+        let cmds = PushRequest {
             updates: vec![
                 RefUpdate::parse(&line("refs/heads/main")).unwrap(),
                 RefUpdate::parse(&line("refs/heads/agent/x")).unwrap(),
             ],
             caps: vec!["report-status".into(), "side-band-64k".into()],
-            push_cert: false,
+            ..PushRequest::default()
         };
         let refusal = Refusal {
             kind: RefusalKind::RefNotAllowed,
             refname: "refs/heads/main".into(),
             message: "not allowed; fix: push elsewhere".into(),
         };
+        // The same message for two refs is said once.
+        let twice = [
+            refusal.clone(),
+            Refusal {
+                refname: "refs/heads/agent/x".into(),
+                ..refusal.clone()
+            },
+        ];
+        let out = refusal_response(&cmds, &twice);
+        let said = parse_report(&out, true).messages;
+        assert_eq!(said.matches("not allowed").count(), 1, "{said}");
         let out = refusal_response(&cmds, std::slice::from_ref(&refusal));
         let report = parse_report(&out, true);
         assert_eq!(report.unpack.as_deref(), Some("ok"));
@@ -320,12 +245,21 @@ mod tests {
                 .contains("error: bottle git-gate: not allowed")
         );
         // Without side-band the report is sent bare.
-        let bare = PushCommands {
+        let bare = PushRequest {
             caps: vec!["report-status".into()],
             ..cmds
         };
         let out = refusal_response(&bare, &[refusal]);
         assert!(out.starts_with(b"000eunpack ok\n"));
         assert_eq!(parse_report(&out, false).refs.len(), 2);
+    }
+
+    #[test]
+    fn error_packet_is_one_packet() {
+        assert_eq!(error_packet("no"), b"001cERR bottle git-gate: no\n");
+        let long = error_packet(&"\u{e9}".repeat(MAX_PAYLOAD));
+        let (packet, len) = read_packet(&long).unwrap();
+        assert_eq!(len, long.len());
+        assert!(matches!(packet, Packet::Data(d) if d.starts_with(b"ERR ")));
     }
 }

@@ -84,6 +84,11 @@ pub enum RefusalKind {
     OtherRefRefused,
     /// The request could not be understood.
     Malformed,
+    /// A signed push (a push certificate): the gate does not verify
+    /// certificates, so it takes none.
+    SignedPush,
+    /// Push options, which the gate does not offer.
+    PushOptions,
 }
 
 impl RefusalKind {
@@ -98,6 +103,8 @@ impl RefusalKind {
             Self::UpstreamPushFailed => "upstream_push_failed",
             Self::OtherRefRefused => "other_ref_refused",
             Self::Malformed => "malformed_request",
+            Self::SignedPush => "signed_push",
+            Self::PushOptions => "push_options",
         }
     }
 
@@ -112,6 +119,8 @@ impl RefusalKind {
             Self::UpstreamPushFailed,
             Self::OtherRefRefused,
             Self::Malformed,
+            Self::SignedPush,
+            Self::PushOptions,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)
@@ -497,7 +506,13 @@ mod tests {
         assert_eq!(u.new, "a".repeat(40));
         assert!(RefUpdate::parse("zz aa refs/heads/x").is_none());
         assert!(RefUpdate::parse(&format!("{} {}", "0".repeat(40), "1".repeat(40))).is_none());
-        for k in ["read_only", "non_fast_forward", "upstream_push_failed"] {
+        for k in [
+            "read_only",
+            "non_fast_forward",
+            "upstream_push_failed",
+            "signed_push",
+            "push_options",
+        ] {
             assert_eq!(RefusalKind::parse(k).unwrap().as_str(), k);
         }
     }

@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use bottle_bundle::gitgate::pktline;
 use bottle_bundle::gitgate::upstream::base64;
 use bottle_bundle::{AuditRecord, Decision, RunningBundle};
 use bottle_core::bundle::{BundleConfig, BundleGitRepo};
@@ -991,4 +992,307 @@ async fn push_approvals_are_reread_on_restart_and_never_open_other_repositories(
             "{refused:?}"
         );
     }
+}
+
+/// One `POST /<repo>/git-receive-pack` with `body` as it is: what an agent
+/// that crafts its own framing sends.
+async fn raw_push(gate: &Gate, repo: &str, body: &[u8]) -> crate::support::Resp {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(gate.bundle.git_gate_addr.unwrap())
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /{repo}/git-receive-pack HTTP/1.1\r\nHost: gate\r\nContent-Type: application/x-git-receive-pack-request\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    crate::support::read_response(&mut s).await
+}
+
+/// A push request built packet by packet.
+#[derive(Default)]
+struct Framing(Vec<u8>);
+
+impl Framing {
+    fn line(mut self, text: &str) -> Self {
+        self.0.extend(pktline::pkt(text.as_bytes()));
+        self
+    }
+
+    fn flush(mut self) -> Self {
+        self.0.extend_from_slice(pktline::FLUSH);
+        self
+    }
+
+    fn raw(mut self, bytes: &[u8]) -> Self {
+        self.0.extend_from_slice(bytes);
+        self
+    }
+
+    /// A push certificate for `commands`, in the shape `git push --signed`
+    /// sends (the signature is not checked by anyone before the refusal).
+    fn certificate(self, commands: &[String]) -> Self {
+        let mut f = self
+            .line(&format!("push-cert\0{CAPS}"))
+            .line("certificate version 0.1\n")
+            .line("pusher agent <agent@bottle.invalid> 1700000000 +0000\n")
+            .line("pushee http://gate/work.git\n")
+            .line("nonce 1700000000-0123456789abcdef\n")
+            .line("\n");
+        for c in commands {
+            f = f.line(&format!("{c}\n"));
+        }
+        f.line("-----BEGIN PGP SIGNATURE-----\n")
+            .line("iQEzBAABCAAdFiEEbottlebottlebottlebottle\n")
+            .line("-----END PGP SIGNATURE-----\n")
+            .line("push-cert-end\n")
+    }
+}
+
+const CAPS: &str = "report-status side-band-64k agent=git/2.47";
+const ZERO: &str = "0000000000000000000000000000000000000000";
+
+/// A clone with one new commit on `main`, and the pack that carries it.
+struct NewCommit {
+    old: String,
+    new: String,
+    pack: Vec<u8>,
+}
+
+fn new_commit(s: &Scratch, gate: &Gate) -> NewCommit {
+    let home = s.home();
+    let clone = clone_and_commit(s, gate, "crafted");
+    let old = git_ok(&clone, &home, &["rev-parse", "origin/main"])
+        .trim()
+        .to_string();
+    let new = git_ok(&clone, &home, &["rev-parse", "HEAD"])
+        .trim()
+        .to_string();
+    let mut spec = CommandSpec::new("git")
+        .args(["pack-objects", "--stdout", "--revs", "-q"])
+        .env("HOME", &home)
+        .env("GIT_CONFIG_NOSYSTEM", "1");
+    spec.cwd = Some(clone);
+    spec.stdin = Some(format!("{new}\n^{old}\n").into_bytes());
+    let out = tokio::task::block_in_place(|| SystemRunner.run(&spec)).unwrap();
+    assert!(out.success(), "{}", out.stderr_text());
+    assert!(out.stdout.starts_with(b"PACK"));
+    NewCommit {
+        old,
+        new,
+        pack: out.stdout,
+    }
+}
+
+/// The report and side-band text of a refusal the gate answered.
+fn refusal(resp: &crate::support::Resp) -> pktline::Report {
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    pktline::parse_report(&resp.body, true)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signed_pushes_are_refused_before_receive_pack_and_audited_with_their_refs() {
+    let s = Scratch::new();
+    let home = s.home();
+    let bare = s.bare("work");
+    let gate = Gate::start(s.path(), vec![served("work", &bare, GitMode::ReadWrite)]).await;
+    let c = new_commit(&s, &gate);
+    let before = refs(&home, &bare);
+    let to_main = format!("{} {} refs/heads/main", c.old, c.new);
+    let to_allowed = format!("{ZERO} {} refs/heads/agent/x", c.new);
+
+    // To an allowed branch: the push rules alone would let it through.
+    let body = Framing::default()
+        .certificate(std::slice::from_ref(&to_allowed))
+        .flush()
+        .raw(&c.pack);
+    let report = refusal(&raw_push(&gate, "work.git", &body.0).await);
+    assert_eq!(
+        report.refs,
+        [(
+            "refs/heads/agent/x".to_string(),
+            Some("bottle: signed push".to_string())
+        )]
+    );
+    assert!(
+        report.messages.contains("signed pushes are not accepted"),
+        "{}",
+        report.messages
+    );
+    assert!(report.messages.contains("fix: push without --signed"));
+
+    // To the protected branch, in the certificate.
+    let body = Framing::default()
+        .certificate(std::slice::from_ref(&to_main))
+        .flush()
+        .raw(&c.pack);
+    let report = refusal(&raw_push(&gate, "work.git", &body.0).await);
+    assert_eq!(report.refs.len(), 1, "{report:?}");
+    assert_eq!(report.refs[0].0, "refs/heads/main");
+    assert!(
+        report
+            .messages
+            .contains("pushing to refs/heads/main in work is not allowed")
+    );
+
+    // An allowed ref in the certificate and the protected one after it.
+    let body = Framing::default()
+        .certificate(std::slice::from_ref(&to_allowed))
+        .line(&to_main)
+        .flush()
+        .raw(&c.pack);
+    let report = refusal(&raw_push(&gate, "work.git", &body.0).await);
+    let named: Vec<&str> = report.refs.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(named, ["refs/heads/agent/x", "refs/heads/main"]);
+    assert!(report.refs.iter().all(|(_, ng)| ng.is_some()));
+
+    assert_eq!(refs(&home, &bare), before);
+    let pushes = gate.lines("work", "push");
+    let seen: Vec<(&str, &str)> = pushes
+        .iter()
+        .map(|r| (r.reason.as_str(), r.rule.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("signed_push: refs/heads/agent/x", "refs/heads/agent/x"),
+            ("signed_push: refs/heads/main", "refs/heads/main"),
+            (
+                "signed_push: refs/heads/agent/x",
+                "refs/heads/agent/x refs/heads/main"
+            ),
+        ],
+        "{pushes:#?}"
+    );
+    assert!(pushes.iter().all(|r| r.decision == Decision::Deny));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shallow_pushes_work_and_framing_outside_the_grammar_is_refused() {
+    let s = Scratch::new();
+    let home = s.home();
+    let bare = s.bare("work");
+    let gate = Gate::start(s.path(), vec![served("work", &bare, GitMode::ReadWrite)]).await;
+
+    // A push from a shallow clone sends `shallow` lines before its commands.
+    let shallow = s.path().join("shallow");
+    git_ok(
+        s.path(),
+        &home,
+        &[
+            "clone",
+            "-q",
+            "--depth",
+            "1",
+            &gate.url("work.git"),
+            shallow.to_str().unwrap(),
+        ],
+    );
+    std::fs::write(shallow.join("change"), "shallow\n").unwrap();
+    git_ok(&shallow, &home, &["add", "change"]);
+    git_ok(
+        &shallow,
+        &home,
+        &["commit", "-q", "-m", "from a shallow clone"],
+    );
+    git_ok(
+        &shallow,
+        &home,
+        &["push", "-q", "origin", "HEAD:agent/shallow"],
+    );
+    let head = git_ok(&shallow, &home, &["rev-parse", "HEAD"]);
+    assert_eq!(refs(&home, &bare)["refs/heads/agent/shallow"], head.trim());
+
+    let c = new_commit(&s, &gate);
+    let before = refs(&home, &bare);
+    let allowed = format!("{ZERO} {} refs/heads/agent/y", c.new);
+    let first = format!("{allowed}\0{CAPS}\n");
+    let garbled: Vec<(&str, Framing, &str)> = vec![
+        (
+            // receive-pack takes these anywhere; the grammar puts them first.
+            "a shallow line after a command",
+            Framing::default()
+                .line(&first)
+                .line(&format!("shallow {}", c.old))
+                .flush()
+                .raw(&c.pack),
+            "a shallow line comes after a command",
+        ),
+        (
+            // receive-pack reads capabilities from any line.
+            "capabilities on a second line",
+            Framing::default()
+                .line(&first)
+                .line(&format!("{ZERO} {} refs/heads/agent/z\0quiet", c.new))
+                .flush()
+                .raw(&c.pack),
+            "capabilities are only allowed on the first command line",
+        ),
+        (
+            "a garbled command",
+            Framing::default()
+                .line(&first)
+                .line("delete everything")
+                .flush()
+                .raw(&c.pack),
+            "\"delete everything\" is not an `old-oid new-oid refname` command",
+        ),
+        (
+            "a delimiter packet",
+            Framing::default()
+                .line(&first)
+                .raw(b"0001")
+                .line(&format!("{} {} refs/heads/main", c.old, c.new))
+                .flush()
+                .raw(&c.pack),
+            "unexpected delimiter packet in the command list",
+        ),
+        (
+            "no packfile after the commands",
+            Framing::default().line(&first).flush().raw(b"JUNKJUNK"),
+            "is not a packfile",
+        ),
+    ];
+    for (name, body, said) in garbled {
+        let report = refusal(&raw_push(&gate, "work.git", &body.0).await);
+        assert!(
+            report.messages.contains(said),
+            "{name}: {}",
+            report.messages
+        );
+        assert!(report.messages.contains("fix:"), "{name}");
+        assert!(report.refs.iter().all(|(_, ng)| ng.is_some()), "{name}");
+    }
+
+    // Without capabilities there is no report to shape: git's ERR packet.
+    let body = Framing::default().line(&allowed).flush().raw(&c.pack);
+    let resp = raw_push(&gate, "work.git", &body.0).await;
+    assert_eq!(resp.status, 200);
+    assert!(
+        resp.text()
+            .contains("ERR bottle git-gate: the push request is malformed: the first command line carries no capabilities"),
+        "{}",
+        resp.text()
+    );
+
+    assert_eq!(refs(&home, &bare), before);
+    let pushes = gate.lines("work", "push");
+    let reasons: Vec<(&str, &str)> = pushes
+        .iter()
+        .map(|r| (r.reason.as_str(), r.rule.as_str()))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("allowed", "refs/heads/agent/shallow"),
+            ("malformed_request", "refs/heads/agent/y"),
+            ("malformed_request", "refs/heads/agent/y"),
+            ("malformed_request", "refs/heads/agent/y"),
+            ("malformed_request", "refs/heads/agent/y"),
+            ("malformed_request", "refs/heads/agent/y"),
+            ("malformed_request", ""),
+        ],
+        "{pushes:#?}"
+    );
 }

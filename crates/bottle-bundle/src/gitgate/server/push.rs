@@ -1,5 +1,6 @@
-//! `POST git-receive-pack`: a push. The command list at the start of the
-//! request is checked against the push rules before receive-pack runs; what
+//! `POST git-receive-pack`: a push. The request's framing is read in full
+//! and every ref update in it checked against the push rules before
+//! receive-pack runs (signed pushes and push options are refused); what
 //! passes goes to receive-pack with the `pre-receive` hook, whose result
 //! (with receive-pack's report-status) makes the audit line.
 
@@ -19,6 +20,7 @@ use crate::body::{BoxBody, full};
 use crate::gitgate::command::Service;
 use crate::gitgate::hook::{HookResult, HookSpec};
 use crate::gitgate::pktline;
+use crate::gitgate::push_request::{self, Malformed, PushRequest};
 use crate::gitgate::push_rules::{Refusal, RefusalKind, RepoPolicy, merged_repo};
 
 impl GitGate {
@@ -38,6 +40,49 @@ impl GitGate {
                 (repo.config.clone(), repo.policy.clone())
             }
         }
+    }
+
+    /// Answers a request whose framing the gate does not accept: in
+    /// git's report-status when the client asked for one (so `git push`
+    /// shows the reason), else as an `ERR` packet.
+    async fn refuse_malformed(
+        &self,
+        malformed: Malformed,
+        input: &mut BodyInput,
+        deny: impl Fn(&str) -> Entry,
+        start: Instant,
+    ) -> Response<BoxBody> {
+        let Malformed { error, partial } = malformed;
+        let message = format!("the push request is malformed: {error}");
+        let body = if partial.wants_report() {
+            let refusals = request_refusals(&partial, RefusalKind::Malformed, &message);
+            pktline::refusal_response(&partial, &refusals)
+        } else {
+            pktline::error_packet(&message)
+        };
+        let mut e = deny(RefusalKind::Malformed.as_str());
+        e.refs = partial.refs();
+        self.answer_refusal(e, body, input, start).await
+    }
+
+    /// Sends a refusal in git's framing after reading the rest of the
+    /// request, so the client sees the answer rather than a broken pipe
+    /// (the size cap and the idle timeout bound the reading).
+    async fn answer_refusal(
+        &self,
+        mut e: Entry,
+        body: Vec<u8>,
+        input: &mut BodyInput,
+        start: Instant,
+    ) -> Response<BoxBody> {
+        while let Ok(Some(_)) = input.next().await {}
+        e.bytes_up = input.seen;
+        e.bytes_down = body.len() as u64;
+        self.write_audit(e, StatusCode::OK, start);
+        git_response(
+            &format!("application/x-{}-result", Service::ReceivePack.name()),
+            full(body),
+        )
     }
 
     pub(super) async fn receive_pack(
@@ -67,18 +112,21 @@ impl GitGate {
             Err(resp) => return resp,
         };
         let mut head = Vec::new();
-        let cmds = loop {
-            match pktline::parse_commands(&head) {
-                Ok(Some((cmds, _))) => break cmds,
-                Ok(None) => {}
-                Err(e) => {
-                    let message = format!("the push request is malformed: {e}");
-                    return self.refuse(
-                        deny(RefusalKind::Malformed.as_str()),
-                        StatusCode::BAD_REQUEST,
-                        &message,
-                        start,
-                    );
+        let mut ended = false;
+        // Parsing starts over from the first byte, so it runs again only
+        // once the buffer has doubled (or the body ended): linear in all.
+        let mut parse_at = 1;
+        let req = loop {
+            if ended || head.len() >= parse_at {
+                parse_at = head.len() * 2;
+                match push_request::parse_push_request(&head, ended) {
+                    Ok(Some(req)) => break req,
+                    Ok(None) => {}
+                    Err(malformed) => {
+                        return self
+                            .refuse_malformed(malformed, &mut input, deny, start)
+                            .await;
+                    }
                 }
             }
             if head.len() > self.limits.max_command_bytes {
@@ -95,14 +143,7 @@ impl GitGate {
             }
             match input.next().await {
                 Ok(Some(chunk)) => head.extend_from_slice(&chunk),
-                Ok(None) => {
-                    return self.refuse(
-                        deny(RefusalKind::Malformed.as_str()),
-                        StatusCode::BAD_REQUEST,
-                        "the push request ended inside its command list",
-                        start,
-                    );
-                }
+                Ok(None) => ended = true,
                 Err(e) => {
                     return self.refuse(
                         deny(RefusalKind::Malformed.as_str()),
@@ -113,50 +154,37 @@ impl GitGate {
                 }
             }
         };
-        let refs = cmds
-            .updates
-            .iter()
-            .map(|u| u.refname.as_str())
-            .collect::<Vec<_>>()
-            .join(" ");
-        if !cmds.wants_report() {
+        let refs = req.refs();
+        if !req.wants_report() {
             let mut e = deny(RefusalKind::Malformed.as_str());
             e.refs = refs;
-            return self.refuse(
-                e,
-                StatusCode::BAD_REQUEST,
+            let body = pktline::error_packet(
                 "the push does not ask for report-status; fix: push with a git client",
-                start,
             );
+            return self.answer_refusal(e, body, &mut input, start).await;
         }
-        let mut refusals: Vec<Refusal> = if cmds.push_cert {
-            cmds.updates
-                .iter()
-                .map(|u| Refusal {
-                    kind: RefusalKind::Malformed,
-                    refname: u.refname.clone(),
-                    message: "signed pushes are not supported; fix: push without --signed".into(),
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let mut refusals = Vec::new();
+        if req.signed {
+            refusals.extend(request_refusals(
+                &req,
+                RefusalKind::SignedPush,
+                "signed pushes are not accepted: the gate does not verify push certificates; fix: push without --signed",
+            ));
+        }
+        if req.has_cap("push-options") {
+            refusals.extend(request_refusals(
+                &req,
+                RefusalKind::PushOptions,
+                "push options are not accepted; fix: push without -o/--push-option",
+            ));
+        }
         let (rules, policy) = self.effective_rules(&repo);
-        refusals.extend(cmds.updates.iter().filter_map(|u| policy.check(u).err()));
+        refusals.extend(req.updates.iter().filter_map(|u| policy.check(u).err()));
         if let Some(first) = refusals.first() {
-            // Read the rest so the client sees our answer rather than a
-            // broken pipe; the cap and the idle timeout bound this.
-            while let Ok(Some(_)) = input.next().await {}
-            let mut e = deny(&format!("{}: {}", first.kind.as_str(), first.refname));
+            let mut e = deny(&refusal_reason(first));
             e.refs = refs;
-            e.bytes_up = input.seen;
-            let body = pktline::refusal_response(&cmds, &refusals);
-            e.bytes_down = body.len() as u64;
-            self.write_audit(e, StatusCode::OK, start);
-            return git_response(
-                &format!("application/x-{}-result", Service::ReceivePack.name()),
-                full(body),
-            );
+            let body = pktline::refusal_response(&req, &refusals);
+            return self.answer_refusal(e, body, &mut input, start).await;
         }
         let lock = match &repo.config.upstream {
             Some(_) => Some(repo.lock.clone().lock_owned().await),
@@ -187,7 +215,7 @@ impl GitGate {
             self.limits.max_push_bytes,
             Some(&spec),
         );
-        let sideband = cmds.sideband().is_some();
+        let sideband = req.sideband().is_some();
         let gate = self.clone();
         let p = path.clone();
         let n = name.clone();
@@ -221,6 +249,29 @@ impl GitGate {
                 )
             }
         }
+    }
+}
+
+/// A refusal of the whole request, once per ref it names (so each gets
+/// its `ng`), or once with no ref when it names none.
+fn request_refusals(req: &PushRequest, kind: RefusalKind, message: &str) -> Vec<Refusal> {
+    let refusal = |refname: &str| Refusal {
+        kind,
+        refname: refname.to_string(),
+        message: message.to_string(),
+    };
+    if req.updates.is_empty() {
+        return vec![refusal("")];
+    }
+    req.updates.iter().map(|u| refusal(&u.refname)).collect()
+}
+
+/// The audit reason for a refusal: its kind, then the ref it names.
+fn refusal_reason(r: &Refusal) -> String {
+    if r.refname.is_empty() {
+        r.kind.as_str().to_string()
+    } else {
+        format!("{}: {}", r.kind.as_str(), r.refname)
     }
 }
 
