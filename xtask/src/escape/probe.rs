@@ -391,6 +391,8 @@ mod tests {
             denied_host: "denied.bottle.test".into(),
             credential_host: String::new(),
             supervise_url: String::new(),
+            git_gate_url: String::new(),
+            git_repo: String::new(),
             rebind_hosts: vec![],
             canary_names: vec![],
         }

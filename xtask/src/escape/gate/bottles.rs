@@ -189,6 +189,8 @@ impl Gate {
             denied_host: "denied.bottle.test".into(),
             credential_host: fixture::credential_host(&me.key),
             supervise_url: bottle_core::bundle::supervise_url(&me.bundle_ip),
+            git_gate_url: String::new(),
+            git_repo: String::new(),
             rebind_hosts: rebind,
             canary_names: self.canary_names(),
         }
