@@ -76,6 +76,14 @@ pub struct Targets {
     /// (`http://<bundle>:9100/mcp`; empty: no supervise probes).
     #[serde(default)]
     pub supervise_url: String,
+    /// The bottle's git-gate base URL as the agent sees it
+    /// (`$GIT_GATE_URL`, `http://<bundle>:9418`; empty: no git probes).
+    #[serde(default)]
+    pub git_gate_url: String,
+    /// The repository the git probes push to, served read-write with
+    /// `push = ["agent/*"]` (`<git_gate_url>/<git_repo>.git`).
+    #[serde(default)]
+    pub git_repo: String,
     /// Allowed names the run's resolver maps to forbidden addresses:
     /// loopback, metadata, the bundle itself, a private range.
     pub rebind_hosts: Vec<String>,
@@ -104,7 +112,7 @@ pub struct ProbeResult {
     /// Stable probe name, e.g. `tcp-internet-v4`.
     pub probe: String,
     /// Category: `network`, `dns`, `proxy`, `filesystem`, `kernel`,
-    /// `privilege`, `resources`, `secrets`.
+    /// `privilege`, `resources`, `secrets`, `operator`, `git`.
     pub category: String,
     /// What was attempted and what counts as blocked, for the report.
     pub expected: String,
@@ -137,3 +145,17 @@ pub const TERMINAL_ACTIVE: &[char] = &[
     '\u{1b}', '\u{7}', '\u{7f}', '\u{9b}', '\u{9c}', '\u{9d}', '\u{202e}', '\u{2066}', '\u{2069}',
     '\u{2028}', '\u{2029}',
 ];
+
+/// The ref the git probe `kind` creates (`control`: the plain push that
+/// must land; `signed`: the one wrapped in a push certificate, which must
+/// not), named after the run's token so the harness can look for it in
+/// the host's bare repository: `refs/heads/agent/probe-<kind>-<token>`.
+pub fn git_probe_ref(kind: &str, token: &str) -> String {
+    let tag: String = token
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(24)
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    format!("refs/heads/agent/probe-{kind}-{tag}")
+}

@@ -118,6 +118,54 @@ pub(crate) fn status(reply: &[u8]) -> Option<u16> {
     parts.next()?.parse().ok()
 }
 
+/// The body of a whole HTTP/1.1 response read until close: de-chunked
+/// when it says `Transfer-Encoding: chunked`, cut to `Content-Length` when
+/// it has one, else everything after the head.
+pub(crate) fn body(reply: &[u8]) -> Result<Vec<u8>, String> {
+    let end = reply
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or("no complete response head")?;
+    let head = String::from_utf8_lossy(&reply[..end]).to_ascii_lowercase();
+    let rest = &reply[end + 4..];
+    let header = |name: &str| {
+        head.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            (k.trim() == name).then(|| v.trim().to_string())
+        })
+    };
+    if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        let mut out = Vec::new();
+        let mut at = rest;
+        loop {
+            let line_end = at
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .ok_or("a chunk size line is cut off")?;
+            let size = std::str::from_utf8(&at[..line_end])
+                .ok()
+                .map(|l| l.split(';').next().unwrap_or(l).trim())
+                .and_then(|l| usize::from_str_radix(l, 16).ok())
+                .ok_or("a chunk size is not hex")?;
+            at = &at[line_end + 2..];
+            if size == 0 {
+                return Ok(out);
+            }
+            let chunk = at.get(..size).ok_or("a chunk is cut off")?;
+            out.extend_from_slice(chunk);
+            at = at.get(size + 2..).ok_or("a chunk is cut off")?;
+        }
+    }
+    match header("content-length").map(|v| v.parse::<usize>()) {
+        Some(Ok(len)) => rest
+            .get(..len)
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| format!("the body is cut off ({} of {len} bytes)", rest.len())),
+        Some(Err(_)) => Err("Content-Length is not a number".into()),
+        None => Ok(rest.to_vec()),
+    }
+}
+
 /// Resolves a `host:port` (used only for the proxy address, which the
 /// harness gives as an IP; a name goes through the system resolver).
 pub(crate) fn resolve_one(host_port: &str) -> Result<SocketAddr, String> {
@@ -188,6 +236,19 @@ mod tests {
         assert_eq!(authority("2001:db8::10", 80), "[2001:db8::10]:80");
         assert_eq!(authority("a.test", 443), "a.test:443");
         assert_eq!(url_host("2001:db8::10"), "[2001:db8::10]");
+    }
+
+    #[test]
+    fn bodies_are_de_chunked_and_cut_to_their_length() {
+        let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n";
+        assert_eq!(body(chunked).unwrap(), b"abcde");
+        let sized = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhello";
+        assert_eq!(body(sized).unwrap(), b"he");
+        let until_close = b"HTTP/1.0 200 OK\r\n\r\nall of it";
+        assert_eq!(body(until_close).unwrap(), b"all of it");
+        assert!(body(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort").is_err());
+        assert!(body(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab").is_err());
+        assert!(body(b"HTTP/1.1 200").is_err());
     }
 
     #[test]

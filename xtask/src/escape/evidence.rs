@@ -3,7 +3,10 @@
 //! probed. A connection or query the allowlist does not explain is an
 //! escape, whatever the probe in the bottle printed.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use bottle_probe::contract::git_probe_ref;
 
 use super::canary::{Hit, Proto};
 use super::dns::Recorded;
@@ -149,6 +152,74 @@ pub(crate) fn secret_row(
         detector,
         detail,
     )
+}
+
+/// `git for-each-ref --format='%(refname) %(objectname)'` as a map.
+pub(crate) fn parse_refs(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.trim().split_once(' '))
+        .map(|(name, oid)| (name.to_string(), oid.to_string()))
+        .collect()
+}
+
+/// The host's side of the git probes: what the bottle's bare repository
+/// holds after them (`refs`), against the `main` the harness seeded. The
+/// plain push's ref must be there at `main` (the control of the other
+/// rows, also returned); the signed push's ref must not, and `main` must
+/// not have moved.
+pub(crate) fn git_rows(
+    phase: &str,
+    refs: &BTreeMap<String, String>,
+    seeded_main: &str,
+    token: &str,
+) -> (Vec<Row>, bool) {
+    let control_ref = git_probe_ref("control", token);
+    let signed_ref = git_probe_ref("signed", token);
+    let control = refs.get(&control_ref).map(String::as_str) == Some(seeded_main);
+    let main = refs.get("refs/heads/main").map(String::as_str);
+    let reached = |hit: bool| {
+        if hit {
+            Observed::Reached
+        } else {
+            Observed::Blocked
+        }
+    };
+    let rows = vec![
+        Row::new(
+            phase,
+            "git-control-ref-on-host",
+            "control",
+            Expect::Reached,
+            reached(control),
+            None,
+            format!(
+                "{control_ref} in the host's bare repository: {:?} (main was {seeded_main})",
+                refs.get(&control_ref)
+            ),
+        ),
+        Row::new(
+            phase,
+            "git-signed-ref-on-host",
+            "git",
+            Expect::Blocked,
+            reached(refs.contains_key(&signed_ref)),
+            Some(control),
+            format!(
+                "{signed_ref} in the host's bare repository: {:?}",
+                refs.get(&signed_ref)
+            ),
+        ),
+        Row::new(
+            phase,
+            "git-main-on-host",
+            "git",
+            Expect::Blocked,
+            reached(main != Some(seeded_main)),
+            Some(control),
+            format!("refs/heads/main is {main:?}, seeded at {seeded_main}"),
+        ),
+    ];
+    (rows, control)
 }
 
 /// What the DNS recorder may legitimately see during a probing phase.
@@ -342,6 +413,42 @@ mod tests {
         assert_eq!(row.verdict, Verdict::Pass, "{row:?}");
         let row = secret_row("p", "credential", &[clean], "s3cret", Some(false));
         assert_eq!(row.verdict, Verdict::ControlFailed, "{row:?}");
+    }
+
+    #[test]
+    fn git_refs_on_the_host_judge_the_signed_pushes_by_the_plain_one() {
+        let main = "1".repeat(40);
+        let control = git_probe_ref("control", "tok");
+        let verdicts = |text: &str| {
+            let (rows, ok) = git_rows("p", &parse_refs(text), &main, "tok");
+            let v: Vec<(String, Verdict)> =
+                rows.into_iter().map(|r| (r.probe, r.verdict)).collect();
+            (v, ok)
+        };
+        let held = format!("refs/heads/main {main}\n{control} {main}\n");
+        assert_eq!(
+            verdicts(&held),
+            (
+                vec![
+                    ("git-control-ref-on-host".into(), Verdict::Pass),
+                    ("git-signed-ref-on-host".into(), Verdict::Pass),
+                    ("git-main-on-host".into(), Verdict::Pass),
+                ],
+                true
+            )
+        );
+        let signed = git_probe_ref("signed", "tok");
+        let leaked = format!(
+            "refs/heads/main {}\n{control} {main}\n{signed} {main}\n",
+            "2".repeat(40)
+        );
+        let (v, _) = verdicts(&leaked);
+        assert_eq!(v[1].1, Verdict::Escape);
+        assert_eq!(v[2].1, Verdict::Escape);
+        // Without the control's ref, a clean repository proves nothing.
+        let (v, ok) = verdicts(&format!("refs/heads/main {main}\n"));
+        assert!(!ok);
+        assert!(v.iter().all(|(_, v)| *v == Verdict::ControlFailed), "{v:?}");
     }
 
     fn allowance() -> Allowance {

@@ -26,6 +26,18 @@ pub(crate) fn credential_host(agent: &str) -> String {
 /// The header the bundle sets on the credential host's requests.
 pub(crate) const CREDENTIAL_HEADER: &str = "x-bottle-canary-credential";
 
+/// The repository every agent is served through its git-gate
+/// (`$GIT_GATE_URL/probe.git`): read-write, pushes only to `agent/*`.
+pub(crate) const GIT_REPO: &str = "probe";
+
+/// The branch globs the agents may push to.
+pub(crate) const GIT_PUSH: &str = "agent/*";
+
+/// `agent`'s host-side bare repository under `git_root`.
+pub(crate) fn git_repo_path(git_root: &Path, agent: &str) -> PathBuf {
+    git_root.join(format!("{agent}.git"))
+}
+
 /// The rebinding name that resolves to `agent`'s own bundle.
 pub(crate) fn rebind_bundle_host(agent: &str) -> String {
     format!("rebind-bundle-{}.{ZONE}", short(agent))
@@ -90,12 +102,14 @@ impl AgentSource {
 /// allowed host and credential host are pinned to `pin` (the internet
 /// canary), so the bundle never looks them up; the rebinding names are not
 /// pinned and go through the Engine's resolver to the DNS recorder. The
-/// credential's secret is read from `credential`.
+/// credential's secret is read from `credential`. Each agent's git
+/// repository is its bare repository under `git_root`.
 pub(crate) fn manifest(
     source: &AgentSource,
     agents: &[AgentDef],
     pin: &str,
     credential: &Path,
+    git_root: &Path,
 ) -> String {
     let mut out =
         String::from("# Written by `cargo xtask sandbox-escape` for one run.\nversion = 1\n");
@@ -120,8 +134,10 @@ pub(crate) fn manifest(
             "\n[agents.{key}]\n{source}\ncommand = [\"/bin/sh\"]\n\n\
              [agents.{key}.egress]\nallow = [{allow}]\nports = [{ports}]\nresolve = {{ {pinned:?} = {pin:?}, {cred:?} = {pin:?} }}\n\n\
              [[agents.{key}.credentials]]\nname = \"canary\"\nsource = {{ file = {file:?} }}\nhost = {cred:?}\nheader = \"{CREDENTIAL_HEADER}\"\n\n\
+             [[agents.{key}.git]]\nname = \"{GIT_REPO}\"\nurl = {repo:?}\nmode = \"read-write\"\npush = [\"{GIT_PUSH}\"]\n\n\
              [agents.{key}.limits]\nmemory = \"{MEMORY}\"\npids = {PIDS}\n",
             key = agent.key,
+            repo = git_repo_path(git_root, &agent.key).display().to_string(),
             pinned = allowed_host(&agent.key),
             cred = credential_host(&agent.key),
             file = credential.display().to_string(),
@@ -176,6 +192,7 @@ mod tests {
             &agents,
             "198.51.100.10",
             Path::new("/tmp/credential"),
+            Path::new("/tmp/git"),
         );
         let expected = r#"# Written by `cargo xtask sandbox-escape` for one run.
 version = 1
@@ -195,6 +212,12 @@ source = { file = "/tmp/credential" }
 host = "cred-a.bottle.test"
 header = "x-bottle-canary-credential"
 
+[[agents.escape-a.git]]
+name = "probe"
+url = "/tmp/git/escape-a.git"
+mode = "read-write"
+push = ["agent/*"]
+
 [agents.escape-a.limits]
 memory = "256m"
 pids = 128
@@ -213,6 +236,12 @@ name = "canary"
 source = { file = "/tmp/credential" }
 host = "cred-p1.bottle.test"
 header = "x-bottle-canary-credential"
+
+[[agents.escape-p1.git]]
+name = "probe"
+url = "/tmp/git/escape-p1.git"
+mode = "read-write"
+push = ["agent/*"]
 
 [agents.escape-p1.limits]
 memory = "256m"
@@ -237,6 +266,7 @@ pids = 128
                 &agents,
                 "198.51.100.10",
                 &dir.path().join("credential"),
+                &dir.path().join("git"),
             ),
         )
         .unwrap();
@@ -244,6 +274,14 @@ pids = 128
         let agent = &parsed.agents["escape-a"];
         assert_eq!(agent.egress.allow.len(), 6);
         assert_eq!(agent.credentials[0].host, "cred-a.bottle.test");
+        let git = &agent.git[0];
+        assert_eq!(git.name, GIT_REPO);
+        assert_eq!(
+            git.url,
+            dir.path().join("git/escape-a.git").display().to_string()
+        );
+        assert_eq!(git.mode, bottle_core::manifest::GitMode::ReadWrite);
+        assert_eq!(git.push, [GIT_PUSH]);
         assert_eq!(agent.limits.pids, Some(128));
         std::fs::write(
             &path,
@@ -252,6 +290,7 @@ pids = 128
                 &agents,
                 "198.51.100.10",
                 &dir.path().join("credential"),
+                &dir.path().join("git"),
             ),
         )
         .unwrap();

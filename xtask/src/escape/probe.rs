@@ -11,9 +11,12 @@ use super::report::{Expect, Observed, Row};
 use super::sys::Output;
 
 /// In-bottle probes that must *reach* their target: the proxy's positive
-/// control (the allowlisted host through the bundle). Every other in-bottle
-/// probe must be blocked.
-pub(crate) const IN_BOTTLE_CONTROLS: &[&str] = &["proxy-allowed-control"];
+/// control (the allowlisted host through the bundle) and git-gate's (a
+/// plain push to an allowed branch lands). Every other in-bottle probe
+/// must be blocked. Both go through the bundle, so after a fault they are
+/// expected blocked too; the git probes are not re-run after faults at
+/// all (their category is neither network nor proxy).
+pub(crate) const IN_BOTTLE_CONTROLS: &[&str] = &["proxy-allowed-control", "git-push-plain-control"];
 
 /// Whether an in-bottle result is a positive control.
 pub(crate) fn is_in_bottle_control(result: &ProbeResult) -> bool {
@@ -223,6 +226,7 @@ pub(crate) fn control_config(
     targets.other_bundle = other_bundle_stand_in.to_string();
     targets.other_agent = String::new();
     targets.proxy = String::new();
+    targets.git_gate_url = String::new();
     ProbeConfig {
         token: token.to_string(),
         control: true,
@@ -320,11 +324,12 @@ mod tests {
             line("c", "reached"),
             line("d", "error"),
             line("proxy-allowed-control", "reached"),
+            line("git-push-plain-control", "blocked"),
         ]
         .join("\n");
         let (rows, results) =
             bottle_rows("A", &out(text.clone()), &controls, &BTreeMap::new(), true);
-        assert_eq!(results.len(), 5);
+        assert_eq!(results.len(), 6);
         let verdicts: Vec<Verdict> = rows.iter().map(|r| r.verdict).collect();
         assert_eq!(
             verdicts,
@@ -333,9 +338,11 @@ mod tests {
                 Verdict::ControlFailed,
                 Verdict::Escape,
                 Verdict::Error,
-                Verdict::Pass
+                Verdict::Pass,
+                Verdict::ControlFailed
             ]
         );
+        assert_eq!(rows[5].category, "control");
         // With the bundle gone the proxy must fail as well.
         let (rows, _) = bottle_rows("A", &out(text), &controls, &BTreeMap::new(), false);
         assert_eq!(rows[4].verdict, Verdict::Escape);
@@ -391,6 +398,8 @@ mod tests {
             denied_host: "denied.bottle.test".into(),
             credential_host: String::new(),
             supervise_url: String::new(),
+            git_gate_url: String::new(),
+            git_repo: String::new(),
             rebind_hosts: vec![],
             canary_names: vec![],
         }

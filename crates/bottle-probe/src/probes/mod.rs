@@ -8,6 +8,7 @@
 
 mod dns;
 mod filesystem;
+mod git;
 mod kernel;
 mod network;
 mod operator;
@@ -197,6 +198,7 @@ pub fn catalogue(config: &ProbeConfig) -> Vec<Probe> {
     all.extend(privilege::probes());
     all.extend(secrets::probes());
     all.extend(operator::probes());
+    all.extend(git::probes());
     all.extend(resources::probes());
     all
 }

@@ -188,6 +188,8 @@ pub(crate) fn canaries() -> &'static Canaries {
             denied_host: "denied.bottle.test".into(),
             credential_host: String::new(),
             supervise_url: String::new(),
+            git_gate_url: String::new(),
+            git_repo: String::new(),
             rebind_hosts: vec!["rebind-loopback.bottle.test".into()],
             canary_names: vec!["leak.canary.bottle.test".into()],
         };
@@ -277,6 +279,8 @@ pub(crate) fn canaries_targets_without_listeners() -> Targets {
         denied_host: "denied.bottle.test".into(),
         credential_host: String::new(),
         supervise_url: String::new(),
+        git_gate_url: String::new(),
+        git_repo: String::new(),
         rebind_hosts: Vec::new(),
         canary_names: vec!["leak.canary.bottle.test".into()],
     }

@@ -11,6 +11,7 @@
 )]
 
 mod fixture;
+mod git;
 mod network;
 mod operator;
 mod output;

@@ -189,6 +189,12 @@ impl Gate {
             denied_host: "denied.bottle.test".into(),
             credential_host: fixture::credential_host(&me.key),
             supervise_url: bottle_core::bundle::supervise_url(&me.bundle_ip),
+            git_gate_url: format!(
+                "http://{}:{}",
+                me.bundle_ip,
+                bottle_core::bundle::GIT_GATE_PORT
+            ),
+            git_repo: fixture::GIT_REPO.into(),
             rebind_hosts: rebind,
             canary_names: self.canary_names(),
         }

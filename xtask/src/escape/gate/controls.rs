@@ -59,6 +59,8 @@ impl Gate {
             denied_host: "denied.bottle.test".into(),
             credential_host: String::new(),
             supervise_url: String::new(),
+            git_gate_url: String::new(),
+            git_repo: String::new(),
             rebind_hosts: fixture::REBIND_HOSTS
                 .iter()
                 .map(|s| s.to_string())

@@ -19,12 +19,14 @@
 //! probing phase and its evidence; `bottle_posture`: a bottle seen from
 //! the host; `faults`: the fault phases; `prepare`: what the run builds
 //! first; `leftovers`: what a run must not leave behind; `operator`: what
-//! agent text does to the operator's terminal.
+//! agent text does to the operator's terminal; `git_repos`: each agent's
+//! bare repository on the host, seeded and read back with real git.
 
 mod bottle_posture;
 mod bottles;
 mod controls;
 mod faults;
+mod git_repos;
 mod leftovers;
 mod operator;
 mod prepare;
@@ -68,6 +70,10 @@ const B: &str = "escape-b";
 const C: &str = "escape-c";
 const D: &str = "escape-d";
 const PARALLEL: &[&str] = &["escape-p1", "escape-p2", "escape-p3"];
+
+/// The in-bottle git probes whose control is the plain push's ref on the
+/// host (`git-push-plain-control` is an in-bottle control itself).
+const GIT_PROBES: &[&str] = &["git-push-signed", "git-push-cert-protected"];
 
 /// The probe aiming at the other bottle's proxy port.
 const OTHER_BUNDLE_PROBE: &str = "tcp-other-bundle";
@@ -144,6 +150,8 @@ struct Gate {
     /// Whether the host saw the credential's secret at the canaries (the
     /// control of every `credential-on-the-wire` row).
     credential_detector: Option<bool>,
+    /// Each agent's seeded `main` in its bare repository, by agent key.
+    git_seeds: BTreeMap<String, String>,
     report: Report,
 }
 
@@ -200,7 +208,13 @@ pub(crate) fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> 
         let manifest = work.join("bottle.toml");
         std::fs::write(
             &manifest,
-            fixture::manifest(&source, &agents, &canary::INTERNET.to_string(), &credential),
+            fixture::manifest(
+                &source,
+                &agents,
+                &canary::INTERNET.to_string(),
+                &credential,
+                &work.join("git"),
+            ),
         )?;
         let cli = BottleCli {
             bin: bottle_bin,
@@ -266,6 +280,12 @@ fn run_with_canaries(
     probe_bin: &Path,
     report: &mut Report,
 ) -> anyhow::Result<()> {
+    progress("seeding each agent's git repository");
+    let mut git_seeds = BTreeMap::new();
+    for key in [A, B, C, D].iter().chain(PARALLEL) {
+        let repo = fixture::git_repo_path(&work.join("git"), key);
+        git_seeds.insert(key.to_string(), git_repos::seed(sys.as_ref(), &repo)?);
+    }
     progress("canaries: interface, listeners, DNS recorder");
     let iface = Interface::create(sys.clone())?;
     iface.verify()?;
@@ -302,6 +322,7 @@ fn run_with_canaries(
         bottle_bridges: Vec::new(),
         config_seq: 0,
         credential_detector: None,
+        git_seeds,
         report: std::mem::take(report),
     };
     let result = gate.phases(options);

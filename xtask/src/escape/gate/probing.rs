@@ -118,6 +118,11 @@ impl Gate {
         let hits_before = self.listeners.hits().len();
         let dns_before = self.dns.queries().len();
         let out = self.exec_probe(bottle, &config)?;
+        if probes == ProbeSet::Full {
+            // Before the probe's rows: the host's refs are the control of
+            // its signed-push rows.
+            self.git_evidence(phase, &bottle.key)?;
+        }
         let queries = self.dns.queries()[dns_before..].to_vec();
         if probes.checks_dns_upstream() {
             let (row, ok) = evidence::upstream_control(
