@@ -94,6 +94,10 @@ pub struct Plan<D = ()> {
     pub pids: u32,
     /// CPU limit, if any.
     pub cpus: Option<f64>,
+    /// The cap on the agent's writable layer in bytes (`limits.disk`), if
+    /// any; the backend's `disk` line says whether and how it holds.
+    #[serde(default)]
+    pub disk_bytes: Option<u64>,
     /// The bottle's state dir.
     pub state_dir: PathBuf,
     /// Backend-specific lines for the summary (label, value).
@@ -148,6 +152,7 @@ impl Plan {
             memory_bytes: memory_bytes.unwrap_or(DEFAULT_MEMORY_BYTES),
             pids: agent.limits.pids.unwrap_or(DEFAULT_PIDS),
             cpus: agent.limits.cpus,
+            disk_bytes: agent.disk_bytes(),
             state_dir: spec.state_dir.clone(),
             backend_lines: Vec::new(),
             backend_data: (),
@@ -174,6 +179,7 @@ impl Plan {
             memory_bytes: self.memory_bytes,
             pids: self.pids,
             cpus: self.cpus,
+            disk_bytes: self.disk_bytes,
             state_dir: self.state_dir,
             backend_lines: self.backend_lines,
             backend_data,

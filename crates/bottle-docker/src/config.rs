@@ -464,6 +464,7 @@ pub(crate) mod tests {
             memory_bytes: 256 << 20,
             pids: 128,
             cpus: Some(1.5),
+            disk_bytes: None,
             state_dir: "/state/demo".into(),
             backend_lines: vec![],
             backend_data: sample_data(),
