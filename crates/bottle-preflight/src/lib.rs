@@ -34,7 +34,7 @@ pub use kernel::kernel_version;
 pub use report::Report;
 
 /// Every check id, in the order [`run_all`] reports them.
-pub const ALL_IDS: [&str; 7] = [
+pub const ALL_IDS: [&str; 8] = [
     platform::ID,
     kernel::ID,
     kvm::DEVICE_ID,
@@ -42,6 +42,7 @@ pub const ALL_IDS: [&str; 7] = [
     kvm::MODULE_ID,
     smolvm::ID,
     docker::ID,
+    docker::DISK_QUOTA_ID,
 ];
 
 /// Runs every check, in [`ALL_IDS`] order.
@@ -52,6 +53,19 @@ pub const ALL_IDS: [&str; 7] = [
 pub fn run_all(ctx: &Context<'_>) -> Vec<Check> {
     let smolvm = ctx.backend == BackendKind::Smolmachines;
     let docker = ctx.backend == BackendKind::Docker;
+    let daemon = settle(docker::ID, docker::TITLE, docker, docker::check_docker(ctx));
+    // The storage is asked only of a daemon that answered: otherwise the
+    // daemon check has already said why, and a second wait adds nothing.
+    let disk_quota = if daemon.status == Status::Fail {
+        Check::new(
+            docker::DISK_QUOTA_ID,
+            docker::DISK_QUOTA_TITLE,
+            Status::Skip,
+            "not checked: the docker daemon is not reachable".to_owned(),
+        )
+    } else {
+        docker::check_disk_quota(ctx)
+    };
     vec![
         platform::check_platform(ctx),
         settle(kernel::ID, kernel::TITLE, false, kernel::check_kernel(ctx)),
@@ -74,7 +88,8 @@ pub fn run_all(ctx: &Context<'_>) -> Vec<Check> {
             kvm::check_module(ctx),
         ),
         smolvm::check_smolvm(ctx),
-        settle(docker::ID, docker::TITLE, docker, docker::check_docker(ctx)),
+        daemon,
+        disk_quota,
     ]
 }
 

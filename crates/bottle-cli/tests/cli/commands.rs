@@ -131,7 +131,8 @@ fn doctor_reports_every_check_and_exits_by_its_verdict() {
             "kvm.access",
             "kvm.module",
             "smolvm.version",
-            "docker.daemon"
+            "docker.daemon",
+            "docker.disk_quota"
         ]
     );
     let failed = checks.iter().any(|c| c["status"] == "fail");
