@@ -88,9 +88,13 @@ impl LayerCap {
             (LayerCap::IfPquota { storage }, Some(bytes)) => {
                 format!("capped at {} ({storage}, pquota)", format_size(bytes))
             }
-            (LayerCap::Unsupported { storage }, _) => {
+            (LayerCap::Unsupported { storage }, None) => {
                 format!("NOT capped — {storage} cannot limit a container's writable layer")
             }
+            (LayerCap::Unsupported { storage }, Some(bytes)) => format!(
+                "NOT capped — {storage} cannot limit a container's writable layer, so `bottle start` refuses the {} cap (BOT-D080)",
+                format_size(bytes)
+            ),
             (LayerCap::Enforced { storage } | LayerCap::IfPquota { storage }, None) => {
                 format!("NOT capped — limits.disk is not set ({storage} could cap it)")
             }
@@ -181,6 +185,11 @@ mod tests {
         assert_eq!(
             ext4.plan_line(None),
             "NOT capped — overlay2 on extfs cannot limit a container's writable layer"
+        );
+        assert_eq!(
+            ext4.plan_line(Some(10 << 30)),
+            "NOT capped — overlay2 on extfs cannot limit a container's writable layer, so \
+             `bottle start` refuses the 10 GiB cap (BOT-D080)"
         );
         assert_eq!(
             judge("btrfs", &[]).plan_line(Some(512 << 20)),

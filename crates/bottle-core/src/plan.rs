@@ -255,10 +255,75 @@ impl<D> Plan<D> {
                 self.pids
             ),
         );
+        // A backend that resolved the plan says whether the cap holds on
+        // its storage; before that, say what was asked and who decides.
+        if !self.backend_lines.iter().any(|(label, _)| label == "disk") {
+            line("disk", &match self.disk_bytes {
+                Some(bytes) => format!(
+                    "cap of {} asked (limits.disk); `bottle start` refuses the bottle where the storage cannot hold it",
+                    crate::disk::format_size(bytes)
+                ),
+                None => "NOT capped by bottle (limits.disk not set; `bottle doctor` says what the storage allows)".to_string(),
+            });
+        }
         for (label, value) in &self.backend_lines {
             line(label, value);
         }
         line("state", &self.state_dir.display().to_string());
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest;
+
+    fn plan(limits: &str) -> Plan {
+        let text = format!("[agents.a]\nimage = \"x\"\n{limits}");
+        let m = manifest::parse(std::path::Path::new("bottle.toml"), &text).unwrap();
+        let spec = BottleSpec::new(
+            &m,
+            std::path::Path::new("bottle.toml"),
+            "a",
+            None,
+            std::path::Path::new("/s"),
+        )
+        .unwrap();
+        Plan::from_spec(&spec, BackendKind::Docker, None)
+    }
+
+    fn disk_line(plan: &Plan) -> String {
+        let rendered = plan.render();
+        let lines: Vec<&str> = rendered
+            .lines()
+            .filter(|l| l.trim_start().starts_with("disk "))
+            .collect();
+        assert_eq!(lines.len(), 1, "{rendered}");
+        lines[0].trim_start().to_string()
+    }
+
+    #[test]
+    fn the_plan_always_has_one_disk_line() {
+        assert!(
+            disk_line(&plan("")).contains("NOT capped by bottle (limits.disk not set"),
+            "{}",
+            disk_line(&plan(""))
+        );
+        let capped = plan("limits.disk = \"10g\"\n");
+        assert!(
+            disk_line(&capped).contains("cap of 10 GiB asked"),
+            "{}",
+            disk_line(&capped)
+        );
+        let mut resolved = capped;
+        resolved.backend_lines.push((
+            "disk".into(),
+            "capped at 10 GiB (overlay2 on xfs, pquota)".into(),
+        ));
+        assert_eq!(
+            disk_line(&resolved),
+            "disk         capped at 10 GiB (overlay2 on xfs, pquota)"
+        );
     }
 }

@@ -325,34 +325,11 @@ pub fn check_disk_quota(ctx: &Context<'_>) -> Check {
             format!("not checked: {why}"),
         )
     };
-    let socket = match endpoint(ctx.docker_host.as_deref()) {
-        Endpoint::Other(value) => {
-            return not_checked(format!("DOCKER_HOST={value} is not a unix socket"));
-        }
-        Endpoint::Unix(path) => ctx.root.join(path),
+    let (cap, root) = match storage(ctx) {
+        Ok(found) => found,
+        Err(why) => return not_checked(why),
     };
-    let info = match probe::<StorageInfo>(&socket, ctx.docker_timeout, INFO_REQUEST) {
-        Ok(info) => info,
-        Err(err) => {
-            return not_checked(format!(
-                "the docker daemon did not answer GET /info ({})",
-                err.summary()
-            ));
-        }
-    };
-    let status = info.driver_status.unwrap_or_default();
-    let cap = LayerCap::of_docker(
-        &info.driver,
-        status.iter().filter_map(|pair| match pair.as_slice() {
-            [label, value] => Some((label.as_str(), value.as_str())),
-            _ => None,
-        }),
-    );
-    let root = if info.root_dir.is_empty() {
-        "/var/lib/docker"
-    } else {
-        info.root_dir.as_str()
-    };
+    let root = root.as_str();
     match cap {
         LayerCap::Enforced { storage } => Check::new(
             DISK_QUOTA_ID,
@@ -380,6 +357,38 @@ pub fn check_disk_quota(ctx: &Context<'_>) -> Check {
             "to cap agents' disk use, put {root} on xfs mounted with pquota (or use the btrfs or zfs storage driver), then set limits.disk"
         )),
     }
+}
+
+/// What the daemon's storage can do with `limits.disk`, and Docker's data
+/// root, from `GET /info`; `Err` says why the daemon could not be asked.
+/// `bottle plan` reads it too, so the plan and the doctor agree.
+pub fn storage(ctx: &Context<'_>) -> Result<(LayerCap, String), String> {
+    let socket = match endpoint(ctx.docker_host.as_deref()) {
+        Endpoint::Other(value) => {
+            return Err(format!("DOCKER_HOST={value} is not a unix socket"));
+        }
+        Endpoint::Unix(path) => ctx.root.join(path),
+    };
+    let info = probe::<StorageInfo>(&socket, ctx.docker_timeout, INFO_REQUEST).map_err(|err| {
+        format!(
+            "the docker daemon did not answer GET /info ({})",
+            err.summary()
+        )
+    })?;
+    let status = info.driver_status.unwrap_or_default();
+    let cap = LayerCap::of_docker(
+        &info.driver,
+        status.iter().filter_map(|pair| match pair.as_slice() {
+            [label, value] => Some((label.as_str(), value.as_str())),
+            _ => None,
+        }),
+    );
+    let root = if info.root_dir.is_empty() {
+        "/var/lib/docker".to_owned()
+    } else {
+        info.root_dir
+    };
+    Ok((cap, root))
 }
 
 impl ProbeError {
