@@ -85,6 +85,16 @@ fn plan(global: &Global, args: &PlanArgs) -> Result<ExitCode, Failure> {
     let mut plan = Plan::from_spec(&spec, kind, spec.agent.memory_bytes());
     let resolved = devices::resolve(&spec)?;
     resolved.fill_plan(&mut plan, Path::new("/"));
+    // The disk cap is the one backend fact the operator needs before
+    // `start`: whether the daemon's storage can hold it at all.
+    if kind == bottle_core::BackendKind::Docker {
+        let runner = bottle_core::exec::SystemRunner;
+        let context = bottle_preflight::Context::from_host(&runner, kind);
+        if let Ok((cap, _)) = bottle_preflight::docker::storage(&context) {
+            plan.backend_lines
+                .push(("disk".into(), cap.plan_line(plan.disk_bytes)));
+        }
+    }
     for warning in &resolved.warnings {
         note(global.quiet, &format!("warning: {warning}"));
     }

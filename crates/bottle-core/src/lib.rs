@@ -15,6 +15,7 @@ pub mod backend;
 pub mod bundle;
 pub mod bundle_host;
 pub mod devices;
+pub mod disk;
 pub mod display;
 pub mod error;
 pub mod exec;

@@ -94,6 +94,10 @@ pub struct Plan<D = ()> {
     pub pids: u32,
     /// CPU limit, if any.
     pub cpus: Option<f64>,
+    /// The cap on the agent's writable layer in bytes (`limits.disk`), if
+    /// any; the backend's `disk` line says whether and how it holds.
+    #[serde(default)]
+    pub disk_bytes: Option<u64>,
     /// The bottle's state dir.
     pub state_dir: PathBuf,
     /// Backend-specific lines for the summary (label, value).
@@ -148,6 +152,7 @@ impl Plan {
             memory_bytes: memory_bytes.unwrap_or(DEFAULT_MEMORY_BYTES),
             pids: agent.limits.pids.unwrap_or(DEFAULT_PIDS),
             cpus: agent.limits.cpus,
+            disk_bytes: agent.disk_bytes(),
             state_dir: spec.state_dir.clone(),
             backend_lines: Vec::new(),
             backend_data: (),
@@ -174,6 +179,7 @@ impl Plan {
             memory_bytes: self.memory_bytes,
             pids: self.pids,
             cpus: self.cpus,
+            disk_bytes: self.disk_bytes,
             state_dir: self.state_dir,
             backend_lines: self.backend_lines,
             backend_data,
@@ -249,10 +255,75 @@ impl<D> Plan<D> {
                 self.pids
             ),
         );
+        // A backend that resolved the plan says whether the cap holds on
+        // its storage; before that, say what was asked and who decides.
+        if !self.backend_lines.iter().any(|(label, _)| label == "disk") {
+            line("disk", &match self.disk_bytes {
+                Some(bytes) => format!(
+                    "cap of {} asked (limits.disk); `bottle start` refuses the bottle where the storage cannot hold it",
+                    crate::disk::format_size(bytes)
+                ),
+                None => "NOT capped by bottle (limits.disk not set; `bottle doctor` says what the storage allows)".to_string(),
+            });
+        }
         for (label, value) in &self.backend_lines {
             line(label, value);
         }
         line("state", &self.state_dir.display().to_string());
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest;
+
+    fn plan(limits: &str) -> Plan {
+        let text = format!("[agents.a]\nimage = \"x\"\n{limits}");
+        let m = manifest::parse(std::path::Path::new("bottle.toml"), &text).unwrap();
+        let spec = BottleSpec::new(
+            &m,
+            std::path::Path::new("bottle.toml"),
+            "a",
+            None,
+            std::path::Path::new("/s"),
+        )
+        .unwrap();
+        Plan::from_spec(&spec, BackendKind::Docker, None)
+    }
+
+    fn disk_line(plan: &Plan) -> String {
+        let rendered = plan.render();
+        let lines: Vec<&str> = rendered
+            .lines()
+            .filter(|l| l.trim_start().starts_with("disk "))
+            .collect();
+        assert_eq!(lines.len(), 1, "{rendered}");
+        lines[0].trim_start().to_string()
+    }
+
+    #[test]
+    fn the_plan_always_has_one_disk_line() {
+        assert!(
+            disk_line(&plan("")).contains("NOT capped by bottle (limits.disk not set"),
+            "{}",
+            disk_line(&plan(""))
+        );
+        let capped = plan("limits.disk = \"10g\"\n");
+        assert!(
+            disk_line(&capped).contains("cap of 10 GiB asked"),
+            "{}",
+            disk_line(&capped)
+        );
+        let mut resolved = capped;
+        resolved.backend_lines.push((
+            "disk".into(),
+            "capped at 10 GiB (overlay2 on xfs, pquota)".into(),
+        ));
+        assert_eq!(
+            disk_line(&resolved),
+            "disk         capped at 10 GiB (overlay2 on xfs, pquota)"
+        );
     }
 }

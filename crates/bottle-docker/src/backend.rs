@@ -5,9 +5,11 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use bollard::models::SystemInfo;
 use bottle_core::backend::{
     BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupReport,
 };
+use bottle_core::disk::{LayerCap, format_size};
 use bottle_core::manifest::CredentialSource;
 use bottle_core::slug::slug_of;
 use bottle_core::{BottleSpec, Plan};
@@ -179,13 +181,24 @@ impl DockerBackend {
         let names = ResourceNames::for_slug(&spec.slug);
         let plan = Plan::from_spec(spec, BackendKind::Docker, spec.agent.memory_bytes());
 
-        // Images first: a missing image or bundle binary should fail before
-        // anything is resolved further.
-        let (image_ref, image) = self.agent_image(engine, spec)?;
-        let (bundle, subnet) = self.prepare_bundle(spec, self.options.detach)?;
         let info = engine
             .block_on(engine.docker.info())
             .map_err(DockerError::api("read the daemon's info"))?;
+        // A cap the storage cannot enforce refuses the bottle before any
+        // image is built: running it uncapped is not what was asked.
+        let layer_cap = layer_cap(&info);
+        if let (Some(bytes), LayerCap::Unsupported { storage }) = (plan.disk_bytes, &layer_cap) {
+            return Err(DockerError::DiskCapUnsupported {
+                size: format_size(bytes),
+                storage: storage.clone(),
+                engine_said: None,
+            });
+        }
+
+        // Images next: a missing image or bundle binary should fail before
+        // anything is resolved further.
+        let (image_ref, image) = self.agent_image(engine, spec)?;
+        let (bundle, subnet) = self.prepare_bundle(spec, self.options.detach)?;
         let arch = info.architecture.unwrap_or_default();
         if pause_elf(&arch).is_none() {
             return Err(DockerError::UnsupportedArch { arch });
@@ -198,6 +211,7 @@ impl DockerBackend {
             user: image.user.clone(),
             default_command: image.default_command.clone(),
             arch,
+            storage: layer_cap.storage().to_string(),
             dns_upstream: self.options.dns_upstream.unwrap_or(bundle.ip),
             env: bottle_core::agent::agent_env_of(spec, bundle.ip),
             prompt: spec.agent.prompt.as_deref().map(|p| spec.resolve(p)),
@@ -207,6 +221,8 @@ impl DockerBackend {
         let mut plan = plan.with_data(data);
         plan.image = format!("{image_ref} ({})", short_id(&image.id));
         plan.backend_lines = backend_lines(&plan.backend_data);
+        plan.backend_lines
+            .push(("disk".into(), layer_cap.plan_line(plan.disk_bytes)));
         // Nothing is written yet: the CA, the bundle config and the plan go
         // into the state dir at launch, so a declined plan leaves nothing.
         Ok(plan)
@@ -476,6 +492,18 @@ fn expand_home(spec: &BottleSpec, path: &str) -> PathBuf {
     }
 }
 
+/// What the daemon's storage can do with `limits.disk`, from `GET /info`.
+fn layer_cap(info: &SystemInfo) -> LayerCap {
+    let status = info.driver_status.as_deref().unwrap_or_default();
+    LayerCap::of_docker(
+        info.driver.as_deref().unwrap_or_default(),
+        status.iter().filter_map(|pair| match pair.as_slice() {
+            [label, value] => Some((label.as_str(), value.as_str())),
+            _ => None,
+        }),
+    )
+}
+
 fn backend_lines(data: &DockerPlanData) -> Vec<(String, String)> {
     let DockerPlanData { bundle, agent } = data;
     vec![
@@ -616,6 +644,41 @@ mod tests {
     fn relative_state_roots_are_refused() {
         let err = DockerBackend::new(DockerOptions::new("relative/state")).unwrap_err();
         assert_eq!(err.code, "BOT-D005");
+    }
+
+    /// `GET /info` as a Docker 28 daemon on overlay2 over ext4 sends it
+    /// (the fields this reads, with their neighbours).
+    const INFO_OVERLAY2_EXT4: &str = r#"{"Driver":"overlay2","DriverStatus":[["Backing Filesystem","extfs"],["Supports d_type","true"],["Using metacopy","false"],["Native Overlay Diff","true"],["userxattr","false"]],"Architecture":"x86_64","DockerRootDir":"/var/lib/docker"}"#;
+
+    fn info_with(driver: &str, backing: &str) -> SystemInfo {
+        let text = INFO_OVERLAY2_EXT4
+            .replace("\"overlay2\"", &format!("{driver:?}"))
+            .replace("\"extfs\"", &format!("{backing:?}"));
+        serde_json::from_str(&text).unwrap()
+    }
+
+    #[test]
+    fn the_layer_cap_is_read_from_the_daemons_info() {
+        let ext4: SystemInfo = serde_json::from_str(INFO_OVERLAY2_EXT4).unwrap();
+        assert_eq!(
+            layer_cap(&ext4),
+            LayerCap::Unsupported {
+                storage: "overlay2 on extfs".into()
+            }
+        );
+        let xfs = layer_cap(&info_with("overlay2", "xfs"));
+        assert_eq!(
+            xfs.plan_line(Some(10 << 30)),
+            "capped at 10 GiB (overlay2 on xfs, pquota)"
+        );
+        assert!(matches!(
+            layer_cap(&info_with("btrfs", "btrfs")),
+            LayerCap::Enforced { .. }
+        ));
+        assert!(matches!(
+            layer_cap(&SystemInfo::default()),
+            LayerCap::Unsupported { .. }
+        ));
     }
 
     #[test]

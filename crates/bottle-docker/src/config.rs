@@ -260,6 +260,12 @@ pub fn agent_container(
             ),
         ])),
         devices: (!devices.is_empty()).then_some(devices),
+        // The writable layer's cap (`limits.disk`), in bytes. Prepare has
+        // refused the bottle where the driver cannot enforce it, and the
+        // daemon refuses the create where it turns out not to.
+        storage_opt: plan
+            .disk_bytes
+            .map(|bytes| HashMap::from([("size".to_string(), bytes.to_string())])),
         ..HostConfig::default()
     };
     hardening(&mut host);
@@ -433,6 +439,7 @@ pub(crate) mod tests {
                 user: "agent".into(),
                 default_command: vec!["/bin/sh".into()],
                 arch: "x86_64".into(),
+                storage: "overlay2 on xfs".into(),
                 dns_upstream: Ipv4Addr::new(192, 168, 40, 2),
                 env: vec![("EDITOR".into(), "vi".into())],
                 prompt: None,
@@ -464,6 +471,7 @@ pub(crate) mod tests {
             memory_bytes: 256 << 20,
             pids: 128,
             cpus: Some(1.5),
+            disk_bytes: None,
             state_dir: "/state/demo".into(),
             backend_lines: vec![],
             backend_data: sample_data(),
@@ -517,6 +525,24 @@ pub(crate) mod tests {
         assert_eq!(req.internal, Some(false));
         assert_eq!(req.options.unwrap()[OPT_ENABLE_ICC], "false");
         assert_eq!(req.labels.unwrap()[LABEL_ROLE], "egress");
+    }
+
+    #[test]
+    fn the_disk_cap_is_the_agent_containers_storage_size_in_bytes() {
+        let mut plan = sample_plan();
+        let body = agent_container(&plan, "/r", HashMap::new());
+        assert_eq!(body.host_config.unwrap().storage_opt, None);
+        plan.disk_bytes = Some(10 << 30);
+        let body = agent_container(&plan, "/r", HashMap::new());
+        let json = serde_json::to_value(&body).unwrap();
+        assert_eq!(
+            json["HostConfig"]["StorageOpt"],
+            serde_json::json!({ "size": "10737418240" })
+        );
+        // The cap is the agent's: the bundle, which the agent cannot write
+        // to, gets none.
+        let bundle = bundle_container(&plan.backend_data.bundle, "/l", "/q", HashMap::new());
+        assert_eq!(bundle.host_config.unwrap().storage_opt, None);
     }
 
     #[test]

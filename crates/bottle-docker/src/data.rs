@@ -113,6 +113,10 @@ pub struct AgentData {
     pub default_command: Vec<String>,
     /// The daemon's architecture (for the keep-alive program).
     pub arch: String,
+    /// The daemon's storage as `GET /info` names it (`overlay2 on xfs`),
+    /// for what `limits.disk` meets there.
+    #[serde(default)]
+    pub storage: String,
     /// The DNS server the agent's embedded resolver forwards to: the
     /// bundle's own address, which answers no DNS.
     pub dns_upstream: Ipv4Addr,

@@ -183,6 +183,22 @@ pub enum DockerError {
         /// Docker's architecture name.
         arch: String,
     },
+    /// `limits.disk` is set and the daemon's storage cannot cap a
+    /// container's writable layer: the bottle is refused rather than run
+    /// uncapped.
+    #[error(
+        "limits.disk ({size}) cannot be enforced: {storage} cannot limit a container's writable layer{}",
+        engine_said.as_deref().map(|said| format!(" (the docker daemon said: {said})")).unwrap_or_default()
+    )]
+    DiskCapUnsupported {
+        /// The cap asked for, for people.
+        size: String,
+        /// The daemon's storage, e.g. `overlay2 on extfs`.
+        storage: String,
+        /// The daemon's refusal of the container, when it was the one to
+        /// tell (overlay2 on xfs without `pquota`).
+        engine_said: Option<String>,
+    },
     /// Neither the command given nor the image has a command to run.
     #[error("no command given and image {image} has no entrypoint or cmd")]
     NoCommand {
@@ -234,7 +250,9 @@ impl DockerError {
             | DockerError::BundleBinaryMissing { .. }
             | DockerError::BundleBinaryNotStatic { .. } => BackendErrorKind::Preflight,
             DockerError::NotFound { .. } => BackendErrorKind::NotFound,
-            DockerError::UnsupportedArch { .. } => BackendErrorKind::Unsupported,
+            DockerError::UnsupportedArch { .. } | DockerError::DiskCapUnsupported { .. } => {
+                BackendErrorKind::Unsupported
+            }
             DockerError::IsolationUnconfirmed { .. } | DockerError::BundleUnhealthy { .. } => {
                 BackendErrorKind::IsolationUnconfirmed
             }
@@ -293,6 +311,7 @@ impl Coded for DockerError {
             DockerError::Failpoint { .. } => "BOT-D060",
             DockerError::UnknownFailpoint { .. } => "BOT-D061",
             DockerError::Terminal { .. } => "BOT-D070",
+            DockerError::DiskCapUnsupported { .. } => "BOT-D080",
         }
     }
 
@@ -324,6 +343,7 @@ impl Coded for DockerError {
             DockerError::Failpoint { .. } | DockerError::UnknownFailpoint { .. } => "unset BOTTLE_FAILPOINT".into(),
             DockerError::Terminal { .. } => "run the command from a terminal, or use `bottle exec` without a TTY".into(),
             DockerError::UnsupportedArch { .. } => "use an x86_64 or aarch64 docker host, or the smolmachines backend".into(),
+            DockerError::DiskCapUnsupported { .. } => "remove `disk` from the agent's [agents.<name>.limits] to run with the writable layer uncapped, or put Docker's data root (/var/lib/docker) on xfs mounted with `pquota` (or use the btrfs or zfs storage driver)".into(),
             DockerError::NoCommand { .. } => "set `command` for the agent in the manifest, or pass the command to run".into(),
             DockerError::BadOption { .. } => "correct or unset the option".into(),
             DockerError::Runtime(_) => "check the process limits (threads, file descriptors)".into(),
@@ -409,6 +429,11 @@ mod tests {
                 detail: text(),
             },
             DockerError::UnsupportedArch { arch: text() },
+            DockerError::DiskCapUnsupported {
+                size: text(),
+                storage: text(),
+                engine_said: Some(text()),
+            },
             DockerError::NoCommand { image: text() },
             DockerError::BadOption {
                 option: text(),

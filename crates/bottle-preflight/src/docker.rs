@@ -1,4 +1,6 @@
-//! The Docker daemon check: `GET /version` over the daemon's unix socket.
+//! The Docker daemon checks over the daemon's unix socket: `GET /version`
+//! (is it there, and new enough) and `GET /info` (can its storage cap an
+//! agent's writable layer, `limits.disk`).
 //!
 //! This speaks a few lines of HTTP/1.1 itself rather than shelling out to
 //! `docker` (which may be absent while the daemon runs) or pulling in an
@@ -10,6 +12,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use bottle_core::disk::LayerCap;
 use bottle_core::requirements::{DOCKER_MIN_API, DockerApiVersion};
 use serde::Deserialize;
 
@@ -21,14 +24,21 @@ use crate::host::{Context, Platform, exists};
 pub const ID: &str = "docker.daemon";
 pub(crate) const TITLE: &str = "docker daemon";
 
+/// Stable id of the storage check.
+pub const DISK_QUOTA_ID: &str = "docker.disk_quota";
+pub(crate) const DISK_QUOTA_TITLE: &str = "docker disk quota";
+
 /// Where the daemon listens unless `DOCKER_HOST` says otherwise.
 pub const DEFAULT_SOCKET: &str = "/var/run/docker.sock";
 
 /// The request sent to the daemon, in full.
 pub const VERSION_REQUEST: &[u8] = b"GET /version HTTP/1.1\r\nHost: docker\r\nUser-Agent: bottle-preflight\r\nAccept: application/json\r\nConnection: close\r\n\r\n";
 
-/// A `/version` answer is well under this; more means something else is
-/// listening on the socket.
+/// The storage check's request, in full.
+pub const INFO_REQUEST: &[u8] = b"GET /info HTTP/1.1\r\nHost: docker\r\nUser-Agent: bottle-preflight\r\nAccept: application/json\r\nConnection: close\r\n\r\n";
+
+/// A `/version` or `/info` answer is well under this; more means something
+/// else is listening on the socket.
 const RESPONSE_LIMIT: u64 = 1 << 20;
 
 /// Where `DOCKER_HOST` points.
@@ -60,6 +70,17 @@ struct VersionInfo {
     api_version: String,
 }
 
+/// The fields of `GET /info` the storage check reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+struct StorageInfo {
+    #[serde(rename = "Driver", default)]
+    driver: String,
+    #[serde(rename = "DriverStatus", default)]
+    driver_status: Option<Vec<Vec<String>>>,
+    #[serde(rename = "DockerRootDir", default)]
+    root_dir: String,
+}
+
 /// Why the daemon could not be asked.
 #[derive(Debug)]
 enum ProbeError {
@@ -73,7 +94,11 @@ enum ProbeError {
     Json(serde_json::Error),
 }
 
-fn probe(socket: &Path, timeout: Duration) -> Result<VersionInfo, ProbeError> {
+fn probe<T: serde::de::DeserializeOwned>(
+    socket: &Path,
+    timeout: Duration,
+    request: &[u8],
+) -> Result<T, ProbeError> {
     let classify = |err: io::Error| match err.kind() {
         io::ErrorKind::NotFound => ProbeError::Missing,
         io::ErrorKind::ConnectionRefused => ProbeError::Refused,
@@ -84,7 +109,7 @@ fn probe(socket: &Path, timeout: Duration) -> Result<VersionInfo, ProbeError> {
     let mut stream = UnixStream::connect(socket).map_err(classify)?;
     stream.set_read_timeout(Some(timeout)).map_err(classify)?;
     stream.set_write_timeout(Some(timeout)).map_err(classify)?;
-    stream.write_all(VERSION_REQUEST).map_err(classify)?;
+    stream.write_all(request).map_err(classify)?;
     let mut raw = Vec::new();
     (&mut stream)
         .take(RESPONSE_LIMIT + 1)
@@ -207,7 +232,7 @@ pub fn check_docker(ctx: &Context<'_>) -> Result<Check, PreflightError> {
         )
         .with_remediation(start_remediation(ctx)?))
     };
-    let check = match probe(&socket, ctx.docker_timeout) {
+    let check = match probe::<VersionInfo>(&socket, ctx.docker_timeout, VERSION_REQUEST) {
         Ok(info) => match DockerApiVersion::parse(&info.api_version) {
             Some(api) if api >= DOCKER_MIN_API => Check::new(
                 ID,
@@ -285,6 +310,101 @@ pub fn check_docker(ctx: &Context<'_>) -> Result<Check, PreflightError> {
     // Every backend needs the daemon: smolmachines runs the bottle's bundle
     // as a container too, so an unreachable daemon is never softened.
     Ok(check)
+}
+
+/// Checks whether the daemon's storage can cap a container's writable
+/// layer, so that `limits.disk` holds. It cannot on the common overlay2 over
+/// ext4; that is a warning, not a failure: bottles without `limits.disk`
+/// run, but an agent can then fill the disk that holds Docker's data.
+pub fn check_disk_quota(ctx: &Context<'_>) -> Check {
+    let not_checked = |why: String| {
+        Check::new(
+            DISK_QUOTA_ID,
+            DISK_QUOTA_TITLE,
+            Status::Skip,
+            format!("not checked: {why}"),
+        )
+    };
+    let (cap, root) = match storage(ctx) {
+        Ok(found) => found,
+        Err(why) => return not_checked(why),
+    };
+    let root = root.as_str();
+    match cap {
+        LayerCap::Enforced { storage } => Check::new(
+            DISK_QUOTA_ID,
+            DISK_QUOTA_TITLE,
+            Status::Ok,
+            format!("{storage} caps an agent's writable layer where limits.disk is set"),
+        ),
+        LayerCap::IfPquota { storage } => Check::new(
+            DISK_QUOTA_ID,
+            DISK_QUOTA_TITLE,
+            Status::Ok,
+            format!(
+                "{storage} caps an agent's writable layer where limits.disk is set, if {root} is mounted with pquota (the daemon refuses such a bottle otherwise)"
+            ),
+        ),
+        LayerCap::Unsupported { storage } => Check::new(
+            DISK_QUOTA_ID,
+            DISK_QUOTA_TITLE,
+            Status::Warn,
+            format!(
+                "{storage} cannot limit a container's writable layer: an agent can fill the disk holding {root}, and a bottle that sets limits.disk is refused"
+            ),
+        )
+        .with_remediation(format!(
+            "to cap agents' disk use, put {root} on xfs mounted with pquota (or use the btrfs or zfs storage driver), then set limits.disk"
+        )),
+    }
+}
+
+/// What the daemon's storage can do with `limits.disk`, and Docker's data
+/// root, from `GET /info`; `Err` says why the daemon could not be asked.
+/// `bottle plan` reads it too, so the plan and the doctor agree.
+pub fn storage(ctx: &Context<'_>) -> Result<(LayerCap, String), String> {
+    let socket = match endpoint(ctx.docker_host.as_deref()) {
+        Endpoint::Other(value) => {
+            return Err(format!("DOCKER_HOST={value} is not a unix socket"));
+        }
+        Endpoint::Unix(path) => ctx.root.join(path),
+    };
+    let info = probe::<StorageInfo>(&socket, ctx.docker_timeout, INFO_REQUEST).map_err(|err| {
+        format!(
+            "the docker daemon did not answer GET /info ({})",
+            err.summary()
+        )
+    })?;
+    let status = info.driver_status.unwrap_or_default();
+    let cap = LayerCap::of_docker(
+        &info.driver,
+        status.iter().filter_map(|pair| match pair.as_slice() {
+            [label, value] => Some((label.as_str(), value.as_str())),
+            _ => None,
+        }),
+    );
+    let root = if info.root_dir.is_empty() {
+        "/var/lib/docker".to_owned()
+    } else {
+        info.root_dir
+    };
+    Ok((cap, root))
+}
+
+impl ProbeError {
+    /// One line for a check that could not ask the daemon.
+    fn summary(&self) -> String {
+        match self {
+            ProbeError::Missing => "no socket".to_owned(),
+            ProbeError::Refused => "connection refused".to_owned(),
+            ProbeError::Denied => "permission denied".to_owned(),
+            ProbeError::Timeout => "timed out".to_owned(),
+            ProbeError::Io(err) => err.to_string(),
+            ProbeError::Status(code, body) => format!("HTTP {code}: {body}"),
+            ProbeError::Malformed(detail) => detail.clone(),
+            ProbeError::Json(err) => format!("unexpected json: {err}"),
+        }
+    }
 }
 
 fn start_remediation(ctx: &Context<'_>) -> Result<String, PreflightError> {

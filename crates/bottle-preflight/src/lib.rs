@@ -35,7 +35,11 @@ pub use kernel::kernel_version;
 pub use report::Report;
 
 /// Every check id, in the order [`run_all`] reports them.
+<<<<<<< HEAD
 pub const ALL_IDS: [&str; 10] = [
+=======
+pub const ALL_IDS: [&str; 8] = [
+>>>>>>> wt-disk
     platform::ID,
     kernel::ID,
     kvm::DEVICE_ID,
@@ -46,6 +50,7 @@ pub const ALL_IDS: [&str; 10] = [
     kvm_guest::ID,
     smolvm::ID,
     docker::ID,
+    docker::DISK_QUOTA_ID,
 ];
 
 /// Runs every check, in [`ALL_IDS`] order.
@@ -56,6 +61,19 @@ pub const ALL_IDS: [&str; 10] = [
 pub fn run_all(ctx: &Context<'_>) -> Vec<Check> {
     let smolvm = ctx.backend == BackendKind::Smolmachines;
     let docker = ctx.backend == BackendKind::Docker;
+    let daemon = settle(docker::ID, docker::TITLE, docker, docker::check_docker(ctx));
+    // The storage is asked only of a daemon that answered: otherwise the
+    // daemon check has already said why, and a second wait adds nothing.
+    let disk_quota = if daemon.status == Status::Fail {
+        Check::new(
+            docker::DISK_QUOTA_ID,
+            docker::DISK_QUOTA_TITLE,
+            Status::Skip,
+            "not checked: the docker daemon is not reachable".to_owned(),
+        )
+    } else {
+        docker::check_disk_quota(ctx)
+    };
     vec![
         platform::check_platform(ctx),
         settle(kernel::ID, kernel::TITLE, false, kernel::check_kernel(ctx)),
@@ -86,7 +104,8 @@ pub fn run_all(ctx: &Context<'_>) -> Vec<Check> {
         ),
         kvm_guest::check_guest(ctx),
         smolvm::check_smolvm(ctx),
-        settle(docker::ID, docker::TITLE, docker, docker::check_docker(ctx)),
+        daemon,
+        disk_quota,
     ]
 }
 

@@ -206,6 +206,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
                 },
             ),
         ];
+        backend_lines.push(("disk".into(), disk_line(spec.agent.disk_bytes())));
         backend_lines.extend(bundle.lines.iter().cloned());
         let image_line = format!("{reference} ({})", short_id(&image.id));
         let data = PlanData {
@@ -221,6 +222,21 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         plan.image = image_line;
         plan.backend_lines = backend_lines;
         Ok(plan)
+    }
+}
+
+/// The plan's `disk` line: the VM's storage disk bounds what the agent can
+/// write, `limits.disk` or smolvm's default.
+fn disk_line(disk_bytes: Option<u64>) -> String {
+    match disk_bytes {
+        Some(bytes) => format!(
+            "capped at {} GiB (the VM's storage disk, smolvm --storage; whole GiB, rounded up)",
+            bottle_core::disk::whole_gib_ceil(bytes)
+        ),
+        None => format!(
+            "capped at {} GiB (smolvm's default storage disk; limits.disk not set)",
+            crate::cli::SMOLVM_DEFAULT_STORAGE_GIB
+        ),
     }
 }
 
@@ -291,4 +307,22 @@ impl<H: BundleHost + 'static> BottleBackend for SmolvmBackend<H> {
 fn short_id(id: &str) -> String {
     let hex = id.strip_prefix("sha256:").unwrap_or(id);
     format!("sha256:{}", &hex[..hex.len().min(12)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_disk_line_says_what_caps_the_vms_writes() {
+        assert_eq!(
+            disk_line(Some(10 << 30)),
+            "capped at 10 GiB (the VM's storage disk, smolvm --storage; whole GiB, rounded up)"
+        );
+        assert_eq!(disk_line(Some(1536 << 20)).split(' ').nth(2), Some("2"));
+        assert_eq!(
+            disk_line(None),
+            "capped at 20 GiB (smolvm's default storage disk; limits.disk not set)"
+        );
+    }
 }

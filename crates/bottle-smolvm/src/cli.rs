@@ -36,6 +36,11 @@ use crate::version::{Capabilities as _, SmolvmVersion};
 /// The program name looked up on `PATH`.
 pub const SMOLVM: &str = "smolvm";
 
+/// The storage disk smolvm gives a machine created without `--storage`
+/// (`DEFAULT_STORAGE_SIZE_GIB` in smolvm's `src/data/storage.rs`, 20 from
+/// 0.8.0 through 1.9.3).
+pub const SMOLVM_DEFAULT_STORAGE_GIB: u64 = 20;
+
 /// One smolvm invocation, before it becomes an argv.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SmolvmCommand {
@@ -50,6 +55,11 @@ pub enum SmolvmCommand {
         /// The egress allowlist (`--allow-cidr`, repeated). Dropped by smolvm
         /// 0.8.0 to 1.7.x together with `--from`; the state-DB patch covers it.
         allow_cidrs: Vec<String>,
+        /// The VM's storage disk in GiB (`--storage`): where everything the
+        /// workload writes lands (its container's overlay upper lives on
+        /// `/storage`), so it caps what the agent can write. `None`:
+        /// smolvm's default ([`SMOLVM_DEFAULT_STORAGE_GIB`]).
+        storage_gib: Option<u64>,
     },
     /// `smolvm machine start --name NAME`.
     Start {
@@ -114,6 +124,7 @@ impl SmolvmCommand {
                 name,
                 from,
                 allow_cidrs,
+                storage_gib,
             } => {
                 push(&"machine");
                 push(&"create");
@@ -123,6 +134,13 @@ impl SmolvmCommand {
                 }
                 push(&"--from");
                 push(from);
+                // `CreateCmd --storage` (GiB), honoured with `--from` in
+                // every version bottle supports (`run_from_smolmachine`
+                // passes it to the machine's record and disks).
+                if let Some(gib) = storage_gib {
+                    push(&"--storage");
+                    push(&gib.to_string());
+                }
                 // --net is implied by --allow-cidr, and said explicitly so the
                 // record's `network` is true even where the flag is dropped.
                 push(&"--net");
@@ -367,11 +385,13 @@ impl Smolvm {
         name: &str,
         from: &Path,
         allow_cidrs: &[String],
+        storage_gib: Option<u64>,
     ) -> Result<(), SmolvmError> {
         self.run(&SmolvmCommand::Create {
             name: name.into(),
             from: from.into(),
             allow_cidrs: allow_cidrs.to_vec(),
+            storage_gib,
         })
         .map(drop)
     }
@@ -606,6 +626,7 @@ mod tests {
             name: "bot-bottle-a".into(),
             from: "/c/a.smolmachine".into(),
             allow_cidrs: vec!["192.168.7.2/32".into()],
+            storage_gib: None,
         };
         assert_eq!(
             argv(&create, OLD),
@@ -629,6 +650,32 @@ mod tests {
                 "bot-bottle-a",
                 "--from",
                 "/c/a.smolmachine",
+                "--net",
+                "--allow-cidr",
+                "192.168.7.2/32"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_disk_cap_is_the_storage_disk_in_gib() {
+        let create = SmolvmCommand::Create {
+            name: "bot-bottle-a".into(),
+            from: "/c/a.smolmachine".into(),
+            allow_cidrs: vec!["192.168.7.2/32".into()],
+            storage_gib: Some(10),
+        };
+        assert_eq!(
+            argv(&create, NEW),
+            [
+                "machine",
+                "create",
+                "--name",
+                "bot-bottle-a",
+                "--from",
+                "/c/a.smolmachine",
+                "--storage",
+                "10",
                 "--net",
                 "--allow-cidr",
                 "192.168.7.2/32"

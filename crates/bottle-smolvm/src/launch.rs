@@ -154,8 +154,12 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         state.env = env.clone();
         write_state_file(&state_path, &state)?;
 
-        self.smolvm
-            .create(&machine, smolmachine, &policy.allowed_cidrs)?;
+        self.smolvm.create(
+            &machine,
+            smolmachine,
+            &policy.allowed_cidrs,
+            plan.disk_bytes.map(bottle_core::disk::whole_gib_ceil),
+        )?;
         {
             let smolvm = Arc::clone(&self.smolvm);
             let machine = machine.clone();

@@ -25,6 +25,12 @@ pub(crate) struct CreateArgs {
     /// A CIDR the machine may reach (implies a network).
     #[arg(long = "allow-cidr")]
     allow_cidr: Vec<String>,
+    /// The storage disk in GiB, where the workload's writes land.
+    #[arg(long, value_name = "GiB")]
+    storage: Option<u64>,
+    /// The overlay disk in GiB.
+    #[arg(long, value_name = "GiB")]
+    overlay: Option<u64>,
 }
 
 /// `machine start` and `machine stop`.
@@ -63,7 +69,16 @@ pub(crate) fn create(fake: &Fake, args: CreateArgs) -> Result<ExitCode> {
         from,
         net,
         allow_cidr: cidrs,
+        storage,
+        overlay,
     } = args;
+    // smolvm's `VmResources::validate`, before anything is written.
+    if storage == Some(0) {
+        return Err(error("storage disk size must be greater than 0 GiB"));
+    }
+    if overlay == Some(0) {
+        return Err(error("overlay disk size must be greater than 0 GiB"));
+    }
     let from = from.ok_or_else(|| {
         usage(
             ErrorKind::MissingRequiredArgument,
@@ -97,8 +112,8 @@ pub(crate) fn create(fake: &Fake, args: CreateArgs) -> Result<ExitCode> {
         "network": net || !cidrs.is_empty(),
         "env": [],
         "workdir": null,
-        "storage_gb": null,
-        "overlay_gb": null,
+        "storage_gb": storage,
+        "overlay_gb": overlay,
         "image": artifact["image"],
         "entrypoint": [],
         "cmd": [],

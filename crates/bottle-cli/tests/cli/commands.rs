@@ -134,7 +134,8 @@ fn doctor_reports_every_check_and_exits_by_its_verdict() {
             "kvm.group",
             "kvm.guest",
             "smolvm.version",
-            "docker.daemon"
+            "docker.daemon",
+            "docker.disk_quota"
         ]
     );
     let failed = checks.iter().any(|c| c["status"] == "fail");

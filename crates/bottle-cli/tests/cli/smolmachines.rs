@@ -185,7 +185,9 @@ fn sandbox_available(world: &World, test: &str) -> bool {
         r#"{"format":"fake-smolmachine/1","image":"probe"}"#,
     )
     .unwrap();
-    smolvm.create("bot-bottle-probe", &artifact, &[]).unwrap();
+    smolvm
+        .create("bot-bottle-probe", &artifact, &[], None)
+        .unwrap();
     smolvm.start("bot-bottle-probe").unwrap();
     let ok = match smolvm.exec("bot-bottle-probe", &["true".into()], &[]) {
         Ok(out) => out.exit_code == 0,

@@ -92,6 +92,10 @@ pub const BLACKLIST_PATH: &str = "BOT-M045";
 pub const RESOLVE_NAME: &str = "BOT-M046";
 /// An `egress.resolve` address that is not an IP address.
 pub const RESOLVE_ADDRESS: &str = "BOT-M047";
+/// `limits.disk` is not a size.
+pub const DISK_SYNTAX: &str = "BOT-M048";
+/// `limits.disk` is below 256 MiB.
+pub const DISK_SMALL: &str = "BOT-M049";
 
 /// Every code with a one-line summary, in code order.
 pub const ALL: &[(&str, &str)] = &[
@@ -169,4 +173,6 @@ pub const ALL: &[(&str, &str)] = &[
         RESOLVE_ADDRESS,
         "an `egress.resolve` address that is not an IP address",
     ),
+    (DISK_SYNTAX, "`limits.disk` is not a size"),
+    (DISK_SMALL, "`limits.disk` is below 256 MiB"),
 ];

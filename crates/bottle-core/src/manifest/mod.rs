@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 
 pub use host::{HostRule, HostRuleError};
 pub use model::*;
-pub use validate::{MIN_MEMORY_BYTES, MIN_PIDS};
+pub use validate::{MIN_DISK_BYTES, MIN_MEMORY_BYTES, MIN_PIDS};
 
 use crate::error::Coded;
 use span::{Doc, FieldPath};
@@ -275,6 +275,13 @@ impl Agent {
     pub fn memory_bytes(&self) -> Option<u64> {
         self.limits.memory.as_deref().and_then(parse_memory)
     }
+
+    /// The cap on the agent's writable layer in bytes, or `None` when the
+    /// manifest sets none. A validated manifest always has a parsable size
+    /// here.
+    pub fn disk_bytes(&self) -> Option<u64> {
+        self.limits.disk.as_deref().and_then(parse_memory)
+    }
 }
 
 #[cfg(test)]
@@ -363,5 +370,8 @@ mod tests {
         assert_eq!(agent.memory_bytes(), None);
         agent.limits.memory = Some("512m".into());
         assert_eq!(agent.memory_bytes(), Some(512 << 20));
+        assert_eq!(agent.disk_bytes(), None);
+        agent.limits.disk = Some("10g".into());
+        assert_eq!(agent.disk_bytes(), Some(10 << 30));
     }
 }

@@ -165,4 +165,7 @@ pub struct Limits {
     pub pids: Option<u32>,
     /// CPUs (fractional allowed). Default: all.
     pub cpus: Option<f64>,
+    /// The agent's writable layer, e.g. `"10g"`. Default: not capped by
+    /// bottle (whatever the backend's storage gives).
+    pub disk: Option<String>,
 }

@@ -87,6 +87,7 @@ const LIMITS: Shape = Shape::Table(&[
     ("memory", Shape::Free),
     ("pids", Shape::Free),
     ("cpus", Shape::Free),
+    ("disk", Shape::Free),
 ]);
 
 /// Agent keys, for "this belongs under `[agents.<name>]`" hints.
@@ -112,6 +113,7 @@ const NESTED: &[(&str, &str)] = &[
     ("memory", "limits.memory"),
     ("pids", "limits.pids"),
     ("cpus", "limits.cpus"),
+    ("disk", "limits.disk"),
     ("context", "build.context"),
     ("dockerfile", "build.dockerfile"),
 ];
@@ -277,6 +279,7 @@ mod tests {
                 memory: Some("1g".into()),
                 pids: Some(1),
                 cpus: Some(1.0),
+                disk: Some("1g".into()),
             },
         };
         Manifest {

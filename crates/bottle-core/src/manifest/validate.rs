@@ -19,6 +19,9 @@ use crate::slug;
 
 /// The smallest memory limit a bottle may have.
 pub const MIN_MEMORY_BYTES: u64 = 64 << 20;
+/// The smallest writable-layer cap a bottle may have: less does not hold
+/// an agent's own tool caches, so the bottle would fail in confusing ways.
+pub const MIN_DISK_BYTES: u64 = 256 << 20;
 /// The smallest process limit a bottle may have.
 pub const MIN_PIDS: u32 = 16;
 
@@ -602,6 +605,27 @@ impl Checks<'_, '_> {
                     On::Value,
                     format!("memory {memory:?} is below the 64 MiB minimum"),
                     "use at least \"64m\"; the default is \"4g\"".into(),
+                ),
+                Some(_) => {}
+            }
+        }
+        if let Some(disk) = &limits.disk {
+            match parse_memory(disk) {
+                None => self.report(
+                    codes::DISK_SYNTAX,
+                    path.key("disk"),
+                    On::Value,
+                    format!("disk {disk:?} is not a size"),
+                    "write a number with an optional unit: \"512m\", \"10g\", \"10GiB\", or bytes \
+                     \"1073741824\"; or remove it to leave the writable layer uncapped"
+                        .into(),
+                ),
+                Some(bytes) if bytes < MIN_DISK_BYTES => self.report(
+                    codes::DISK_SMALL,
+                    path.key("disk"),
+                    On::Value,
+                    format!("disk {disk:?} is below the 256 MiB minimum"),
+                    "use at least \"256m\", e.g. \"10g\"".into(),
                 ),
                 Some(_) => {}
             }

@@ -162,6 +162,7 @@ fn the_full_manifest_uses_every_feature() {
             .any(|g| g.mode == manifest::GitMode::ReadWrite)
     );
     assert_eq!(claude.memory_bytes(), Some(8 << 30));
+    assert_eq!(claude.disk_bytes(), Some(20 << 30));
     assert_eq!(claude.limits.pids, Some(2048));
     assert_eq!(claude.limits.cpus, Some(2.5));
     let built = m.agents.values().find_map(|a| a.build.as_ref()).unwrap();

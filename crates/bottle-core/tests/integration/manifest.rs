@@ -131,6 +131,33 @@ fn memory_limits_reach_the_plan_in_bytes() {
 }
 
 #[test]
+fn disk_limits_reach_the_plan_in_bytes() {
+    let m = manifest::parse(
+        Path::new("bottle.toml"),
+        "[agents.a]\nimage = \"x\"\nlimits.disk = \"10g\"\n",
+    )
+    .unwrap();
+    assert_eq!(m.agents["a"].disk_bytes(), Some(10 << 30));
+    let spec =
+        bottle_core::BottleSpec::new(&m, Path::new("bottle.toml"), "a", None, Path::new("/s"))
+            .unwrap();
+    let plan = bottle_core::Plan::from_spec(&spec, bottle_core::BackendKind::Docker, None);
+    assert_eq!(plan.disk_bytes, Some(10 << 30));
+    let small = err("[agents.a]\nimage = \"x\"\nlimits.disk = \"255m\"\n");
+    assert_eq!(small.code, codes::DISK_SMALL);
+    assert_eq!(small.field, "agents.a.limits.disk");
+    assert_eq!(
+        err("[agents.a]\nimage = \"x\"\nlimits.disk = \"lots\"\n").code,
+        codes::DISK_SYNTAX
+    );
+    manifest::parse(
+        Path::new("bottle.toml"),
+        "[agents.a]\nimage = \"x\"\nlimits.disk = \"256m\"\n",
+    )
+    .unwrap();
+}
+
+#[test]
 fn bundle_owned_variables_are_refused_in_any_case() {
     for name in [
         "HTTPS_PROXY",

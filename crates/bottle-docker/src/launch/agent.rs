@@ -108,12 +108,19 @@ impl<'a> Launch<'a, DockerPlanData> {
             self.labels.for_role(role::AGENT),
         );
         let options = CreateContainerOptionsBuilder::default().name(agent).build();
-        self.block(&format!("create container {agent}"), async {
-            self.engine
-                .docker
-                .create_container(Some(options), body)
-                .await
-        })?;
+        let created = self
+            .engine
+            .block_on(self.engine.docker.create_container(Some(options), body));
+        if let Err(err) = created {
+            return Err(match (self.plan.disk_bytes, storage_opt_refusal(&err)) {
+                (Some(bytes), Some(said)) => DockerError::DiskCapUnsupported {
+                    size: bottle_core::disk::format_size(bytes),
+                    storage: self.agent().storage.clone(),
+                    engine_said: Some(said),
+                },
+                _ => DockerError::api(format!("create container {agent}"))(err),
+            });
+        }
         self.undo_container("the agent container", agent);
         Ok(())
     }
@@ -256,5 +263,44 @@ impl<'a> Launch<'a, DockerPlanData> {
             return refuse("the agent is privileged".into());
         }
         Ok(())
+    }
+}
+
+/// The daemon's refusal of a container's `StorageOpt`, if that is what
+/// `err` is: overlay2 answers "--storage-opt is supported only for overlay
+/// over xfs with 'pquota' mount option", other drivers name the option
+/// similarly. Only this refusal means "the storage cannot cap the layer".
+fn storage_opt_refusal(err: &bollard::errors::Error) -> Option<String> {
+    match err {
+        bollard::errors::Error::DockerResponseServerError { message, .. }
+            if message.contains("storage-opt") || message.contains("StorageOpt") =>
+        {
+            Some(message.clone())
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_storage_opt_refusal_is_a_disk_cap_refusal() {
+        let server = |message: &str| bollard::errors::Error::DockerResponseServerError {
+            status_code: 500,
+            message: message.into(),
+        };
+        let pquota =
+            "--storage-opt is supported only for overlay over xfs with 'pquota' mount option";
+        assert_eq!(
+            storage_opt_refusal(&server(pquota)).as_deref(),
+            Some(pquota)
+        );
+        assert_eq!(storage_opt_refusal(&server("No such image: x")), None);
+        assert_eq!(
+            storage_opt_refusal(&bollard::errors::Error::RequestTimeoutError),
+            None
+        );
     }
 }

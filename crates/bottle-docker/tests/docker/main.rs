@@ -9,6 +9,7 @@
 )]
 
 mod devices;
+mod disk;
 mod failure;
 mod git;
 mod isolation;

@@ -4,7 +4,7 @@ use std::os::unix::net::UnixListener;
 use std::time::Duration;
 
 use bottle_core::BackendKind;
-use bottle_preflight::docker::{VERSION_REQUEST, check_docker};
+use bottle_preflight::docker::{INFO_REQUEST, VERSION_REQUEST, check_disk_quota, check_docker};
 use bottle_preflight::{Check, Status};
 
 use bottle_test_support::RecordingRunner;
@@ -252,4 +252,60 @@ fn docker_host_tcp_is_not_probed() {
         check.message,
         "DOCKER_HOST=tcp://192.0.2.10:2375 is not a unix socket, so it was not probed"
     );
+}
+
+/// `GET /info` as Docker 28 on overlay2 over ext4 sends it, cut to the
+/// storage fields and their neighbours.
+const INFO_OVERLAY2_EXT4: &str = r#"{"ID":"x","Containers":3,"Driver":"overlay2","DriverStatus":[["Backing Filesystem","extfs"],["Supports d_type","true"],["Using metacopy","false"],["Native Overlay Diff","true"],["userxattr","false"]],"DockerRootDir":"/var/lib/docker","Architecture":"x86_64"}"#;
+
+fn disk_quota_with(info: &str) -> Check {
+    let host = FakeHost::new();
+    let socket = host.path("/var/run/docker.sock");
+    let server = FakeDocker::serve(&socket, Some(http("200 OK", info)));
+    let runner = RecordingRunner::refusing();
+    let check = check_disk_quota(&host.ctx(&runner, BackendKind::Docker));
+    assert_eq!(server.request(), INFO_REQUEST);
+    check
+}
+
+#[test]
+fn overlay2_on_ext4_warns_that_an_agent_can_fill_the_disk() {
+    let check = disk_quota_with(INFO_OVERLAY2_EXT4);
+    assert_eq!(check.id, "docker.disk_quota");
+    assert_eq!(check.status, Status::Warn, "{check:?}");
+    assert_eq!(
+        check.message,
+        "overlay2 on extfs cannot limit a container's writable layer: an agent can fill the disk \
+         holding /var/lib/docker, and a bottle that sets limits.disk is refused"
+    );
+    assert!(
+        check
+            .remediation
+            .as_deref()
+            .unwrap()
+            .contains("xfs mounted with pquota"),
+        "{check:?}"
+    );
+}
+
+#[test]
+fn storage_that_can_cap_passes() {
+    let xfs = disk_quota_with(&INFO_OVERLAY2_EXT4.replace("extfs", "xfs"));
+    assert_eq!(xfs.status, Status::Ok, "{xfs:?}");
+    assert!(xfs.message.starts_with("overlay2 on xfs caps"), "{xfs:?}");
+    assert!(xfs.message.contains("pquota"), "{xfs:?}");
+    let btrfs = disk_quota_with(
+        r#"{"Driver":"btrfs","DriverStatus":[["Btrfs",""]],"DockerRootDir":"/srv/docker"}"#,
+    );
+    assert_eq!(btrfs.status, Status::Ok, "{btrfs:?}");
+    assert!(btrfs.message.starts_with("btrfs caps"), "{btrfs:?}");
+}
+
+#[test]
+fn an_unreachable_daemon_skips_the_storage_check() {
+    let host = FakeHost::new();
+    let runner = RecordingRunner::refusing();
+    let check = check_disk_quota(&host.ctx(&runner, BackendKind::Docker));
+    assert_eq!(check.status, Status::Skip, "{check:?}");
+    assert!(check.message.starts_with("not checked: "), "{check:?}");
 }

@@ -231,7 +231,10 @@ fn an_existing_machine_is_not_overwritten() {
     let s = setup("1.9.3", "");
     let artifact = s.world.dir.path().join("x.smolmachine");
     std::fs::write(&artifact, r#"{"format":"fake-smolmachine/1","image":"x"}"#).unwrap();
-    s.backend.smolvm().create(MACHINE, &artifact, &[]).unwrap();
+    s.backend
+        .smolvm()
+        .create(MACHINE, &artifact, &[], None)
+        .unwrap();
     let plan = s.backend.prepare(&s.spec).unwrap();
     let err = s.backend.launch(&plan).err().expect("refused");
     assert_eq!(err.code, "BOT-K072");
@@ -363,9 +366,13 @@ fn cleanup_removes_orphans_and_nothing_else() {
     let smolvm = s.backend.smolvm();
     // A machine a crashed launch left (no state file), and one that is not
     // a bottle at all.
-    smolvm.create("bot-bottle-orphan", &artifact, &[]).unwrap();
+    smolvm
+        .create("bot-bottle-orphan", &artifact, &[], None)
+        .unwrap();
     smolvm.start("bot-bottle-orphan").unwrap();
-    smolvm.create("someone-elses-vm", &artifact, &[]).unwrap();
+    smolvm
+        .create("someone-elses-vm", &artifact, &[], None)
+        .unwrap();
     // A state file whose machine is gone, and a bundle nobody owns.
     let stale = s.world.state_root().join("stale");
     std::fs::create_dir_all(&stale).unwrap();
@@ -450,7 +457,10 @@ fn cleanup_finishes_off_a_launch_whose_process_died() {
     let s = setup("1.9.3", "");
     let artifact = s.world.dir.path().join("x.smolmachine");
     std::fs::write(&artifact, r#"{"format":"fake-smolmachine/1","image":"x"}"#).unwrap();
-    s.backend.smolvm().create(MACHINE, &artifact, &[]).unwrap();
+    s.backend
+        .smolvm()
+        .create(MACHINE, &artifact, &[], None)
+        .unwrap();
     s.bundles.live.lock().unwrap().push(MACHINE.into());
     // A launcher that crashed between `machine create` and the end.
     #[expect(
@@ -483,7 +493,10 @@ fn cleanup_leaves_a_launch_in_progress_alone() {
     let s = setup("1.9.3", "");
     let artifact = s.world.dir.path().join("x.smolmachine");
     std::fs::write(&artifact, r#"{"format":"fake-smolmachine/1","image":"x"}"#).unwrap();
-    s.backend.smolvm().create(MACHINE, &artifact, &[]).unwrap();
+    s.backend
+        .smolvm()
+        .create(MACHINE, &artifact, &[], None)
+        .unwrap();
     std::fs::create_dir_all(state_file(&s).parent().unwrap()).unwrap();
     std::fs::write(
         state_file(&s),
@@ -517,7 +530,10 @@ fn the_agent_session_runs_the_image_command_with_the_bottle_env_on_the_terminal(
     );
     let artifact = s.world.dir.path().join("x.smolmachine");
     std::fs::write(&artifact, r#"{"format":"fake-smolmachine/1","image":"x"}"#).unwrap();
-    backend.smolvm().create(MACHINE, &artifact, &[]).unwrap();
+    backend
+        .smolvm()
+        .create(MACHINE, &artifact, &[], None)
+        .unwrap();
     backend.smolvm().start(MACHINE).unwrap();
     let dir = s.world.state_root().join("coder");
     std::fs::create_dir_all(&dir).unwrap();

@@ -33,7 +33,7 @@ fn create_and_delete_shapes_match_each_version() {
         let smolvm = world.smolvm(v, "");
         let from = artifact(&world);
         smolvm
-            .create("bot-bottle-shape", &from, &["192.168.7.2/32".into()])
+            .create("bot-bottle-shape", &from, &["192.168.7.2/32".into()], None)
             .unwrap_or_else(|e| panic!("{v}: {e}"));
         let names: Vec<String> = smolvm.list().unwrap().into_iter().map(|m| m.name).collect();
         assert_eq!(names, ["bot-bottle-shape"], "{v}");
@@ -57,11 +57,28 @@ fn from_drops_allow_cidr_before_1_8_and_keeps_it_after() {
                 "bot-bottle-drop",
                 &artifact(&world),
                 &["192.168.7.2/32".into()],
+                None,
             )
             .unwrap();
         let record = bottle_smolvm::statedb::read(&world.db(), "bot-bottle-drop").unwrap();
         assert_eq!(record["allowed_cidrs"], expected, "{v}");
     }
+}
+
+#[test]
+fn the_disk_cap_sizes_the_machines_storage_disk() {
+    let world = World::new();
+    let smolvm = world.smolvm("1.9.3", "");
+    smolvm
+        .create("bot-bottle-disk", &artifact(&world), &[], Some(10))
+        .unwrap();
+    let record = bottle_smolvm::statedb::read(&world.db(), "bot-bottle-disk").unwrap();
+    assert_eq!(record["storage_gb"], 10);
+    smolvm
+        .create("bot-bottle-nodisk", &artifact(&world), &[], None)
+        .unwrap();
+    let record = bottle_smolvm::statedb::read(&world.db(), "bot-bottle-nodisk").unwrap();
+    assert_eq!(record["storage_gb"], serde_json::Value::Null);
 }
 
 #[test]
@@ -78,7 +95,7 @@ fn smolvms_own_errors_are_failures_with_its_message() {
     }
     // exec on a machine that is not running: smolvm's exit 1, not a guest 1.
     smolvm
-        .create("bot-bottle-idle", &artifact(&world), &[])
+        .create("bot-bottle-idle", &artifact(&world), &[], None)
         .unwrap();
     let err = smolvm
         .exec("bot-bottle-idle", &["true".into()], &[])
@@ -97,7 +114,7 @@ fn guest_exit_codes_and_streams_are_kept_apart() {
     }
     let smolvm = world.smolvm("1.9.3", "");
     smolvm
-        .create("bot-bottle-io", &artifact(&world), &[])
+        .create("bot-bottle-io", &artifact(&world), &[], None)
         .unwrap();
     smolvm.start("bot-bottle-io").unwrap();
     let sh = |script: &str| vec!["sh".to_string(), "-c".to_string(), script.to_string()];
@@ -167,7 +184,7 @@ fn copy_in_lands_in_the_guest() {
     let world = World::new();
     let smolvm = world.smolvm("1.9.3", "");
     smolvm
-        .create("bot-bottle-cp", &artifact(&world), &[])
+        .create("bot-bottle-cp", &artifact(&world), &[], None)
         .unwrap();
     smolvm.start("bot-bottle-cp").unwrap();
     let file = world.dir.path().join("hello.txt");

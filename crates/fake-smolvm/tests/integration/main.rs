@@ -191,3 +191,38 @@ fn as_root_a_kvm_the_kvm_group_cannot_open_fails_start_and_leaves_created() {
     std::fs::set_permissions(&device, std::fs::Permissions::from_mode(0o666)).unwrap();
     assert_eq!(SystemRunner.run(&start).unwrap().code, Some(0));
 }
+
+#[test]
+fn storage_sizes_the_machines_disk_and_zero_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let from = artifact(dir.path());
+    let from = from.to_str().unwrap();
+    let create = |name: &str, storage: &str| {
+        fake(
+            dir.path(),
+            "1.9.3",
+            &[
+                "machine",
+                "create",
+                "--name",
+                name,
+                "--from",
+                from,
+                "--storage",
+                storage,
+            ],
+        )
+    };
+    let out = create("m", "10");
+    assert_eq!(out.code, Some(0), "{}", out.stderr_text());
+    let out = fake(dir.path(), "1.9.3", &["machine", "ls", "--json"]);
+    let machines: serde_json::Value = serde_json::from_str(&out.stdout_text()).unwrap();
+    assert_eq!(machines[0]["storage_gb"], 10);
+    let out = create("z", "0");
+    assert_eq!(out.code, Some(1));
+    assert_eq!(
+        out.stderr_text(),
+        "Error: storage disk size must be greater than 0 GiB\n"
+    );
+    assert_eq!(create("g", "1.5").code, Some(2), "GiB are whole");
+}
