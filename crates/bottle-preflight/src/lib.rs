@@ -35,11 +35,7 @@ pub use kernel::kernel_version;
 pub use report::Report;
 
 /// Every check id, in the order [`run_all`] reports them.
-<<<<<<< HEAD
-pub const ALL_IDS: [&str; 10] = [
-=======
-pub const ALL_IDS: [&str; 8] = [
->>>>>>> wt-disk
+pub const ALL_IDS: [&str; 11] = [
     platform::ID,
     kernel::ID,
     kvm::DEVICE_ID,
