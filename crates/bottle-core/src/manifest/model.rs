@@ -165,4 +165,6 @@ pub struct Limits {
     pub pids: Option<u32>,
     /// CPUs (fractional allowed). Default: all.
     pub cpus: Option<f64>,
+    /// Size at which the audit log rotates, e.g. `"64m"` (the default).
+    pub audit_log: Option<String>,
 }

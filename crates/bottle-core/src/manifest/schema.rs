@@ -87,6 +87,7 @@ const LIMITS: Shape = Shape::Table(&[
     ("memory", Shape::Free),
     ("pids", Shape::Free),
     ("cpus", Shape::Free),
+    ("audit_log", Shape::Free),
 ]);
 
 /// Agent keys, for "this belongs under `[agents.<name>]`" hints.
@@ -112,6 +113,7 @@ const NESTED: &[(&str, &str)] = &[
     ("memory", "limits.memory"),
     ("pids", "limits.pids"),
     ("cpus", "limits.cpus"),
+    ("audit_log", "limits.audit_log"),
     ("context", "build.context"),
     ("dockerfile", "build.dockerfile"),
 ];
@@ -277,6 +279,7 @@ mod tests {
                 memory: Some("1g".into()),
                 pids: Some(1),
                 cpus: Some(1.0),
+                audit_log: Some("64m".into()),
             },
         };
         Manifest {
