@@ -10,9 +10,7 @@
 //! ways: agent-chosen fields are cut to a fixed length ([`PATH_BOUND`],
 //! [`FIELD_BOUND`]), identical decisions within [`COALESCE_WINDOW`] become
 //! one line with a `count`, and the live file is rotated at the cap from
-//! the bundle's limits, keeping
-//! [`AUDIT_GENERATIONS`](bottle_core::audit_files::AUDIT_GENERATIONS) old
-//! ones. A write that fails degrades the log for good: the daemons then
+//! the bundle's limits, keeping [`AUDIT_GENERATIONS`] old ones. A write that fails degrades the log for good: the daemons then
 //! refuse traffic ([`AUDIT_UNAVAILABLE`]) rather than forward it unaudited,
 //! and the marker beside the log is renamed so the host sees it.
 //!
