@@ -204,6 +204,8 @@ pub struct RunningBundle {
     /// Where supervise listens (`None`: not configured).
     pub supervise_addr: Option<SocketAddr>,
     task: Option<JoinHandle<Result<(), BundleError>>>,
+    /// Flushed on drop, so a clean shutdown writes pending counts.
+    audit: AuditLog,
 }
 
 impl RunningBundle {
@@ -226,6 +228,7 @@ impl Drop for RunningBundle {
         if let Some(t) = self.task.take() {
             t.abort();
         }
+        self.audit.flush();
     }
 }
 
@@ -253,7 +256,11 @@ pub async fn start(config: BundleConfig) -> Result<RunningBundle, BundleError> {
     let egress_addr = listen_addr("egress", &config.egress_listen)?;
     check_egress_listen(&egress_addr)?;
     let proxy_addr = listen_addr("proxy", &config.proxy_listen)?;
-    let audit = AuditLog::open(Path::new(&config.audit_log), &config.bottle)?;
+    let audit = AuditLog::open(
+        Path::new(&config.audit_log),
+        &config.bottle,
+        config.limits.audit_log_max_bytes,
+    )?;
 
     // Operator approvals (supervise) reach the proxy and egress through
     // this one shared list.
@@ -273,7 +280,7 @@ pub async fn start(config: BundleConfig) -> Result<RunningBundle, BundleError> {
     let push_rules = crate::gitgate::push_rules::RuntimePushRules::default();
     let git_gate = crate::gitgate::daemon(&config, &audit, &push_rules)?;
     let supervise_daemon = crate::supervise::daemon(&config, &audit, &runtime_rules, &push_rules)?;
-    let mut proxy = Proxy::new(&config, audit, egress_addr)?;
+    let mut proxy = Proxy::new(&config, audit.clone(), egress_addr)?;
     proxy.share_runtime_rules(runtime_rules);
     let proxy = Arc::new(proxy);
     let proxy_listener = bind("proxy", proxy_addr)?;
@@ -310,5 +317,6 @@ pub async fn start(config: BundleConfig) -> Result<RunningBundle, BundleError> {
         git_gate_addr,
         supervise_addr,
         task: Some(task),
+        audit,
     })
 }

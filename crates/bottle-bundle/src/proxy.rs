@@ -173,6 +173,8 @@ impl Proxy {
             duration_ms: 0,
             reason: reason.into(),
             rule: rule.into(),
+            count: 1,
+            truncated: false,
         }
     }
 
@@ -203,10 +205,27 @@ impl Proxy {
         self.refuse(StatusCode::FORBIDDEN, rec, start, &d.message)
     }
 
+    /// Once the audit log cannot be written nothing is let through: every
+    /// request gets a 503 naming [`crate::audit::AUDIT_UNAVAILABLE`].
+    fn refuse_unaudited(&self) -> Option<Response<BoxBody>> {
+        self.audit.is_degraded().then(|| {
+            text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                crate::audit::AUDIT_UNAVAILABLE_MESSAGE,
+            )
+        })
+    }
+
     /// Requests on the agent-facing socket: CONNECT, absolute-form, health.
     async fn outer(self: Arc<Self>, req: Request<Incoming>) -> Response<BoxBody> {
         let start = Instant::now();
         let method = req.method().as_str().to_string();
+        let health = req.method() == Method::GET
+            && req.uri().authority().is_none()
+            && req.uri().path() == HEALTH_PATH;
+        if !health && let Some(refusal) = self.refuse_unaudited() {
+            return refusal;
+        }
         if req.method() == Method::CONNECT {
             return self.connect(req, start);
         }
@@ -375,6 +394,9 @@ impl Proxy {
         );
         rec.status = 200;
         self.audit.write(&rec);
+        if let Some(refusal) = self.refuse_unaudited() {
+            return refusal;
+        }
         let target = Target {
             scheme: "https",
             host,
@@ -494,6 +516,9 @@ impl Proxy {
 
     /// A request inside an intercepted tunnel.
     async fn inner(self: Arc<Self>, req: Request<Incoming>, target: Target) -> Response<BoxBody> {
+        if let Some(refusal) = self.refuse_unaudited() {
+            return refusal;
+        }
         let start = Instant::now();
         let method = req.method().as_str().to_string();
         let pq = req

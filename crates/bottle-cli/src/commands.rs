@@ -4,7 +4,8 @@ use std::io::{self, BufRead as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use bottle_core::{BottleLauncher, BottleSpec, Manifest, Plan, manifest, slug};
+use bottle_core::audit_files;
+use bottle_core::{BottleInfo, BottleLauncher, BottleSpec, Manifest, Plan, manifest, slug};
 
 use crate::args::{
     Cli, Command, CompletionsArgs, CpArgs, ExecArgs, Global, LogsArgs, PlanArgs, StartArgs,
@@ -219,11 +220,8 @@ fn list(global: &Global) -> Result<ExitCode, Failure> {
     for backend in backends_to_ask(global)? {
         all.extend(backend.list_active()?);
     }
-    // The queue lives in the host state dir, the same for every backend.
     if let Ok(root) = state_root() {
-        for b in &mut all {
-            b.pending_requests = crate::requests::pending_count(&root, &b.name);
-        }
+        read_host_state(&root, &mut all);
     }
     if global.json {
         output::json(&all)?;
@@ -233,7 +231,25 @@ fn list(global: &Global) -> Result<ExitCode, Failure> {
         note(global.quiet, "no bottles running");
         return Ok(ExitCode::SUCCESS);
     }
-    let rows: Vec<Vec<String>> = all
+    out(&list_table(&all));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What the host's state dirs say of each bottle, the same for every
+/// backend: its pending requests and whether its audit log is written.
+fn read_host_state(state_root: &Path, bottles: &mut [BottleInfo]) {
+    for b in bottles {
+        b.pending_requests = crate::requests::pending_count(state_root, &b.name);
+        b.audit = audit_files::audit_health(
+            &state_root
+                .join(slug::slug_of(&b.name))
+                .join(audit_files::AUDIT_LOG_DIR),
+        );
+    }
+}
+
+fn list_table(bottles: &[BottleInfo]) -> String {
+    let rows: Vec<Vec<String>> = bottles
         .iter()
         .map(|b| {
             vec![
@@ -243,14 +259,16 @@ fn list(global: &Global) -> Result<ExitCode, Failure> {
                 b.state.clone(),
                 b.bundle_address.clone().unwrap_or_else(|| "-".into()),
                 b.pending_requests.to_string(),
+                b.audit.to_string(),
             ]
         })
         .collect();
-    out(&output::table(
-        &["NAME", "AGENT", "BACKEND", "STATE", "BUNDLE", "PENDING"],
+    output::table(
+        &[
+            "NAME", "AGENT", "BACKEND", "STATE", "BUNDLE", "PENDING", "AUDIT",
+        ],
         &rows,
-    ));
-    Ok(ExitCode::SUCCESS)
+    )
 }
 
 fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
@@ -352,8 +370,8 @@ fn cp(global: &Global, args: &CpArgs) -> Result<ExitCode, Failure> {
 fn audit_log_path(bottle: &str) -> Result<PathBuf, Failure> {
     Ok(state_root()?
         .join(slug::slug_of(bottle))
-        .join("logs")
-        .join("audit.jsonl"))
+        .join(audit_files::AUDIT_LOG_DIR)
+        .join(audit_files::AUDIT_LOG_FILE))
 }
 
 fn logs(args: &LogsArgs) -> Result<ExitCode, Failure> {
@@ -362,11 +380,11 @@ fn logs(args: &LogsArgs) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Prints the audit log, each line escaped for the terminal (the agent
-/// chose the hosts and paths in it), and with `follow` waits for more.
+/// Prints the audit log, its rotated generations first, each line escaped
+/// for the terminal (the agent chose the hosts and paths in it), and with
+/// `follow` waits for more, across rotations.
 fn follow_file(path: &Path, follow: bool) -> Result<(), Failure> {
-    use std::io::Read as _;
-    let mut file = std::fs::File::open(path).map_err(|err| {
+    std::fs::metadata(path).map_err(|err| {
         Failure::new(
             "BOT-C005",
             4,
@@ -374,29 +392,18 @@ fn follow_file(path: &Path, follow: bool) -> Result<(), Failure> {
         )
         .with_fix("check the bottle name with `bottle list`")
     })?;
-    let mut buf = vec![0u8; 64 * 1024];
-    // Bytes after the last newline read so far: a line is printed whole.
-    let mut partial = Vec::new();
+    let mut lines = audit_files::AuditLines::new(path);
     loop {
-        let n = file
-            .read(&mut buf)
-            .map_err(|err| anyhow::anyhow!("reading {}: {err}", path.display()))?;
-        if n > 0 {
-            partial.extend_from_slice(&buf[..n]);
-            if let Some(end) = partial.iter().rposition(|&b| b == b'\n') {
-                let complete: Vec<u8> = partial.drain(..=end).collect();
-                let text: String = complete[..end]
-                    .split(|&b| b == b'\n')
-                    .map(audit_line)
-                    .collect();
-                output::out(&text);
-            }
-            continue;
+        let text: String = lines
+            .poll()
+            .map_err(|err| anyhow::anyhow!("reading {}: {err}", path.display()))?
+            .iter()
+            .map(|line| audit_line(line))
+            .collect();
+        if !text.is_empty() {
+            output::out(&text);
         }
         if !follow {
-            if !partial.is_empty() {
-                output::out(&audit_line(&partial));
-            }
             return Ok(());
         }
         std::thread::sleep(std::time::Duration::from_millis(250));
@@ -443,4 +450,59 @@ fn completions(args: &CompletionsArgs) -> Result<ExitCode, Failure> {
     let mut command = Cli::command();
     clap_complete::generate(args.shell, &mut command, "bottle", &mut io::stdout());
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use bottle_core::BackendKind;
+    use bottle_core::audit_files::{AUDIT_DEGRADED_MARKER, AUDIT_OK_MARKER, AuditHealth};
+
+    use super::*;
+
+    fn info(name: &str) -> BottleInfo {
+        BottleInfo {
+            name: name.into(),
+            agent: "claude".into(),
+            backend: BackendKind::Docker,
+            state: "running".into(),
+            bundle_address: None,
+            created: None,
+            pending_requests: 0,
+            audit: AuditHealth::Unknown,
+        }
+    }
+
+    #[test]
+    fn list_shows_a_degraded_audit_log() {
+        let root = tempfile::tempdir().unwrap();
+        let mut bottles = vec![info("bot-bottle-good"), info("bot-bottle-full")];
+        for (slug, marker) in [("good", AUDIT_OK_MARKER), ("full", AUDIT_DEGRADED_MARKER)] {
+            let logs = root.path().join(slug).join(audit_files::AUDIT_LOG_DIR);
+            std::fs::create_dir_all(&logs).unwrap();
+            std::fs::write(logs.join(marker), "").unwrap();
+        }
+        read_host_state(root.path(), &mut bottles);
+        assert_eq!(
+            bottles.iter().map(|b| b.audit).collect::<Vec<_>>(),
+            [AuditHealth::Ok, AuditHealth::Degraded]
+        );
+        let table = list_table(&bottles);
+        let header = table.lines().next().unwrap();
+        assert!(header.trim_end().ends_with("AUDIT"), "{table}");
+        assert!(
+            table.lines().nth(1).unwrap().trim_end().ends_with("ok"),
+            "{table}"
+        );
+        assert!(
+            table
+                .lines()
+                .nth(2)
+                .unwrap()
+                .trim_end()
+                .ends_with("degraded"),
+            "{table}"
+        );
+        let json = serde_json::to_value(&bottles).unwrap();
+        assert_eq!(json[1]["audit"], "degraded");
+    }
 }

@@ -180,6 +180,10 @@ pub struct BottleInfo {
     pub created: Option<String>,
     /// Requests waiting for the operator's answer (supervise).
     pub pending_requests: usize,
+    /// Whether the bundle can still write the audit log (read from the
+    /// host's state dir, like `pending_requests`).
+    #[serde(default)]
+    pub audit: crate::audit_files::AuditHealth,
 }
 
 /// What `cleanup` removed.

@@ -190,6 +190,9 @@ pub struct BundleLimits {
     pub max_restarts: u32,
     /// Window for `max_restarts`.
     pub restart_window_ms: u64,
+    /// Size at which the audit log is rotated; the bundle keeps
+    /// [`AUDIT_GENERATIONS`](crate::audit_files::AUDIT_GENERATIONS) old ones.
+    pub audit_log_max_bytes: u64,
 }
 
 impl Default for BundleLimits {
@@ -202,6 +205,7 @@ impl Default for BundleLimits {
             connect_timeout_ms: 10_000,
             max_restarts: 5,
             restart_window_ms: 60_000,
+            audit_log_max_bytes: crate::audit_files::DEFAULT_AUDIT_LOG_MAX_BYTES,
         }
     }
 }

@@ -8,9 +8,11 @@
 //! parse, so that parse errors can quote the file, the plain file I/O
 //! of the supervise request queue ([`requests`]), which the bundle and the
 //! CLI must agree on, and asking `/proc` whether a bottle's launching
-//! process still runs ([`process`]).
+//! process still runs ([`process`]). It reads the audit log and its health
+//! marker ([`audit_files`]) for `bottle logs` and `bottle list`.
 
 pub mod agent;
+pub mod audit_files;
 pub mod backend;
 pub mod bundle;
 pub mod bundle_host;

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::audit_files::DEFAULT_AUDIT_LOG_MAX_BYTES;
 use crate::backend::BackendKind;
 use crate::spec::{BottleSpec, DEFAULT_MEMORY_BYTES, DEFAULT_PIDS};
 
@@ -100,10 +101,17 @@ pub struct Plan<D = ()> {
     pub disk_bytes: Option<u64>,
     /// The bottle's state dir.
     pub state_dir: PathBuf,
+    /// Size at which the bundle rotates the audit log (`limits.audit_log`).
+    #[serde(default = "default_audit_log_max_bytes")]
+    pub audit_log_max_bytes: u64,
     /// Backend-specific lines for the summary (label, value).
     pub backend_lines: Vec<(String, String)>,
     /// What the backend resolved at prepare and reads back at launch.
     pub backend_data: D,
+}
+
+fn default_audit_log_max_bytes() -> u64 {
+    DEFAULT_AUDIT_LOG_MAX_BYTES
 }
 
 impl Plan {
@@ -154,6 +162,9 @@ impl Plan {
             cpus: agent.limits.cpus,
             disk_bytes: agent.disk_bytes(),
             state_dir: spec.state_dir.clone(),
+            audit_log_max_bytes: agent
+                .audit_log_bytes()
+                .unwrap_or(DEFAULT_AUDIT_LOG_MAX_BYTES),
             backend_lines: Vec::new(),
             backend_data: (),
         }
@@ -181,6 +192,7 @@ impl Plan {
             cpus: self.cpus,
             disk_bytes: self.disk_bytes,
             state_dir: self.state_dir,
+            audit_log_max_bytes: self.audit_log_max_bytes,
             backend_lines: self.backend_lines,
             backend_data,
         }

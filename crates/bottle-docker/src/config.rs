@@ -353,7 +353,10 @@ pub fn bundle_config<D>(plan: &Plan<D>, bundle: &BundleData) -> BundleConfig {
         resolve: plan.egress_resolve.clone(),
         upstream_roots: Vec::new(),
         nameservers: Vec::new(),
-        limits: BundleLimits::default(),
+        limits: BundleLimits {
+            audit_log_max_bytes: plan.audit_log_max_bytes,
+            ..BundleLimits::default()
+        },
         git_gate_listen: (!bundle.git.is_empty()).then(|| format!("0.0.0.0:{GIT_GATE_PORT}")),
         git: bundle
             .git
@@ -473,6 +476,7 @@ pub(crate) mod tests {
             cpus: Some(1.5),
             disk_bytes: None,
             state_dir: "/state/demo".into(),
+            audit_log_max_bytes: 64 << 20,
             backend_lines: vec![],
             backend_data: sample_data(),
         }

@@ -13,6 +13,7 @@ use crate::backend::SmolvmBackend;
 use crate::cli::MachineEntry;
 use crate::data::{STATE_FILE, remove_own_files};
 use crate::error::SmolvmError;
+use bottle_core::audit_files::AuditHealth;
 
 impl<H: BundleHost + 'static> SmolvmBackend<H> {
     /// Every machine, state file and bundle that looks like a bottle.
@@ -36,6 +37,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
                 bundle_address: state.and_then(|s| s.bundle_address.clone()),
                 created: machine.created(),
                 pending_requests: 0,
+                audit: AuditHealth::Unknown,
             });
         }
         for state in states
@@ -54,6 +56,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
                 bundle_address: state.bundle_address.clone(),
                 created: Some(state.created.to_string()),
                 pending_requests: 0,
+                audit: AuditHealth::Unknown,
             });
         }
         Ok(out)

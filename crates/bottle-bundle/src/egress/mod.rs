@@ -209,12 +209,24 @@ impl Egress {
             duration_ms: u64::try_from(seen.start.elapsed().as_millis()).unwrap_or(u64::MAX),
             reason: reason.into(),
             rule: rule.into(),
+            count: 1,
+            truncated: false,
         });
         self.generated(status, decision, reason, rule, message)
     }
 
     /// Handles one request from the proxy.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<BoxBody> {
+        if self.audit.is_degraded() {
+            // Nothing is let through unaudited.
+            return self.generated(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Decision::Error,
+                crate::audit::AUDIT_UNAVAILABLE,
+                "",
+                crate::audit::AUDIT_UNAVAILABLE_MESSAGE.to_string(),
+            );
+        }
         let start = Instant::now();
         let method = req.method().to_string();
         let pq = req

@@ -354,6 +354,8 @@ impl Supervise {
             duration_ms: 0,
             reason: reason.into(),
             rule,
+            count: 1,
+            truncated: false,
         });
     }
 
@@ -406,6 +408,13 @@ impl Supervise {
     }
 
     async fn handle(self: Arc<Self>, req: HttpRequest<Incoming>) -> Response<BoxBody> {
+        if self.audit.is_degraded() {
+            // No request is queued, and no approval applied, unaudited.
+            return plain(
+                StatusCode::SERVICE_UNAVAILABLE,
+                crate::audit::AUDIT_UNAVAILABLE_MESSAGE,
+            );
+        }
         if req.uri().path() != MCP_PATH {
             return plain(
                 StatusCode::NOT_FOUND,

@@ -9,6 +9,7 @@
 mod support;
 
 mod allowlist;
+mod audit;
 mod credentials;
 mod daemons;
 mod dns;

@@ -255,9 +255,20 @@ pub(crate) fn base_config(
 
 impl Env {
     pub(crate) async fn start(opts: Options) -> Self {
+        Self::start_configured(opts, |_| {}).await
+    }
+
+    /// Starts a bundle that writes its audit log at `log`.
+    pub(crate) async fn start_with_audit_log(opts: Options, log: &Path) -> Self {
+        let log = log.display().to_string();
+        Self::start_configured(opts, |config| config.audit_log = log).await
+    }
+
+    async fn start_configured(opts: Options, adjust: impl FnOnce(&mut BundleConfig)) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let upstream = Upstream::start(dir.path()).await;
-        let (config, ca_pem) = base_config(dir.path(), &upstream, &opts);
+        let (mut config, ca_pem) = base_config(dir.path(), &upstream, &opts);
+        adjust(&mut config);
         let bundle = bottle_bundle::start(config.clone()).await.unwrap();
         Self {
             _dir: dir,

@@ -251,3 +251,25 @@ fn a_backend_error_with_causes_prints_its_fix_once() {
     );
     assert!(stderr.ends_with(&format!("{}\n", fixes[0])), "{stderr}");
 }
+
+#[test]
+fn logs_print_the_rotated_generations_oldest_first() {
+    let state = temp_state_root();
+    let logs = state.path().join("bottle").join("claude").join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let line = |host: &str| format!("{}\n", serde_json::json!({ "v": 2, "host": host }));
+    std::fs::write(logs.join("audit.jsonl.2"), line("oldest")).unwrap();
+    std::fs::write(logs.join("audit.jsonl.1"), line("older")).unwrap();
+    std::fs::write(logs.join("audit.jsonl"), line("live")).unwrap();
+    let output = bottle(state.path())
+        .args(["logs", "claude"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let hosts: Vec<String> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["host"].to_string())
+        .collect();
+    assert_eq!(hosts, [r#""oldest""#, r#""older""#, r#""live""#]);
+}

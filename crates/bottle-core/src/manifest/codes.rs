@@ -80,6 +80,10 @@ pub const GIT_NO_PUSH: &str = "BOT-M039";
 pub const MEMORY_SYNTAX: &str = "BOT-M040";
 /// `limits.memory` is below 64 MiB.
 pub const MEMORY_SMALL: &str = "BOT-M041";
+/// `limits.audit_log` is not a size.
+pub const AUDIT_LOG_SYNTAX: &str = "BOT-M051";
+/// `limits.audit_log` is below 1 MiB.
+pub const AUDIT_LOG_SMALL: &str = "BOT-M052";
 /// `limits.pids` is below 16.
 pub const PIDS_SMALL: &str = "BOT-M042";
 /// `limits.cpus` is not a positive finite number.
@@ -162,6 +166,8 @@ pub const ALL: &[(&str, &str)] = &[
     (MEMORY_SYNTAX, "`limits.memory` is not a size"),
     (MEMORY_SMALL, "`limits.memory` is below 64 MiB"),
     (PIDS_SMALL, "`limits.pids` is below 16"),
+    (AUDIT_LOG_SYNTAX, "`limits.audit_log` is not a size"),
+    (AUDIT_LOG_SMALL, "`limits.audit_log` is below 1 MiB"),
     (CPUS, "`limits.cpus` is not a positive finite number"),
     (DEVICE_PATH, "a `devices` entry outside /dev/"),
     (BLACKLIST_PATH, "a `devices_blacklist` entry outside /dev/"),

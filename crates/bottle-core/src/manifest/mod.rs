@@ -282,6 +282,13 @@ impl Agent {
     pub fn disk_bytes(&self) -> Option<u64> {
         self.limits.disk.as_deref().and_then(parse_memory)
     }
+
+    /// The audit log's rotation size in bytes, or `None` when the manifest
+    /// sets none (the plan then uses
+    /// [`crate::audit_files::DEFAULT_AUDIT_LOG_MAX_BYTES`]).
+    pub fn audit_log_bytes(&self) -> Option<u64> {
+        self.limits.audit_log.as_deref().and_then(parse_memory)
+    }
 }
 
 #[cfg(test)]

@@ -168,4 +168,6 @@ pub struct Limits {
     /// The agent's writable layer, e.g. `"10g"`. Default: not capped by
     /// bottle (whatever the backend's storage gives).
     pub disk: Option<String>,
+    /// Size at which the audit log rotates, e.g. `"64m"` (the default).
+    pub audit_log: Option<String>,
 }

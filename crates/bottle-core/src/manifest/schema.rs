@@ -88,6 +88,7 @@ const LIMITS: Shape = Shape::Table(&[
     ("pids", Shape::Free),
     ("cpus", Shape::Free),
     ("disk", Shape::Free),
+    ("audit_log", Shape::Free),
 ]);
 
 /// Agent keys, for "this belongs under `[agents.<name>]`" hints.
@@ -114,6 +115,7 @@ const NESTED: &[(&str, &str)] = &[
     ("pids", "limits.pids"),
     ("cpus", "limits.cpus"),
     ("disk", "limits.disk"),
+    ("audit_log", "limits.audit_log"),
     ("context", "build.context"),
     ("dockerfile", "build.dockerfile"),
 ];
@@ -280,6 +282,7 @@ mod tests {
                 pids: Some(1),
                 cpus: Some(1.0),
                 disk: Some("1g".into()),
+                audit_log: Some("64m".into()),
             },
         };
         Manifest {

@@ -17,6 +17,9 @@ use super::span::{Doc, FieldPath};
 use super::{Agent, Credential, CredentialSource, GitMode, Manifest, Problem, parse_memory};
 use crate::slug;
 
+/// The smallest audit log rotation size: room for many bounded records
+/// (each at most a few KiB) between rotations.
+const MIN_AUDIT_LOG_BYTES: u64 = 1 << 20;
 /// The smallest memory limit a bottle may have.
 pub const MIN_MEMORY_BYTES: u64 = 64 << 20;
 /// The smallest writable-layer cap a bottle may have: less does not hold
@@ -626,6 +629,26 @@ impl Checks<'_, '_> {
                     On::Value,
                     format!("disk {disk:?} is below the 256 MiB minimum"),
                     "use at least \"256m\", e.g. \"10g\"".into(),
+                ),
+                Some(_) => {}
+            }
+        }
+        if let Some(audit_log) = &limits.audit_log {
+            match parse_memory(audit_log) {
+                None => self.report(
+                    codes::AUDIT_LOG_SYNTAX,
+                    path.key("audit_log"),
+                    On::Value,
+                    format!("audit_log {audit_log:?} is not a size"),
+                    "write a number with an optional unit: \"64m\", \"1g\", or bytes \"67108864\""
+                        .into(),
+                ),
+                Some(bytes) if bytes < MIN_AUDIT_LOG_BYTES => self.report(
+                    codes::AUDIT_LOG_SMALL,
+                    path.key("audit_log"),
+                    On::Value,
+                    format!("audit_log {audit_log:?} is below the 1 MiB minimum"),
+                    "use at least \"1m\"; the default is \"64m\"".into(),
                 ),
                 Some(_) => {}
             }

@@ -158,6 +158,30 @@ fn disk_limits_reach_the_plan_in_bytes() {
 }
 
 #[test]
+fn audit_log_caps_reach_the_plan_in_bytes() {
+    let m = manifest::parse(
+        Path::new("bottle.toml"),
+        "[agents.a]\nimage = \"x\"\nlimits.audit_log = \"8m\"\n",
+    )
+    .unwrap();
+    assert_eq!(m.agents["a"].audit_log_bytes(), Some(8 << 20));
+    let e = err("[agents.a]\nimage = \"x\"\nlimits.audit_log = \"1023k\"\n");
+    assert_eq!(
+        (e.code, e.field.as_str()),
+        (codes::AUDIT_LOG_SMALL, "agents.a.limits.audit_log")
+    );
+    assert_eq!(
+        err("[agents.a]\nimage = \"x\"\nlimits.audit_log = \"big\"\n").code,
+        codes::AUDIT_LOG_SYNTAX
+    );
+    manifest::parse(
+        Path::new("bottle.toml"),
+        "[agents.a]\nimage = \"x\"\nlimits.audit_log = \"1m\"\n",
+    )
+    .unwrap();
+}
+
+#[test]
 fn bundle_owned_variables_are_refused_in_any_case() {
     for name in [
         "HTTPS_PROXY",

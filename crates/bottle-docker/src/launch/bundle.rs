@@ -42,12 +42,29 @@ impl<'a, D> Launch<'a, D> {
         self.check_bundle()
     }
 
+    /// Creates the empty `audit.ok` marker beside the audit log, which the
+    /// bundle renames to `audit.degraded` when it cannot write the log
+    /// (`bottle list` shows it). This step serves both backends: a microVM's
+    /// bundle is launched through it too.
+    fn mark_audit_ok(&self) -> Result<(), DockerError> {
+        use bottle_core::audit_files::{AUDIT_DEGRADED_MARKER, AUDIT_OK_MARKER};
+        let stale = self.paths.logs().join(AUDIT_DEGRADED_MARKER);
+        match std::fs::remove_file(&stale) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(DockerError::io("remove", &stale)(e));
+            }
+            _ => {}
+        }
+        data::write_file(&self.paths.logs().join(AUDIT_OK_MARKER), b"", 0o600)
+    }
+
     /// Up to `bundle-files`: the networks and the bundle container, created
     /// and filled but not started. Leaves the egress lock held.
     pub(super) fn prepare_bundle(&mut self) -> Result<(), DockerError> {
         data::write_owner(&self.paths, self.labels.owner)?;
         self.write_stage()?;
         data::create_private_dir(&self.paths.logs())?;
+        self.mark_audit_ok()?;
         data::create_private_dir(&self.paths.requests())?;
         let names = (self.bundle.network.clone(), self.bundle.container.clone());
         let (network, bundle) = (&names.0, &names.1);

@@ -121,4 +121,9 @@ fn an_approved_host_opens_in_the_running_proxy() {
         .unwrap_or_else(|| panic!("no operator_approved line in {audit:?}"));
     assert_eq!(approval.host, WANTED);
     assert_eq!(approval.decision, bottle_bundle::Decision::Allow);
+    // The launch made the audit marker; a bundle that writes fine keeps it.
+    assert_eq!(
+        bottle_core::audit_files::audit_health(&spec.state_dir.join("logs")),
+        bottle_core::audit_files::AuditHealth::Ok
+    );
 }

@@ -110,6 +110,13 @@ impl GitGate {
 
     /// Answers one request.
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<BoxBody> {
+        if self.audit.is_degraded() {
+            // Nothing is fetched or pushed unaudited.
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                crate::audit::AUDIT_UNAVAILABLE_MESSAGE,
+            );
+        }
         let start = Instant::now();
         let path = req.uri().path().to_string();
         let query = req.uri().query().unwrap_or("").to_string();
@@ -178,6 +185,8 @@ impl GitGate {
             duration_ms: u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
             reason: e.reason,
             rule: e.refs,
+            count: 1,
+            truncated: false,
         });
     }
 
