@@ -10,7 +10,7 @@
 //! - `GET /__bottle/health` (origin form) is answered `200 ok` directly.
 //!
 //! Every forwarded request is scanned for secrets (target, headers, the body
-//! as it streams) and then handed to the egress daemon over loopback; the
+//! as it streams behind a hold-back window) and then handed to the egress daemon over loopback; the
 //! proxy itself never dials anything else. One audit line per decision.
 
 use std::net::SocketAddr;
@@ -608,8 +608,7 @@ impl Proxy {
             return blocked(f.reason());
         }
         for (name, value) in req.headers() {
-            let line = [name.as_str().as_bytes(), b": ", value.as_bytes()].concat();
-            if let Some(f) = self.scanner.scan(&line) {
+            if let Some(f) = self.scanner.scan_header(name.as_str(), value.as_bytes()) {
                 return blocked(f.reason());
             }
         }

@@ -10,7 +10,7 @@ use crate::support::{ALLOWED, Env, Options, read_response};
 const AWS: &str = "AKIAIOSFODNN7EXAMPLE";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn secret_split_across_body_chunks_is_blocked_and_audited() {
+async fn secret_split_across_body_chunks_is_blocked_before_any_of_it_leaves() {
     let env = Env::start(Options::default()).await;
     let authority = format!("{ALLOWED}:{}", env.upstream.https.port());
     let mut tls = env.tls(&authority, ALLOWED).await.unwrap();
@@ -26,7 +26,16 @@ async fn secret_split_across_body_chunks_is_blocked_and_audited() {
         .await
         .unwrap();
     tls.flush().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // The body streams: the filler reaches the upstream while the agent
+    // still holds the rest of the key.
+    assert!(
+        bottle_test_support::eventually_async(Duration::from_secs(5), || {
+            env.upstream.received().len() >= filler.len() - 100
+        })
+        .await,
+        "the start of the body was not forwarded: {} bytes",
+        env.upstream.received().len()
+    );
     let second = format!("{b} more");
     // The proxy may already have aborted; a write error here is fine.
     let _ = tls
@@ -35,12 +44,13 @@ async fn secret_split_across_body_chunks_is_blocked_and_audited() {
     let resp = read_response(&mut tls).await;
     assert_eq!(resp.status, 403, "{}", resp.text());
     assert!(resp.text().contains("aws_access_key_id"), "{}", resp.text());
+    let received = env.upstream.received();
+    let key_starts_at = filler.len() + " key=".len();
     assert!(
-        env.upstream
-            .seen()
-            .iter()
-            .all(|s| !String::from_utf8_lossy(&s.body).contains(AWS)),
-        "the secret never reached the upstream"
+        received.len() <= key_starts_at && first.as_bytes().starts_with(&received),
+        "the upstream received {} bytes, ending {:?}; the key starts at byte {key_starts_at}",
+        received.len(),
+        String::from_utf8_lossy(&received[received.len().saturating_sub(20)..])
     );
     assert!(
         bottle_test_support::eventually_async(Duration::from_secs(5), || {
@@ -50,6 +60,56 @@ async fn secret_split_across_body_chunks_is_blocked_and_audited() {
         })
         .await
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_tokens_in_paths_and_header_values_are_blocked_hashes_pass() {
+    let env = Env::start(Options::default()).await;
+    let port = env.upstream.http.port();
+    let token = "Zk3q9P_xL2mVb7RtY1cWn8Hd0sJgAeQ4uKoF6iTz";
+    let get = |path: &str, header: &str| {
+        format!(
+            "GET http://{ALLOWED}:{port}{path} HTTP/1.1\r\nHost: {ALLOWED}:{port}\r\n{header}Connection: close\r\n\r\n"
+        )
+    };
+    let blocked = [
+        (
+            get(&format!("/v1/{token}/x"), ""),
+            "secret:high_entropy_path",
+        ),
+        (
+            get("/v1/x", &format!("X-Trace: {token}\r\n")),
+            "secret:high_entropy_header",
+        ),
+    ];
+    for (req, reason) in &blocked {
+        let resp = env.raw(req.as_bytes()).await;
+        assert_eq!(resp.status, 403, "{reason}: {}", resp.text());
+        assert!(
+            resp.text().contains(reason.trim_start_matches("secret:")),
+            "{}",
+            resp.text()
+        );
+    }
+    assert!(env.upstream.seen().is_empty(), "{:?}", env.upstream.seen());
+    let allowed = [
+        "/packages/3b/12/0e6bd0a7cd1b4d1b2e8fbbc6f7b7f0f1e3fa5e6c5d6a3f1e0c2a9b8d7c6e5f4a/numpy-1.26.4-cp312-cp312-manylinux_2_17_x86_64.whl",
+        "/repos/o/r/commits/3f2a9c1b0e8d7f6a5b4c3d2e1f0a9b8c7d6e5f4a",
+        "/uploads/123e4567-e89b-12d3-a456-426614174000",
+    ];
+    for path in allowed {
+        let resp = env
+            .raw(
+                get(
+                    path,
+                    "If-None-Match: \"W/Zk3q9P_xL2mVb7RtY1cWn8Hd0sJgAeQ4uKoF6iTz\"\r\n",
+                )
+                .as_bytes(),
+            )
+            .await;
+        assert_eq!(resp.status, 200, "{path}: {}", resp.text());
+    }
+    assert_eq!(env.upstream.seen().len(), allowed.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
