@@ -1,5 +1,6 @@
 //! Secret scanning: blocked before anything leaves, audited.
 
+use std::io::Write;
 use std::time::Duration;
 
 use bottle_bundle::Decision;
@@ -60,6 +61,118 @@ async fn secret_split_across_body_chunks_is_blocked_before_any_of_it_leaves() {
         })
         .await
     );
+}
+
+/// A gzip stream of `data`.
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
+/// A brotli stream of uncompressed meta-blocks, one per part: contiguous
+/// once decoded, separated by block headers on the wire (so a key split
+/// across parts is not in the encoded bytes). Bits are packed from the least
+/// significant end; the first header follows WBITS (one 0 bit).
+fn brotli_stored(parts: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (i, part) in parts.iter().enumerate() {
+        assert!(!part.is_empty() && part.len() <= 1 << 16);
+        // ISLAST=0, MNIBBLES=4 (00), MLEN-1 (16 bits), ISUNCOMPRESSED=1.
+        let header = ((part.len() as u32 - 1) << 3) | (1 << 19);
+        let bits = if i == 0 { header << 1 } else { header };
+        out.extend_from_slice(&bits.to_le_bytes()[..3]);
+        out.extend_from_slice(part);
+    }
+    // ISLAST=1, ISLASTEMPTY=1.
+    out.push(0b11);
+    out
+}
+
+/// A plain-HTTP POST through the proxy with the given body and headers.
+fn post(port: u16, path: &str, extra_headers: &str, body: &[u8]) -> Vec<u8> {
+    let mut req = format!(
+        "POST http://{ALLOWED}:{port}{path} HTTP/1.1\r\nHost: {ALLOWED}:{port}\r\n{extra_headers}Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(body);
+    req
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encoded_bodies_are_scanned_decoded_and_bounded() {
+    let env = Env::start(Options::default()).await;
+    let port = env.upstream.http.port();
+    let text = format!(
+        "{} key={AWS} {}",
+        "lorem ipsum ".repeat(500),
+        "dolor ".repeat(500)
+    );
+    let split = text.find(AWS).unwrap() + 8;
+    let hidden_gzip = gzip(text.as_bytes());
+    let hidden_br = brotli_stored(&[&text.as_bytes()[..split], &text.as_bytes()[split..]]);
+    for encoded in [&hidden_gzip, &hidden_br] {
+        assert!(
+            !String::from_utf8_lossy(encoded).contains(AWS),
+            "the key is hidden"
+        );
+    }
+    // 64 gzip members of 1 MiB of zeros each: ~64 KiB on the wire.
+    let bomb = gzip(&vec![0; 1 << 20]).repeat(64);
+    let cases = [
+        ("gzip", hidden_gzip, 403, "secret:aws_access_key_id"),
+        ("br", hidden_br, 403, "secret:aws_access_key_id"),
+        ("gzip", bomb, 413, "body_too_large_to_scan"),
+        (
+            "gzip",
+            b"this is not gzip".to_vec(),
+            400,
+            "undecodable_body",
+        ),
+        (
+            "zstd",
+            b"anything".to_vec(),
+            415,
+            "unsupported_content_encoding",
+        ),
+    ];
+    for (coding, body, status, reason) in &cases {
+        let req = post(
+            port,
+            "/up",
+            &format!("Content-Encoding: {coding}\r\n"),
+            body,
+        );
+        let resp = env.raw(&req).await;
+        assert_eq!(resp.status, *status, "{reason}: {}", resp.text());
+    }
+    assert!(
+        env.upstream.received().is_empty() && env.upstream.seen().is_empty(),
+        "nothing reached the upstream: {:?}",
+        env.upstream.seen()
+    );
+    assert!(
+        bottle_test_support::eventually_async(Duration::from_secs(5), || {
+            let audit = env.audit();
+            cases
+                .iter()
+                .all(|(_, _, _, reason)| audit.iter().any(|r| r.reason == *reason))
+        })
+        .await,
+        "{:?}",
+        env.audit()
+    );
+    // A clean encoded body goes through as the agent sent it.
+    let clean = gzip("nothing to see here ".repeat(1000).as_bytes());
+    let resp = env
+        .raw(&post(port, "/up", "Content-Encoding: gzip\r\n", &clean))
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let seen = env.upstream.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].body, clean);
+    assert_eq!(seen[0].header("content-encoding"), vec!["gzip".to_string()]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
