@@ -52,8 +52,10 @@ pub struct SecretBlocked {
     pub kind: &'static str,
 }
 
-/// Scans a request body as it streams; on a secret it fails the stream
-/// (aborting the upstream request) and records the finding.
+/// Scans a request body as it streams and forwards only what can no longer
+/// be part of a secret (see [`StreamScanner`]); on a secret it fails the
+/// stream (aborting the upstream request) and records the finding, so none
+/// of the secret's bytes have left.
 pub struct ScanBody<B> {
     inner: B,
     scanner: StreamScanner,
@@ -61,6 +63,10 @@ pub struct ScanBody<B> {
     up: Arc<AtomicU64>,
     finding: FindingSlot,
     client_failed: Arc<AtomicBool>,
+    /// The held-back tail, once the agent's body has ended.
+    tail: Option<Bytes>,
+    trailers: Option<Frame<Bytes>>,
+    ended: bool,
 }
 
 impl<B> ScanBody<B> {
@@ -81,6 +87,9 @@ impl<B> ScanBody<B> {
             up,
             finding,
             client_failed,
+            tail: None,
+            trailers: None,
+            ended: false,
         }
     }
 
@@ -89,6 +98,13 @@ impl<B> ScanBody<B> {
             slot.get_or_insert(f);
         }
         Poll::Ready(Some(Err(Box::new(SecretBlocked { kind: f.kind }))))
+    }
+
+    /// The agent's body is done: release the held tail, then the trailers.
+    fn end(&mut self, trailers: Option<Frame<Bytes>>) {
+        self.ended = true;
+        self.tail = Some(self.scanner.finish()).filter(|t| !t.is_empty());
+        self.trailers = trailers;
     }
 }
 
@@ -105,38 +121,77 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    this.up.fetch_add(data.len() as u64, Ordering::Relaxed);
-                    if let Some(f) = this.scanner.feed(data) {
-                        return this.block(f);
-                    }
-                } else if let Some(trailers) = frame.trailers_ref() {
-                    for (name, value) in trailers {
-                        let line = [name.as_str().as_bytes(), b": ", value.as_bytes()].concat();
-                        if let Some(f) = this.header_scanner.scan(&line) {
-                            return this.block(f);
+        loop {
+            if this.ended {
+                if let Some(tail) = this.tail.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(tail))));
+                }
+                return Poll::Ready(this.trailers.take().map(Ok));
+            }
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        this.up.fetch_add(data.len() as u64, Ordering::Relaxed);
+                        match this.scanner.feed(&data) {
+                            Err(f) => return this.block(f),
+                            Ok(ready) if !ready.is_empty() => {
+                                return Poll::Ready(Some(Ok(Frame::data(ready))));
+                            }
+                            // All of it is held back: read on.
+                            Ok(_) => {}
                         }
                     }
+                    Err(frame) => {
+                        if let Some(trailers) = frame.trailers_ref() {
+                            for (name, value) in trailers {
+                                if let Some(f) = this
+                                    .header_scanner
+                                    .scan_header(name.as_str(), value.as_bytes())
+                                {
+                                    return this.block(f);
+                                }
+                            }
+                        }
+                        this.end(Some(frame));
+                    }
+                },
+                Poll::Ready(Some(Err(e))) => {
+                    this.client_failed.store(true, Ordering::Relaxed);
+                    return Poll::Ready(Some(Err(e.into())));
                 }
-                Poll::Ready(Some(Ok(frame)))
+                Poll::Ready(None) => this.end(None),
+                Poll::Pending => return Poll::Pending,
             }
-            Poll::Ready(Some(Err(e))) => {
-                this.client_failed.store(true, Ordering::Relaxed);
-                Poll::Ready(Some(Err(e.into())))
-            }
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        if self.ended {
+            self.tail.is_none() && self.trailers.is_none()
+        } else {
+            self.inner.is_end_stream() && self.scanner.held() == 0
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        // What is left is what the agent has still to send plus what is
+        // held back.
+        let pending = if self.ended {
+            self.tail.as_ref().map_or(0, Bytes::len)
+        } else {
+            self.scanner.held()
+        } as u64;
+        let inner = if self.ended {
+            SizeHint::with_exact(0)
+        } else {
+            self.inner.size_hint()
+        };
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + pending);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + pending);
+        }
+        hint
     }
 }
 
@@ -367,23 +422,47 @@ pub(crate) mod tests {
     }
 
     #[tokio::test]
-    async fn scan_body_fails_the_stream_on_a_split_secret() {
+    async fn scan_body_fails_the_stream_on_a_split_secret_before_releasing_it() {
         let scanner = crate::scan::Scanner::new().unwrap();
         let up = Arc::new(AtomicU64::new(0));
         let slot: FindingSlot = Arc::default();
-        let chunks = Chunks(
-            [
-                Bytes::from_static(b"data=xx AKIAIOSF"),
-                Bytes::from_static(b"ODNN7EXAMPLE yy"),
-            ]
-            .into(),
-        );
-        let body = ScanBody::new(chunks, &scanner, up.clone(), slot.clone(), Arc::default());
-        assert!(body.collect().await.is_err());
+        let filler = "z".repeat(200);
+        let (first, second) = (format!("{filler} data=xx AKIAIOSF"), "ODNN7EXAMPLE yy");
+        let sent = (first.len() + second.len()) as u64;
+        let chunks = Chunks([Bytes::from(first), Bytes::from_static(second.as_bytes())].into());
+        let mut body = ScanBody::new(chunks, &scanner, up.clone(), slot.clone(), Arc::default());
+        let mut released = Vec::new();
+        let err = loop {
+            match body.frame().await {
+                Some(Ok(frame)) => released.extend_from_slice(frame.data_ref().unwrap()),
+                Some(Err(e)) => break e,
+                None => panic!("the body ended without a finding"),
+            }
+        };
+        assert!(err.is::<SecretBlocked>(), "{err}");
         assert_eq!(
             slot.lock().unwrap().map(|f| f.kind),
             Some("aws_access_key_id")
         );
-        assert_eq!(up.load(Ordering::Relaxed), 31);
+        assert_eq!(up.load(Ordering::Relaxed), sent);
+        let released = String::from_utf8(released).unwrap();
+        assert!(!released.contains('A'), "{released}");
+        assert!(released.starts_with("zzz"), "the filler did stream");
+    }
+
+    #[tokio::test]
+    async fn scan_body_passes_a_clean_body_whole() {
+        let scanner = crate::scan::Scanner::new().unwrap();
+        let text: Vec<u8> = b"hello clean world ".repeat(100);
+        let chunks = Chunks(text.chunks(37).map(Bytes::copy_from_slice).collect());
+        let body = ScanBody::new(
+            chunks,
+            &scanner,
+            Arc::default(),
+            Arc::default(),
+            Arc::default(),
+        );
+        let out = body.collect().await.unwrap().to_bytes();
+        assert_eq!(out.as_ref(), text.as_slice());
     }
 }

@@ -16,6 +16,7 @@ pub mod body;
 pub mod ca;
 pub mod daemons;
 pub mod egress;
+pub mod encoding;
 mod error;
 pub mod gitgate;
 pub mod io;

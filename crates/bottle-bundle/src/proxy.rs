@@ -10,7 +10,8 @@
 //! - `GET /__bottle/health` (origin form) is answered `200 ok` directly.
 //!
 //! Every forwarded request is scanned for secrets (target, headers, the body
-//! as it streams) and then handed to the egress daemon over loopback; the
+//! as it streams behind a hold-back window, or decoded first when it has a
+//! `Content-Encoding`) and then handed to the egress daemon over loopback; the
 //! proxy itself never dials anything else. One audit line per decision.
 
 use std::net::SocketAddr;
@@ -38,6 +39,7 @@ use crate::ca::LeafMinter;
 use crate::egress::{
     DECISION_HEADER, REASON_HEADER, RULE_HEADER, SCHEME_HEADER, TARGET_HEADER, strip_hop_by_hop,
 };
+use crate::encoding::{self, Refusal};
 use crate::io::{IdleIo, Prefixed};
 use crate::scan::Scanner;
 
@@ -578,6 +580,40 @@ impl Proxy {
         self.forward(req, target, start).await
     }
 
+    /// Refuses a request whose body could not be let through: a secret in
+    /// it, or a body that cannot be scanned (see [`encoding`]).
+    fn unscannable(
+        &self,
+        refusal: &Refusal,
+        target: &Target,
+        method: &str,
+        pq: &str,
+        start: Instant,
+    ) -> Response<BoxBody> {
+        let decision = match refusal {
+            Refusal::Secret(_) => Decision::BlockedSecret,
+            Refusal::ClientFailed => Decision::Error,
+            _ => Decision::Deny,
+        };
+        let rec = self.record(
+            decision,
+            &target.host.to_string(),
+            target.port,
+            method,
+            pq,
+            &refusal.reason(),
+            &target.rule,
+        );
+        let message = match refusal {
+            Refusal::Secret(f) => format!(
+                "bottle: request blocked: it carries what looks like a credential ({}); the bottle does not let secrets leave",
+                f.reason()
+            ),
+            other => format!("bottle: request refused: {other}"),
+        };
+        self.refuse(refusal.status(), rec, start, &message)
+    }
+
     /// Scans and forwards one request to egress; streams the response back.
     async fn forward(
         &self,
@@ -633,11 +669,14 @@ impl Proxy {
             return blocked(f.reason());
         }
         for (name, value) in req.headers() {
-            let line = [name.as_str().as_bytes(), b": ", value.as_bytes()].concat();
-            if let Some(f) = self.scanner.scan(&line) {
+            if let Some(f) = self.scanner.scan_header(name.as_str(), value.as_bytes()) {
                 return blocked(f.reason());
             }
         }
+        let codings = match encoding::codings(req.headers()) {
+            Ok(c) => c,
+            Err(refusal) => return self.unscannable(&refusal, &target, &method, &pq, start),
+        };
         let (mut parts, body) = req.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         let authority = match (target.scheme, target.port) {
@@ -679,14 +718,25 @@ impl Proxy {
         let up = Arc::new(AtomicU64::new(0));
         let finding: FindingSlot = Arc::default();
         let client_failed = Arc::new(AtomicBool::new(false));
-        let body = ScanBody::new(
-            body,
-            &self.scanner,
-            up.clone(),
-            finding.clone(),
-            client_failed.clone(),
-        );
-        let egress_req = Request::from_parts(parts, boxed(body));
+        let body = if codings.is_empty() {
+            boxed(ScanBody::new(
+                body,
+                &self.scanner,
+                up.clone(),
+                finding.clone(),
+                client_failed.clone(),
+            ))
+        } else {
+            match encoding::buffer_and_scan(body, &self.scanner, codings).await {
+                Ok(body) => {
+                    let len = http_body::Body::size_hint(&body).lower();
+                    up.store(len, Ordering::Relaxed);
+                    body
+                }
+                Err(refusal) => return self.unscannable(&refusal, &target, &method, &pq, start),
+            }
+        };
+        let egress_req = Request::from_parts(parts, body);
         match self.client.request(egress_req).await {
             Ok(resp) => {
                 let (mut parts, body) = resp.into_parts();

@@ -1,5 +1,6 @@
 //! Secret scanning: blocked before anything leaves, audited.
 
+use std::io::Write;
 use std::time::Duration;
 
 use bottle_bundle::Decision;
@@ -10,7 +11,7 @@ use crate::support::{ALLOWED, Env, Options, read_response};
 const AWS: &str = "AKIAIOSFODNN7EXAMPLE";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn secret_split_across_body_chunks_is_blocked_and_audited() {
+async fn secret_split_across_body_chunks_is_blocked_before_any_of_it_leaves() {
     let env = Env::start(Options::default()).await;
     let authority = format!("{ALLOWED}:{}", env.upstream.https.port());
     let mut tls = env.tls(&authority, ALLOWED).await.unwrap();
@@ -26,7 +27,16 @@ async fn secret_split_across_body_chunks_is_blocked_and_audited() {
         .await
         .unwrap();
     tls.flush().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // The body streams: the filler reaches the upstream while the agent
+    // still holds the rest of the key.
+    assert!(
+        bottle_test_support::eventually_async(Duration::from_secs(5), || {
+            env.upstream.received().len() >= filler.len() - 100
+        })
+        .await,
+        "the start of the body was not forwarded: {} bytes",
+        env.upstream.received().len()
+    );
     let second = format!("{b} more");
     // The proxy may already have aborted; a write error here is fine.
     let _ = tls
@@ -35,12 +45,13 @@ async fn secret_split_across_body_chunks_is_blocked_and_audited() {
     let resp = read_response(&mut tls).await;
     assert_eq!(resp.status, 403, "{}", resp.text());
     assert!(resp.text().contains("aws_access_key_id"), "{}", resp.text());
+    let received = env.upstream.received();
+    let key_starts_at = filler.len() + " key=".len();
     assert!(
-        env.upstream
-            .seen()
-            .iter()
-            .all(|s| !String::from_utf8_lossy(&s.body).contains(AWS)),
-        "the secret never reached the upstream"
+        received.len() <= key_starts_at && first.as_bytes().starts_with(&received),
+        "the upstream received {} bytes, ending {:?}; the key starts at byte {key_starts_at}",
+        received.len(),
+        String::from_utf8_lossy(&received[received.len().saturating_sub(20)..])
     );
     assert!(
         bottle_test_support::eventually_async(Duration::from_secs(5), || {
@@ -50,6 +61,168 @@ async fn secret_split_across_body_chunks_is_blocked_and_audited() {
         })
         .await
     );
+}
+
+/// A gzip stream of `data`.
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
+/// A brotli stream of uncompressed meta-blocks, one per part: contiguous
+/// once decoded, separated by block headers on the wire (so a key split
+/// across parts is not in the encoded bytes). Bits are packed from the least
+/// significant end; the first header follows WBITS (one 0 bit).
+fn brotli_stored(parts: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (i, part) in parts.iter().enumerate() {
+        assert!(!part.is_empty() && part.len() <= 1 << 16);
+        // ISLAST=0, MNIBBLES=4 (00), MLEN-1 (16 bits), ISUNCOMPRESSED=1.
+        let header = ((part.len() as u32 - 1) << 3) | (1 << 19);
+        let bits = if i == 0 { header << 1 } else { header };
+        out.extend_from_slice(&bits.to_le_bytes()[..3]);
+        out.extend_from_slice(part);
+    }
+    // ISLAST=1, ISLASTEMPTY=1.
+    out.push(0b11);
+    out
+}
+
+/// A plain-HTTP POST through the proxy with the given body and headers.
+fn post(port: u16, path: &str, extra_headers: &str, body: &[u8]) -> Vec<u8> {
+    let mut req = format!(
+        "POST http://{ALLOWED}:{port}{path} HTTP/1.1\r\nHost: {ALLOWED}:{port}\r\n{extra_headers}Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(body);
+    req
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encoded_bodies_are_scanned_decoded_and_bounded() {
+    let env = Env::start(Options::default()).await;
+    let port = env.upstream.http.port();
+    let text = format!(
+        "{} key={AWS} {}",
+        "lorem ipsum ".repeat(500),
+        "dolor ".repeat(500)
+    );
+    let split = text.find(AWS).unwrap() + 8;
+    let hidden_gzip = gzip(text.as_bytes());
+    let hidden_br = brotli_stored(&[&text.as_bytes()[..split], &text.as_bytes()[split..]]);
+    for encoded in [&hidden_gzip, &hidden_br] {
+        assert!(
+            !String::from_utf8_lossy(encoded).contains(AWS),
+            "the key is hidden"
+        );
+    }
+    // 64 gzip members of 1 MiB of zeros each: ~64 KiB on the wire.
+    let bomb = gzip(&vec![0; 1 << 20]).repeat(64);
+    let cases = [
+        ("gzip", hidden_gzip, 403, "secret:aws_access_key_id"),
+        ("br", hidden_br, 403, "secret:aws_access_key_id"),
+        ("gzip", bomb, 413, "body_too_large_to_scan"),
+        (
+            "gzip",
+            b"this is not gzip".to_vec(),
+            400,
+            "undecodable_body",
+        ),
+        (
+            "zstd",
+            b"anything".to_vec(),
+            415,
+            "unsupported_content_encoding",
+        ),
+    ];
+    for (coding, body, status, reason) in &cases {
+        let req = post(
+            port,
+            "/up",
+            &format!("Content-Encoding: {coding}\r\n"),
+            body,
+        );
+        let resp = env.raw(&req).await;
+        assert_eq!(resp.status, *status, "{reason}: {}", resp.text());
+    }
+    assert!(
+        env.upstream.received().is_empty() && env.upstream.seen().is_empty(),
+        "nothing reached the upstream: {:?}",
+        env.upstream.seen()
+    );
+    assert!(
+        bottle_test_support::eventually_async(Duration::from_secs(5), || {
+            let audit = env.audit();
+            cases
+                .iter()
+                .all(|(_, _, _, reason)| audit.iter().any(|r| r.reason == *reason))
+        })
+        .await,
+        "{:?}",
+        env.audit()
+    );
+    // A clean encoded body goes through as the agent sent it.
+    let clean = gzip("nothing to see here ".repeat(1000).as_bytes());
+    let resp = env
+        .raw(&post(port, "/up", "Content-Encoding: gzip\r\n", &clean))
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let seen = env.upstream.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].body, clean);
+    assert_eq!(seen[0].header("content-encoding"), vec!["gzip".to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_tokens_in_paths_and_header_values_are_blocked_hashes_pass() {
+    let env = Env::start(Options::default()).await;
+    let port = env.upstream.http.port();
+    let token = "Zk3q9P_xL2mVb7RtY1cWn8Hd0sJgAeQ4uKoF6iTz";
+    let get = |path: &str, header: &str| {
+        format!(
+            "GET http://{ALLOWED}:{port}{path} HTTP/1.1\r\nHost: {ALLOWED}:{port}\r\n{header}Connection: close\r\n\r\n"
+        )
+    };
+    let blocked = [
+        (
+            get(&format!("/v1/{token}/x"), ""),
+            "secret:high_entropy_path",
+        ),
+        (
+            get("/v1/x", &format!("X-Trace: {token}\r\n")),
+            "secret:high_entropy_header",
+        ),
+    ];
+    for (req, reason) in &blocked {
+        let resp = env.raw(req.as_bytes()).await;
+        assert_eq!(resp.status, 403, "{reason}: {}", resp.text());
+        assert!(
+            resp.text().contains(reason.trim_start_matches("secret:")),
+            "{}",
+            resp.text()
+        );
+    }
+    assert!(env.upstream.seen().is_empty(), "{:?}", env.upstream.seen());
+    let allowed = [
+        "/packages/3b/12/0e6bd0a7cd1b4d1b2e8fbbc6f7b7f0f1e3fa5e6c5d6a3f1e0c2a9b8d7c6e5f4a/numpy-1.26.4-cp312-cp312-manylinux_2_17_x86_64.whl",
+        "/repos/o/r/commits/3f2a9c1b0e8d7f6a5b4c3d2e1f0a9b8c7d6e5f4a",
+        "/uploads/123e4567-e89b-12d3-a456-426614174000",
+    ];
+    for path in allowed {
+        let resp = env
+            .raw(
+                get(
+                    path,
+                    "If-None-Match: \"W/Zk3q9P_xL2mVb7RtY1cWn8Hd0sJgAeQ4uKoF6iTz\"\r\n",
+                )
+                .as_bytes(),
+            )
+            .await;
+        assert_eq!(resp.status, 200, "{path}: {}", resp.text());
+    }
+    assert_eq!(env.upstream.seen().len(), allowed.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -49,6 +49,8 @@ pub(crate) struct Upstream {
     pub http: SocketAddr,
     pub https: SocketAddr,
     pub seen: Arc<Mutex<Vec<Seen>>>,
+    /// Every request body byte that arrived, complete requests or not.
+    pub received: Arc<Mutex<Vec<u8>>>,
     pub root_pem: PathBuf,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -64,6 +66,7 @@ impl Drop for Upstream {
 async fn echo(
     req: Request<Incoming>,
     seen: Arc<Mutex<Vec<Seen>>>,
+    received: Arc<Mutex<Vec<u8>>>,
 ) -> Result<Response<Full<Bytes>>, hyper::Error> {
     let method = req.method().to_string();
     let path = req
@@ -80,7 +83,16 @@ async fn echo(
             )
         })
         .collect();
-    let body = req.into_body().collect().await?.to_bytes().to_vec();
+    // Frame by frame into `received`, so that bytes of a body the proxy
+    // aborts half-way are on record too.
+    let mut incoming = req.into_body();
+    let mut body = Vec::new();
+    while let Some(frame) = incoming.frame().await {
+        if let Some(data) = frame?.data_ref() {
+            received.lock().unwrap().extend_from_slice(data);
+            body.extend_from_slice(data);
+        }
+    }
     seen.lock().unwrap().push(Seen {
         method: method.clone(),
         path: path.clone(),
@@ -110,11 +122,11 @@ async fn echo(
     Ok(resp)
 }
 
-async fn serve_conn<I>(io: I, seen: Arc<Mutex<Vec<Seen>>>)
+async fn serve_conn<I>(io: I, seen: Arc<Mutex<Vec<Seen>>>, received: Arc<Mutex<Vec<u8>>>)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let svc = hyper::service::service_fn(move |req| echo(req, seen.clone()));
+    let svc = hyper::service::service_fn(move |req| echo(req, seen.clone(), received.clone()));
     let _ = hyper::server::conn::http1::Builder::new()
         .serve_connection(TokioIo::new(io), svc)
         .await;
@@ -123,6 +135,7 @@ where
 impl Upstream {
     pub(crate) async fn start(dir: &Path) -> Self {
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let received: Arc<Mutex<Vec<u8>>> = Arc::default();
         let ca = bottle_bundle::generate_ca("upstream-test").unwrap();
         let root_pem = dir.join("upstream-root.pem");
         std::fs::write(&root_pem, &ca.cert_pem).unwrap();
@@ -135,20 +148,20 @@ impl Upstream {
         let https_l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = http_l.local_addr().unwrap();
         let https = https_l.local_addr().unwrap();
-        let s1 = seen.clone();
+        let (s1, r1) = (seen.clone(), received.clone());
         let t1 = tokio::spawn(async move {
             while let Ok((s, _)) = http_l.accept().await {
-                tokio::spawn(serve_conn(s, s1.clone()));
+                tokio::spawn(serve_conn(s, s1.clone(), r1.clone()));
             }
         });
-        let s2 = seen.clone();
+        let (s2, r2) = (seen.clone(), received.clone());
         let t2 = tokio::spawn(async move {
             while let Ok((s, _)) = https_l.accept().await {
                 let acceptor = acceptor.clone();
-                let seen = s2.clone();
+                let (seen, received) = (s2.clone(), r2.clone());
                 tokio::spawn(async move {
                     if let Ok(tls) = acceptor.accept(s).await {
-                        serve_conn(tls, seen).await;
+                        serve_conn(tls, seen, received).await;
                     }
                 });
             }
@@ -157,6 +170,7 @@ impl Upstream {
             http,
             https,
             seen,
+            received,
             root_pem,
             tasks: vec![t1, t2],
         }
@@ -164,6 +178,10 @@ impl Upstream {
 
     pub(crate) fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
+    }
+
+    pub(crate) fn received(&self) -> Vec<u8> {
+        self.received.lock().unwrap().clone()
     }
 }
 
