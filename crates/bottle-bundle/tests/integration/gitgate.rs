@@ -1277,22 +1277,32 @@ async fn shallow_pushes_work_and_framing_outside_the_grammar_is_refused() {
     );
 
     assert_eq!(refs(&home, &bare), before);
-    let pushes = gate.lines("work", "push");
-    let reasons: Vec<(&str, &str)> = pushes
-        .iter()
-        .map(|r| (r.reason.as_str(), r.rule.as_str()))
-        .collect();
+    // Identical refusals are coalesced into one counted line (the refs are
+    // the last one's), flushed when the one-second window closes.
+    let pushes = bottle_test_support::wait_for_async(
+        "the seven push decisions in the audit log",
+        std::time::Duration::from_secs(10),
+        || {
+            let pushes = gate.lines("work", "push");
+            (pushes.iter().map(|r| r.count).sum::<u64>() == 7).then_some(pushes)
+        },
+    )
+    .await;
+    let first = &pushes[0];
     assert_eq!(
-        reasons,
-        [
-            ("allowed", "refs/heads/agent/shallow"),
-            ("malformed_request", "refs/heads/agent/y"),
-            ("malformed_request", "refs/heads/agent/y"),
-            ("malformed_request", "refs/heads/agent/y"),
-            ("malformed_request", "refs/heads/agent/y"),
-            ("malformed_request", "refs/heads/agent/y"),
-            ("malformed_request", ""),
-        ],
+        (first.reason.as_str(), first.rule.as_str(), first.count),
+        ("allowed", "refs/heads/agent/shallow", 1),
+        "{pushes:#?}"
+    );
+    let refused = &pushes[1..];
+    assert!(
+        refused.iter().all(|r| r.reason == "malformed_request"),
+        "{pushes:#?}"
+    );
+    assert_eq!(refused[0].rule, "refs/heads/agent/y", "{pushes:#?}");
+    assert_eq!(
+        refused.iter().map(|r| r.count).sum::<u64>(),
+        6,
         "{pushes:#?}"
     );
 }
