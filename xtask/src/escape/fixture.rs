@@ -74,6 +74,8 @@ pub(crate) const PIDS: i64 = 128;
 /// The audit log's rotation size every agent gets: the least the manifest
 /// takes, so the `audit-flood` probe's bounded flood passes it.
 pub(crate) const AUDIT_LOG: &str = "1m";
+/// The same in bytes.
+pub(crate) const AUDIT_LOG_BYTES: u64 = 1 << 20;
 /// Ports the proxy lets through.
 pub(crate) const PORTS: &[u16] = &[80, 443];
 
