@@ -112,7 +112,7 @@ pub struct ProbeResult {
     /// Stable probe name, e.g. `tcp-internet-v4`.
     pub probe: String,
     /// Category: `network`, `dns`, `proxy`, `filesystem`, `kernel`,
-    /// `privilege`, `resources`, `secrets`, `operator`, `git`.
+    /// `privilege`, `resources`, `secrets`, `operator`, `git`, `audit`.
     pub category: String,
     /// What was attempted and what counts as blocked, for the report.
     pub expected: String,
@@ -159,3 +159,8 @@ pub fn git_probe_ref(kind: &str, token: &str) -> String {
         .collect();
     format!("refs/heads/agent/probe-{kind}-{tag}")
 }
+
+/// The path of every request in the audit-flood probe's identical run
+/// (`audit-flood`): the harness finds the run's records in the bottle's
+/// audit log by it and checks that they were coalesced into counted ones.
+pub const AUDIT_FLOOD_SAME_PATH: &str = "/bottle-probe/audit-flood-same";

@@ -71,6 +71,11 @@ pub(crate) const MEMORY: &str = "256m";
 pub(crate) const MEMORY_BYTES: i64 = 256 << 20;
 /// PID limit every agent gets.
 pub(crate) const PIDS: i64 = 128;
+/// The audit log's rotation size every agent gets: the least the manifest
+/// takes, so the `audit-flood` probe's bounded flood passes it.
+pub(crate) const AUDIT_LOG: &str = "1m";
+/// The same in bytes.
+pub(crate) const AUDIT_LOG_BYTES: u64 = 1 << 20;
 /// Ports the proxy lets through.
 pub(crate) const PORTS: &[u16] = &[80, 443];
 
@@ -135,7 +140,7 @@ pub(crate) fn manifest(
              [agents.{key}.egress]\nallow = [{allow}]\nports = [{ports}]\nresolve = {{ {pinned:?} = {pin:?}, {cred:?} = {pin:?} }}\n\n\
              [[agents.{key}.credentials]]\nname = \"canary\"\nsource = {{ file = {file:?} }}\nhost = {cred:?}\nheader = \"{CREDENTIAL_HEADER}\"\n\n\
              [[agents.{key}.git]]\nname = \"{GIT_REPO}\"\nurl = {repo:?}\nmode = \"read-write\"\npush = [\"{GIT_PUSH}\"]\n\n\
-             [agents.{key}.limits]\nmemory = \"{MEMORY}\"\npids = {PIDS}\n",
+             [agents.{key}.limits]\nmemory = \"{MEMORY}\"\npids = {PIDS}\naudit_log = \"{AUDIT_LOG}\"\n",
             key = agent.key,
             repo = git_repo_path(git_root, &agent.key).display().to_string(),
             pinned = allowed_host(&agent.key),
@@ -221,6 +226,7 @@ push = ["agent/*"]
 [agents.escape-a.limits]
 memory = "256m"
 pids = 128
+audit_log = "1m"
 
 [agents.escape-p1]
 build = { context = "/tmp/ctx" }
@@ -246,6 +252,7 @@ push = ["agent/*"]
 [agents.escape-p1.limits]
 memory = "256m"
 pids = 128
+audit_log = "1m"
 "#;
         assert_eq!(text, expected);
     }

@@ -2,10 +2,12 @@
 //!
 //! Every probe is a named, bounded attempt that returns an [`Attempt`]:
 //! `reached` when the escape worked, `blocked` when it was refused, `error`
-//! when the probe could not even try. The order is fixed: the resource
+//! when the probe could not even try. The order is fixed: the audit flood
+//! runs after every other probe of the proxy, and the resource
 //! probes (fork bomb, memory) run last so that whatever they leave behind
 //! cannot spoil the others.
 
+mod audit;
 mod dns;
 mod filesystem;
 mod git;
@@ -199,6 +201,7 @@ pub fn catalogue(config: &ProbeConfig) -> Vec<Probe> {
     all.extend(secrets::probes());
     all.extend(operator::probes());
     all.extend(git::probes());
+    all.extend(audit::probes());
     all.extend(resources::probes());
     all
 }

@@ -10,6 +10,7 @@
     reason = "test harness helpers outside #[test] fns: a failure must fail the test loudly"
 )]
 
+mod audit;
 mod fixture;
 mod git;
 mod network;

@@ -22,6 +22,7 @@
 //! agent text does to the operator's terminal; `git_repos`: each agent's
 //! bare repository on the host, seeded and read back with real git.
 
+mod audit_log;
 mod bottle_posture;
 mod bottles;
 mod controls;

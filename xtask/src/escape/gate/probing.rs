@@ -156,6 +156,7 @@ impl Gate {
         );
         if probes == ProbeSet::Full {
             self.operator_output(phase, &bottle.guard.name)?;
+            self.audit_evidence(phase, &bottle.guard.name)?;
         }
         Ok(results)
     }
