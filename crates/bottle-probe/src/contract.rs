@@ -159,3 +159,38 @@ pub fn git_probe_ref(kind: &str, token: &str) -> String {
         .collect();
     format!("refs/heads/agent/probe-{kind}-{tag}")
 }
+
+/// The fake AWS access key id `proxy-secret-split` sends in two chunks of
+/// one body: `AKIA` and 16 upper-case letters and digits drawn from the
+/// run's token, so it is new each run and the harness can look for it.
+pub fn split_secret(token: &str) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    let mut next = seeded("split-secret", token);
+    let tail: String = (0..16)
+        .map(|_| char::from(ALPHABET[(next() % ALPHABET.len() as u64) as usize]))
+        .collect();
+    format!("AKIA{tail}")
+}
+
+/// The part of [`split_secret`] sent in the first chunk: it must not reach
+/// the upstream before the scanner has seen the rest.
+pub fn split_secret_first_half(token: &str) -> String {
+    split_secret(token)[..10].to_string()
+}
+
+/// A deterministic stream of pseudo-random numbers for `token` (FNV-1a of
+/// `salt` and the token, then SplitMix64): the same run gets the same
+/// values, another run different ones.
+pub(crate) fn seeded(salt: &str, token: &str) -> impl FnMut() -> u64 {
+    let mut state = 0xcbf2_9ce4_8422_2325_u64;
+    for b in salt.bytes().chain([0]).chain(token.bytes()) {
+        state = (state ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
