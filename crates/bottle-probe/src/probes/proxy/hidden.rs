@@ -15,7 +15,7 @@ use crate::probes::{Attempt, Ctx, Probe, contains, errno_name};
 /// Bytes of filler before the first half of the split key: well past the
 /// scanner's hold-back window, so a bundle that streams sends some of it.
 const SPLIT_FILLER: usize = 3 * 1024;
-/// The pause between the two chunks (at most a quarter of the timeout).
+/// The pause between the two chunks (at most a third of the timeout).
 const SPLIT_PAUSE: Duration = Duration::from_millis(500);
 
 pub(super) fn probes() -> Vec<Probe> {
@@ -105,7 +105,7 @@ fn secret_split(c: &Ctx) -> Attempt {
         .and_then(|()| s.write_all(&chunk(&first)))
         .and_then(|()| s.flush());
     if sent.is_ok() {
-        std::thread::sleep(SPLIT_PAUSE.min(c.timeout / 4));
+        std::thread::sleep(SPLIT_PAUSE.min(c.timeout / 3));
         sent = s
             .write_all(&chunk(&second))
             .and_then(|()| s.write_all(b"0\r\n\r\n"));
