@@ -123,15 +123,31 @@ pub(crate) fn secret_row(
     secret: &str,
     detector: Option<bool>,
 ) -> Row {
-    let leaks: Vec<String> = hits
-        .iter()
-        .filter(|h| {
-            !secret.is_empty()
-                && h.received
-                    .windows(secret.len())
-                    .any(|w| w == secret.as_bytes())
-        })
-        .map(|h| format!("{} received it in cleartext from {}", h.canary, h.peer))
+    leak_row(
+        phase,
+        probe,
+        "credential",
+        hits,
+        secret,
+        "the secret in cleartext",
+        detector,
+    )
+}
+
+/// The row for bytes (`needle`, described as `what`) that no canary may
+/// have received: an escape if one did. `detector` is the host-side
+/// control: the same bytes sent from the host were seen.
+pub(crate) fn leak_row(
+    phase: &str,
+    probe: &str,
+    category: &str,
+    hits: &[Hit],
+    needle: &str,
+    what: &str,
+    detector: Option<bool>,
+) -> Row {
+    let leaks: Vec<String> = carriers(hits, needle)
+        .map(|h| format!("{} received {what} from {}", h.canary, h.peer))
         .collect();
     let observed = if leaks.is_empty() {
         Observed::Blocked
@@ -139,19 +155,29 @@ pub(crate) fn secret_row(
         Observed::Reached
     };
     let detail = if leaks.is_empty() {
-        format!("{} connections, none carried the secret", hits.len())
+        format!("{} connections, none carried {what}", hits.len())
     } else {
         leaks.join("; ")
     };
     Row::new(
         phase,
         probe,
-        "credential",
+        category,
         Expect::Blocked,
         observed,
         detector,
         detail,
     )
+}
+
+/// The hits whose received bytes contain `needle` (none for an empty one).
+pub(crate) fn carriers<'a>(hits: &'a [Hit], needle: &'a str) -> impl Iterator<Item = &'a Hit> {
+    hits.iter().filter(move |h| {
+        !needle.is_empty()
+            && h.received
+                .windows(needle.len())
+                .any(|w| w == needle.as_bytes())
+    })
 }
 
 /// `git for-each-ref --format='%(refname) %(objectname)'` as a map.
