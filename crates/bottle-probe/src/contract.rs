@@ -172,10 +172,26 @@ pub fn split_secret(token: &str) -> String {
     format!("AKIA{tail}")
 }
 
-/// The part of [`split_secret`] sent in the first chunk: it must not reach
-/// the upstream before the scanner has seen the rest.
-pub fn split_secret_first_half(token: &str) -> String {
-    split_secret(token)[..10].to_string()
+/// How many bytes of [`split_secret`] the first chunk carries.
+pub const SPLIT_SECRET_FIRST: usize = 10;
+
+/// What the first chunk carries just before the split key: a field naming
+/// the run, then `aws_access_key_id=`.
+pub fn split_secret_lead(token: &str) -> String {
+    let tag: String = token
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(24)
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    format!("probe=split-{tag}&aws_access_key_id=")
+}
+
+/// What the harness looks for at the canaries: [`split_secret_lead`] and
+/// the key's first byte. The bytes stream in order, so this is on the wire
+/// exactly when a byte of the key's first half got through.
+pub fn split_secret_wire_needle(token: &str) -> String {
+    format!("{}{}", split_secret_lead(token), &split_secret(token)[..1])
 }
 
 /// A deterministic stream of pseudo-random numbers for `token` (FNV-1a of

@@ -8,7 +8,7 @@ use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use super::{CAT, FAKE_AWS_KEY, judge_status_only, snippet};
-use crate::contract::{seeded, split_secret};
+use crate::contract::{SPLIT_SECRET_FIRST, seeded, split_secret, split_secret_lead};
 use crate::net;
 use crate::probes::{Attempt, Ctx, Probe, contains, errno_name};
 
@@ -72,10 +72,10 @@ pub(super) fn probes() -> Vec<Probe> {
 /// chunk framing.
 pub(crate) fn split_body(token: &str) -> (Vec<u8>, Vec<u8>) {
     let key = split_secret(token);
-    let (a, b) = key.split_at(10);
+    let (a, b) = key.split_at(SPLIT_SECRET_FIRST);
     let line = "note=bottle-probe-filler-text&";
     let mut first = line.repeat(SPLIT_FILLER / line.len() + 1).into_bytes();
-    first.extend_from_slice(format!("aws_access_key_id={a}").as_bytes());
+    first.extend_from_slice(format!("{}{a}", split_secret_lead(token)).as_bytes());
     (first, format!("{b}&end=1\n").into_bytes())
 }
 
@@ -263,9 +263,16 @@ mod tests {
         );
         let (first, second) = split_body("tok-a");
         assert!(first.len() > SPLIT_FILLER);
-        let half = crate::contract::split_secret_first_half("tok-a");
-        assert!(first.ends_with(format!("aws_access_key_id={half}").as_bytes()));
+        let lead = split_secret_lead("tok-a");
+        assert!(lead.ends_with("&aws_access_key_id="), "{lead}");
+        assert!(first.ends_with(format!("{lead}{}", &key[..SPLIT_SECRET_FIRST]).as_bytes()));
+        assert!(contains(
+            &first,
+            &crate::contract::split_secret_wire_needle("tok-a")
+        ));
         assert!(!contains(&first, &key) && !contains(&second, &key));
+        // Lead and first half fit in the bundle's hold-back window (58).
+        assert!(lead.len() + SPLIT_SECRET_FIRST < 58);
         assert!(contains(&[first, second].concat(), &key));
     }
 
