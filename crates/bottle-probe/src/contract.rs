@@ -164,3 +164,54 @@ pub fn git_probe_ref(kind: &str, token: &str) -> String {
 /// (`audit-flood`): the harness finds the run's records in the bottle's
 /// audit log by it and checks that they were coalesced into counted ones.
 pub const AUDIT_FLOOD_SAME_PATH: &str = "/bottle-probe/audit-flood-same";
+
+/// The fake AWS access key id `proxy-secret-split` sends in two chunks of
+/// one body: `AKIA` and 16 upper-case letters and digits drawn from the
+/// run's token, so it is new each run and the harness can look for it.
+pub fn split_secret(token: &str) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    let mut next = seeded("split-secret", token);
+    let tail: String = (0..16)
+        .map(|_| char::from(ALPHABET[(next() % ALPHABET.len() as u64) as usize]))
+        .collect();
+    format!("AKIA{tail}")
+}
+
+/// How many bytes of [`split_secret`] the first chunk carries.
+pub const SPLIT_SECRET_FIRST: usize = 10;
+
+/// What the first chunk carries just before the split key: a field naming
+/// the run, then `aws_access_key_id=`.
+pub fn split_secret_lead(token: &str) -> String {
+    let tag: String = token
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(24)
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    format!("probe=split-{tag}&aws_access_key_id=")
+}
+
+/// What the harness looks for at the canaries: [`split_secret_lead`] and
+/// the key's first byte. The bytes stream in order, so this is on the wire
+/// exactly when a byte of the key's first half got through.
+pub fn split_secret_wire_needle(token: &str) -> String {
+    format!("{}{}", split_secret_lead(token), &split_secret(token)[..1])
+}
+
+/// A deterministic stream of pseudo-random numbers for `token` (FNV-1a of
+/// `salt` and the token, then SplitMix64): the same run gets the same
+/// values, another run different ones.
+pub(crate) fn seeded(salt: &str, token: &str) -> impl FnMut() -> u64 {
+    let mut state = 0xcbf2_9ce4_8422_2325_u64;
+    for b in salt.bytes().chain([0]).chain(token.bytes()) {
+        state = (state ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}

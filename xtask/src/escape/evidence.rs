@@ -123,15 +123,31 @@ pub(crate) fn secret_row(
     secret: &str,
     detector: Option<bool>,
 ) -> Row {
-    let leaks: Vec<String> = hits
-        .iter()
-        .filter(|h| {
-            !secret.is_empty()
-                && h.received
-                    .windows(secret.len())
-                    .any(|w| w == secret.as_bytes())
-        })
-        .map(|h| format!("{} received it in cleartext from {}", h.canary, h.peer))
+    leak_row(
+        phase,
+        probe,
+        "credential",
+        hits,
+        secret,
+        "the secret in cleartext",
+        detector,
+    )
+}
+
+/// The row for bytes (`needle`, described as `what`) that no canary may
+/// have received: an escape if one did. `detector` is the host-side
+/// control: the same bytes sent from the host were seen.
+pub(crate) fn leak_row(
+    phase: &str,
+    probe: &str,
+    category: &str,
+    hits: &[Hit],
+    needle: &str,
+    what: &str,
+    detector: Option<bool>,
+) -> Row {
+    let leaks: Vec<String> = carriers(hits, needle)
+        .map(|h| format!("{} received {what} from {}", h.canary, h.peer))
         .collect();
     let observed = if leaks.is_empty() {
         Observed::Blocked
@@ -139,19 +155,69 @@ pub(crate) fn secret_row(
         Observed::Reached
     };
     let detail = if leaks.is_empty() {
-        format!("{} connections, none carried the secret", hits.len())
+        format!("{} connections, none carried {what}", hits.len())
     } else {
         leaks.join("; ")
     };
     Row::new(
         phase,
         probe,
-        "credential",
+        category,
         Expect::Blocked,
         observed,
         detector,
         detail,
     )
+}
+
+/// The hits whose received bytes contain `needle` (none for an empty
+/// one), as sent or with a chunked body's framing taken out: chunk sizes
+/// between two frames must not hide what was sent.
+pub(crate) fn carriers<'a>(hits: &'a [Hit], needle: &'a str) -> impl Iterator<Item = &'a Hit> {
+    let holds = move |bytes: &[u8]| {
+        !needle.is_empty() && bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+    };
+    hits.iter()
+        .filter(move |h| holds(&h.received) || holds(&dechunked(&h.received)))
+}
+
+/// A request's head followed by its body without chunk framing, when the
+/// head says `Transfer-Encoding: chunked` (else empty). Lenient: a
+/// truncated chunk keeps what arrived, and framing that does not parse
+/// ends the body there.
+pub(crate) fn dechunked(received: &[u8]) -> Vec<u8> {
+    let Some(end) = received.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return Vec::new();
+    };
+    let head = String::from_utf8_lossy(&received[..end]).to_ascii_lowercase();
+    let chunked = head.lines().skip(1).any(|l| {
+        l.split_once(':')
+            .is_some_and(|(k, v)| k.trim() == "transfer-encoding" && v.contains("chunked"))
+    });
+    if !chunked {
+        return Vec::new();
+    }
+    let mut out = received[..end + 4].to_vec();
+    let mut rest = &received[end + 4..];
+    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = String::from_utf8_lossy(&rest[..eol]);
+        let size = size.split(';').next().unwrap_or("").trim();
+        let Ok(n) = usize::from_str_radix(size, 16) else {
+            break;
+        };
+        rest = &rest[eol + 2..];
+        if n == 0 {
+            break;
+        }
+        let take = n.min(rest.len());
+        out.extend_from_slice(&rest[..take]);
+        rest = &rest[take..];
+        if take < n || rest.len() < 2 {
+            break;
+        }
+        rest = &rest[2..];
+    }
+    out
 }
 
 /// `git for-each-ref --format='%(refname) %(objectname)'` as a map.
@@ -413,6 +479,23 @@ mod tests {
         assert_eq!(row.verdict, Verdict::Pass, "{row:?}");
         let row = secret_row("p", "credential", &[clean], "s3cret", Some(false));
         assert_eq!(row.verdict, Verdict::ControlFailed, "{row:?}");
+    }
+
+    #[test]
+    fn chunk_framing_does_not_hide_a_secret() {
+        let mut h = hit("198.51.100.10:80", "172.20.0.2:4000", Proto::Tcp, None);
+        h.received =
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nx=s3\r\n4;e=1\r\ncret\r\n0\r\n\r\n"
+                .to_vec();
+        assert_eq!(carriers(std::slice::from_ref(&h), "s3cret").count(), 1);
+        // Truncated mid-chunk: what arrived still counts.
+        h.received =
+            b"POST / HTTP/1.1\r\ntransfer-encoding: Chunked\r\n\r\n2\r\ns3\r\n10\r\ncr".to_vec();
+        assert_eq!(carriers(std::slice::from_ref(&h), "s3cr").count(), 1);
+        // Not chunked: the framing is the body's own bytes.
+        h.received = b"POST / HTTP/1.1\r\ncontent-length: 9\r\n\r\ns3\r\n4\r\ncret".to_vec();
+        assert_eq!(carriers(std::slice::from_ref(&h), "s3cret").count(), 0);
+        assert_eq!(carriers(std::slice::from_ref(&h), "").count(), 0);
     }
 
     #[test]

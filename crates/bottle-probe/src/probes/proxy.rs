@@ -1,7 +1,9 @@
 //! Attempts through the bottle's own proxy (`targets.proxy`), in raw
 //! HTTP/1.1: CONNECT to a denied host, an IP literal, a disallowed port;
 //! domain fronting by `Host:` header and by TLS SNI; secrets in the body,
-//! a header and the query; the bundle's own loopback; allowed names that
+//! a header and the query, and ones a naive scanner misses (split across
+//! chunks, compressed, random tokens: [`hidden`]); the bundle's own
+//! loopback; allowed names that
 //! the resolver maps to forbidden addresses. One probe is the positive
 //! control: `proxy-allowed-control` must reach the allowed host.
 
@@ -12,6 +14,8 @@ use std::time::Instant;
 use super::{Attempt, Ctx, Probe, contains, errno_name, snippet};
 use crate::contract::ProbeConfig;
 use crate::net;
+
+mod hidden;
 
 const CAT: &str = "proxy";
 
@@ -179,6 +183,7 @@ pub(super) fn probes(config: &ProbeConfig) -> Vec<Probe> {
             credential_tunnel_plain,
         ),
     ];
+    v.extend(hidden::probes());
     for host in &config.targets.rebind_hosts {
         let host = host.clone();
         v.push(Probe::new(

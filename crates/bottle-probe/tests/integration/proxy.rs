@@ -1,7 +1,9 @@
-//! The proxy probes against two fake proxies: a strict one that refuses
-//! everything the bundle refuses, and a leaky one that forwards anything.
-//! Every probe must come out blocked against the first and reached (bar
-//! the one it cannot judge) against the second.
+//! The proxy probes against fake proxies: a strict one that refuses
+//! everything the bundle refuses, a leaky one that forwards anything, and
+//! a naive one that scans only what it sees verbatim (each chunk on its
+//! own, encoded bodies as bytes, no entropy). Every probe must come out
+//! blocked against the first and reached against the second; against the
+//! third exactly the hidden-secret probes must reach.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -16,13 +18,21 @@ const ALLOWED: &str = "allowed.bottle.test";
 /// refused, a tunnel to its TLS port opens but takes only TLS.
 const CREDENTIAL: &str = "cred.bottle.test";
 
-fn serve(leaky: bool, token: String) -> SocketAddr {
+/// How a fake proxy treats what it is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Strict,
+    Leaky,
+    Naive,
+}
+
+fn serve(mode: Mode, token: String) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     std::thread::spawn(move || {
         for s in l.incoming().flatten() {
             let token = token.clone();
-            std::thread::spawn(move || handle(s, leaky, &token));
+            std::thread::spawn(move || handle(s, mode, &token));
         }
     });
     addr
@@ -51,11 +61,11 @@ fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
-fn handle(mut s: TcpStream, leaky: bool, token: &str) {
+fn handle(mut s: TcpStream, mode: Mode, token: &str) {
     let head = String::from_utf8_lossy(&read_head(&mut s)).into_owned();
     let mut words = head.split_whitespace();
     let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-    if leaky {
+    if mode == Mode::Leaky {
         if method == "CONNECT" {
             let _ = s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
             let mut first = [0u8; 1];
@@ -67,19 +77,28 @@ fn handle(mut s: TcpStream, leaky: bool, token: &str) {
                 ok(&mut s, token);
             }
         } else {
+            // Forwards the body as it came, secrets and all.
+            let _ = read_body(&mut s, &head);
             ok(&mut s, token);
         }
         return;
     }
-    let len = header(&head, "content-length")
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(0);
-    let mut body = vec![0u8; len.min(64 * 1024)];
-    let _ = s.read_exact(&mut body);
-    let body = String::from_utf8_lossy(&body);
-    let secret = [head.as_str(), &body]
-        .iter()
-        .any(|t| t.contains("AKIA") || t.contains("ghp_"));
+    // Like the bundle: the body as its content (de-chunked, decoded), and
+    // random-looking tokens in the path and header values.
+    let chunks = read_body(&mut s, &head);
+    let has_secret = |t: &[u8]| {
+        key_at(t, b"AKIA", 16, |b| {
+            b.is_ascii_uppercase() || b.is_ascii_digit()
+        }) || key_at(t, b"ghp_", 36, |b| b.is_ascii_alphanumeric())
+    };
+    let secret = has_secret(head.as_bytes())
+        || match mode {
+            Mode::Naive => chunks.iter().any(|c| has_secret(c)),
+            _ => {
+                random_in_target_or_headers(&head)
+                    || decode(&head, chunks.concat()).is_none_or(|b| has_secret(&b))
+            }
+        };
     match method {
         "CONNECT" if target == format!("{CREDENTIAL}:443") => {
             let _ = s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
@@ -125,6 +144,84 @@ fn handle(mut s: TcpStream, leaky: bool, token: &str) {
     }
 }
 
+/// Whether `t` holds `prefix` followed by `len` bytes that all pass `ok`
+/// (the scanner's key shapes, without a regex).
+fn key_at(t: &[u8], prefix: &[u8], len: usize, ok: fn(&u8) -> bool) -> bool {
+    t.windows(prefix.len() + len)
+        .any(|w| w.starts_with(prefix) && w[prefix.len()..].iter().all(ok))
+}
+
+/// The request body `head` declares, as it came: `Content-Length` bytes
+/// or each chunk of a chunked body, bounded.
+fn read_body(s: &mut TcpStream, head: &str) -> Vec<Vec<u8>> {
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    if header(head, "transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        let mut reader = std::io::BufReader::new(s);
+        let mut body = Vec::new();
+        loop {
+            let mut size = String::new();
+            if std::io::BufRead::read_line(&mut reader, &mut size).unwrap_or(0) == 0 {
+                return body;
+            }
+            let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+                return body;
+            };
+            // The data and its CRLF (the last chunk: the final CRLF).
+            let mut data = vec![0u8; n.min(64 * 1024) + 2];
+            if reader.read_exact(&mut data).is_err() || n == 0 {
+                return body;
+            }
+            data.truncate(n);
+            body.push(data);
+        }
+    }
+    let len = header(head, "content-length")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; len.min(64 * 1024)];
+    let _ = s.read_exact(&mut body);
+    vec![body]
+}
+
+/// The body decoded through its `Content-Encoding` (`None`: it does not
+/// decode, which the bundle refuses too).
+fn decode(head: &str, body: Vec<u8>) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    let ok = match header(head, "content-encoding") {
+        None | Some("identity") => return Some(body),
+        Some("gzip") => flate2::read::GzDecoder::new(&body[..]).read_to_end(&mut out),
+        Some("deflate") => flate2::read::ZlibDecoder::new(&body[..]).read_to_end(&mut out),
+        Some("br") => brotli_decompressor::Decompressor::new(&body[..], 4096).read_to_end(&mut out),
+        Some(_) => return None,
+    };
+    ok.ok().map(|_| out)
+}
+
+/// A path segment or header value holding a run of 32+ base64 characters
+/// with upper case, lower case and digits (the bundle also weighs its
+/// entropy; these fakes need no more).
+fn random_in_target_or_headers(head: &str) -> bool {
+    let random = |text: &str| {
+        text.split(|c: char| !(c.is_ascii_alphanumeric() || "+/_-=".contains(c)))
+            .filter(|t| t.len() >= 32)
+            .any(|t| {
+                t.bytes().any(|b| b.is_ascii_uppercase())
+                    && t.bytes().any(|b| b.is_ascii_lowercase())
+                    && t.bytes().any(|b| b.is_ascii_digit())
+            })
+    };
+    let mut lines = head.lines();
+    let target = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or("");
+    let path = target.split_once('?').map_or(target, |(p, _)| p);
+    path.split('/').any(random)
+        || lines
+            .filter_map(|l| l.split_once(':'))
+            .any(|(_, v)| random(v.trim()))
+}
+
 fn proxy_config(token: &str, proxy: SocketAddr) -> bottle_probe::contract::ProbeConfig {
     let mut t = fixture::canaries_targets_without_listeners();
     t.proxy = format!("http://{proxy}");
@@ -146,7 +243,7 @@ fn proxy_config(token: &str, proxy: SocketAddr) -> bottle_probe::contract::Probe
 #[test]
 fn a_strict_proxy_blocks_every_proxy_probe_and_passes_the_control() {
     let token = "tok-proxy-strict";
-    let cfg = proxy_config(token, serve(false, token.into()));
+    let cfg = proxy_config(token, serve(Mode::Strict, token.into()));
     let run = fixture::run_probe(&cfg, std::path::Path::new("/"), None);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     assert!(run.results.len() >= 15, "{}", run.results.len());
@@ -159,12 +256,31 @@ fn a_strict_proxy_blocks_every_proxy_probe_and_passes_the_control() {
         assert_eq!(r.outcome, want, "{r:?}");
         assert_eq!(r.category, "proxy");
     }
+    // The hidden secrets are refused for what they carry, not lost on the way.
+    for name in HIDDEN {
+        let r = run.results.iter().find(|r| r.probe == *name);
+        let r = r.unwrap_or_else(|| panic!("{name} did not run"));
+        assert!(
+            r.observed.contains("status Some(403)") || r.observed.contains("403 Refused"),
+            "{r:?}"
+        );
+    }
 }
+
+/// The probes of secrets a naive scanner misses.
+const HIDDEN: &[&str] = &[
+    "proxy-secret-split",
+    "proxy-secret-gzip",
+    "proxy-secret-deflate",
+    "proxy-secret-br",
+    "proxy-secret-entropy-path",
+    "proxy-secret-entropy-header",
+];
 
 #[test]
 fn a_leaky_proxy_is_caught_by_every_proxy_probe() {
     let token = "tok-proxy-leaky";
-    let cfg = proxy_config(token, serve(true, token.into()));
+    let cfg = proxy_config(token, serve(Mode::Leaky, token.into()));
     let run = fixture::run_probe(&cfg, std::path::Path::new("/"), None);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     for r in &run.results {
@@ -181,5 +297,21 @@ fn a_dead_proxy_blocks_everything_including_the_control() {
     let run = fixture::run_probe(&cfg, std::path::Path::new("/"), None);
     for r in &run.results {
         assert_eq!(r.outcome, Outcome::Blocked, "{r:?}");
+    }
+}
+
+#[test]
+fn a_proxy_that_scans_only_what_it_sees_verbatim_is_caught_by_the_hidden_secret_probes() {
+    let token = "tok-proxy-naive";
+    let cfg = proxy_config(token, serve(Mode::Naive, token.into()));
+    let run = fixture::run_probe(&cfg, std::path::Path::new("/"), None);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    for r in &run.results {
+        let want = if r.probe == "proxy-allowed-control" || HIDDEN.contains(&r.probe.as_str()) {
+            Outcome::Reached
+        } else {
+            Outcome::Blocked
+        };
+        assert_eq!(r.outcome, want, "{r:?}");
     }
 }

@@ -113,6 +113,7 @@ impl Gate {
         ));
         self.controls = outcomes;
         self.credential_detector_control(phase)?;
+        self.split_detector_control(phase)?;
         // Every network listener must have been reached from the host: the
         // canaries are alive, independently of what the probe says.
         let hits = self.listeners.hits();
@@ -157,14 +158,7 @@ impl Gate {
             "GET / HTTP/1.1\r\nHost: control\r\n{}: {secret}\r\nConnection: close\r\n\r\n",
             fixture::CREDENTIAL_HEADER
         );
-        let mut seen = Vec::new();
-        for port in [80, 443] {
-            let before = self.listeners.hits().len();
-            let _ = exchange(SocketAddr::from((canary::INTERNET, port)), &request);
-            let hits = self.listeners.hits();
-            let row = evidence::secret_row(phase, "-", &hits[before..], &secret, None);
-            seen.push((port, row.observed == Observed::Reached));
-        }
+        let seen = self.detector_sees(&request, &secret, &[80, 443]);
         let ok = seen.iter().all(|(_, s)| *s);
         for probe in CREDENTIAL_PROBES {
             self.extra_controls.insert(probe.to_string(), ok);
@@ -184,6 +178,27 @@ impl Gate {
             format!("the secret sent from the host was seen at internet:80/443: {seen:?}"),
         ));
         Ok(())
+    }
+
+    /// Sends `request` from the host to the internet canary on each of
+    /// `ports`: whether each recorded `needle` (the detector behind a row
+    /// that looks for it in what the canaries received).
+    pub(super) fn detector_sees(
+        &self,
+        request: &str,
+        needle: &str,
+        ports: &[u16],
+    ) -> Vec<(u16, bool)> {
+        ports
+            .iter()
+            .map(|&port| {
+                let before = self.listeners.hits().len();
+                let _ = exchange(SocketAddr::from((canary::INTERNET, port)), request);
+                let hits = self.listeners.hits();
+                let seen = evidence::carriers(&hits[before..], needle).next().is_some();
+                (port, seen)
+            })
+            .collect()
     }
 
     pub(super) fn port(&self, name: &str) -> anyhow::Result<u16> {

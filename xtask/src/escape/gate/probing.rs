@@ -187,6 +187,7 @@ impl Gate {
             &super::credential_secret(&self.token),
             self.credential_detector,
         ));
+        self.split_evidence(phase, &hits);
         let mut pinned: Vec<String> = [A, B, C, D]
             .iter()
             .chain(PARALLEL)
