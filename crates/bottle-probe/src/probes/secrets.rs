@@ -157,20 +157,26 @@ fn ca_key_via_bundle(c: &Ctx) -> Attempt {
     Attempt::blocked(seen.join("; "))
 }
 
-/// Whether a variable name looks like a credential's.
+/// Whether a variable name looks like a credential's. git's
+/// `GIT_CONFIG_KEY_<n>` names a configuration key (bottle sets them so git
+/// reaches the git-gate), not a secret.
 pub(super) fn credential_name(name: &str) -> bool {
     let n = name.to_ascii_uppercase();
-    [
-        "TOKEN",
-        "KEY",
-        "SECRET",
-        "PASSWORD",
-        "PASSWD",
-        "AUTH",
-        "CREDENTIAL",
-    ]
-    .iter()
-    .any(|w| n.contains(w))
+    let git_config_key = n
+        .strip_prefix("GIT_CONFIG_KEY_")
+        .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()));
+    !git_config_key
+        && [
+            "TOKEN",
+            "KEY",
+            "SECRET",
+            "PASSWORD",
+            "PASSWD",
+            "AUTH",
+            "CREDENTIAL",
+        ]
+        .iter()
+        .any(|w| n.contains(w))
 }
 
 /// A value that is obviously not a real secret.
@@ -224,6 +230,15 @@ pub(super) fn env_credentials(vars: impl Iterator<Item = (String, String)>) -> A
 mod tests {
     use super::*;
     use crate::contract::Outcome;
+
+    #[test]
+    fn git_config_keys_are_not_credentials() {
+        assert!(!credential_name("GIT_CONFIG_KEY_0"));
+        assert!(!credential_name("GIT_CONFIG_KEY_12"));
+        assert!(credential_name("GIT_CONFIG_KEY_X"));
+        assert!(credential_name("GIT_CONFIG_KEY_"));
+        assert!(credential_name("OPENAI_API_KEY"));
+    }
 
     fn vars(v: &[(&str, &str)]) -> impl Iterator<Item = (String, String)> {
         v.iter()
