@@ -138,10 +138,10 @@ fn smolmachines(
     .with_host_check(host_check))
 }
 
-/// The host check run before anything else: bottle-preflight's platform
-/// and KVM checks (a CPU with hardware virtualisation, a device the `kvm`
-/// group may open, a test guest that runs), failing with their remediation. Skipped only when the
-/// test switch is on *and* `program` is the test double; never silently.
+/// The host check run before anything else:
+/// [`bottle_preflight::require_microvm_host`], failing with the
+/// remediation. Skipped only when the test switch is on *and* `program` is
+/// the test double; never silently.
 fn vm_host_check(
     program: &Path,
     fake_without_kvm: bool,
@@ -170,16 +170,7 @@ fn vm_host_check(
     Arc::new(|| {
         let runner = bottle_core::exec::SystemRunner;
         let ctx = bottle_preflight::Context::from_host(&runner, BackendKind::Smolmachines);
-        let checks = [
-            bottle_preflight::platform::check_platform(&ctx),
-            bottle_preflight::kvm::check_device(&ctx)?,
-            bottle_preflight::kvm::check_access(&ctx)?,
-            bottle_preflight::kvm::check_module(&ctx)?,
-            bottle_preflight::kvm::check_cpu(&ctx)?,
-            bottle_preflight::kvm::check_group(&ctx)?,
-            bottle_preflight::kvm_guest::check_guest(&ctx),
-        ];
-        Ok(bottle_preflight::require(&checks)?)
+        Ok(bottle_preflight::require_microvm_host(&ctx)?)
     })
 }
 

@@ -49,6 +49,24 @@ pub const ALL_IDS: [&str; 11] = [
     docker::DISK_QUOTA_ID,
 ];
 
+/// What a microVM bottle needs of this host, checked before anything is
+/// created: the platform, and KVM that can run a guest (the device, this
+/// user's access, the module, a CPU with hardware virtualisation, a device
+/// the `kvm` group may open, a test guest that runs). Fails with every
+/// failed check and its remediation.
+pub fn require_microvm_host(ctx: &Context<'_>) -> Result<(), PreflightError> {
+    let checks = [
+        platform::check_platform(ctx),
+        kvm::check_device(ctx)?,
+        kvm::check_access(ctx)?,
+        kvm::check_module(ctx)?,
+        kvm::check_cpu(ctx)?,
+        kvm::check_group(ctx)?,
+        kvm_guest::check_guest(ctx),
+    ];
+    require(&checks)
+}
+
 /// Runs every check, in [`ALL_IDS`] order.
 ///
 /// A check that hit unexpected I/O is reported as failed (or as a warning

@@ -443,7 +443,10 @@ fn the_kvm_check_runs_without_the_test_switch() {
     // remediation; where KVM works, the double passes it and says nothing
     // about skipping.
     let world = World::new("unused:latest", "smol-kvm");
-    let kvm = bottle_smolvm::host::kvm_usable();
+    let host = bottle_preflight::require_microvm_host(&bottle_preflight::Context::from_host(
+        &SystemRunner,
+        bottle_core::BackendKind::Smolmachines,
+    ));
     let assert = world
         .bottle("1.1.2", "")
         .env_remove("BOTTLE_TEST_FAKE_SMOLVM_NO_KVM")
@@ -451,7 +454,7 @@ fn the_kvm_check_runs_without_the_test_switch() {
         .assert()
         .code(3)
         .stderr(predicate::str::contains("KVM check is skipped").not());
-    match kvm {
+    match host {
         Ok(()) => assert.stderr(predicate::str::contains("error[BOT-K004]")),
         Err(_) => assert.stderr(predicate::str::contains("error[BOT-P004]")),
     };
