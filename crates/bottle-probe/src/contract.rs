@@ -161,8 +161,8 @@ pub fn git_probe_ref(kind: &str, token: &str) -> String {
 }
 
 /// The path of every request in the audit-flood probe's identical run
-/// (`audit-flood`), so its records are easy to find in the bottle's audit
-/// log (`bottle logs`).
+/// (`audit-flood`): the harness finds the run's records in the bottle's
+/// audit log by it and checks that they were coalesced into counted ones.
 pub const AUDIT_FLOOD_SAME_PATH: &str = "/bottle-probe/audit-flood-same";
 
 /// The fake AWS access key id `proxy-secret-split` sends in two chunks of

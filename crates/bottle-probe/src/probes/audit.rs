@@ -6,8 +6,8 @@
 //! coalesced), then a run of identical ones (which must be).
 //!
 //! The verdict here is only that the proxy kept refusing; whether the log
-//! stayed bounded and writable is read on the host by the harness
-//! afterwards (`audit-log-bounded`, `audit-not-degraded`).
+//! stayed bounded, coalesced the identical run and stayed writable is read
+//! on the host by the harness afterwards (`audit-log-*` rows).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

@@ -1,18 +1,23 @@
 //! What the agent's audit flood (`audit-flood`) left on the operator's
 //! disk: after a full probe phase the harness reads the bottle's audit
-//! files under the run's state and judges two things.
+//! files under the run's state and judges three things.
 //!
 //! - `audit-log-bounded`: the live log and its generations together stay
 //!   within `(generations + 1) × limits.audit_log` plus a line's slack.
 //!   Its control is that the flood mattered: a rotated generation exists,
 //!   so more than the cap was written (a small log proves nothing).
+//! - `audit-log-coalesced`: the probe's run of identical requests became
+//!   counted records rather than a line each.
 //! - `audit-not-degraded`: `bottle list --json` still shows the audit as
 //!   ok; the cap should absorb the flood, so a degraded audit is an error
 //!   (the bundle failed closed, which is no escape, but the bound failed).
 
 use std::path::{Path, PathBuf};
 
-use bottle_core::audit_files::{AUDIT_GENERATIONS, AUDIT_LOG_DIR, AUDIT_LOG_FILE, generation};
+use bottle_core::audit_files::{
+    AUDIT_GENERATIONS, AUDIT_LOG_DIR, AUDIT_LOG_FILE, AuditLines, generation,
+};
+use bottle_probe::contract::AUDIT_FLOOD_SAME_PATH;
 use serde_json::Value;
 
 use super::Gate;
@@ -26,6 +31,10 @@ const CAT: &str = "audit";
 /// bounded line is a few KiB.
 const SLACK: u64 = 64 << 10;
 
+/// The bundle's coalescing window (`bottle_bundle::audit::COALESCE_WINDOW`,
+/// which xtask does not link).
+const COALESCE_WINDOW_MS: i64 = 1000;
+
 impl Gate {
     /// The three audit rows for `bottle` after a full probe phase.
     pub(super) fn audit_evidence(&mut self, phase: &str, bottle: &str) -> anyhow::Result<()> {
@@ -33,6 +42,7 @@ impl Gate {
         self.report
             .rows
             .push(bounded_row(phase, &dir, AUDIT_LOG_BYTES));
+        self.report.rows.push(coalesced_row(phase, &dir));
         let row = match self.cli.list() {
             Ok(list) => health_row(phase, bottle, &list),
             Err(e) => Row::new(
@@ -115,6 +125,102 @@ fn bounded_row(phase: &str, dir: &Path, cap: u64) -> Row {
     row(observed, Some(rotated), detail)
 }
 
+/// Judges the probe's identical run (records whose path is
+/// [`AUDIT_FLOOD_SAME_PATH`]). A bottle is flooded once in its life (the
+/// audit probe is not among those re-run after a fault), so every such
+/// record belongs to the one run, however long it stalled in between.
+///
+/// The criterion: the bundle writes at most two lines per coalescing
+/// window (the first decision at once, the counted repeats when the window
+/// closes), and a run spanning `s` seconds opens at most `s + 1` windows,
+/// so more than `2 × (s + 1) + 2` lines (two for the run's edges) means the
+/// identical requests were written out one by one. The control is that the
+/// run's requests (the sum of the lines' `count`) outnumber that bound:
+/// otherwise a line per request would pass too, and nothing is proven.
+/// Passing then implies some `count` > 1.
+fn coalesced_row(phase: &str, dir: &Path) -> Row {
+    let row = |observed, control, detail: String| {
+        Row::new(
+            phase,
+            "audit-log-coalesced",
+            CAT,
+            Expect::Blocked,
+            observed,
+            control,
+            detail,
+        )
+    };
+    let log = dir.join(AUDIT_LOG_FILE);
+    let lines = match AuditLines::new(&log).poll() {
+        Ok(l) => l,
+        Err(e) => {
+            return row(
+                Observed::Error,
+                None,
+                format!("cannot read {}: {e}", log.display()),
+            );
+        }
+    };
+    let mut run: Vec<(i64, u64)> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
+        .filter(|v| v["path"].as_str() == Some(AUDIT_FLOOD_SAME_PATH))
+        .filter_map(|v| {
+            Some((
+                millis(v["time"].as_str()?)?,
+                v["count"].as_u64().unwrap_or(1),
+            ))
+        })
+        .collect();
+    run.sort();
+    let (observed, control, detail) = judge_coalescing(&run);
+    row(observed, Some(control), detail)
+}
+
+/// The verdict on one run's `(time in ms, count)` lines: see
+/// [`coalesced_row`].
+fn judge_coalescing(run: &[(i64, u64)]) -> (Observed, bool, String) {
+    let lines = run.len() as u64;
+    let requests: u64 = run.iter().map(|(_, c)| c).sum();
+    let most = run.iter().map(|(_, c)| *c).max().unwrap_or(0);
+    let span = match (run.first(), run.last()) {
+        (Some(a), Some(b)) => b.0 - a.0,
+        _ => 0,
+    };
+    let windows = u64::try_from(span / COALESCE_WINDOW_MS).unwrap_or(0) + 1;
+    let bound = 2 * windows + 2;
+    let detail = format!(
+        "the identical run: {requests} requests in {lines} lines over {span} ms (at most {bound} lines allowed), largest count {most}"
+    );
+    let observed = if lines > bound {
+        Observed::Reached
+    } else {
+        Observed::Blocked
+    };
+    (observed, requests > bound, detail)
+}
+
+/// Milliseconds since the epoch of an RFC 3339 UTC time as the bundle
+/// writes it (`2025-01-01T00:00:00.000Z`; fraction optional).
+fn millis(time: &str) -> Option<i64> {
+    let (date, rest) = time.split_once('T')?;
+    let rest = rest.strip_suffix('Z')?;
+    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let (hms, frac) = rest.split_once('.').unwrap_or((rest, "0"));
+    let mut t = hms.splitn(3, ':').map(|p| p.parse::<i64>().ok());
+    let (h, min, s) = (t.next()??, t.next()??, t.next()??);
+    let ms: i64 = format!("{frac:0<3}").get(..3)?.parse().ok()?;
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 24 + h) * 60 + min) * 60_000 + s * 1000 + ms)
+}
+
 /// `bottle list --json` must show `bottle`'s audit as ok after the flood.
 fn health_row(phase: &str, bottle: &str, list: &[Value]) -> Row {
     let entry = list.iter().find(|b| b["name"].as_str() == Some(bottle));
@@ -165,6 +271,27 @@ mod tests {
         f.set_len(len).unwrap();
     }
 
+    fn line(ms: i64, count: u64) -> String {
+        let secs = ms / 1000;
+        let time = format!(
+            "2025-01-01T00:{:02}:{:02}.{:03}Z",
+            secs / 60,
+            secs % 60,
+            ms % 1000
+        );
+        json!({"v": 2, "time": time, "path": AUDIT_FLOOD_SAME_PATH, "count": count}).to_string()
+            + "\n"
+    }
+
+    fn log_with(lines: &[String]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let other = json!({"v": 2, "time": "2025-01-01T00:00:00.000Z", "path": "/x", "count": 1});
+        let mut text = format!("{other}\n");
+        text.extend(lines.iter().map(String::as_str));
+        std::fs::write(dir.path().join(AUDIT_LOG_FILE), text).unwrap();
+        dir
+    }
+
     #[test]
     fn a_rotated_log_within_the_bound_passes() {
         let dir = tempfile::tempdir().unwrap();
@@ -203,6 +330,59 @@ mod tests {
         assert_eq!(r.verdict, Verdict::ControlFailed, "{r:?}");
         let r = bounded_row("p", &dir.path().join("missing"), CAP);
         assert_eq!(r.verdict, Verdict::Error, "{r:?}");
+    }
+
+    #[test]
+    fn a_counted_identical_run_passes() {
+        // 1,500 requests over 2.5 s: a line and a count per window.
+        let dir = log_with(&[
+            line(10_000, 1),
+            line(10_990, 599),
+            line(11_000, 1),
+            line(11_990, 599),
+            line(12_000, 1),
+            line(12_500, 299),
+        ]);
+        let r = coalesced_row("p", dir.path());
+        assert_eq!(r.verdict, Verdict::Pass, "{r:?}");
+        assert!(
+            r.detail.contains("1500 requests in 6 lines"),
+            "{}",
+            r.detail
+        );
+    }
+
+    #[test]
+    fn an_identical_run_written_line_by_line_is_an_escape() {
+        let lines: Vec<String> = (0..300).map(|i| line(10_000 + i * 5, 1)).collect();
+        let r = coalesced_row("p", log_with(&lines).path());
+        assert_eq!(r.verdict, Verdict::Escape, "{r:?}");
+    }
+
+    #[test]
+    fn an_identical_run_too_small_to_judge_fails_the_control() {
+        let r = coalesced_row("p", log_with(&[line(10_000, 1), line(10_100, 2)]).path());
+        assert_eq!(r.verdict, Verdict::ControlFailed, "{r:?}");
+        let r = coalesced_row("p", log_with(&[]).path());
+        assert_eq!(r.verdict, Verdict::ControlFailed, "{r:?}");
+    }
+
+    #[test]
+    fn a_run_that_stalled_is_judged_whole() {
+        // The probe's last request came seconds after the others (a slow
+        // answer): its own window's line is still part of the run.
+        let lines = [line(1_000, 1), line(1_900, 400), line(6_000, 1)];
+        let r = coalesced_row("p", log_with(&lines).path());
+        assert_eq!(r.verdict, Verdict::Pass, "{r:?}");
+        assert!(r.detail.contains("402 requests in 3 lines"), "{}", r.detail);
+    }
+
+    #[test]
+    fn the_bundle_times_parse() {
+        assert_eq!(millis("1970-01-01T00:00:00.000Z"), Some(0));
+        assert_eq!(millis("1970-01-02T00:00:01.5Z"), Some(86_401_500));
+        assert_eq!(millis("2025-01-01T00:00:00Z"), Some(1_735_689_600_000));
+        assert_eq!(millis("2025-01-01 00:00:00"), None);
     }
 
     #[test]
