@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use super::Gate;
 use crate::escape::fixture::AUDIT_LOG_BYTES;
-use crate::escape::report::{Expect, Observed, Row};
+use crate::escape::report::{Expect, Observed, Row, Verdict};
 
 const CAT: &str = "audit";
 
@@ -35,6 +35,10 @@ const SLACK: u64 = 64 << 10;
 /// which xtask does not link).
 const COALESCE_WINDOW_MS: i64 = 1000;
 
+/// How long after the flood the harness waits for the last window's
+/// counted line: the window, the bundle's closer tick, and margin.
+const COUNTS_WRITTEN_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Gate {
     /// The three audit rows for `bottle` after a full probe phase.
     pub(super) fn audit_evidence(&mut self, phase: &str, bottle: &str) -> anyhow::Result<()> {
@@ -42,7 +46,15 @@ impl Gate {
         self.report
             .rows
             .push(bounded_row(phase, &dir, AUDIT_LOG_BYTES));
-        self.report.rows.push(coalesced_row(phase, &dir));
+        // The identical run's counted line is written when its coalescing
+        // window closes, up to a window after the probe's last request:
+        // read until the run's counts are in, bounded.
+        let mut coalesced = coalesced_row(phase, &dir);
+        bottle_test_support::eventually(COUNTS_WRITTEN_WITHIN, || {
+            coalesced = coalesced_row(phase, &dir);
+            coalesced.verdict != Verdict::ControlFailed
+        });
+        self.report.rows.push(coalesced);
         let row = match self.cli.list() {
             Ok(list) => health_row(phase, bottle, &list),
             Err(e) => Row::new(
