@@ -243,21 +243,11 @@ pub(crate) fn git_rows(
     let signed_ref = git_probe_ref("signed", token);
     let control = refs.get(&control_ref).map(String::as_str) == Some(seeded_main);
     let main = refs.get("refs/heads/main").map(String::as_str);
-    let reached = |hit: bool| {
-        if hit {
-            Observed::Reached
-        } else {
-            Observed::Blocked
-        }
-    };
     let rows = vec![
-        Row::new(
+        Row::control(
             phase,
             "git-control-ref-on-host",
-            "control",
-            Expect::Reached,
-            reached(control),
-            None,
+            control,
             format!(
                 "{control_ref} in the host's bare repository: {:?} (main was {seeded_main})",
                 refs.get(&control_ref)
@@ -268,7 +258,7 @@ pub(crate) fn git_rows(
             "git-signed-ref-on-host",
             "git",
             Expect::Blocked,
-            reached(refs.contains_key(&signed_ref)),
+            Observed::reached_if(refs.contains_key(&signed_ref)),
             Some(control),
             format!(
                 "{signed_ref} in the host's bare repository: {:?}",
@@ -280,7 +270,7 @@ pub(crate) fn git_rows(
             "git-main-on-host",
             "git",
             Expect::Blocked,
-            reached(main != Some(seeded_main)),
+            Observed::reached_if(main != Some(seeded_main)),
             Some(control),
             format!("refs/heads/main is {main:?}, seeded at {seeded_main}"),
         ),
@@ -390,21 +380,8 @@ pub(crate) fn upstream_control(
         ),
         None => "no lookup of a rebinding name reached the recorder: the Engine does not forward to it, so the rebinding probes prove nothing".to_string(),
     };
-    let observed = if ok {
-        Observed::Reached
-    } else {
-        Observed::Blocked
-    };
     (
-        Row::new(
-            phase,
-            "control-engine-dns-upstream",
-            "control",
-            Expect::Reached,
-            observed,
-            None,
-            detail,
-        ),
+        Row::control(phase, "control-engine-dns-upstream", ok, detail),
         ok,
     )
 }

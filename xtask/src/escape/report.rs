@@ -41,6 +41,17 @@ pub(crate) enum Observed {
     Error,
 }
 
+impl Observed {
+    /// [`Observed::Reached`] when `reached`, else [`Observed::Blocked`].
+    pub(crate) fn reached_if(reached: bool) -> Observed {
+        if reached {
+            Observed::Reached
+        } else {
+            Observed::Blocked
+        }
+    }
+}
+
 /// The verdict on one row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -121,6 +132,24 @@ impl Row {
             verdict: judge(expected, observed, control),
             detail: detail.into(),
         }
+    }
+
+    /// A positive control of the harness's own: it must have `reached`.
+    pub(crate) fn control(
+        phase: &str,
+        probe: &str,
+        reached: bool,
+        detail: impl Into<String>,
+    ) -> Row {
+        Row::new(
+            phase,
+            probe,
+            "control",
+            Expect::Reached,
+            Observed::reached_if(reached),
+            None,
+            detail,
+        )
     }
 }
 

@@ -129,11 +129,7 @@ fn bounded_row(phase: &str, dir: &Path, cap: u64) -> Row {
             "never rotated: the flood did not pass the cap, so the bound is untested"
         }
     );
-    let observed = if total > bound {
-        Observed::Reached
-    } else {
-        Observed::Blocked
-    };
+    let observed = Observed::reached_if(total > bound);
     row(observed, Some(rotated), detail)
 }
 
@@ -204,11 +200,7 @@ fn judge_coalescing(run: &[(i64, u64)]) -> (Observed, bool, String) {
     let detail = format!(
         "the identical run: {requests} requests in {lines} lines over {span} ms (at most {bound} lines allowed), largest count {most}"
     );
-    let observed = if lines > bound {
-        Observed::Reached
-    } else {
-        Observed::Blocked
-    };
+    let observed = Observed::reached_if(lines > bound);
     (observed, requests > bound, detail)
 }
 

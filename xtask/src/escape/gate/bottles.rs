@@ -12,7 +12,7 @@ use crate::escape::canary;
 use crate::escape::cli::BottleGuard;
 use crate::escape::evidence::Cidr;
 use crate::escape::fixture;
-use crate::escape::report::{Expect, Observed, Row};
+use crate::escape::report::Row;
 
 impl Gate {
     /// Starts `keys` one after the other and reads back their addresses.
@@ -83,17 +83,10 @@ impl Gate {
             Duration::from_secs(30),
         )?;
         let alive = out.stdout.contains(&self.token);
-        self.report.rows.push(Row::new(
+        self.report.rows.push(Row::control(
             phase,
             "control-other-bundle-alive",
-            "control",
-            Expect::Reached,
-            if alive {
-                Observed::Reached
-            } else {
-                Observed::Blocked
-            },
-            None,
+            alive,
             format!(
                 "{} fetched {host} through its own bundle {}: {}",
                 fixture::short(&bottle.key),

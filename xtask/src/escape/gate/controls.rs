@@ -14,7 +14,7 @@ use crate::escape::dns;
 use crate::escape::evidence;
 use crate::escape::fixture;
 use crate::escape::probe;
-use crate::escape::report::{Expect, Observed, Row};
+use crate::escape::report::Row;
 use crate::escape::route;
 use crate::escape::sys::Run;
 
@@ -27,17 +27,10 @@ impl Gate {
         let answer = dns::query_udp(self.dns.addr(), &name);
         let recorded = self.dns.queries()[before..].iter().any(|q| q.name == name);
         let ok = recorded && matches!(answer, Ok((3, _)));
-        self.report.rows.push(Row::new(
+        self.report.rows.push(Row::control(
             phase,
             "control-dns-recorder",
-            "control",
-            Expect::Reached,
-            if ok {
-                Observed::Reached
-            } else {
-                Observed::Blocked
-            },
-            None,
+            ok,
             format!("host query for {name}: answer {answer:?}, recorded {recorded}"),
         ));
 
@@ -95,17 +88,10 @@ impl Gate {
         let any_seen = fetch_token(any).is_ok_and(|body| body.contains(&self.token));
         let (rows, outcomes) = probe::control_rows(phase, &out);
         self.report.rows.extend(rows);
-        self.report.rows.push(Row::new(
+        self.report.rows.push(Row::control(
             phase,
             "control-host-any",
-            "control",
-            Expect::Reached,
-            if any_seen {
-                Observed::Reached
-            } else {
-                Observed::Blocked
-            },
-            None,
+            any_seen,
             format!(
                 "harness GET http://{any}/: token {}",
                 if any_seen { "seen" } else { "missing" }
@@ -120,17 +106,10 @@ impl Gate {
         let hits = &hits[hits_before..];
         for bound in &self.listeners.bound {
             let reached = hits.iter().any(|h| h.canary == bound.name);
-            self.report.rows.push(Row::new(
+            self.report.rows.push(Row::control(
                 phase,
                 &format!("control-listener-{}", bound.name),
-                "control",
-                Expect::Reached,
-                if reached {
-                    Observed::Reached
-                } else {
-                    Observed::Blocked
-                },
-                None,
+                reached,
                 format!(
                     "{} {} {}",
                     match bound.proto {
@@ -164,17 +143,10 @@ impl Gate {
             self.extra_controls.insert(probe.to_string(), ok);
         }
         self.credential_detector = Some(ok);
-        self.report.rows.push(Row::new(
+        self.report.rows.push(Row::control(
             phase,
             "control-credential-detector",
-            "control",
-            Expect::Reached,
-            if ok {
-                Observed::Reached
-            } else {
-                Observed::Blocked
-            },
-            None,
+            ok,
             format!("the secret sent from the host was seen at internet:80/443: {seen:?}"),
         ));
         Ok(())

@@ -133,11 +133,7 @@ impl Gate {
                     } else {
                         Expect::Blocked
                     },
-                    if reached {
-                        Observed::Reached
-                    } else {
-                        Observed::Blocked
-                    },
+                    Observed::reached_if(reached),
                     None,
                     format!(
                         "wget through the proxy: exit {:?}{}",

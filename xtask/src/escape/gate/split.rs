@@ -15,7 +15,7 @@ use bottle_probe::contract::{
 use super::Gate;
 use crate::escape::canary::Hit;
 use crate::escape::evidence;
-use crate::escape::report::{Expect, Observed, Row};
+use crate::escape::report::Row;
 
 /// The harness row of every probing phase.
 pub(super) const SPLIT_ROW: &str = "secret-split-on-the-wire";
@@ -34,17 +34,10 @@ impl Gate {
         let seen = self.detector_sees(&request, &split_secret_wire_needle(&self.token), &[80]);
         let ok = seen.iter().all(|(_, s)| *s);
         self.split_detector = Some(ok);
-        self.report.rows.push(Row::new(
+        self.report.rows.push(Row::control(
             phase,
             "control-secret-split-detector",
-            "control",
-            Expect::Reached,
-            if ok {
-                Observed::Reached
-            } else {
-                Observed::Blocked
-            },
-            None,
+            ok,
             format!("the split key's first half sent from the host was seen at internet:{seen:?}"),
         ));
         Ok(())
