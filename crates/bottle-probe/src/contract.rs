@@ -151,13 +151,7 @@ pub const TERMINAL_ACTIVE: &[char] = &[
 /// not), named after the run's token so the harness can look for it in
 /// the host's bare repository: `refs/heads/agent/probe-<kind>-<token>`.
 pub fn git_probe_ref(kind: &str, token: &str) -> String {
-    let tag: String = token
-        .chars()
-        .filter(char::is_ascii_alphanumeric)
-        .take(24)
-        .map(|c| c.to_ascii_lowercase())
-        .collect();
-    format!("refs/heads/agent/probe-{kind}-{tag}")
+    format!("refs/heads/agent/probe-{kind}-{}", run_tag(token))
 }
 
 /// The path of every request in the audit-flood probe's identical run
@@ -183,13 +177,18 @@ pub const SPLIT_SECRET_FIRST: usize = 10;
 /// What the first chunk carries just before the split key: a field naming
 /// the run, then `aws_access_key_id=`.
 pub fn split_secret_lead(token: &str) -> String {
-    let tag: String = token
+    format!("probe=split-{}&aws_access_key_id=", run_tag(token))
+}
+
+/// The run's token as a name part: its first 24 letters and digits, lower
+/// case.
+fn run_tag(token: &str) -> String {
+    token
         .chars()
         .filter(char::is_ascii_alphanumeric)
         .take(24)
         .map(|c| c.to_ascii_lowercase())
-        .collect();
-    format!("probe=split-{tag}&aws_access_key_id=")
+        .collect()
 }
 
 /// What the harness looks for at the canaries: [`split_secret_lead`] and
