@@ -60,7 +60,7 @@ pub fn upstream_tls(
 /// roots when `web_roots`, and every certificate in `root_files`. A system
 /// store may hold certificates rustls cannot use; those are skipped, but a
 /// file with none it can use is an error, as is trusting nothing.
-pub fn upstream_roots(
+pub(super) fn upstream_roots(
     root_files: &[String],
     web_roots: bool,
 ) -> Result<rustls::RootCertStore, BundleError> {
