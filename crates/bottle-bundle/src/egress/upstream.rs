@@ -42,7 +42,8 @@ pub(super) fn client(config: &BundleConfig) -> Result<UpstreamClient, BundleErro
         .build(https))
 }
 
-/// Builds the TLS client config from [`upstream_roots`].
+/// Builds the TLS client config: the roots of `upstream_roots` (the web
+/// roots when `web_roots`, plus every certificate in `root_files`).
 pub fn upstream_tls(
     root_files: &[String],
     web_roots: bool,
