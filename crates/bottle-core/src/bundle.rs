@@ -91,10 +91,16 @@ pub struct BundleConfig {
     /// used by tests to map names onto servers they started.
     #[serde(default)]
     pub resolve: BTreeMap<String, String>,
-    /// Extra PEM roots the egress daemon trusts for upstream TLS, beyond the
-    /// built-in web roots (tests use it for their own upstream CA).
+    /// PEM files of roots the egress daemon trusts for upstream TLS: the
+    /// manifest's `egress.upstream_ca` and, when asked, the host's system
+    /// store (copied into the bundle).
     #[serde(default)]
     pub upstream_roots: Vec<String>,
+    /// Whether the compiled-in web roots are trusted too; `false` when the
+    /// operator asked for the system store alone (`upstream_trust =
+    /// "system"`). Configs written before it existed trusted them.
+    #[serde(default = "trust_web_roots")]
+    pub upstream_web_roots: bool,
     /// DNS servers (`ip` or `ip:port`) the egress daemon asks for upstream
     /// names not in `resolve`. Empty: the bundle's `/etc/resolv.conf`.
     #[serde(default)]
@@ -126,6 +132,10 @@ pub struct BundleConfig {
     /// `supervise_listen`.
     #[serde(default)]
     pub requests_dir: Option<String>,
+}
+
+fn trust_web_roots() -> bool {
+    true
 }
 
 /// One repository behind git-gate, as the bundle sees it.

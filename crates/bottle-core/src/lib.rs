@@ -32,6 +32,7 @@ pub mod spec;
 pub mod state;
 pub mod time;
 pub mod undo;
+pub mod upstream_trust;
 
 pub use backend::{
     BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupReport,

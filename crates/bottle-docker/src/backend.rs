@@ -269,6 +269,8 @@ impl DockerBackend {
             image,
             credentials: credential_refs(spec),
             git: git_refs(spec),
+            upstream_ca: upstream_ca_files(spec, Path::new("/"))?,
+            upstream_web_roots: spec.upstream_trust.web_roots(),
             detached,
             user: (
                 nix::unistd::getuid().as_raw(),
@@ -441,6 +443,33 @@ pub(crate) fn credential_refs(spec: &BottleSpec) -> Vec<CredentialRef> {
         .collect()
 }
 
+/// The host files holding the CAs the bundle trusts for upstream TLS: the
+/// manifest's `egress.upstream_ca`, then the system store under `root`
+/// when the trust asks for it (found now, so a missing store fails the
+/// plan rather than the launch).
+pub(crate) fn upstream_ca_files(
+    spec: &BottleSpec,
+    root: &Path,
+) -> Result<Vec<PathBuf>, DockerError> {
+    let mut files: Vec<PathBuf> = spec
+        .agent
+        .egress
+        .upstream_ca
+        .iter()
+        .map(|file| expand_home(spec, file))
+        .collect();
+    if spec.upstream_trust.system_store() {
+        let store = bottle_core::upstream_trust::find_system_store(root).ok_or_else(|| {
+            DockerError::NoSystemTrustStore {
+                trust: spec.upstream_trust.to_string(),
+                candidates: bottle_core::upstream_trust::SYSTEM_TRUST_STORES.join(", "),
+            }
+        })?;
+        files.push(store);
+    }
+    Ok(files)
+}
+
 /// The spec's repositories as git-gate serves them.
 pub(crate) fn git_refs(spec: &BottleSpec) -> Vec<GitRef> {
     spec.agent
@@ -610,6 +639,48 @@ impl BottleBackend for DockerBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn upstream_cas_resolve_next_to_the_manifest_and_the_system_store_follows() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("corp-ca.pem"),
+            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let manifest_path = dir.path().join("bottle.toml");
+        let spec_with = |trust: &str| {
+            let text = format!(
+                "[agents.a]\nimage = \"x\"\negress.upstream_ca = [\"corp-ca.pem\"]\n\
+                 egress.upstream_trust = \"{trust}\"\n"
+            );
+            let manifest = bottle_core::manifest::parse(&manifest_path, &text).unwrap();
+            BottleSpec::new(&manifest, &manifest_path, "a", None, Path::new("/s")).unwrap()
+        };
+        let root = tempfile::tempdir().unwrap();
+
+        let web = upstream_ca_files(&spec_with("web"), root.path()).unwrap();
+        assert_eq!(web, [dir.path().join("corp-ca.pem")]);
+
+        let err = upstream_ca_files(&spec_with("web+system"), root.path()).unwrap_err();
+        assert!(
+            matches!(err, DockerError::NoSystemTrustStore { .. }),
+            "{err}"
+        );
+        assert_eq!(bottle_core::Coded::code(&err), "BOT-D081");
+
+        let store = root.path().join("etc/pki/tls/certs/ca-bundle.crt");
+        std::fs::create_dir_all(store.parent().unwrap()).unwrap();
+        std::fs::write(&store, "").unwrap();
+        let system = upstream_ca_files(&spec_with("system"), root.path()).unwrap();
+        assert_eq!(
+            system,
+            [
+                dir.path().join("corp-ca.pem"),
+                std::fs::canonicalize(&store).unwrap()
+            ]
+        );
+    }
 
     #[test]
     fn cidrs_parse() {

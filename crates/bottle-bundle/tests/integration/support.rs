@@ -260,6 +260,7 @@ pub(crate) fn base_config(
         audit_log: dir.join("audit.jsonl").display().to_string(),
         resolve: opts.resolve.clone(),
         upstream_roots: vec![upstream.root_pem.display().to_string()],
+        upstream_web_roots: true,
         nameservers: opts.nameservers.clone(),
         limits: opts.limits.clone(),
         git_gate_listen: None,
@@ -282,7 +283,10 @@ impl Env {
         Self::start_configured(opts, |config| config.audit_log = log).await
     }
 
-    async fn start_configured(opts: Options, adjust: impl FnOnce(&mut BundleConfig)) -> Self {
+    pub(crate) async fn start_configured(
+        opts: Options,
+        adjust: impl FnOnce(&mut BundleConfig),
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let upstream = Upstream::start(dir.path()).await;
         let (mut config, ca_pem) = base_config(dir.path(), &upstream, &opts);

@@ -355,6 +355,63 @@ impl Checks<'_, '_> {
                 }
             }
         }
+        self.upstream_ca(path, &agent.egress.upstream_ca);
+    }
+
+    /// Each `egress.upstream_ca` file must be readable and hold a PEM
+    /// certificate, so `check` and `plan` catch the wrong file before a
+    /// launch does.
+    fn upstream_ca(&mut self, path: &FieldPath, files: &[String]) {
+        let home = std::env::home_dir();
+        for (i, file) in files.iter().enumerate() {
+            let item = path.key("upstream_ca").index(i);
+            let fix = "fix the path of the PEM file holding your network's CA certificate \
+                       (relative to the manifest's directory, absolute, or \"~/...\")";
+            let resolved = if file.is_empty() || (file.starts_with('~') && !file.starts_with("~/"))
+            {
+                None
+            } else {
+                super::resolve_path(self.base_dir, file, home.as_deref())
+            };
+            let Some(resolved) = resolved else {
+                self.report(
+                    codes::UPSTREAM_CA_FILE,
+                    item,
+                    On::Value,
+                    format!("upstream CA file {file:?} is not a path bottle can resolve"),
+                    fix.into(),
+                );
+                continue;
+            };
+            let text = match std::fs::metadata(&resolved) {
+                Ok(meta) if meta.is_file() => std::fs::read(&resolved)
+                    .map_err(|err| format!("cannot be read ({})", err.kind())),
+                Ok(_) => Err("is not a file".to_string()),
+                Err(_) => Err("does not exist".to_string()),
+            };
+            match text {
+                Err(problem) => self.report(
+                    codes::UPSTREAM_CA_FILE,
+                    item,
+                    On::Value,
+                    format!("upstream CA file {file:?} {problem}"),
+                    fix.into(),
+                ),
+                Ok(text) => {
+                    if let Err(problem) = crate::upstream_trust::certificate_count(&text) {
+                        self.report(
+                            codes::UPSTREAM_CA_PEM,
+                            item,
+                            On::Value,
+                            format!("upstream CA file {file:?} {}", problem.describe()),
+                            "give the CA certificate in PEM (-----BEGIN CERTIFICATE-----); \
+                             convert DER with `openssl x509 -inform der -in ca.der -out ca.pem`"
+                                .into(),
+                        );
+                    }
+                }
+            }
+        }
     }
 
     /// Runs after every egress rule parsed on its own.

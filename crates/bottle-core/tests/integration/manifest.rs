@@ -213,3 +213,87 @@ fn every_code_is_unique_and_well_formed() {
         assert!(!summary.is_empty());
     }
 }
+
+#[test]
+fn upstream_ca_files_resolve_next_to_the_manifest_and_reach_the_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(
+        dir.path().join("corp-ca.pem"),
+        "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIU\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    fs::write(
+        dir.path().join("key.pem"),
+        "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let path = dir.path().join("bottle.toml");
+    let load = |egress: &str| {
+        fs::write(
+            &path,
+            format!("[agents.a]\nimage = \"x\"\negress.allow = [\"pypi.org\"]\n{egress}"),
+        )
+        .unwrap();
+        manifest::load(&path)
+    };
+
+    let m =
+        load("egress.upstream_ca = [\"corp-ca.pem\"]\negress.upstream_trust = \"web\"\n").unwrap();
+    let spec = bottle_core::BottleSpec::new(&m, &path, "a", None, Path::new("/s")).unwrap();
+    let plan = bottle_core::Plan::from_spec(&spec, bottle_core::BackendKind::Docker, None);
+    assert_eq!(plan.upstream_ca, ["corp-ca.pem"]);
+    assert!(
+        plan.render()
+            .contains("upstream TLS web roots + 1 extra CA (corp-ca.pem)"),
+        "{}",
+        plan.render()
+    );
+
+    let e = load("egress.upstream_ca = [\"key.pem\"]\n").unwrap_err();
+    assert_eq!(
+        (e.code, e.field.as_str()),
+        (codes::UPSTREAM_CA_PEM, "agents.a.egress.upstream_ca[0]")
+    );
+    assert!(e.message.contains("holds no PEM certificate"), "{e}");
+    let e = load("egress.upstream_ca = [\"corp-ca.pem\", \"gone.pem\"]\n").unwrap_err();
+    assert_eq!(
+        (e.code, e.field.as_str()),
+        (codes::UPSTREAM_CA_FILE, "agents.a.egress.upstream_ca[1]")
+    );
+    assert!(e.message.contains("\"gone.pem\" does not exist"), "{e}");
+    assert!(
+        e.fix.contains("relative to the manifest's directory"),
+        "{e}"
+    );
+    let e = load("egress.upstream_ca = [\".\"]\n").unwrap_err();
+    assert!(e.message.contains("is not a file"), "{e}");
+    let e = load("egress.upstream_ca = [\"~root/ca.pem\"]\n").unwrap_err();
+    assert_eq!(e.code, codes::UPSTREAM_CA_FILE);
+    let e = load("egress.upstream_trust = \"System\"\n").unwrap_err();
+    assert_eq!(
+        (e.code, e.field.as_str()),
+        (codes::INVALID_VALUE, "agents.a.egress.upstream_trust")
+    );
+}
+
+#[test]
+fn web_and_system_trust_reads_in_the_plan() {
+    // The manifest's value is used as written; the host default
+    // (BOTTLE_UPSTREAM_TRUST) is unit tested in `upstream_trust`, since
+    // tests share one environment.
+    let m = manifest::parse(
+        Path::new("bottle.toml"),
+        "[agents.a]\nimage = \"x\"\negress.upstream_trust = \"web+system\"\n",
+    )
+    .unwrap();
+    let spec =
+        bottle_core::BottleSpec::new(&m, Path::new("bottle.toml"), "a", None, Path::new("/s"))
+            .unwrap();
+    let plan = bottle_core::Plan::from_spec(&spec, bottle_core::BackendKind::Docker, None);
+    assert!(
+        plan.render()
+            .contains("upstream TLS web roots + host system store\n"),
+        "{}",
+        plan.render()
+    );
+}
