@@ -43,6 +43,9 @@ use crate::encoding::{self, Refusal};
 use crate::io::{IdleIo, Prefixed};
 use crate::scan::Scanner;
 
+mod denied_tunnel;
+use denied_tunnel::DeniedTunnel;
+
 /// The path the proxy answers itself, for readiness probes.
 pub const HEALTH_PATH: &str = "/__bottle/health";
 
@@ -86,7 +89,7 @@ impl Proxy {
         audit: AuditLog,
         egress: SocketAddr,
     ) -> Result<Self, BundleError> {
-        let policy = Policy::new(&config.allow, &config.ports)?;
+        let policy = Policy::new(&config.allow, &config.ports)?.for_agent(&config.agent);
         let minter = LeafMinter::from_files(&config.ca_cert, &config.ca_key)?;
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
@@ -360,10 +363,7 @@ impl Proxy {
             StatusCode::FORBIDDEN,
             rec,
             start,
-            &format!(
-                "bottle: request blocked: the destination name carries what looks like a credential ({})",
-                f.reason()
-            ),
+            &secret_in_name_message(&f),
         )
     }
 
@@ -379,11 +379,17 @@ impl Proxy {
         };
         let host_s = host.to_string();
         if let Some(f) = self.scanner.scan(raw.as_bytes()) {
-            return self.blocked_name(&host_s, port, "CONNECT", "", f, start);
+            return self.open_denied_tunnel(
+                req,
+                DeniedTunnel::secret_in_name(host, port, &f),
+                start,
+            );
         }
         let rule = match self.policy.check(&host, port) {
             Verdict::Allow { rule } => rule,
-            Verdict::Deny(d) => return self.deny(&d, &host_s, port, "CONNECT", "", start),
+            Verdict::Deny(d) => {
+                return self.open_denied_tunnel(req, DeniedTunnel::by_policy(host, port, d), start);
+            }
         };
         let mut rec = self.record(
             Decision::Allow,
@@ -795,6 +801,13 @@ impl Proxy {
             }
         }
     }
+}
+
+fn secret_in_name_message(f: &crate::scan::Finding) -> String {
+    format!(
+        "bottle: request blocked: the destination name carries what looks like a credential ({})",
+        f.reason()
+    )
 }
 
 fn text(status: StatusCode, message: &str) -> Response<BoxBody> {

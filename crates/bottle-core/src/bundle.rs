@@ -71,6 +71,11 @@ pub struct BundleConfig {
     pub version: u32,
     /// The bottle this bundle serves (for audit lines).
     pub bottle: String,
+    /// The manifest's name for the bottle's agent, so that a denial tells
+    /// the agent whose allowlist refused it and which section the operator
+    /// would edit. Empty in configs written before it existed.
+    #[serde(default)]
+    pub agent: String,
     /// Proxy listen address, normally `0.0.0.0:8888`.
     pub proxy_listen: String,
     /// Egress listen address, normally `127.0.0.1:9099`. Must be loopback.

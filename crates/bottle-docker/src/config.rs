@@ -338,6 +338,7 @@ pub fn bundle_config<D>(plan: &Plan<D>, bundle: &BundleData) -> BundleConfig {
     BundleConfig {
         version: BUNDLE_CONFIG_VERSION,
         bottle: plan.bottle.clone(),
+        agent: plan.agent.clone(),
         proxy_listen: format!("0.0.0.0:{PROXY_PORT}"),
         egress_listen: format!("127.0.0.1:{EGRESS_PORT}"),
         allow: plan.egress_allow.clone(),
@@ -669,6 +670,7 @@ pub(crate) mod tests {
         assert_eq!(config.proxy_listen, "0.0.0.0:8888");
         assert_eq!(config.egress_listen, "127.0.0.1:9099");
         assert_eq!(config.allow, ["api.example.com"]);
+        assert_eq!(config.agent, "demo");
         assert_eq!(
             config.credentials[0].file,
             "/run/bottle/credentials/0-api_key_1"

@@ -12,6 +12,7 @@ mod allowlist;
 mod audit;
 mod credentials;
 mod daemons;
+mod denied;
 mod dns;
 mod fuzz;
 mod gitgate;

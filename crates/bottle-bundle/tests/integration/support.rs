@@ -24,6 +24,8 @@ use tokio::net::{TcpListener, TcpStream};
 /// Host names the tests map onto 127.0.0.1 with `resolve`.
 pub(crate) const ALLOWED: &str = "api.allowed.test";
 pub(crate) const OTHER_ALLOWED: &str = "other.allowed.test";
+/// The manifest's name for the bottle's agent.
+pub(crate) const AGENT: &str = "claude";
 
 /// A request as the upstream saw it.
 #[derive(Debug, Clone)]
@@ -250,6 +252,7 @@ pub(crate) fn base_config(
     let config = BundleConfig {
         version: bottle_core::bundle::BUNDLE_CONFIG_VERSION,
         bottle: "test".into(),
+        agent: AGENT.into(),
         proxy_listen: "127.0.0.1:0".into(),
         egress_listen: "127.0.0.1:0".into(),
         allow: opts.allow.clone(),
@@ -352,6 +355,22 @@ impl Env {
         tls_client(&self.ca_pem, s, sni).await
     }
 
+    /// CONNECT to `authority`, then one plain-HTTP request inside the
+    /// tunnel; returns the response and the stream, to see it close.
+    pub(crate) async fn plain_in_tunnel(
+        &self,
+        authority: &str,
+        request: &[u8],
+    ) -> (Resp, TcpStream) {
+        let mut s = self
+            .connect(authority)
+            .await
+            .unwrap_or_else(|r| panic!("CONNECT {authority} refused: {} {}", r.status, r.text()));
+        s.write_all(request).await.unwrap();
+        let resp = read_response(&mut s).await;
+        (resp, s)
+    }
+
     /// One HTTPS request through the proxy; returns the response.
     pub(crate) async fn https(&self, authority: &str, request: &[u8]) -> Resp {
         let host = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
@@ -388,6 +407,8 @@ pub(crate) async fn tls_client(
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Resp {
     pub status: u16,
+    /// The status line's reason phrase.
+    pub reason: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
 }
@@ -428,17 +449,20 @@ pub(crate) async fn read_head<S: AsyncRead + Unpin>(s: &mut S) -> Vec<u8> {
 pub(crate) fn parse_head(head: &[u8]) -> Resp {
     let text = String::from_utf8_lossy(head);
     let mut lines = text.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
+    let status_line = lines.next().unwrap_or("");
+    let mut status_parts = status_line.splitn(3, ' ');
+    let status = status_parts
+        .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
+    let reason = status_parts.next().unwrap_or("").to_string();
     let headers = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
     Resp {
         status,
+        reason,
         headers,
         body: Vec::new(),
     }
