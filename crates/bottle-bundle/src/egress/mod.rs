@@ -98,7 +98,7 @@ impl Egress {
     /// missing secret stops the bundle instead of failing later), TLS roots
     /// and the resolver.
     pub fn new(config: &BundleConfig, audit: AuditLog) -> Result<Self, BundleError> {
-        let policy = Policy::new(&config.allow, &config.ports)?;
+        let policy = Policy::new(&config.allow, &config.ports)?.for_agent(&config.agent);
         let credentials = Credentials::load(&config.credentials)?;
         let client = upstream::client(config)?;
         Ok(Self {
