@@ -65,7 +65,8 @@ pub struct BottleSpec {
     pub agent: Agent,
     /// The manifest file this came from.
     pub manifest_path: PathBuf,
-    /// The directory relative paths in the manifest are resolved against.
+    /// The directory relative paths in the manifest are resolved against,
+    /// absolute.
     pub base_dir: PathBuf,
     /// `<state root>/<slug>`: plan, CA, audit log, leases.
     pub state_dir: PathBuf,
@@ -99,10 +100,7 @@ impl BottleSpec {
             });
         };
         let slug = slug::slugify(bottle_name.unwrap_or(agent))?;
-        let base_dir = manifest_path
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("."));
+        let base_dir = crate::manifest::absolute_base_dir(manifest_path);
         Ok(BottleSpec {
             name: slug::bottle_name(&slug),
             state_dir: state_root.join(&slug),

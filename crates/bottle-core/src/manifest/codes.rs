@@ -100,6 +100,8 @@ pub const RESOLVE_ADDRESS: &str = "BOT-M047";
 pub const DISK_SYNTAX: &str = "BOT-M048";
 /// `limits.disk` is below 256 MiB.
 pub const DISK_SMALL: &str = "BOT-M049";
+/// A local git repository path (`git[].url`) is not a directory.
+pub const GIT_PATH: &str = "BOT-M070";
 
 /// Every code with a one-line summary, in code order.
 pub const ALL: &[(&str, &str)] = &[
@@ -181,4 +183,8 @@ pub const ALL: &[(&str, &str)] = &[
     ),
     (DISK_SYNTAX, "`limits.disk` is not a size"),
     (DISK_SMALL, "`limits.disk` is below 256 MiB"),
+    (
+        GIT_PATH,
+        "a local git repository path that is not a directory",
+    ),
 ];

@@ -10,6 +10,7 @@
 use std::fs;
 use std::path::Path;
 
+use bottle_core::Coded as _;
 use bottle_core::manifest::{self, codes};
 
 fn err(text: &str) -> manifest::ManifestError {
@@ -212,4 +213,90 @@ fn every_code_is_unique_and_well_formed() {
         assert!(code.starts_with("BOT-M") && code.len() == 8, "{code}");
         assert!(!summary.is_empty());
     }
+}
+
+/// Loads `dir/sub/bottle.toml` named relative to `dir`, as `bottle
+/// --manifest sub/bottle.toml` run in `dir` does.
+fn load_from(dir: &Path, relative: &str) -> Result<manifest::Manifest, manifest::ManifestError> {
+    // A path relative to the test's working directory, because changing the
+    // process's directory would race the other tests.
+    let cwd = std::env::current_dir().unwrap();
+    let relative_dir = pathdiff(dir, &cwd);
+    manifest::load(&relative_dir.join(relative))
+}
+
+/// `to` as a path relative to `from` (both absolute).
+fn pathdiff(to: &Path, from: &Path) -> std::path::PathBuf {
+    let ups = from.components().count() - 1;
+    let mut path: std::path::PathBuf = std::iter::repeat_n("..", ups).collect();
+    path.push(to.strip_prefix("/").unwrap());
+    path
+}
+
+#[test]
+fn every_host_path_is_absolute_after_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("sub");
+    for d in ["ctx", "skills", "git/app.git"] {
+        fs::create_dir_all(sub.join(d)).unwrap();
+    }
+    fs::write(sub.join("prompt.md"), "hi").unwrap();
+    let text = r#"
+[agents.a]
+build = { context = "ctx", dockerfile = "Dockerfile" }
+prompt = "prompt.md"
+skills = ["skills"]
+egress.allow = ["api.example.com"]
+credentials = [{ name = "k", source = { file = "keys/k" }, host = "api.example.com", header = "x-api-key" }]
+
+[[agents.a.git]]
+name = "app"
+url = "git/app.git"
+credential = "keys/git"
+
+[[agents.a.git]]
+name = "remote"
+url = "https://example.com/r.git"
+"#;
+    fs::write(sub.join("bottle.toml"), text).unwrap();
+    let loaded = load_from(dir.path(), "sub/bottle.toml").unwrap();
+    let sub = std::fs::canonicalize(&sub).unwrap();
+    let agent = &loaded.agents["a"];
+    let build = agent.build.as_ref().unwrap();
+    assert_eq!(Path::new(&build.context), sub.join("ctx"));
+    assert_eq!(build.dockerfile.as_deref(), Some("Dockerfile"));
+    assert_eq!(
+        Path::new(agent.prompt.as_deref().unwrap()),
+        sub.join("prompt.md")
+    );
+    assert_eq!(Path::new(&agent.skills[0]), sub.join("skills"));
+    assert_eq!(Path::new(&agent.git[0].url), sub.join("git/app.git"));
+    assert_eq!(
+        Path::new(agent.git[0].credential.as_deref().unwrap()),
+        sub.join("keys/git")
+    );
+    assert_eq!(agent.git[1].url, "https://example.com/r.git");
+    assert_eq!(
+        agent.credentials[0].source,
+        manifest::CredentialSource::File(sub.join("keys/k").to_string_lossy().into_owned())
+    );
+}
+
+#[test]
+fn a_missing_git_repository_names_the_file_field_and_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir(dir.path().join("sub")).unwrap();
+    let text = "[agents.claude]\nimage = \"x\"\n\n[[agents.claude.git]]\nname = \"app\"\nurl = \"git/app.git\"\n";
+    fs::write(dir.path().join("sub/bottle.toml"), text).unwrap();
+    let err = load_from(dir.path(), "sub/bottle.toml").unwrap_err();
+    assert_eq!(err.code, codes::GIT_PATH);
+    assert!(err.file.ends_with("sub/bottle.toml"), "{err}");
+    assert_eq!(err.field, "agents.claude.git[0].url");
+    assert_eq!(err.position, Some((6, 7)));
+    assert_eq!(err.message, "git repository \"git/app.git\" does not exist");
+    let fix = err.fix().unwrap();
+    assert!(
+        fix.starts_with("point url at an existing repository"),
+        "{fix}"
+    );
 }
