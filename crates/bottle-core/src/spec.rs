@@ -77,7 +77,8 @@ pub struct BottleSpec {
     pub agent: Agent,
     /// The manifest file this came from.
     pub manifest_path: PathBuf,
-    /// The directory relative paths in the manifest are resolved against.
+    /// The directory relative paths in the manifest are resolved against,
+    /// absolute.
     pub base_dir: PathBuf,
     /// `<state root>/<slug>`: plan, CA, audit log, leases.
     pub state_dir: PathBuf,
@@ -118,10 +119,7 @@ impl BottleSpec {
         let upstream_trust =
             UpstreamTrust::effective(config.egress.upstream_trust, host_default.as_deref())
                 .map_err(|value| SpecError::UpstreamTrustEnv { value })?;
-        let base_dir = manifest_path
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("."));
+        let base_dir = crate::manifest::absolute_base_dir(manifest_path);
         Ok(BottleSpec {
             name: slug::bottle_name(&slug),
             state_dir: state_root.join(&slug),

@@ -10,7 +10,7 @@ use bottle_core::backend::{
     BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupReport,
 };
 use bottle_core::disk::{LayerCap, format_size};
-use bottle_core::manifest::CredentialSource;
+use bottle_core::manifest::{self, CredentialSource};
 use bottle_core::slug::slug_of;
 use bottle_core::{BottleSpec, Plan};
 use bottle_net::{HostRoutes, Ipv4Net};
@@ -476,7 +476,7 @@ pub(crate) fn git_refs(spec: &BottleSpec) -> Vec<GitRef> {
         .git
         .iter()
         .map(|repo| {
-            let remote = is_remote_url(&repo.url);
+            let remote = manifest::is_remote_git_url(&repo.url);
             GitRef {
                 name: repo.name.clone(),
                 local_path: (!remote).then(|| expand_home(spec, &repo.url)),
@@ -494,18 +494,6 @@ pub(crate) fn git_refs(spec: &BottleSpec) -> Vec<GitRef> {
 fn parse_cidr(text: &str) -> Option<Ipv4Net> {
     let (addr, len) = text.split_once('/')?;
     Ipv4Net::new(addr.parse::<Ipv4Addr>().ok()?, len.parse().ok()?).ok()
-}
-
-/// A remote (`scheme://...` or scp-like `user@host:path`) rather than a
-/// host-side path.
-fn is_remote_url(url: &str) -> bool {
-    if url.contains("://") {
-        return !url.starts_with("file://");
-    }
-    match url.split_once(':') {
-        Some((before, _)) => !before.contains('/') && before.contains('@'),
-        None => false,
-    }
 }
 
 fn short_id(id: &str) -> String {
@@ -691,24 +679,37 @@ mod tests {
         assert_eq!(parse_cidr("fd00::/64"), None);
     }
 
+    /// `bottle --manifest sub/bottle.toml` from the directory above `sub`:
+    /// what Docker gets as bind sources is absolute.
     #[test]
-    fn git_urls_and_paths() {
-        for remote in [
-            "https://github.com/o/r.git",
-            "ssh://git@h/r",
-            "git@github.com:o/r.git",
-        ] {
-            assert!(is_remote_url(remote), "{remote}");
-        }
-        for local in [
-            "/srv/r.git",
-            "repos/r.git",
-            "~/r.git",
-            "file:///srv/r.git",
-            "./a:b",
-        ] {
-            assert!(!is_remote_url(local), "{local}");
-        }
+    fn host_paths_are_absolute_when_the_manifest_path_is_relative() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = std::fs::canonicalize(dir.path()).unwrap().join("sub");
+        std::fs::create_dir_all(sub.join("git/app.git")).unwrap();
+        std::fs::write(
+            sub.join("bottle.toml"),
+            "[agents.a]\nimage = \"x\"\negress.allow = [\"api.example.com\"]\n\
+             credentials = [{ name = \"k\", source = { file = \"keys/k\" }, \
+             host = \"api.example.com\", header = \"x-api-key\" }]\n\
+             [[agents.a.git]]\nname = \"app\"\nurl = \"git/app.git\"\n",
+        )
+        .unwrap();
+        // Relative to the test's working directory: changing the process's
+        // directory would race the other tests.
+        let cwd = std::env::current_dir().unwrap();
+        let mut relative: PathBuf =
+            std::iter::repeat_n("..", cwd.components().count() - 1).collect();
+        relative.push(sub.strip_prefix("/").unwrap().join("bottle.toml"));
+        let manifest = manifest::load(&relative).unwrap();
+        let spec = BottleSpec::new(&manifest, &relative, "a", None, dir.path()).unwrap();
+        assert_eq!(
+            git_refs(&spec)[0].local_path.as_deref(),
+            Some(sub.join("git/app.git").as_path())
+        );
+        assert_eq!(
+            credential_refs(&spec)[0].file.as_deref(),
+            Some(sub.join("keys/k").as_path())
+        );
     }
 
     #[test]

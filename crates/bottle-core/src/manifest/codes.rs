@@ -104,6 +104,8 @@ pub const DISK_SMALL: &str = "BOT-M049";
 pub const UPSTREAM_CA_FILE: &str = "BOT-M060";
 /// An `egress.upstream_ca` file that is not PEM or holds no certificate.
 pub const UPSTREAM_CA_PEM: &str = "BOT-M061";
+/// A local git repository path (`git[].url`) is not a directory.
+pub const GIT_PATH: &str = "BOT-M070";
 
 /// Every code with a one-line summary, in code order.
 pub const ALL: &[(&str, &str)] = &[
@@ -192,5 +194,9 @@ pub const ALL: &[(&str, &str)] = &[
     (
         UPSTREAM_CA_PEM,
         "an `egress.upstream_ca` file that is not PEM or holds no certificate",
+    ),
+    (
+        GIT_PATH,
+        "a local git repository path that is not a directory",
     ),
 ];
