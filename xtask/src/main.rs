@@ -3,6 +3,8 @@
 //! - `cargo xtask test`: build the static binaries the tests put into images,
 //!   then run every test of the workspace.
 //! - `cargo xtask dist`: build the static binaries only.
+//! - `cargo xtask install [--prefix DIR]`: build `bottle` and its bundle and
+//!   install them (see [`install`]).
 //! - `cargo xtask demo`: bring up the example bottle and show its policy.
 //! - `cargo xtask sandbox-escape`: the escape gate (see [`escape`]).
 //! - `cargo xtask fuzz`: the long fuzz campaign against the bundle's
@@ -20,6 +22,7 @@ mod demo;
 mod dist;
 mod escape;
 mod fuzz;
+mod install;
 mod process;
 mod test;
 #[cfg(test)]
@@ -37,10 +40,11 @@ fn main() -> ExitCode {
         "test" => test::run(rest),
         "demo" => demo::run(),
         "dist" => dist::run().map(|_| ExitCode::SUCCESS),
+        "install" => install::run(rest),
         "sandbox-escape" => escape::run(rest),
         "fuzz" => fuzz::run(rest),
         _ => {
-            eprintln!("usage: cargo xtask <test|dist|demo|sandbox-escape|fuzz> [args]");
+            eprintln!("usage: cargo xtask <test|dist|install|demo|sandbox-escape|fuzz> [args]");
             return ExitCode::from(2);
         }
     };

@@ -15,6 +15,7 @@ pub mod agent;
 pub mod audit_files;
 pub mod backend;
 pub mod bundle;
+pub mod bundle_binary;
 pub mod bundle_host;
 pub mod devices;
 pub mod disk;

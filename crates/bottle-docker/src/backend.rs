@@ -213,7 +213,14 @@ impl DockerBackend {
             arch,
             storage: layer_cap.storage().to_string(),
             dns_upstream: self.options.dns_upstream.unwrap_or(bundle.ip),
-            env: bottle_core::agent::agent_env_of(spec, bundle.ip),
+            env: bottle_core::agent::agent_env_of(
+                spec,
+                bundle.ip,
+                &bottle_core::agent::OwnAddresses {
+                    hostname: Some(crate::config::AGENT_HOSTNAME.into()),
+                    address: Some(subnet.agent_ip),
+                },
+            ),
             prompt: spec.agent.prompt.as_deref().map(|p| spec.resolve(p)),
             skills: spec.agent.skills.iter().map(|s| spec.resolve(s)).collect(),
         };

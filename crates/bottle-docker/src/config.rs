@@ -57,6 +57,9 @@ pub const BUNDLE_UPSTREAM_CA_DIR: &str = "/run/bottle/upstream-ca";
 pub const BUNDLE_GIT_CREDENTIALS_DIR: &str = "/run/bottle/git-credentials";
 /// Where the bundle binary sits in its image.
 pub const BUNDLE_BINARY_PATH: &str = "/bottle-bundle";
+/// The agent container's hostname; the agent's `NO_PROXY` names it so a
+/// server in the box is reached directly by it.
+pub const AGENT_HOSTNAME: &str = "bottle";
 
 /// Bundle memory limit: the proxy holds connection buffers, nothing more.
 pub const BUNDLE_MEMORY_BYTES: i64 = 512 << 20;
@@ -273,7 +276,7 @@ pub fn agent_container(
     hardening(&mut host);
     ContainerCreateBody {
         image: Some(agent.image_id.clone()),
-        hostname: Some("bottle".into()),
+        hostname: Some(AGENT_HOSTNAME.into()),
         user: Some(crate::names::KEEPALIVE_USER.into()),
         env: Some(agent.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
         entrypoint: Some(vec![PAUSE_PATH.into()]),

@@ -348,7 +348,7 @@ impl Coded for DockerError {
             DockerError::Io { .. } => "check that the path exists and that you may read and write it".into(),
             DockerError::GitRuntime { .. } => "install git on the host (Debian: `apt-get install git`), or remove the agent's git repositories from the manifest".into(),
             DockerError::BundleBinaryMissing { .. } | DockerError::BundleBinaryNotStatic { .. } => format!(
-                "build it with `{BUNDLE_BUILD_HINT}` and point BOTTLE_BUNDLE_BIN at target/x86_64-unknown-linux-gnu/release/bottle-bundle (or put it next to the bottle binary)"
+                "install bottle with its bundle (`cargo xtask install` from a clone), or build it with `{BUNDLE_BUILD_HINT}` and point BOTTLE_BUNDLE_BIN at target/x86_64-unknown-linux-gnu/release/bottle-bundle"
             ),
             DockerError::AlreadyExists { name } => format!(
                 "attach to it with `bottle exec {name}`, or remove it with `bottle stop {name}`; use --name to run a second bottle of the same agent"

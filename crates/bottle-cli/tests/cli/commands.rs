@@ -166,7 +166,8 @@ fn doctor_reports_every_check_and_exits_by_its_verdict() {
             "kvm.guest",
             "smolvm.version",
             "docker.daemon",
-            "docker.disk_quota"
+            "docker.disk_quota",
+            "bundle.binary"
         ]
     );
     let failed = checks.iter().any(|c| c["status"] == "fail");

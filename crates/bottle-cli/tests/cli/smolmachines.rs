@@ -488,6 +488,25 @@ fn agent_environment(world: &World, backend: &str, name: &str) -> Vec<String> {
             let name = line.split('=').next().unwrap_or_default();
             bottle_core::agent::reserved(name).is_some()
         })
+        // NO_PROXY also names the box's own hostname and address, which
+        // only the docker backend knows: compare its loopback-and-bundle
+        // part alone.
+        .map(|line| match line.split_once('=') {
+            Some((key, value)) if key.eq_ignore_ascii_case("NO_PROXY") => format!(
+                "{key}={}",
+                value
+                    .split(',')
+                    .filter(|host| {
+                        host.starts_with("localhost")
+                            || host.starts_with("127.")
+                            || host.contains("::1")
+                            || *host == address
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            _ => line.to_string(),
+        })
         .map(|line| line.replace(&address, "<bundle>"))
         .collect();
     env.sort();
