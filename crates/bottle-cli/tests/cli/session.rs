@@ -173,7 +173,7 @@ fn set_size(pty: &std::fs::File, rows: u16, cols: u16) {
 /// Asks the agent for its size every tenth poll (a fifth of a second), so
 /// the answers cannot pile up faster than it gives them.
 fn ask_size(pty: &std::fs::File, polls: &mut u32) {
-    if *polls % 10 == 0 {
+    if polls.is_multiple_of(10) {
         let mut pty = pty;
         pty.write_all(b"size\r").unwrap();
     }
