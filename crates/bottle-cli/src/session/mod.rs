@@ -125,8 +125,15 @@ fn read_holder(paths: &SessionPaths) -> Option<Owner> {
 
 /// Ends the bottle's session holder, if one runs, with the agent's exec
 /// (its process group): SIGTERM, then SIGKILL if it outlives
-/// [`END_WITHIN`]. `stop` calls it before removing the bottle.
+/// [`END_WITHIN`]; then removes the session's files, which no backend
+/// knows of. `stop` calls it before removing the bottle.
 pub(crate) fn end(paths: &SessionPaths) {
+    end_holder(paths);
+    // Best effort, like the rest of a stop: a leftover dir holds no secret.
+    let _ = std::fs::remove_dir_all(&paths.dir);
+}
+
+fn end_holder(paths: &SessionPaths) {
     use rustix::process::{Pid, Signal, kill_process_group};
     let Some(holder) = read_holder(paths) else {
         return;
@@ -218,5 +225,9 @@ mod tests {
         assert_eq!(agent_running(&paths), Some(true));
         std::fs::write(paths.exit_code(), "0").unwrap();
         assert_eq!(agent_running(&paths), Some(false));
+        // The holder recorded here is this test: not one to end.
+        std::fs::remove_file(paths.holder()).unwrap();
+        end(&paths);
+        assert!(!paths.dir.exists(), "stop leaves the session's files");
     }
 }
