@@ -57,6 +57,8 @@ pub(crate) enum Command {
     Stop(BottleArg),
     /// Remove what crashed launches left behind.
     Cleanup,
+    /// Join the agent of a bottle started with --detach.
+    Attach(AttachArgs),
     /// Run a command in a bottle.
     Exec(ExecArgs),
     /// Copy a host file or directory into a bottle.
@@ -74,6 +76,9 @@ pub(crate) enum Command {
     Doctor,
     /// Print shell completions.
     Completions(CompletionsArgs),
+    /// Holds a detached bottle's agent session (run by `start --detach`).
+    #[command(name = "__session-host", hide = true)]
+    SessionHost(SessionHostArgs),
 }
 
 /// `bottle start`.
@@ -116,6 +121,26 @@ pub(crate) struct ExecArgs {
     pub tty: bool,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+/// `bottle attach`.
+#[derive(Debug, Args)]
+pub(crate) struct AttachArgs {
+    /// The bottle (`bot-bottle-<slug>` or just `<slug>`).
+    pub bottle: String,
+    /// The keys that detach, leaving the agent running (e.g. `ctrl-a,d`).
+    #[arg(long, value_name = "KEYS", default_value = crate::session::keys::DEFAULT_DETACH_KEYS)]
+    pub detach_keys: crate::session::keys::DetachKeys,
+}
+
+/// `bottle __session-host`.
+#[derive(Debug, Args)]
+pub(crate) struct SessionHostArgs {
+    /// The bottle whose agent it runs.
+    pub bottle: String,
+    /// The agent's command (empty: the image's).
+    #[arg(last = true)]
     pub command: Vec<String>,
 }
 

@@ -25,6 +25,12 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::List => list(global),
         Command::Stop(args) => stop(global, &args.bottle),
         Command::Cleanup => cleanup(global),
+        Command::Attach(args) => {
+            crate::session::attach::run(global, &args.bottle, args.detach_keys)
+        }
+        Command::SessionHost(args) => {
+            crate::session::host::run(global, &args.bottle, &args.command)
+        }
         Command::Exec(args) => exec(global, &args),
         Command::Cp(args) => cp(global, &args),
         Command::Logs(args) => logs(&args),
@@ -50,7 +56,7 @@ fn load_manifest(global: &Global) -> Result<Manifest, Failure> {
     Ok(manifest::load(&global.manifest)?)
 }
 
-fn state_root() -> Result<PathBuf, Failure> {
+pub(crate) fn state_root() -> Result<PathBuf, Failure> {
     Ok(bottle_core::state::state_root(|key| {
         std::env::var(key).ok()
     })?)
@@ -180,7 +186,23 @@ fn start_on<B: BottleLauncher>(
     }
     let bottle = backend.launch(&plan)?;
     if args.detach {
-        out(&format!("{}\n", bottle.name()));
+        let name = bottle.name().to_string();
+        drop(bottle);
+        let paths = bottle_core::state::SessionPaths::new(&state_root()?, slug::slug_of(&name));
+        crate::session::spawn_host(
+            &bottle_core::exec::SystemRunner,
+            &paths,
+            kind,
+            &name,
+            &plan.command,
+        )?;
+        out(&format!("{name}\n"));
+        note(
+            global.quiet,
+            &format!(
+                "the agent runs in the background:\n  bottle attach {name}   join it (detach: ctrl-p ctrl-q)\n  bottle logs {name}     its audit log\n  bottle stop {name}     end it and remove the bottle"
+            ),
+        );
         return Ok(ExitCode::SUCCESS);
     }
     let code = bottle.exec_interactive(&plan.command);
@@ -245,6 +267,10 @@ fn read_host_state(state_root: &Path, bottles: &mut [BottleInfo]) {
                 .join(slug::slug_of(&b.name))
                 .join(audit_files::AUDIT_LOG_DIR),
         );
+        b.agent_running = crate::session::agent_running(&bottle_core::state::SessionPaths::new(
+            state_root,
+            slug::slug_of(&b.name),
+        ));
     }
 }
 
@@ -260,12 +286,18 @@ fn list_table(bottles: &[BottleInfo]) -> String {
                 b.bundle_address.clone().unwrap_or_else(|| "-".into()),
                 b.pending_requests.to_string(),
                 b.audit.to_string(),
+                match b.agent_running {
+                    Some(true) => "running",
+                    Some(false) => "exited",
+                    None => "-",
+                }
+                .to_string(),
             ]
         })
         .collect();
     output::table(
         &[
-            "NAME", "AGENT", "BACKEND", "STATE", "BUNDLE", "PENDING", "AUDIT",
+            "NAME", "AGENT", "BACKEND", "STATE", "BUNDLE", "PENDING", "AUDIT", "SESSION",
         ],
         &rows,
     )
@@ -273,6 +305,12 @@ fn list_table(bottles: &[BottleInfo]) -> String {
 
 fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
     let name = slug::bottle_name(slug::slug_of(bottle));
+    if let Ok(root) = state_root() {
+        crate::session::end(&bottle_core::state::SessionPaths::new(
+            &root,
+            slug::slug_of(bottle),
+        ));
+    }
     let mut last_error = None;
     for backend in backends_to_ask(global)? {
         match backend.stop(&name) {
@@ -325,7 +363,10 @@ fn cleanup(global: &Global) -> Result<ExitCode, Failure> {
 }
 
 /// Finds a running bottle on whichever backend runs it.
-fn find_bottle(global: &Global, bottle: &str) -> Result<Box<dyn bottle_core::Bottle>, Failure> {
+pub(crate) fn find_bottle(
+    global: &Global,
+    bottle: &str,
+) -> Result<Box<dyn bottle_core::Bottle>, Failure> {
     let name = slug::bottle_name(slug::slug_of(bottle));
     let mut last_error = None;
     for backend in backends_to_ask(global)? {
@@ -466,6 +507,7 @@ mod tests {
             bundle_address: None,
             created: None,
             pending_requests: 0,
+            agent_running: None,
             audit: AuditHealth::Unknown,
         }
     }
@@ -485,21 +527,13 @@ mod tests {
             [AuditHealth::Ok, AuditHealth::Degraded]
         );
         let table = list_table(&bottles);
-        let header = table.lines().next().unwrap();
-        assert!(header.trim_end().ends_with("AUDIT"), "{table}");
-        assert!(
-            table.lines().nth(1).unwrap().trim_end().ends_with("ok"),
-            "{table}"
-        );
-        assert!(
-            table
-                .lines()
-                .nth(2)
-                .unwrap()
-                .trim_end()
-                .ends_with("degraded"),
-            "{table}"
-        );
+        let columns: Vec<Vec<&str>> = table
+            .lines()
+            .map(|line| line.split_whitespace().collect())
+            .collect();
+        assert_eq!(columns[0][6..], ["AUDIT", "SESSION"], "{table}");
+        assert_eq!(columns[1][6..], ["ok", "-"], "{table}");
+        assert_eq!(columns[2][6..], ["degraded", "-"], "{table}");
         let json = serde_json::to_value(&bottles).unwrap();
         assert_eq!(json[1]["audit"], "degraded");
     }

@@ -10,6 +10,7 @@ mod devices;
 mod failure;
 mod output;
 mod requests;
+mod session;
 
 use std::process::ExitCode;
 

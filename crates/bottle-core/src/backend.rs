@@ -184,6 +184,11 @@ pub struct BottleInfo {
     /// host's state dir, like `pending_requests`).
     #[serde(default)]
     pub audit: crate::audit_files::AuditHealth,
+    /// Whether the agent of a detached bottle still runs in its session
+    /// (read from the host's state dir); `None` when the bottle has no
+    /// session (started attached).
+    #[serde(default)]
+    pub agent_running: Option<bool>,
 }
 
 /// What `cleanup` removed.

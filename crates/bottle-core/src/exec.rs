@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::{self, Read, Write as _};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -213,6 +213,12 @@ pub trait CommandRunner: Send + Sync {
     /// (not found, not executable) or ran past its time bound, never that it
     /// exited non-zero; [`ExecError::of`] says which.
     fn run(&self, spec: &CommandSpec) -> io::Result<CommandOutput>;
+
+    /// Starts `spec` and returns its PID without waiting for it: stdin
+    /// reads as empty and stdout and stderr append to `log`, so the child
+    /// holds nothing of ours (no terminal, no pipe) and outlives us. Its
+    /// [`CommandSpec::stdin`], streams and time bound do not apply.
+    fn spawn_detached(&self, spec: &CommandSpec, log: &Path) -> io::Result<u32>;
 }
 
 /// The real runner: spawns host processes.
@@ -222,6 +228,34 @@ pub struct SystemRunner;
 impl CommandRunner for SystemRunner {
     fn run(&self, spec: &CommandSpec) -> io::Result<CommandOutput> {
         Ok(self.run_to_status(spec)?.1)
+    }
+
+    fn spawn_detached(&self, spec: &CommandSpec, log: &Path) -> io::Result<u32> {
+        let program = spec.program_name();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "this is the one sanctioned place that spawns processes"
+        )]
+        let mut command = std::process::Command::new(&spec.program);
+        command
+            .args(&spec.args)
+            .envs(&spec.env)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        if let Some(cwd) = &spec.cwd {
+            command.current_dir(cwd);
+        }
+        // Dropping the handle neither kills nor waits for the child; once we
+        // exit, init (or the nearest subreaper) reaps it.
+        let child = command
+            .spawn()
+            .map_err(|source| ExecError::Spawn { program, source })?;
+        Ok(child.id())
     }
 }
 
@@ -550,6 +584,29 @@ mod tests {
     fn a_child_that_ignores_its_stdin_is_not_an_error() {
         let spec = sh("exit 0").stdin(vec![0u8; 1024 * 1024]);
         assert!(SystemRunner.run(&spec).unwrap().success());
+    }
+
+    #[test]
+    fn a_detached_child_outlives_the_call_and_writes_to_its_log() {
+        let dir = std::env::temp_dir().join(format!("bottle-exec-detached-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("log");
+        let started = Instant::now();
+        // It reads its (empty) stdin, so it cannot be waiting on ours.
+        let pid = SystemRunner
+            .spawn_detached(&sh("cat; sleep 1; echo done; echo err >&2"), &log)
+            .unwrap();
+        assert!(started.elapsed() < Duration::from_secs(1), "it waited");
+        assert!(pid > 0);
+        let deadline = Instant::now() + HANG_GUARD;
+        while std::fs::read_to_string(&log).unwrap_or_default() != "done\nerr\n" {
+            assert!(
+                Instant::now() < deadline,
+                "the detached child never wrote its log"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

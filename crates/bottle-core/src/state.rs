@@ -4,7 +4,7 @@
 //! `~/.local/state/bottle/<slug>/`. The environment is passed in so this
 //! module stays free of I/O and is testable.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
@@ -39,6 +39,50 @@ pub fn state_root(env: impl Fn(&str) -> Option<String>) -> Result<PathBuf, State
     absolute(env("HOME"))
         .map(|home| home.join(".local/state/bottle"))
         .ok_or(StateDirError)
+}
+
+/// Where a detached bottle's agent session keeps its files:
+/// `<state root>/<slug>/session/`, owner-only, read by `bottle attach`,
+/// `bottle list` and `bottle stop`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionPaths {
+    /// The session directory.
+    pub dir: PathBuf,
+}
+
+impl SessionPaths {
+    /// The session files of the bottle `slug` under `state_root`.
+    pub fn new(state_root: &Path, slug: &str) -> SessionPaths {
+        SessionPaths {
+            dir: state_root.join(slug).join("session"),
+        }
+    }
+
+    /// The unix socket `bottle attach` connects to while the agent runs.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("session.sock")
+    }
+
+    /// The session holder's identity ([`crate::process::Owner`] as JSON).
+    pub fn holder(&self) -> PathBuf {
+        self.dir.join("holder.json")
+    }
+
+    /// The agent's exit code, written once it has exited.
+    pub fn exit_code(&self) -> PathBuf {
+        self.dir.join("exit-code")
+    }
+
+    /// The agent's last output, kept when it exits.
+    pub fn scrollback(&self) -> PathBuf {
+        self.dir.join("scrollback")
+    }
+
+    /// The holder's own stdout and stderr before the agent's terminal
+    /// exists (why it could not start).
+    pub fn log(&self) -> PathBuf {
+        self.dir.join("holder.log")
+    }
 }
 
 #[cfg(test)]

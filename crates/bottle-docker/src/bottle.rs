@@ -302,6 +302,12 @@ async fn attached_async(
     use_tty: bool,
 ) -> Result<i32, DockerError> {
     use tokio::signal::unix::{SignalKind, signal};
+    // Watched before the first size is read, so a resize in between (a
+    // session holder's client attaching as the agent starts) is not lost.
+    let mut winch = signal(SignalKind::window_change()).map_err(|err| DockerError::Terminal {
+        action: "watch for terminal signals".into(),
+        detail: err.to_string(),
+    })?;
     let docker = &engine.docker;
     let env = use_tty.then(|| {
         vec![format!(
@@ -368,7 +374,6 @@ async fn attached_async(
         action: "watch for terminal signals".into(),
         detail: err.to_string(),
     };
-    let mut winch = signal(SignalKind::window_change()).map_err(signal_err)?;
     // Only with a TTY: these handlers replace the default "terminate" for
     // the rest of the process, which is wanted only while raw mode needs
     // undoing.

@@ -257,6 +257,7 @@ pub fn list_active(engine: &Engine) -> Result<Vec<BottleInfo>, DockerError> {
                 bundle_address: any.labels.get(LABEL_BUNDLE_IP).cloned(),
                 created: any.created.map(rfc3339),
                 pending_requests: 0,
+                agent_running: None,
                 audit: bottle_core::audit_files::AuditHealth::Unknown,
             }
         })

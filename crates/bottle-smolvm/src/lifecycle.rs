@@ -37,6 +37,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
                 bundle_address: state.and_then(|s| s.bundle_address.clone()),
                 created: machine.created(),
                 pending_requests: 0,
+                agent_running: None,
                 audit: AuditHealth::Unknown,
             });
         }
@@ -56,6 +57,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
                 bundle_address: state.bundle_address.clone(),
                 created: Some(state.created.to_string()),
                 pending_requests: 0,
+                agent_running: None,
                 audit: AuditHealth::Unknown,
             });
         }

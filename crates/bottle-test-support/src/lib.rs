@@ -232,6 +232,12 @@ impl CommandRunner for RecordingRunner {
             .push(spec.clone());
         (self.respond)(spec)
     }
+
+    /// Records `spec` like [`CommandRunner::run`]; a scripted failure is
+    /// returned, anything else reads as started with PID 1 (never ours).
+    fn spawn_detached(&self, spec: &CommandSpec, _log: &std::path::Path) -> io::Result<u32> {
+        self.run(spec).map(|_| 1)
+    }
 }
 
 /// A finished process: exit `code`, nothing on stdout, `stderr`.

@@ -39,6 +39,14 @@ impl CommandRunner for SysRunner {
             stderr: out.stderr.into_bytes(),
         })
     }
+
+    fn spawn_detached(&self, spec: &CommandSpec, _log: &std::path::Path) -> io::Result<u32> {
+        // The smolvm probe runs commands to completion only.
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("the escape gate does not detach {}", spec.argv().join(" ")),
+        ))
+    }
 }
 
 /// Names the `smolvm` program the CLI runs (as `bottle-cli` reads it).

@@ -8,6 +8,7 @@
 mod catalogue;
 mod commands;
 mod requests;
+mod session;
 mod smolmachines;
 mod terminal;
 

@@ -1,0 +1,233 @@
+//! A detached bottle's agent session, held on the host like dtach or
+//! abduco: `bottle start --detach` spawns `bottle __session-host`, which
+//! puts the agent's interactive exec on a pty of its own and serves that
+//! pty on a unix socket in the bottle's state dir; `bottle attach` joins it.
+//!
+//! Why on the host, not in the box: the holder reuses the backends'
+//! existing interactive exec (`Bottle::exec_interactive`) unchanged, so one
+//! design serves docker and smolmachines alike and the agent's box gains no
+//! new process or listener. The holder is its own session leader (setsid)
+//! with the pty as its controlling terminal, so the operator's terminal
+//! closing does not reach it, and a size set on the pty reaches the
+//! interactive exec as SIGWINCH from the kernel, just as a real terminal's
+//! does. Several clients may attach at once: all see the output, any may
+//! type, the last resize wins (like tmux; nothing to arbitrate).
+//!
+//! The session's files (`bottle_core::state::SessionPaths`) live in an
+//! owner-only directory: the socket, the holder's identity (so `stop` ends
+//! it and `list` tells whether the agent runs), and once the agent exits
+//! its exit code and last output.
+
+pub(crate) mod attach;
+mod frame;
+pub(crate) mod host;
+pub(crate) mod keys;
+
+use std::os::unix::fs::DirBuilderExt as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bottle_core::BackendKind;
+use bottle_core::exec::{CommandRunner, CommandSpec};
+use bottle_core::process::Owner;
+use bottle_core::state::SessionPaths;
+
+use crate::failure::{EXIT_BACKEND, Failure};
+
+/// The hidden subcommand the holder runs as.
+pub(crate) const HOST_SUBCOMMAND: &str = "__session-host";
+
+/// How long `start` waits for the holder to serve its socket.
+const READY_WITHIN: Duration = Duration::from_secs(60);
+
+/// How long `stop` lets the holder end on SIGTERM before SIGKILL.
+const END_WITHIN: Duration = Duration::from_secs(10);
+
+/// Scrollback kept for a client that attaches later.
+const SCROLLBACK_BYTES: usize = 64 * 1024;
+
+/// The holder's invocation: this `bottle`, on the bottle's backend, running
+/// `command` (the manifest's; empty lets the backend pick the image's).
+pub(crate) fn host_spec(
+    bottle_exe: &Path,
+    kind: BackendKind,
+    name: &str,
+    command: &[String],
+) -> CommandSpec {
+    CommandSpec::new(bottle_exe)
+        .args(["--backend", kind.as_str(), HOST_SUBCOMMAND, name, "--"])
+        .args(command)
+        // Holds no directory the operator may want to unmount.
+        .cwd("/")
+}
+
+/// Spawns the holder for the launched bottle `name` and waits until it
+/// serves its socket; a holder that dies first is reported with its log.
+pub(crate) fn spawn_host(
+    runner: &dyn CommandRunner,
+    paths: &SessionPaths,
+    kind: BackendKind,
+    name: &str,
+    command: &[String],
+) -> Result<(), Failure> {
+    let failed = |detail: String| {
+        Failure::new(
+            "BOT-C010",
+            EXIT_BACKEND,
+            format!("{name} is running but its agent session did not start: {detail}"),
+        )
+        .with_fix(format!(
+            "run the agent by hand with `bottle exec -t {name} -- COMMAND`, or remove the bottle with `bottle stop {name}`"
+        ))
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&paths.dir)
+        .map_err(|err| failed(format!("cannot create {}: {err}", paths.dir.display())))?;
+    let exe = std::env::current_exe()
+        .map_err(|err| failed(format!("cannot find this bottle binary: {err}")))?;
+    let pid = runner
+        .spawn_detached(&host_spec(&exe, kind, name, command), &paths.log())
+        .map_err(|err| failed(err.to_string()))?;
+    let holder = Owner { pid, start: 0 };
+    let deadline = Instant::now() + READY_WITHIN;
+    loop {
+        if paths.socket().exists() {
+            return Ok(());
+        }
+        if !holder.is_alive() {
+            let log = std::fs::read_to_string(paths.log()).unwrap_or_default();
+            let log = bottle_core::display::escape_for_terminal(log.trim()).into_owned();
+            return Err(failed(format!("the session holder exited: {log}")));
+        }
+        if Instant::now() >= deadline {
+            return Err(failed(format!(
+                "the session holder did not serve {} within {READY_WITHIN:?}",
+                paths.socket().display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether the bottle's agent runs under a session holder: `None` when the
+/// bottle has no session (it was started attached, or before sessions).
+pub(crate) fn agent_running(paths: &SessionPaths) -> Option<bool> {
+    let holder = read_holder(paths)?;
+    Some(holder.is_alive() && !paths.exit_code().exists())
+}
+
+fn read_holder(paths: &SessionPaths) -> Option<Owner> {
+    let bytes = std::fs::read(paths.holder()).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Ends the bottle's session holder, if one runs, with the agent's exec
+/// (its process group): SIGTERM, then SIGKILL if it outlives
+/// [`END_WITHIN`]; then removes the session's files, which no backend
+/// knows of. `stop` calls it before removing the bottle.
+pub(crate) fn end(paths: &SessionPaths) {
+    end_holder(paths);
+    // Best effort, like the rest of a stop: a leftover dir holds no secret.
+    let _ = std::fs::remove_dir_all(&paths.dir);
+}
+
+fn end_holder(paths: &SessionPaths) {
+    use rustix::process::{Pid, Signal, kill_process_group};
+    let Some(holder) = read_holder(paths) else {
+        return;
+    };
+    let Some(pid) = i32::try_from(holder.pid).ok().and_then(Pid::from_raw) else {
+        return;
+    };
+    if !holder.is_alive() {
+        return;
+    }
+    // The holder is a session leader, so its PID is its group's.
+    let _ = kill_process_group(pid, Signal::TERM);
+    let deadline = Instant::now() + END_WITHIN;
+    while holder.is_alive() {
+        if Instant::now() >= deadline {
+            let _ = kill_process_group(pid, Signal::KILL);
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_holder_is_this_bottle_on_the_bottles_backend() {
+        let spec = host_spec(
+            Path::new("/usr/bin/bottle"),
+            BackendKind::Smolmachines,
+            "bot-bottle-demo",
+            &["sh".into(), "-c".into(), "echo hi".into()],
+        );
+        assert_eq!(
+            spec.argv(),
+            [
+                "/usr/bin/bottle",
+                "--backend",
+                "smolmachines",
+                "__session-host",
+                "bot-bottle-demo",
+                "--",
+                "sh",
+                "-c",
+                "echo hi"
+            ]
+        );
+        assert_eq!(spec.cwd.as_deref(), Some(Path::new("/")));
+    }
+
+    #[test]
+    fn spawning_goes_through_the_runner_detached() {
+        let root = tempfile::tempdir().unwrap();
+        let paths = SessionPaths::new(root.path(), "demo");
+        let runner =
+            bottle_test_support::RecordingRunner::failing_to_start(std::io::ErrorKind::NotFound);
+        let err =
+            spawn_host(&runner, &paths, BackendKind::Docker, "bot-bottle-demo", &[]).unwrap_err();
+        assert_eq!(err.code, Some("BOT-C010"));
+        let calls = runner.calls();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(
+            calls[0][1..],
+            [
+                "--backend",
+                "docker",
+                HOST_SUBCOMMAND,
+                "bot-bottle-demo",
+                "--"
+            ]
+        );
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&paths.dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "the session dir is owner-only");
+    }
+
+    #[test]
+    fn a_bottle_without_a_session_has_no_agent_state() {
+        let root = tempfile::tempdir().unwrap();
+        let paths = SessionPaths::new(root.path(), "demo");
+        assert_eq!(agent_running(&paths), None);
+        std::fs::create_dir_all(&paths.dir).unwrap();
+        std::fs::write(
+            paths.holder(),
+            serde_json::to_vec(&Owner::current()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(agent_running(&paths), Some(true));
+        std::fs::write(paths.exit_code(), "0").unwrap();
+        assert_eq!(agent_running(&paths), Some(false));
+        // The holder recorded here is this test: not one to end.
+        std::fs::remove_file(paths.holder()).unwrap();
+        end(&paths);
+        assert!(!paths.dir.exists(), "stop leaves the session's files");
+    }
+}

@@ -1,0 +1,348 @@
+//! A detached bottle's agent session through the real `bottle` binary on
+//! the docker backend: `start -d` runs the agent under a holder that
+//! outlives it, `attach` joins it (through a pty this test opens, and
+//! without a terminal), the detach key leaves the agent running, a resize
+//! reaches it, its exit is kept, and `stop` ends the holder.
+//!
+//! Needs Docker, `/bin/busybox` (the demo agent image) and
+//! `BOTTLE_BUNDLE_BIN`; skips with a line unless `BOTTLE_REQUIRE_DOCKER=1`.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use assert_cmd::cargo::CommandCargoExt as _;
+use bottle_docker::client::Engine;
+use bottle_test_support::{wait_for, wait_until};
+use predicates::prelude::*;
+use serde_json::Value;
+
+use crate::bottle;
+
+const WAIT: Duration = Duration::from_secs(60);
+const IMAGE: &str = "bottle-demo-agent:cli-session";
+
+/// The agent: a marker, then each input line echoed; `size` runs `stty
+/// size`, `quit` exits 7.
+const AGENT: &str = "echo agent-ready-marker; while read line; do case $line in size) stty size ;; quit) exit 7 ;; *) echo got:$line ;; esac; done";
+
+/// Launches choose subnets: one bottle at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+struct World {
+    dir: tempfile::TempDir,
+    name: String,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+impl World {
+    fn state(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    fn bottle(&self) -> assert_cmd::Command {
+        let mut cmd = bottle(&self.state());
+        cmd.arg("--manifest")
+            .arg(self.dir.path().join("bottle.toml"))
+            .args(["--backend", "docker"]);
+        cmd
+    }
+
+    /// `bottle attach` as a process whose stdio the test chooses.
+    fn attach(&self, stdio: impl Fn() -> Stdio) -> Child {
+        let mut cmd = std::process::Command::cargo_bin("bottle").unwrap();
+        cmd.env("XDG_STATE_HOME", self.state())
+            .env_remove("BOT_BOTTLE_BACKEND")
+            .args(["attach", &self.name])
+            .stdin(stdio())
+            .stdout(stdio())
+            .stderr(stdio())
+            .spawn()
+            .unwrap()
+    }
+
+    fn session_file(&self, file: &str) -> PathBuf {
+        self.state()
+            .join("bottle")
+            .join(&self.name)
+            .join("session")
+            .join(file)
+    }
+
+    fn listed(&self) -> Value {
+        let out = self.bottle().args(["--json", "list"]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let all: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+        all.into_iter()
+            .find(|b| b["name"] == format!("bot-bottle-{}", self.name).as_str())
+            .unwrap_or_else(|| panic!("{} is not listed", self.name))
+    }
+}
+
+fn setup(test: &str, prefix: &str) -> Option<World> {
+    let serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let skip = |why: String| {
+        bottle_test_support::skip_docker_test(test, why);
+        None
+    };
+    if std::env::var_os("BOTTLE_BUNDLE_BIN").is_none() {
+        return skip("BOTTLE_BUNDLE_BIN is not set".into());
+    }
+    let busybox = Path::new("/bin/busybox");
+    if !busybox.is_file() {
+        return skip("/bin/busybox is missing (apt-get install busybox-static)".into());
+    }
+    let engine = match Engine::connect(None) {
+        Ok(engine) => engine,
+        Err(err) => return skip(format!("Docker is not reachable: {err}")),
+    };
+    if let Err(err) = engine.block_on(engine.docker.ping()) {
+        return skip(format!("Docker is not reachable: {err}"));
+    }
+    let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/demo-agent");
+    bottle_docker::images::build_demo_agent(&engine, &demo, busybox, IMAGE, None)
+        .unwrap_or_else(|err| panic!("the demo agent image: {err}"));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("state")).unwrap();
+    std::fs::write(
+        dir.path().join("bottle.toml"),
+        format!(
+            "[agents.echo]\nimage = \"{IMAGE}\"\ncommand = [\"/bin/sh\", \"-c\", {AGENT:?}]\n\n[agents.echo.egress]\nallow = [\"api.example.com\"]\n"
+        ),
+    )
+    .unwrap();
+    Some(World {
+        dir,
+        name: format!("{prefix}-{}", std::process::id()),
+        _serial: serial,
+    })
+}
+
+/// Everything read from `from`, as it arrives.
+fn collect(mut from: impl std::io::Read + Send + 'static) -> Arc<Mutex<Vec<u8>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&seen);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = from.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
+    });
+    seen
+}
+
+fn wait_for_text(seen: &Mutex<Vec<u8>>, text: &str) {
+    wait_for_text_asking(seen, text, || {});
+}
+
+/// Like [`wait_for_text`], calling `ask` on every poll; names what was
+/// seen when the text never comes.
+fn wait_for_text_asking(seen: &Mutex<Vec<u8>>, text: &str, mut ask: impl FnMut()) {
+    let shown = |seen: &Mutex<Vec<u8>>| String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
+    let found = bottle_test_support::eventually(WAIT, || {
+        ask();
+        shown(seen).contains(text)
+    });
+    assert!(found, "no {text:?} in the attach output: {:?}", shown(seen));
+}
+
+fn set_size(pty: &std::fs::File, rows: u16, cols: u16) {
+    rustix::termios::tcsetwinsize(
+        pty,
+        rustix::termios::Winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        },
+    )
+    .unwrap();
+}
+
+/// Asks the agent for its size every tenth poll (a fifth of a second), so
+/// the answers cannot pile up faster than it gives them.
+fn ask_size(pty: &std::fs::File, polls: &mut u32) {
+    if polls.is_multiple_of(10) {
+        let mut pty = pty;
+        pty.write_all(b"size\r").unwrap();
+    }
+    *polls += 1;
+}
+
+/// A pty: the test's side, and the terminal side for `bottle attach`.
+fn open_pty() -> (std::fs::File, std::os::fd::OwnedFd) {
+    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC).unwrap();
+    grantpt(&master).unwrap();
+    unlockpt(&master).unwrap();
+    let name = ptsname(&master, Vec::new()).unwrap();
+    let slave = rustix::fs::open(
+        name.as_c_str(),
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::NOCTTY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap();
+    (std::fs::File::from(master), slave)
+}
+
+fn holder_pid(world: &World) -> u32 {
+    let holder: Value =
+        serde_json::from_slice(&std::fs::read(world.session_file("holder.json")).unwrap()).unwrap();
+    u32::try_from(holder["pid"].as_u64().unwrap()).unwrap()
+}
+
+/// Gone, or a zombie nobody reaped yet: either way it runs nothing.
+fn process_runs(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+#[test]
+fn a_detached_agent_runs_in_a_session_that_attach_joins() {
+    let test = "a_detached_agent_runs_in_a_session_that_attach_joins";
+    let Some(world) = setup(test, "session") else {
+        return;
+    };
+    let _guard = scopeguard(&world);
+    let full = format!("bot-bottle-{}", world.name);
+
+    // `start -d` returns (its process ends) with the name on stdout and the
+    // next commands on stderr; the agent keeps running without it.
+    world
+        .bottle()
+        .args(["--yes", "start", "echo", "--name", &world.name, "--detach"])
+        .assert()
+        .success()
+        .stdout(format!("{full}\n"))
+        .stderr(predicate::str::contains(format!("bottle attach {full}")))
+        .stderr(predicate::str::contains(format!("bottle stop {full}")));
+    assert_eq!(world.listed()["agent_running"], true);
+    let holder = holder_pid(&world);
+
+    // Through a terminal: the marker, typed input and its echo, a resize,
+    // then the detach key.
+    let (pty, terminal) = open_pty();
+    set_size(&pty, 30, 100);
+    let mut attach = world.attach(|| Stdio::from(terminal.try_clone().unwrap()));
+    drop(terminal);
+    let seen = collect(pty.try_clone().unwrap());
+    wait_for_text(&seen, "agent-ready-marker");
+    (&pty).write_all(b"hello\r").unwrap();
+    wait_for_text(&seen, "got:hello");
+    let mut polls = 0;
+    wait_for_text_asking(&seen, "30 100", || ask_size(&pty, &mut polls));
+    set_size(&pty, 41, 123);
+    wait_for_text_asking(&seen, "41 123", || ask_size(&pty, &mut polls));
+    (&pty).write_all(b"\x10\x11").unwrap();
+    let status = wait_for("attach to detach", WAIT, || attach.try_wait().unwrap());
+    assert!(status.success(), "{status:?}");
+    wait_for_text(&seen, "detached from");
+    assert_eq!(
+        world.listed()["agent_running"],
+        true,
+        "detaching ended the agent"
+    );
+
+    // Without a terminal: the scrollback first, then the relay; the agent
+    // exits 7 and attach exits with it.
+    let mut attach = world.attach(Stdio::piped);
+    let seen = collect(attach.stdout.take().unwrap());
+    wait_for_text(&seen, "got:hello");
+    let mut stdin = attach.stdin.take().unwrap();
+    stdin.write_all(b"again\n").unwrap();
+    wait_for_text(&seen, "got:again");
+    stdin.write_all(b"quit\n").unwrap();
+    let status = wait_for("the agent to exit", WAIT, || attach.try_wait().unwrap());
+    assert_eq!(status.code(), Some(7));
+    wait_until("the holder to exit", WAIT, || !process_runs(holder));
+    assert_eq!(world.listed()["agent_running"], false);
+
+    // An exited agent: attach shows its last output and its code.
+    let mut again = world.bottle();
+    again
+        .args(["attach", &world.name])
+        .assert()
+        .code(7)
+        .stdout(predicate::str::contains("got:again"))
+        .stderr(predicate::str::contains("exited with code 7"));
+
+    world
+        .bottle()
+        .args(["stop", &world.name])
+        .assert()
+        .success();
+}
+
+#[test]
+fn stop_ends_a_running_session_holder() {
+    let test = "stop_ends_a_running_session_holder";
+    let Some(world) = setup(test, "session-stop") else {
+        return;
+    };
+    let _guard = scopeguard(&world);
+    world
+        .bottle()
+        .args([
+            "--yes",
+            "--quiet",
+            "start",
+            "echo",
+            "--name",
+            &world.name,
+            "-d",
+        ])
+        .assert()
+        .success();
+    let holder = holder_pid(&world);
+    assert!(process_runs(holder));
+    world
+        .bottle()
+        .args(["stop", &world.name])
+        .assert()
+        .success();
+    assert!(!process_runs(holder), "the session holder outlived stop");
+    assert!(!world.session_file("session.sock").exists());
+}
+
+#[test]
+fn attach_to_a_bottle_without_a_session_says_how() {
+    let state = tempfile::tempdir().unwrap();
+    bottle(state.path())
+        .args(["attach", "nothing-here"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("BOT-C013"))
+        .stderr(predicate::str::contains(
+            "bot-bottle-nothing-here has no agent session",
+        ))
+        .stderr(predicate::str::contains("bottle start --detach"));
+}
+
+/// Stops the bottle when the test ends, however it ends.
+fn scopeguard(world: &World) -> impl Drop + '_ {
+    struct Stop<'a>(&'a World);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            let _ = self
+                .0
+                .bottle()
+                .args(["--quiet", "stop", &self.0.name])
+                .output();
+        }
+    }
+    Stop(world)
+}
