@@ -4,9 +4,10 @@
 //! Much of what the CLI prints was written by the agent (request hosts,
 //! reasons, audit lines), so every text and JSON writer here passes it
 //! through `bottle_core::display` first: nothing a terminal would act on
-//! reaches it raw. Only `err_bytes` writes bytes as they are, for the
-//! image build's progress lines; `bottle exec` streams the command's
-//! output unaltered through the backend, as the operator asked.
+//! reaches it raw. Only `out_bytes`/`err_bytes` write bytes as they are:
+//! for a detached agent's kept output that `bottle attach` replays (as
+//! `bottle exec` and `attach` stream the agent's bytes unaltered, as the
+//! operator asked), and for the image build's progress lines.
 
 use std::borrow::Cow;
 use std::io::{self, IsTerminal as _, Write as _};
@@ -50,6 +51,13 @@ fn escape_lines(text: &str) -> Cow<'_, str> {
 pub(crate) fn out(text: &str) {
     let mut stdout = io::stdout().lock();
     let _ = stdout.write_all(escape_lines(text).as_bytes());
+    let _ = stdout.flush();
+}
+
+/// Writes raw bytes to stdout, ignoring a closed pipe.
+pub(crate) fn out_bytes(bytes: &[u8]) {
+    let mut stdout = io::stdout().lock();
+    let _ = stdout.write_all(bytes);
     let _ = stdout.flush();
 }
 
