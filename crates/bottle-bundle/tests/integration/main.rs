@@ -15,6 +15,7 @@ mod daemons;
 mod dns;
 mod fuzz;
 mod gitgate;
+mod h2;
 mod limits;
 mod secrets;
 mod supervise;
