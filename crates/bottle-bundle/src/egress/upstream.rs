@@ -14,6 +14,7 @@ use super::resolve::{DialRefused, GuardedResolver, ResolveFailed};
 use crate::BundleError;
 use crate::audit::Decision;
 use crate::body::BoxBody;
+use crate::proxy::{H2_CONNECTION_WINDOW, H2_STREAM_WINDOW};
 
 /// The HTTP(S) client every upstream request goes through.
 pub(super) type UpstreamClient =
@@ -33,9 +34,12 @@ pub(super) fn client(config: &BundleConfig) -> Result<UpstreamClient, BundleErro
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()
-        .enable_http1()
+        .enable_all_versions()
         .wrap_connector(http);
+    // ALPN offers h2 and http/1.1 to TLS upstreams; plain HTTP stays 1.1.
     Ok(Client::builder(TokioExecutor::new())
+        .http2_initial_stream_window_size(H2_STREAM_WINDOW)
+        .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())

@@ -16,6 +16,7 @@ mod denied;
 mod dns;
 mod fuzz;
 mod gitgate;
+mod h2;
 mod limits;
 mod secrets;
 mod supervise;
