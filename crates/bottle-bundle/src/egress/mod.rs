@@ -170,6 +170,10 @@ impl Egress {
     ) -> Response<BoxBody> {
         let mut resp = Response::new(full(format!("{message}\n")));
         *resp.status_mut() = status;
+        if let Some(phrase) = upstream::tls_reason_phrase(reason) {
+            resp.extensions_mut()
+                .insert(hyper::ext::ReasonPhrase::from_static(phrase));
+        }
         let h = resp.headers_mut();
         h.insert(
             header::CONTENT_TYPE,

@@ -126,6 +126,22 @@ fn tls_failure(error: &rustls::Error) -> (&'static str, String) {
     }
 }
 
+/// The HTTP/1.1 reason phrase of a 502 for a failed upstream TLS
+/// handshake (audit `reason`): tools such as pip print the status line
+/// but never the body, so the cause goes there too.
+pub(super) fn tls_reason_phrase(reason: &str) -> Option<&'static [u8]> {
+    Some(match reason {
+        "tls_unknown_issuer" => {
+            b"Bad Gateway: upstream TLS certificate from an unknown CA (see egress.upstream_ca)"
+        }
+        "tls_expired" => b"Bad Gateway: upstream TLS certificate expired",
+        "tls_name_mismatch" => b"Bad Gateway: upstream TLS certificate not valid for the name",
+        "tls_bad_certificate" => b"Bad Gateway: upstream TLS certificate refused",
+        "tls_handshake_failed" => b"Bad Gateway: upstream TLS handshake failed",
+        _ => return None,
+    })
+}
+
 /// What an operator behind a re-signing network does about an unknown
 /// issuer; the agent cannot, but it can pass the words on.
 const UNKNOWN_ISSUER_FIX: &str = "If your network re-signs TLS, give the bundle that CA: \

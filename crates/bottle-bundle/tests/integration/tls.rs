@@ -152,6 +152,11 @@ async fn upstream_signed_by_an_unknown_ca_names_the_issuer_and_the_fix() {
             && body.contains("egress.upstream_trust = \"system\""),
         "{body}"
     );
+    // Tools that print only the status line (pip) still show the cause.
+    assert_eq!(
+        resp.reason,
+        "Bad Gateway: upstream TLS certificate from an unknown CA (see egress.upstream_ca)"
+    );
     let audit = env.audit();
     let line = audit.iter().find(|r| r.method == "GET").unwrap();
     assert_eq!(line.decision, Decision::Error);

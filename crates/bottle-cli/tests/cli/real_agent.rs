@@ -441,11 +441,12 @@ fn a_real_agents_day_behind_a_corporate_network() {
     );
     // From an index pip says only "No matching distribution found" (it
     // logs the page's failure at debug level); fetching a file it prints
-    // the status and reason phrase, never the body.
+    // the status and reason phrase, never the body: the cause is in the
+    // phrase.
     let (_, out) = bottles.exec(&plain, &format!("{PIP} https://{PYPI}/{WHEEL}"));
     check(
-        "pip fetching a file shows the 502",
-        out.contains("HTTP error 502 while getting"),
+        "pip fetching a file shows the 502 and its cause",
+        out.contains("HTTP error 502 while getting") && out.contains("unknown CA"),
         &out,
     );
 
