@@ -262,6 +262,9 @@ audit_log = "1m"
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bottle.toml");
         std::fs::write(dir.path().join("credential"), "secret").unwrap();
+        // The gate seeds the bare repositories before it starts a bottle;
+        // a manifest naming a missing one does not load.
+        std::fs::create_dir_all(dir.path().join("git/escape-a.git")).unwrap();
         let agents = [AgentDef {
             key: "escape-a".into(),
             rebind: true,
