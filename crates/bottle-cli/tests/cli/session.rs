@@ -288,27 +288,37 @@ fn a_detached_agent_runs_in_a_session_that_attach_joins() {
 }
 
 #[test]
-fn stop_ends_a_running_session_holder() {
-    let test = "stop_ends_a_running_session_holder";
+fn stop_ends_a_running_session_holder_that_kept_no_inherited_fd() {
+    let test = "stop_ends_a_running_session_holder_that_kept_no_inherited_fd";
     let Some(world) = setup(test, "session-stop") else {
         return;
     };
     let _guard = scopeguard(&world);
-    world
-        .bottle()
-        .args([
-            "--yes",
-            "--quiet",
-            "start",
-            "echo",
-            "--name",
-            &world.name,
-            "-d",
-        ])
-        .assert()
-        .success();
+    // Started the way `flock LOCK bottle start -d` or a shell holding a
+    // file open starts it: with a descriptor inherited, not close-on-exec.
+    let inherited = world.dir.path().join("inherited");
+    let mut start = assert_cmd::Command::new("sh");
+    start
+        .env("XDG_STATE_HOME", world.state())
+        .env_remove("BOT_BOTTLE_BACKEND")
+        .args(["-c", "exec 9>>\"$0\"; exec \"$@\""])
+        .arg(&inherited)
+        .arg(assert_cmd::cargo::cargo_bin("bottle"))
+        .arg("--manifest")
+        .arg(world.dir.path().join("bottle.toml"))
+        .args(["--backend", "docker", "--yes", "--quiet", "start", "echo"])
+        .args(["--name", &world.name, "-d"]);
+    start.assert().success();
     let holder = holder_pid(&world);
     assert!(process_runs(holder));
+    let held: Vec<PathBuf> = std::fs::read_dir(format!("/proc/{holder}/fd"))
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.unwrap().path()).ok())
+        .collect();
+    assert!(
+        !held.contains(&inherited),
+        "the holder kept the descriptor its starter inherited: {held:?}"
+    );
     world
         .bottle()
         .args(["stop", &world.name])
