@@ -1,8 +1,12 @@
 //! `cargo xtask`: project automation. One module per subcommand.
 //!
-//! - `cargo xtask test`: build the static binaries the tests put into images,
-//!   then run every test of the workspace.
+//! - `cargo xtask test`: build the static binaries the tests put into images
+//!   and the Debian agent image, then run every test of the workspace.
 //! - `cargo xtask dist`: build the static binaries only.
+//! - `cargo xtask install [--prefix DIR]`: build `bottle` and its bundle and
+//!   install them (see [`install`]).
+//! - `cargo xtask agent-image`: the Debian agent image the end-to-end test
+//!   runs (see [`agent_image`]).
 //! - `cargo xtask demo`: bring up the example bottle and show its policy.
 //! - `cargo xtask sandbox-escape`: the escape gate (see [`escape`]).
 //! - `cargo xtask fuzz`: the long fuzz campaign against the bundle's
@@ -16,10 +20,12 @@
     reason = "a build tool: it reports to the developer's terminal"
 )]
 
+mod agent_image;
 mod demo;
 mod dist;
 mod escape;
 mod fuzz;
+mod install;
 mod process;
 mod test;
 #[cfg(test)]
@@ -37,10 +43,14 @@ fn main() -> ExitCode {
         "test" => test::run(rest),
         "demo" => demo::run(),
         "dist" => dist::run().map(|_| ExitCode::SUCCESS),
+        "install" => install::run(rest),
+        "agent-image" => agent_image::run().map(|()| ExitCode::SUCCESS),
         "sandbox-escape" => escape::run(rest),
         "fuzz" => fuzz::run(rest),
         _ => {
-            eprintln!("usage: cargo xtask <test|dist|demo|sandbox-escape|fuzz> [args]");
+            eprintln!(
+                "usage: cargo xtask <test|dist|install|agent-image|demo|sandbox-escape|fuzz> [args]"
+            );
             return ExitCode::from(2);
         }
     };

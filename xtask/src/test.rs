@@ -1,19 +1,25 @@
 //! `cargo xtask test`: every test of the workspace, with the static
-//! binaries the Docker tests need built first.
+//! binaries and the Debian agent image the Docker tests need built first.
 
 use std::process::ExitCode;
 
-use crate::dist;
 use crate::process::{cargo, watch};
+use crate::{agent_image, dist};
 
-/// Builds the static binaries, then runs `cargo test --workspace` with their
-/// paths in the environment. Extra arguments go to `cargo test`.
+/// Where the end-to-end test finds the Debian agent image's tag.
+const DEBIAN_IMAGE_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
+
+/// Builds the static binaries and the agent image, then runs `cargo test
+/// --workspace` with their paths in the environment. Extra arguments go to
+/// `cargo test`.
 pub(crate) fn run(extra: &[String]) -> anyhow::Result<ExitCode> {
     let binaries = dist::run()?;
+    let debian_image = agent_image::ensure()?;
     let tests = cargo()
         .args(["test", "--workspace"])
         .args(extra)
-        .env("BOTTLE_BUNDLE_BIN", &binaries.bundle);
+        .env("BOTTLE_BUNDLE_BIN", &binaries.bundle)
+        .env(DEBIAN_IMAGE_ENV, debian_image);
     Ok(if watch(tests)?.success() {
         ExitCode::SUCCESS
     } else {

@@ -12,6 +12,8 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, PoisonError, RwLock};
 
+use bottle_core::bundle::AGENT_MCP_CONFIG;
+
 use crate::BundleError;
 
 /// A normalised destination host.
@@ -290,6 +292,7 @@ pub struct Policy {
     rules: Vec<(Matcher, String)>,
     ports: BTreeSet<u16>,
     runtime: RuntimeRules,
+    agent: String,
 }
 
 impl Policy {
@@ -303,7 +306,15 @@ impl Policy {
             rules,
             ports: ports.iter().copied().collect(),
             runtime: RuntimeRules::default(),
+            agent: String::new(),
         })
+    }
+
+    /// Names the bottle's agent in denial messages, so that they say whose
+    /// allowlist it is and which manifest section the operator would edit.
+    pub fn for_agent(mut self, agent: &str) -> Self {
+        self.agent = agent.to_string();
+        self
     }
 
     /// Makes this policy also allow what `runtime` allows (now and later).
@@ -333,14 +344,20 @@ impl Policy {
                     reason: "ip_literal",
                     rule: ip.to_string(),
                     message: format!(
-                        "bottle: egress to the IP address {ip} is not allowed; use a host name, or add \"{ip}\" to [agents.<agent>.egress] allow in bottle.toml"
+                        "bottle: egress to the IP address {ip} is blocked: it is not in {whose} allowlist; use a host name. {ask} \"{ip}\" to [agents.{section}.egress] allow in bottle.toml.",
+                        whose = self.whose(),
+                        ask = self.ask_for_host(),
+                        section = self.section(),
                     ),
                 },
                 Host::Name(n) => Denial {
                     reason: "host_not_allowed",
                     rule: n.clone(),
                     message: format!(
-                        "bottle: egress to {n} is not allowed; add \"{n}\" to [agents.<agent>.egress] allow in bottle.toml"
+                        "bottle: egress to {n} is blocked: it is not in {whose} allowlist. {ask} \"{n}\" to [agents.{section}.egress] allow in bottle.toml.",
+                        whose = self.whose(),
+                        ask = self.ask_for_host(),
+                        section = self.section(),
                     ),
                 },
             });
@@ -350,11 +367,40 @@ impl Policy {
                 reason: "port_not_allowed",
                 rule: port.to_string(),
                 message: format!(
-                    "bottle: egress to {host} on port {port} is not allowed; add {port} to [agents.<agent>.egress] ports in bottle.toml"
+                    "bottle: egress to {host} on port {port} is blocked: port {port} is not among {whose} allowed ports, and the request_egress tool opens hosts, not ports. Ask the operator with the notify tool of the bottle's supervise MCP server (configured in {AGENT_MCP_CONFIG}) to add {port} to [agents.{section}.egress] ports in bottle.toml.",
+                    whose = self.whose(),
+                    section = self.section(),
                 ),
             });
         }
         Verdict::Allow { rule }
+    }
+
+    /// `agent "claude"'s`, or `the agent's` for a config without a name.
+    fn whose(&self) -> String {
+        if self.agent.is_empty() {
+            "the agent's".into()
+        } else {
+            format!("agent \"{}\"'s", self.agent)
+        }
+    }
+
+    /// The manifest section's agent key.
+    fn section(&self) -> &str {
+        if self.agent.is_empty() {
+            "<agent>"
+        } else {
+            &self.agent
+        }
+    }
+
+    /// The agent's own way to a host it cannot reach: it cannot edit the
+    /// manifest, but it can ask the operator (the sentence ends where the
+    /// caller names the rule to add).
+    fn ask_for_host(&self) -> String {
+        format!(
+            "Ask the operator for it with the request_egress tool of the bottle's supervise MCP server (configured in {AGENT_MCP_CONFIG}); the operator approves it with `bottle approve`, or adds"
+        )
     }
 }
 
@@ -493,6 +539,33 @@ mod tests {
         assert!(matches!(policy().check(&host, 443), Verdict::Deny(_)));
         assert!(runtime.allow("*.*.bad").is_err());
         assert_eq!(runtime.rules(), ["docs.rs"]);
+    }
+
+    fn denial(policy: &Policy, host: &str, port: u16) -> Denial {
+        match policy.check(&normalize_host(host).unwrap(), port) {
+            Verdict::Deny(d) => d,
+            allowed => panic!("{host}:{port} was {allowed:?}"),
+        }
+    }
+
+    #[test]
+    fn denials_name_the_agent_and_its_way_out() {
+        let named = policy().for_agent("claude");
+        for (host, port) in [
+            ("pypi.org", 443),
+            ("192.0.2.9", 443),
+            ("api.example.com", 22),
+        ] {
+            let message = denial(&named, host, port).message;
+            assert!(message.contains(host), "{message}");
+            assert!(message.contains(r#"agent "claude"'s"#), "{message}");
+            assert!(message.contains("[agents.claude.egress]"), "{message}");
+            assert!(message.contains("request_egress"), "{message}");
+            assert!(message.contains(AGENT_MCP_CONFIG), "{message}");
+        }
+        let message = denial(&policy(), "pypi.org", 443).message;
+        assert!(message.contains("the agent's allowlist"), "{message}");
+        assert!(message.contains("[agents.<agent>.egress]"), "{message}");
     }
 
     #[test]

@@ -123,7 +123,9 @@ impl LeafMinter {
                 .map_err(|e| BundleError::Tls {
                     detail: e.to_string(),
                 })?;
-        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        // h2 first: a client that offers both gets HTTP/2, as it would from
+        // the real server; the proxy serves whichever was negotiated.
+        cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(cfg)
     }
 }

@@ -77,6 +77,13 @@ pub enum BundleError {
         /// What failed.
         detail: String,
     },
+    /// The roots for upstream TLS cannot be assembled: a root file is
+    /// unreadable or holds no usable certificate, or nothing is trusted.
+    #[error("upstream TLS roots: {detail}")]
+    UpstreamRoots {
+        /// Which file, and what is wrong with it.
+        detail: String,
+    },
     /// The audit log could not be opened, written or read.
     #[error("audit log {path}: {source}")]
     Audit {
@@ -150,6 +157,7 @@ impl Coded for BundleError {
             Self::Daemon { .. } => "BOT-B012",
             Self::GitRepo { .. } => "BOT-B013",
             Self::GitRuntime { .. } => "BOT-B014",
+            Self::UpstreamRoots { .. } => "BOT-B015",
         }
     }
 
@@ -178,6 +186,9 @@ impl Coded for BundleError {
             }
             Self::GitRuntime { .. } => {
                 "install git on the host (Debian: apt-get install git) and rebuild the bundle image"
+            }
+            Self::UpstreamRoots { .. } => {
+                "give egress.upstream_ca PEM files holding CA certificates, or trust the web roots (egress.upstream_trust = \"web\" or \"web+system\")"
             }
         };
         Some(fix.into())

@@ -3,16 +3,19 @@
 //! - `CONNECT host:port` to an allowed destination is answered `200` and the
 //!   tunnel is intercepted: the proxy terminates TLS with a leaf for `host`
 //!   minted from the bottle's CA, checks that the SNI names the same host,
-//!   then serves the HTTP/1.1 requests inside (each one's `Host` must name
-//!   the CONNECT host too: no domain fronting). A tunnel that does not
-//!   start with a TLS record is read as plain HTTP.
+//!   then serves the requests inside over HTTP/2 or HTTP/1.1, whichever
+//!   ALPN settled (each one's `:authority` or `Host` must name the CONNECT
+//!   host too: no domain fronting). A tunnel that does not start with a TLS
+//!   record is read as plain HTTP/1.1.
 //! - `GET http://host/...` (absolute form) is forwarded as plain HTTP.
 //! - `GET /__bottle/health` (origin form) is answered `200 ok` directly.
 //!
 //! Every forwarded request is scanned for secrets (target, headers, the body
 //! as it streams behind a hold-back window, or decoded first when it has a
-//! `Content-Encoding`) and then handed to the egress daemon over loopback; the
-//! proxy itself never dials anything else. One audit line per decision.
+//! `Content-Encoding`) and then handed to the egress daemon over loopback
+//! (HTTP/2 requests as cleartext HTTP/2, so that trailers and two-way
+//! streaming cross the hop); the proxy itself never dials anything else.
+//! One audit line per decision, that is one per HTTP/2 stream.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -43,6 +46,9 @@ use crate::encoding::{self, Refusal};
 use crate::io::{IdleIo, Prefixed};
 use crate::scan::Scanner;
 
+mod denied_tunnel;
+use denied_tunnel::DeniedTunnel;
+
 /// The path the proxy answers itself, for readiness probes.
 pub const HEALTH_PATH: &str = "/__bottle/health";
 
@@ -55,6 +61,8 @@ pub struct Proxy {
     audit: AuditLog,
     egress: SocketAddr,
     client: Client<HttpConnector, BoxBody>,
+    /// The hop for HTTP/2 requests: cleartext HTTP/2 with prior knowledge.
+    h2_client: Client<HttpConnector, BoxBody>,
     limits: BundleLimits,
 }
 
@@ -69,6 +77,29 @@ impl std::fmt::Debug for Proxy {
 
 /// Ports on which a tunnel must start with TLS.
 const TLS_PORTS: [u16; 2] = [443, 8443];
+
+/// The most HTTP/2 streams one tunnel may have open at once. An HTTP/1.1
+/// connection carries one request at a time; this keeps one HTTP/2 tunnel
+/// from being worth more than a few dozen connections.
+const H2_MAX_STREAMS: u32 = 64;
+
+/// Streams a client may reset before the server has handled them, and
+/// streams the server may reset for protocol errors, before the whole
+/// connection is closed (the HTTP/2 "rapid reset" flood).
+const H2_MAX_RESETS: usize = 32;
+
+/// Flow-control windows of every HTTP/2 leg the bundle speaks: large enough
+/// that a single stream is not held to the 64 KiB default window.
+pub(crate) const H2_STREAM_WINDOW: u32 = 4 * 1024 * 1024;
+/// See [`H2_STREAM_WINDOW`]; the connection window covers all streams.
+pub(crate) const H2_CONNECTION_WINDOW: u32 = 8 * 1024 * 1024;
+
+/// The protocol ALPN settled inside an intercepted tunnel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TunnelProtocol {
+    Http1,
+    Http2,
+}
 
 /// Where a request is going, after normalisation.
 #[derive(Debug, Clone)]
@@ -86,11 +117,19 @@ impl Proxy {
         audit: AuditLog,
         egress: SocketAddr,
     ) -> Result<Self, BundleError> {
-        let policy = Policy::new(&config.allow, &config.ports)?;
+        let policy = Policy::new(&config.allow, &config.ports)?.for_agent(&config.agent);
         let minter = LeafMinter::from_files(&config.ca_cert, &config.ca_key)?;
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(http.clone());
+        let h2_client = Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .http2_initial_stream_window_size(H2_STREAM_WINDOW)
+            .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
@@ -103,6 +142,7 @@ impl Proxy {
             audit,
             egress,
             client,
+            h2_client,
             limits: config.limits.clone(),
         })
     }
@@ -119,6 +159,23 @@ impl Proxy {
             .header_read_timeout(Duration::from_millis(self.limits.header_read_timeout_ms))
             .max_header_size(self.limits.max_header_bytes)
             .max_buf_size((self.limits.max_header_bytes + 8192).max(64 * 1024));
+        b
+    }
+
+    /// The HTTP/2 server for tunnels that negotiated h2, held to what
+    /// [`Self::http1`] holds HTTP/1.1 to: the same header bytes, a bounded
+    /// number of streams, and a bound on reset streams. A silent connection
+    /// is closed by the idle timeout of the socket underneath; no keep-alive
+    /// pings, which would keep it busy.
+    fn http2(&self) -> hyper::server::conn::http2::Builder<TokioExecutor> {
+        let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        b.timer(TokioTimer::new())
+            .max_header_list_size(u32::try_from(self.limits.max_header_bytes).unwrap_or(u32::MAX))
+            .max_concurrent_streams(H2_MAX_STREAMS)
+            .max_pending_accept_reset_streams(H2_MAX_RESETS)
+            .max_local_error_reset_streams(H2_MAX_RESETS)
+            .initial_stream_window_size(H2_STREAM_WINDOW)
+            .initial_connection_window_size(H2_CONNECTION_WINDOW);
         b
     }
 
@@ -360,10 +417,7 @@ impl Proxy {
             StatusCode::FORBIDDEN,
             rec,
             start,
-            &format!(
-                "bottle: request blocked: the destination name carries what looks like a credential ({})",
-                f.reason()
-            ),
+            &secret_in_name_message(&f),
         )
     }
 
@@ -379,11 +433,17 @@ impl Proxy {
         };
         let host_s = host.to_string();
         if let Some(f) = self.scanner.scan(raw.as_bytes()) {
-            return self.blocked_name(&host_s, port, "CONNECT", "", f, start);
+            return self.open_denied_tunnel(
+                req,
+                DeniedTunnel::secret_in_name(host, port, &f),
+                start,
+            );
         }
         let rule = match self.policy.check(&host, port) {
             Verdict::Allow { rule } => rule,
-            Verdict::Deny(d) => return self.deny(&d, &host_s, port, "CONNECT", "", start),
+            Verdict::Deny(d) => {
+                return self.open_denied_tunnel(req, DeniedTunnel::by_policy(host, port, d), start);
+            }
         };
         let mut rec = self.record(
             Decision::Allow,
@@ -468,7 +528,7 @@ impl Proxy {
             }
             // Not a TLS handshake record: plain HTTP inside the tunnel.
             target.scheme = "http";
-            self.serve_tunnel(io, target).await;
+            self.serve_tunnel(io, target, TunnelProtocol::Http1).await;
             return;
         }
         let acceptor =
@@ -500,10 +560,14 @@ impl Proxy {
             Ok(Err(_)) => return fail("tls_handshake_failed", 0),
             Err(_) => return fail("tls_handshake_timeout", 0),
         };
-        self.serve_tunnel(tls, target).await;
+        let protocol = match tls.get_ref().1.alpn_protocol() {
+            Some(b"h2") => TunnelProtocol::Http2,
+            _ => TunnelProtocol::Http1,
+        };
+        self.serve_tunnel(tls, target, protocol).await;
     }
 
-    async fn serve_tunnel<I>(self: Arc<Self>, io: I, target: Target)
+    async fn serve_tunnel<I>(self: Arc<Self>, io: I, target: Target, protocol: TunnelProtocol)
     where
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -513,7 +577,11 @@ impl Proxy {
             let target = target.clone();
             async move { Ok::<_, std::convert::Infallible>(this.inner(req, target).await) }
         });
-        let _ = self.http1().serve_connection(TokioIo::new(io), svc).await;
+        let io = TokioIo::new(io);
+        let _ = match protocol {
+            TunnelProtocol::Http1 => self.http1().serve_connection(io, svc).await,
+            TunnelProtocol::Http2 => self.http2().serve_connection(io, svc).await,
+        };
     }
 
     /// A request inside an intercepted tunnel.
@@ -546,22 +614,22 @@ impl Proxy {
                 "bottle: CONNECT inside a tunnel is not allowed",
             );
         }
-        // The Host header (or an absolute URI) must name the CONNECT host.
-        let named = req
-            .uri()
-            .authority()
-            .map(|a| a.as_str().to_string())
-            .or_else(|| {
-                req.headers()
-                    .get(header::HOST)
-                    .and_then(|h| h.to_str().ok())
-                    .map(str::to_string)
-            });
-        let same = named
-            .as_deref()
-            .and_then(|n| parse_authority(n, Some(target.port)).ok())
-            .is_some_and(|(h, _)| h == target.host);
-        if !same {
+        // The request's authority (an absolute URI, HTTP/2's `:authority`)
+        // and its Host header must each name the CONNECT host; at least one
+        // of them must be there.
+        let uri_authority = req.uri().authority().map(|a| a.as_str().to_string());
+        let host_header = req
+            .headers()
+            .get(header::HOST)
+            .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned());
+        let names_target =
+            |n: &String| parse_authority(n, Some(target.port)).is_ok_and(|(h, _)| h == target.host);
+        let mismatch = [&uri_authority, &host_header]
+            .into_iter()
+            .flatten()
+            .find(|n| !names_target(n));
+        let named = mismatch.or(uri_authority.as_ref()).or(host_header.as_ref());
+        if named.is_none() || mismatch.is_some() {
             let rec = self.record(
                 Decision::Deny,
                 &host_s,
@@ -573,7 +641,7 @@ impl Proxy {
             );
             let msg = format!(
                 "bottle: this tunnel is for {host_s}; the request names {} (domain fronting is not allowed)",
-                named.as_deref().unwrap_or("no host")
+                named.map_or("no host", String::as_str)
             );
             return self.refuse(StatusCode::MISDIRECTED_REQUEST, rec, start, &msg);
         }
@@ -714,7 +782,14 @@ impl Proxy {
                 );
             }
         };
-        parts.version = http::Version::HTTP_11;
+        // An HTTP/2 request crosses the hop as HTTP/2, so that its trailers
+        // and a body streaming both ways at once (gRPC) reach egress as sent.
+        let client = if parts.version == http::Version::HTTP_2 {
+            &self.h2_client
+        } else {
+            parts.version = http::Version::HTTP_11;
+            &self.client
+        };
         let up = Arc::new(AtomicU64::new(0));
         let finding: FindingSlot = Arc::default();
         let client_failed = Arc::new(AtomicBool::new(false));
@@ -737,7 +812,7 @@ impl Proxy {
             }
         };
         let egress_req = Request::from_parts(parts, body);
-        match self.client.request(egress_req).await {
+        match client.request(egress_req).await {
             Ok(resp) => {
                 let (mut parts, body) = resp.into_parts();
                 let take = |h: &mut http::HeaderMap, n: &str| {
@@ -795,6 +870,13 @@ impl Proxy {
             }
         }
     }
+}
+
+fn secret_in_name_message(f: &crate::scan::Finding) -> String {
+    format!(
+        "bottle: request blocked: the destination name carries what looks like a credential ({})",
+        f.reason()
+    )
 }
 
 fn text(status: StatusCode, message: &str) -> Response<BoxBody> {

@@ -389,10 +389,8 @@ fn exec(global: &Global, args: &ExecArgs) -> Result<ExitCode, Failure> {
         let code = bottle.exec_interactive(&args.command)?;
         return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
     }
-    let result = bottle.exec(&args.command)?;
-    output::out_bytes(&result.stdout);
-    output::err_bytes(&result.stderr);
-    Ok(ExitCode::from(u8::try_from(result.exit_code).unwrap_or(1)))
+    let code = bottle.exec_piped(&args.command)?;
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
 }
 
 fn cp(global: &Global, args: &CpArgs) -> Result<ExitCode, Failure> {

@@ -5,8 +5,9 @@
 //! reasons, audit lines), so every text and JSON writer here passes it
 //! through `bottle_core::display` first: nothing a terminal would act on
 //! reaches it raw. Only `out_bytes`/`err_bytes` write bytes as they are:
-//! for `bottle exec`, whose output the operator asked for unaltered, and
-//! for the image build's progress lines.
+//! for a detached agent's kept output that `bottle attach` replays (as
+//! `bottle exec` and `attach` stream the agent's bytes unaltered, as the
+//! operator asked), and for the image build's progress lines.
 
 use std::borrow::Cow;
 use std::io::{self, IsTerminal as _, Write as _};

@@ -32,6 +32,11 @@ const PROXY_VARIABLES: [&str; 6] = [
     "all_proxy",
 ];
 
+/// Makes node's built-in `fetch` (and, in later releases, `http`/`https`)
+/// follow the proxy variables: node ≥ 24.0 and ≥ 22.21 read it, older ones
+/// ignore it.
+const NODE_PROXY_SWITCH: &str = "NODE_USE_ENV_PROXY";
+
 /// The variables under which common clients look for extra or replacement
 /// trust roots: node, OpenSSL, Python requests, curl, git.
 const CA_VARIABLES: [&str; 5] = [
@@ -49,7 +54,7 @@ pub fn reserved(name: &str) -> Option<&'static str> {
     let upper = upper.as_str();
     if PROXY_VARIABLES
         .iter()
-        .chain(&["NO_PROXY"])
+        .chain(&["NO_PROXY", NODE_PROXY_SWITCH])
         .any(|v| v.eq_ignore_ascii_case(upper))
     {
         return Some("so the agent's traffic goes through its proxy");
@@ -74,9 +79,13 @@ pub fn reserved(name: &str) -> Option<&'static str> {
 }
 
 /// The environment of `spec`'s agent reaching its bundle at
-/// `bundle_address`: [`agent_env`] with the spec's variables, repositories
-/// and prompt.
-pub fn agent_env_of(spec: &BottleSpec, bundle_address: Ipv4Addr) -> Vec<(String, String)> {
+/// `bundle_address`, in a box known as `own`: [`agent_env`] with the spec's
+/// variables, repositories and prompt.
+pub fn agent_env_of(
+    spec: &BottleSpec,
+    bundle_address: Ipv4Addr,
+    own: &OwnAddresses,
+) -> Vec<(String, String)> {
     let git: Vec<GitRoute> = spec
         .agent
         .git
@@ -89,9 +98,21 @@ pub fn agent_env_of(spec: &BottleSpec, bundle_address: Ipv4Addr) -> Vec<(String,
     agent_env(&AgentEnvInputs {
         manifest_env: &spec.agent.env,
         bundle_address,
+        own,
         git: &git,
         prompt: spec.agent.prompt.is_some(),
     })
+}
+
+/// The names and address, beyond loopback, on which the box's own services
+/// (an agent's dev server) answer: what the backend gives the box. `None`
+/// where the backend does not know it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OwnAddresses {
+    /// The box's hostname.
+    pub hostname: Option<String>,
+    /// The box's own address on the bottle's network.
+    pub address: Option<Ipv4Addr>,
 }
 
 /// A repository the agent reaches through git-gate.
@@ -110,6 +131,8 @@ pub struct AgentEnvInputs<'a> {
     pub manifest_env: &'a BTreeMap<String, String>,
     /// The one address at which the agent reaches its bundle.
     pub bundle_address: Ipv4Addr,
+    /// The box's own names and address, which must not go to the proxy.
+    pub own: &'a OwnAddresses,
     /// The repositories git-gate serves; none means the gate does not run.
     pub git: &'a [GitRoute],
     /// Whether a prompt file is provisioned at [`AGENT_PROMPT_PATH`].
@@ -121,8 +144,13 @@ pub struct AgentEnvInputs<'a> {
 ///
 /// - every proxy variable names the bundle's proxy, an IP literal: the
 ///   agent has no DNS;
-/// - `NO_PROXY` exempts only the box's own loopback and the bundle's
-///   address (git-gate and supervise are reached directly there);
+/// - `NO_PROXY` exempts only the box itself (loopback in the spellings
+///   clients differ on, its hostname and its own address, so the agent's
+///   own servers are reached directly and not refused by the proxy) and
+///   the bundle's address (git-gate and supervise are reached directly
+///   there);
+/// - `NODE_USE_ENV_PROXY=1` makes node's built-in clients follow the proxy
+///   variables (node ignores them otherwise, and fails without DNS);
 /// - every CA variable names the bundle's CA, which the proxy's
 ///   interception certificates chain to;
 /// - git is configured through `GIT_CONFIG_COUNT`/`KEY`/`VALUE` (git ≥
@@ -137,10 +165,11 @@ pub fn agent_env(inputs: &AgentEnvInputs<'_>) -> Vec<(String, String)> {
     for key in PROXY_VARIABLES {
         env.insert(key.into(), proxy.clone());
     }
-    let no_proxy = format!("localhost,127.0.0.1,{address}");
+    let no_proxy = no_proxy(inputs.own, address);
     for key in ["NO_PROXY", "no_proxy"] {
         env.insert(key.into(), no_proxy.clone());
     }
+    env.insert(NODE_PROXY_SWITCH.into(), "1".into());
     for key in CA_VARIABLES {
         env.insert(key.into(), AGENT_CA_PATH.into());
     }
@@ -165,6 +194,20 @@ pub fn agent_env(inputs: &AgentEnvInputs<'_>) -> Vec<(String, String)> {
         env.insert("BOTTLE_PROMPT_FILE".into(), AGENT_PROMPT_PATH.into());
     }
     env.into_iter().collect()
+}
+
+/// The `NO_PROXY` list: loopback as a name, a CIDR (curl ≥ 7.86, Go,
+/// Python's `ipaddress`-aware clients), its usual address and both
+/// spellings of `::1` (some clients compare the URL's bracketed host, some
+/// the bare one), then the box's own hostname and address, then the bundle.
+fn no_proxy(own: &OwnAddresses, bundle_address: Ipv4Addr) -> String {
+    let mut hosts: Vec<String> = ["localhost", "127.0.0.0/8", "127.0.0.1", "::1", "[::1]"]
+        .map(String::from)
+        .to_vec();
+    hosts.extend(own.hostname.iter().cloned());
+    hosts.extend(own.address.iter().map(Ipv4Addr::to_string));
+    hosts.push(bundle_address.to_string());
+    hosts.join(",")
 }
 
 #[cfg(test)]
@@ -193,6 +236,10 @@ mod tests {
         let env = agent_env(&AgentEnvInputs {
             manifest_env: &manifest_env,
             bundle_address: Ipv4Addr::new(192, 168, 40, 2),
+            own: &OwnAddresses {
+                hostname: Some("bottle".into()),
+                address: Some(Ipv4Addr::new(192, 168, 40, 3)),
+            },
             git: &git,
             prompt: true,
         });
@@ -213,13 +260,14 @@ mod tests {
             HTTP_PROXY=http://192.168.40.2:8888
             MCP_SUPERVISE_URL=http://192.168.40.2:9100/mcp
             NODE_EXTRA_CA_CERTS=/etc/bottle/ca.pem
-            NO_PROXY=localhost,127.0.0.1,192.168.40.2
+            NODE_USE_ENV_PROXY=1
+            NO_PROXY=localhost,127.0.0.0/8,127.0.0.1,::1,[::1],bottle,192.168.40.3,192.168.40.2
             REQUESTS_CA_BUNDLE=/etc/bottle/ca.pem
             SSL_CERT_FILE=/etc/bottle/ca.pem
             all_proxy=http://192.168.40.2:8888
             http_proxy=http://192.168.40.2:8888
             https_proxy=http://192.168.40.2:8888
-            no_proxy=localhost,127.0.0.1,192.168.40.2
+            no_proxy=localhost,127.0.0.0/8,127.0.0.1,::1,[::1],bottle,192.168.40.3,192.168.40.2
         "#]]
         .assert_eq(&render(&env));
     }
@@ -229,6 +277,7 @@ mod tests {
         let env = agent_env(&AgentEnvInputs {
             manifest_env: &BTreeMap::new(),
             bundle_address: Ipv4Addr::new(192, 168, 7, 2),
+            own: &OwnAddresses::default(),
             git: &[],
             prompt: false,
         });
@@ -253,6 +302,7 @@ mod tests {
         let env = agent_env(&AgentEnvInputs {
             manifest_env: &manifest_env,
             bundle_address: Ipv4Addr::new(192, 168, 7, 2),
+            own: &OwnAddresses::default(),
             git: &git,
             prompt: true,
         });
@@ -274,6 +324,7 @@ mod tests {
         let env = agent_env(&AgentEnvInputs {
             manifest_env: &manifest_env,
             bundle_address: Ipv4Addr::new(192, 168, 7, 2),
+            own: &OwnAddresses::default(),
             git: &[],
             prompt: false,
         });
@@ -282,5 +333,13 @@ mod tests {
             .find(|(k, _)| k == "HTTPS_PROXY")
             .map(|(_, v)| v.as_str());
         assert_eq!(proxy, Some("http://192.168.7.2:8888"));
+    }
+
+    #[test]
+    fn an_unknown_box_is_exempt_by_loopback_and_the_bundle_only() {
+        assert_eq!(
+            no_proxy(&OwnAddresses::default(), Ipv4Addr::new(10, 0, 0, 2)),
+            "localhost,127.0.0.0/8,127.0.0.1,::1,[::1],10.0.0.2"
+        );
     }
 }

@@ -250,6 +250,12 @@ pub trait Bottle {
     /// window resize) and returns its exit code.
     fn exec_interactive(&self, argv: &[String]) -> Result<i32, BackendError>;
 
+    /// Runs a command with this process's stdin, stdout and stderr passed
+    /// through as byte streams, without a terminal (`docker exec -i`):
+    /// stdin streams in until its end, which the command sees as EOF;
+    /// output streams out as it comes. Returns the command's exit code.
+    fn exec_piped(&self, argv: &[String]) -> Result<i32, BackendError>;
+
     /// Copies a host file or directory into the bottle under `guest_dir`.
     fn copy_in(&self, host_path: &Path, guest_dir: &str) -> Result<(), BackendError>;
 }

@@ -71,6 +71,11 @@ pub struct BundleConfig {
     pub version: u32,
     /// The bottle this bundle serves (for audit lines).
     pub bottle: String,
+    /// The manifest's name for the bottle's agent, so that a denial tells
+    /// the agent whose allowlist refused it and which section the operator
+    /// would edit. Empty in configs written before it existed.
+    #[serde(default)]
+    pub agent: String,
     /// Proxy listen address, normally `0.0.0.0:8888`.
     pub proxy_listen: String,
     /// Egress listen address, normally `127.0.0.1:9099`. Must be loopback.
@@ -91,10 +96,16 @@ pub struct BundleConfig {
     /// used by tests to map names onto servers they started.
     #[serde(default)]
     pub resolve: BTreeMap<String, String>,
-    /// Extra PEM roots the egress daemon trusts for upstream TLS, beyond the
-    /// built-in web roots (tests use it for their own upstream CA).
+    /// PEM files of roots the egress daemon trusts for upstream TLS: the
+    /// manifest's `egress.upstream_ca` and, when asked, the host's system
+    /// store (copied into the bundle).
     #[serde(default)]
     pub upstream_roots: Vec<String>,
+    /// Whether the compiled-in web roots are trusted too; `false` when the
+    /// operator asked for the system store alone (`upstream_trust =
+    /// "system"`). Configs written before it existed trusted them.
+    #[serde(default = "trust_web_roots")]
+    pub upstream_web_roots: bool,
     /// DNS servers (`ip` or `ip:port`) the egress daemon asks for upstream
     /// names not in `resolve`. Empty: the bundle's `/etc/resolv.conf`.
     #[serde(default)]
@@ -126,6 +137,10 @@ pub struct BundleConfig {
     /// `supervise_listen`.
     #[serde(default)]
     pub requests_dir: Option<String>,
+}
+
+fn trust_web_roots() -> bool {
+    true
 }
 
 /// One repository behind git-gate, as the bundle sees it.

@@ -15,6 +15,7 @@ pub mod agent;
 pub mod audit_files;
 pub mod backend;
 pub mod bundle;
+pub mod bundle_binary;
 pub mod bundle_host;
 pub mod devices;
 pub mod disk;
@@ -32,6 +33,7 @@ pub mod spec;
 pub mod state;
 pub mod time;
 pub mod undo;
+pub mod upstream_trust;
 
 pub use backend::{
     BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupReport,

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::audit_files::DEFAULT_AUDIT_LOG_MAX_BYTES;
 use crate::backend::BackendKind;
 use crate::spec::{BottleSpec, DEFAULT_MEMORY_BYTES, DEFAULT_PIDS};
+use crate::upstream_trust::UpstreamTrust;
 
 /// Version of the serialized plan format.
 pub const PLAN_VERSION: u32 = 1;
@@ -81,6 +82,12 @@ pub struct Plan<D = ()> {
     /// Allowed names pinned to addresses (`egress.resolve`).
     #[serde(default)]
     pub egress_resolve: std::collections::BTreeMap<String, String>,
+    /// The roots the bundle trusts for upstream TLS besides `upstream_ca`.
+    #[serde(default)]
+    pub upstream_trust: UpstreamTrust,
+    /// Extra CA files for upstream TLS, as the manifest names them.
+    #[serde(default)]
+    pub upstream_ca: Vec<String>,
     /// Credentials the bundle injects.
     pub credentials: Vec<PlannedCredential>,
     /// Repositories behind git-gate.
@@ -134,6 +141,8 @@ impl Plan {
             egress_allow: agent.egress.allow.clone(),
             egress_ports: spec.egress_ports(),
             egress_resolve: agent.egress.resolve.clone(),
+            upstream_trust: spec.upstream_trust,
+            upstream_ca: agent.egress.upstream_ca.clone(),
             credentials: agent
                 .credentials
                 .iter()
@@ -183,6 +192,8 @@ impl Plan {
             egress_allow: self.egress_allow,
             egress_ports: self.egress_ports,
             egress_resolve: self.egress_resolve,
+            upstream_trust: self.upstream_trust,
+            upstream_ca: self.upstream_ca,
             credentials: self.credentials,
             git: self.git,
             devices: self.devices,
@@ -238,6 +249,10 @@ impl<D> Plan<D> {
         for (host, addr) in &self.egress_resolve {
             line("resolve", &format!("{host} -> {addr}"));
         }
+        line(
+            "upstream TLS",
+            &self.upstream_trust.describe(&self.upstream_ca),
+        );
         for cred in &self.credentials {
             line(
                 "credential",

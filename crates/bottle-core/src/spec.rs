@@ -8,6 +8,7 @@ use thiserror::Error;
 use crate::error::Coded;
 use crate::manifest::{Agent, Manifest};
 use crate::slug::{self, SlugError};
+use crate::upstream_trust::{UPSTREAM_TRUST_ENV, UpstreamTrust};
 
 /// Default memory limit when the manifest sets none: 4 GiB.
 pub const DEFAULT_MEMORY_BYTES: u64 = 4 << 30;
@@ -34,6 +35,12 @@ pub enum SpecError {
     /// The bottle name does not make a slug.
     #[error(transparent)]
     Slug(#[from] SlugError),
+    /// The host default for upstream trust is not one of its values.
+    #[error("{UPSTREAM_TRUST_ENV}={value:?} is not an upstream trust")]
+    UpstreamTrustEnv {
+        /// The variable's value.
+        value: String,
+    },
 }
 
 impl Coded for SpecError {
@@ -41,6 +48,7 @@ impl Coded for SpecError {
         match self {
             SpecError::UnknownAgent { .. } => "BOT-M050",
             SpecError::Slug(err) => err.code(),
+            SpecError::UpstreamTrustEnv { .. } => "BOT-M062",
         }
     }
 
@@ -48,6 +56,10 @@ impl Coded for SpecError {
         match self {
             SpecError::UnknownAgent { known, .. } => Some(format!("use one of: {known}")),
             SpecError::Slug(err) => err.fix(),
+            SpecError::UpstreamTrustEnv { .. } => Some(format!(
+                "set {UPSTREAM_TRUST_ENV} to one of: {}, or unset it",
+                UpstreamTrust::CHOICES.join(", ")
+            )),
         }
     }
 }
@@ -65,10 +77,14 @@ pub struct BottleSpec {
     pub agent: Agent,
     /// The manifest file this came from.
     pub manifest_path: PathBuf,
-    /// The directory relative paths in the manifest are resolved against.
+    /// The directory relative paths in the manifest are resolved against,
+    /// absolute.
     pub base_dir: PathBuf,
     /// `<state root>/<slug>`: plan, CA, audit log, leases.
     pub state_dir: PathBuf,
+    /// The roots the bundle trusts for upstream TLS: the manifest's
+    /// `egress.upstream_trust`, else the host's [`UPSTREAM_TRUST_ENV`].
+    pub upstream_trust: UpstreamTrust,
 }
 
 impl BottleSpec {
@@ -99,10 +115,11 @@ impl BottleSpec {
             });
         };
         let slug = slug::slugify(bottle_name.unwrap_or(agent))?;
-        let base_dir = manifest_path
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("."));
+        let host_default = std::env::var(UPSTREAM_TRUST_ENV).ok();
+        let upstream_trust =
+            UpstreamTrust::effective(config.egress.upstream_trust, host_default.as_deref())
+                .map_err(|value| SpecError::UpstreamTrustEnv { value })?;
+        let base_dir = crate::manifest::absolute_base_dir(manifest_path);
         Ok(BottleSpec {
             name: slug::bottle_name(&slug),
             state_dir: state_root.join(&slug),
@@ -111,6 +128,7 @@ impl BottleSpec {
             agent: config.clone(),
             manifest_path: manifest_path.to_path_buf(),
             base_dir,
+            upstream_trust,
         })
     }
 

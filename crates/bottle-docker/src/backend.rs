@@ -10,7 +10,7 @@ use bottle_core::backend::{
     BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupReport,
 };
 use bottle_core::disk::{LayerCap, format_size};
-use bottle_core::manifest::CredentialSource;
+use bottle_core::manifest::{self, CredentialSource};
 use bottle_core::slug::slug_of;
 use bottle_core::{BottleSpec, Plan};
 use bottle_net::{HostRoutes, Ipv4Net};
@@ -213,7 +213,14 @@ impl DockerBackend {
             arch,
             storage: layer_cap.storage().to_string(),
             dns_upstream: self.options.dns_upstream.unwrap_or(bundle.ip),
-            env: bottle_core::agent::agent_env_of(spec, bundle.ip),
+            env: bottle_core::agent::agent_env_of(
+                spec,
+                bundle.ip,
+                &bottle_core::agent::OwnAddresses {
+                    hostname: Some(crate::config::AGENT_HOSTNAME.into()),
+                    address: Some(subnet.agent_ip),
+                },
+            ),
             prompt: spec.agent.prompt.as_deref().map(|p| spec.resolve(p)),
             skills: spec.agent.skills.iter().map(|s| spec.resolve(s)).collect(),
         };
@@ -269,6 +276,8 @@ impl DockerBackend {
             image,
             credentials: credential_refs(spec),
             git: git_refs(spec),
+            upstream_ca: upstream_ca_files(spec, Path::new("/"))?,
+            upstream_web_roots: spec.upstream_trust.web_roots(),
             detached,
             user: (
                 nix::unistd::getuid().as_raw(),
@@ -441,13 +450,40 @@ pub(crate) fn credential_refs(spec: &BottleSpec) -> Vec<CredentialRef> {
         .collect()
 }
 
+/// The host files holding the CAs the bundle trusts for upstream TLS: the
+/// manifest's `egress.upstream_ca`, then the system store under `root`
+/// when the trust asks for it (found now, so a missing store fails the
+/// plan rather than the launch).
+pub(crate) fn upstream_ca_files(
+    spec: &BottleSpec,
+    root: &Path,
+) -> Result<Vec<PathBuf>, DockerError> {
+    let mut files: Vec<PathBuf> = spec
+        .agent
+        .egress
+        .upstream_ca
+        .iter()
+        .map(|file| expand_home(spec, file))
+        .collect();
+    if spec.upstream_trust.system_store() {
+        let store = bottle_core::upstream_trust::find_system_store(root).ok_or_else(|| {
+            DockerError::NoSystemTrustStore {
+                trust: spec.upstream_trust.to_string(),
+                candidates: bottle_core::upstream_trust::SYSTEM_TRUST_STORES.join(", "),
+            }
+        })?;
+        files.push(store);
+    }
+    Ok(files)
+}
+
 /// The spec's repositories as git-gate serves them.
 pub(crate) fn git_refs(spec: &BottleSpec) -> Vec<GitRef> {
     spec.agent
         .git
         .iter()
         .map(|repo| {
-            let remote = is_remote_url(&repo.url);
+            let remote = manifest::is_remote_git_url(&repo.url);
             GitRef {
                 name: repo.name.clone(),
                 local_path: (!remote).then(|| expand_home(spec, &repo.url)),
@@ -465,18 +501,6 @@ pub(crate) fn git_refs(spec: &BottleSpec) -> Vec<GitRef> {
 fn parse_cidr(text: &str) -> Option<Ipv4Net> {
     let (addr, len) = text.split_once('/')?;
     Ipv4Net::new(addr.parse::<Ipv4Addr>().ok()?, len.parse().ok()?).ok()
-}
-
-/// A remote (`scheme://...` or scp-like `user@host:path`) rather than a
-/// host-side path.
-fn is_remote_url(url: &str) -> bool {
-    if url.contains("://") {
-        return !url.starts_with("file://");
-    }
-    match url.split_once(':') {
-        Some((before, _)) => !before.contains('/') && before.contains('@'),
-        None => false,
-    }
 }
 
 fn short_id(id: &str) -> String {
@@ -612,6 +636,48 @@ mod tests {
     use super::*;
 
     #[test]
+    fn upstream_cas_resolve_next_to_the_manifest_and_the_system_store_follows() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("corp-ca.pem"),
+            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let manifest_path = dir.path().join("bottle.toml");
+        let spec_with = |trust: &str| {
+            let text = format!(
+                "[agents.a]\nimage = \"x\"\negress.upstream_ca = [\"corp-ca.pem\"]\n\
+                 egress.upstream_trust = \"{trust}\"\n"
+            );
+            let manifest = bottle_core::manifest::parse(&manifest_path, &text).unwrap();
+            BottleSpec::new(&manifest, &manifest_path, "a", None, Path::new("/s")).unwrap()
+        };
+        let root = tempfile::tempdir().unwrap();
+
+        let web = upstream_ca_files(&spec_with("web"), root.path()).unwrap();
+        assert_eq!(web, [dir.path().join("corp-ca.pem")]);
+
+        let err = upstream_ca_files(&spec_with("web+system"), root.path()).unwrap_err();
+        assert!(
+            matches!(err, DockerError::NoSystemTrustStore { .. }),
+            "{err}"
+        );
+        assert_eq!(bottle_core::Coded::code(&err), "BOT-D081");
+
+        let store = root.path().join("etc/pki/tls/certs/ca-bundle.crt");
+        std::fs::create_dir_all(store.parent().unwrap()).unwrap();
+        std::fs::write(&store, "").unwrap();
+        let system = upstream_ca_files(&spec_with("system"), root.path()).unwrap();
+        assert_eq!(
+            system,
+            [
+                dir.path().join("corp-ca.pem"),
+                std::fs::canonicalize(&store).unwrap()
+            ]
+        );
+    }
+
+    #[test]
     fn cidrs_parse() {
         assert_eq!(
             parse_cidr("172.17.0.0/16").map(|n| n.to_string()),
@@ -620,24 +686,37 @@ mod tests {
         assert_eq!(parse_cidr("fd00::/64"), None);
     }
 
+    /// `bottle --manifest sub/bottle.toml` from the directory above `sub`:
+    /// what Docker gets as bind sources is absolute.
     #[test]
-    fn git_urls_and_paths() {
-        for remote in [
-            "https://github.com/o/r.git",
-            "ssh://git@h/r",
-            "git@github.com:o/r.git",
-        ] {
-            assert!(is_remote_url(remote), "{remote}");
-        }
-        for local in [
-            "/srv/r.git",
-            "repos/r.git",
-            "~/r.git",
-            "file:///srv/r.git",
-            "./a:b",
-        ] {
-            assert!(!is_remote_url(local), "{local}");
-        }
+    fn host_paths_are_absolute_when_the_manifest_path_is_relative() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = std::fs::canonicalize(dir.path()).unwrap().join("sub");
+        std::fs::create_dir_all(sub.join("git/app.git")).unwrap();
+        std::fs::write(
+            sub.join("bottle.toml"),
+            "[agents.a]\nimage = \"x\"\negress.allow = [\"api.example.com\"]\n\
+             credentials = [{ name = \"k\", source = { file = \"keys/k\" }, \
+             host = \"api.example.com\", header = \"x-api-key\" }]\n\
+             [[agents.a.git]]\nname = \"app\"\nurl = \"git/app.git\"\n",
+        )
+        .unwrap();
+        // Relative to the test's working directory: changing the process's
+        // directory would race the other tests.
+        let cwd = std::env::current_dir().unwrap();
+        let mut relative: PathBuf =
+            std::iter::repeat_n("..", cwd.components().count() - 1).collect();
+        relative.push(sub.strip_prefix("/").unwrap().join("bottle.toml"));
+        let manifest = manifest::load(&relative).unwrap();
+        let spec = BottleSpec::new(&manifest, &relative, "a", None, dir.path()).unwrap();
+        assert_eq!(
+            git_refs(&spec)[0].local_path.as_deref(),
+            Some(sub.join("git/app.git").as_path())
+        );
+        assert_eq!(
+            credential_refs(&spec)[0].file.as_deref(),
+            Some(sub.join("keys/k").as_path())
+        );
     }
 
     #[test]

@@ -143,11 +143,24 @@ impl Bottle for DockerBottle {
 
     fn exec_interactive(&self, argv: &[String]) -> Result<i32, BackendError> {
         let argv = self.command(argv)?;
-        Ok(interactive(
+        let terminal = tty::stdin_and_stdout_are_terminals();
+        Ok(attached(
             &self.engine,
             &self.container,
             &argv,
             self.exec_user(),
+            terminal,
+        )?)
+    }
+
+    fn exec_piped(&self, argv: &[String]) -> Result<i32, BackendError> {
+        let argv = self.command(argv)?;
+        Ok(attached(
+            &self.engine,
+            &self.container,
+            &argv,
+            self.exec_user(),
+            false,
         )?)
     }
 
@@ -260,26 +273,28 @@ pub fn upload(engine: &Engine, container: &str, archive: Vec<u8>) -> Result<(), 
         .map_err(DockerError::api(format!("copy files into {container}")))
 }
 
-/// Runs `argv` attached to the operator's terminal. Raw mode is restored
-/// on every way out (return, error, panic, SIGTERM/SIGHUP to `bottle`);
-/// the exec's TTY follows the terminal's size.
-fn interactive(
+/// Runs `argv` attached to this process's stdio. With `use_tty` the exec
+/// gets a TTY on the operator's terminal: raw mode is restored on every
+/// way out (return, error, panic, SIGTERM/SIGHUP to `bottle`) and the
+/// exec's TTY follows the terminal's size. Without, stdin and the two
+/// output streams pass through as bytes.
+fn attached(
     engine: &Engine,
     container: &str,
     argv: &[String],
     user: &str,
+    use_tty: bool,
 ) -> Result<i32, DockerError> {
-    let use_tty = tty::stdin_and_stdout_are_terminals();
     // Dropped at the end of this function, after the exec, whatever happens.
     let _raw = if use_tty {
         Some(tty::RawMode::enable()?)
     } else {
         None
     };
-    engine.block_on(interactive_async(engine, container, argv, user, use_tty))
+    engine.block_on(attached_async(engine, container, argv, user, use_tty))
 }
 
-async fn interactive_async(
+async fn attached_async(
     engine: &Engine,
     container: &str,
     argv: &[String],
@@ -327,11 +342,7 @@ async fn interactive_async(
         )
         .await
         .map_err(DockerError::api(format!("start an exec in {container}")))?;
-    let StartExecResults::Attached {
-        mut output,
-        mut input,
-    } = started
-    else {
+    let StartExecResults::Attached { mut output, input } = started else {
         return exit_code(engine, &exec.id, container).await;
     };
     let resize = |size: Option<(u16, u16)>| {
@@ -355,7 +366,10 @@ async fn interactive_async(
         resize(tty::window_size()).await;
     }
     let (stdin_rx, pump) = tty::StdinPump::start();
-    let mut stdin_rx = Some(stdin_rx);
+    // Input is written by its own task: a command that fills its output
+    // before it reads all its input (`cat` of a large file) would otherwise
+    // wait on us while we wait on it.
+    let writer = tokio::spawn(forward_stdin(stdin_rx, input, use_tty));
     let signal_err = |err: std::io::Error| DockerError::Terminal {
         action: "watch for terminal signals".into(),
         detail: err.to_string(),
@@ -382,6 +396,7 @@ async fn interactive_async(
                 None => break,
                 Some(Err(err)) => {
                     pump.stop();
+                    writer.abort();
                     return Err(DockerError::api(format!("read exec output from {container}"))(err));
                 }
                 Some(Ok(bollard::container::LogOutput::StdErr { message })) => {
@@ -389,22 +404,6 @@ async fn interactive_async(
                 }
                 Some(Ok(other)) => {
                     let _ = stdout.write_all(other.as_ref()).and_then(|()| stdout.flush());
-                }
-            },
-            data = recv(&mut stdin_rx) => match data {
-                Some(bytes) => {
-                    if input.write_all(&bytes).await.is_err() {
-                        stdin_rx = None;
-                    }
-                }
-                None => {
-                    // Stdin ended: pass the EOF on (a TTY sees it as ^D).
-                    stdin_rx = None;
-                    if use_tty {
-                        let _ = input.write_all(&[4]).await;
-                    } else {
-                        let _ = input.shutdown().await;
-                    }
                 }
             },
             _ = winch.recv() => {
@@ -417,16 +416,29 @@ async fn interactive_async(
         }
     }
     pump.stop();
+    writer.abort();
     if let Some(code) = interrupted {
         return Ok(code);
     }
     exit_code(engine, &exec.id, container).await
 }
 
-async fn recv(rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>>) -> Option<Vec<u8>> {
-    match rx {
-        Some(rx) => rx.recv().await,
-        None => std::future::pending().await,
+/// Copies the operator's input into the exec until it ends, then passes
+/// the end on: a TTY sees it as ^D, a pipe as EOF (the write half closes).
+async fn forward_stdin(
+    mut stdin: tokio::sync::mpsc::Receiver<Vec<u8>>,
+    mut input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+    use_tty: bool,
+) {
+    while let Some(bytes) = stdin.recv().await {
+        if input.write_all(&bytes).await.is_err() {
+            return;
+        }
+    }
+    if use_tty {
+        let _ = input.write_all(&[4]).await;
+    } else {
+        let _ = input.shutdown().await;
     }
 }
 

@@ -51,10 +51,15 @@ pub const BUNDLE_AUDIT_LOG: &str = "/var/log/bottle/audit.jsonl";
 pub const BUNDLE_GIT_MOUNTS: &str = "/run/bottle/git";
 /// Mirrors of remote repositories live under this directory.
 pub const BUNDLE_GIT_MIRRORS: &str = "/var/lib/bottle/git";
+/// The CA files the bundle trusts for upstream TLS, inside the bundle.
+pub const BUNDLE_UPSTREAM_CA_DIR: &str = "/run/bottle/upstream-ca";
 /// Git upstream credentials inside the bundle.
 pub const BUNDLE_GIT_CREDENTIALS_DIR: &str = "/run/bottle/git-credentials";
 /// Where the bundle binary sits in its image.
 pub const BUNDLE_BINARY_PATH: &str = "/bottle-bundle";
+/// The agent container's hostname; the agent's `NO_PROXY` names it so a
+/// server in the box is reached directly by it.
+pub const AGENT_HOSTNAME: &str = "bottle";
 
 /// Bundle memory limit: the proxy holds connection buffers, nothing more.
 pub const BUNDLE_MEMORY_BYTES: i64 = 512 << 20;
@@ -271,7 +276,7 @@ pub fn agent_container(
     hardening(&mut host);
     ContainerCreateBody {
         image: Some(agent.image_id.clone()),
-        hostname: Some("bottle".into()),
+        hostname: Some(AGENT_HOSTNAME.into()),
         user: Some(crate::names::KEEPALIVE_USER.into()),
         env: Some(agent.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
         entrypoint: Some(vec![PAUSE_PATH.into()]),
@@ -311,6 +316,11 @@ fn safe_name(name: &str) -> String {
         .collect()
 }
 
+/// The `index`th upstream CA file inside the bundle.
+pub fn upstream_ca_file(index: usize) -> String {
+    format!("{BUNDLE_UPSTREAM_CA_DIR}/{index}.pem")
+}
+
 /// The file name a credential's secret gets inside the bundle.
 pub fn credential_file(index: usize, name: &str) -> String {
     let safe: String = name
@@ -331,6 +341,7 @@ pub fn bundle_config<D>(plan: &Plan<D>, bundle: &BundleData) -> BundleConfig {
     BundleConfig {
         version: BUNDLE_CONFIG_VERSION,
         bottle: plan.bottle.clone(),
+        agent: plan.agent.clone(),
         proxy_listen: format!("0.0.0.0:{PROXY_PORT}"),
         egress_listen: format!("127.0.0.1:{EGRESS_PORT}"),
         allow: plan.egress_allow.clone(),
@@ -351,7 +362,10 @@ pub fn bundle_config<D>(plan: &Plan<D>, bundle: &BundleData) -> BundleConfig {
         ca_key: BUNDLE_CA_KEY.into(),
         audit_log: BUNDLE_AUDIT_LOG.into(),
         resolve: plan.egress_resolve.clone(),
-        upstream_roots: Vec::new(),
+        upstream_roots: (0..bundle.upstream_ca.len())
+            .map(upstream_ca_file)
+            .collect(),
+        upstream_web_roots: bundle.upstream_web_roots,
         nameservers: Vec::new(),
         limits: BundleLimits {
             audit_log_max_bytes: plan.audit_log_max_bytes,
@@ -431,6 +445,8 @@ pub(crate) mod tests {
                         credential: Some("/home/op/token".into()),
                     },
                 ],
+                upstream_ca: vec!["/home/op/corp-ca.pem".into()],
+                upstream_web_roots: true,
                 detached: false,
                 user: (1000, 1000),
             },
@@ -463,6 +479,8 @@ pub(crate) mod tests {
             egress_allow: vec!["api.example.com".into()],
             egress_ports: vec![443],
             egress_resolve: Default::default(),
+            upstream_trust: Default::default(),
+            upstream_ca: vec!["corp-ca.pem".into()],
             credentials: vec![],
             git: vec![],
             devices: vec![bottle_core::plan::PlannedDevice {
@@ -655,6 +673,7 @@ pub(crate) mod tests {
         assert_eq!(config.proxy_listen, "0.0.0.0:8888");
         assert_eq!(config.egress_listen, "127.0.0.1:9099");
         assert_eq!(config.allow, ["api.example.com"]);
+        assert_eq!(config.agent, "demo");
         assert_eq!(
             config.credentials[0].file,
             "/run/bottle/credentials/0-api_key_1"
@@ -681,5 +700,38 @@ pub(crate) mod tests {
             !json.contains("KEY\""),
             "the env var name is not the secret: {json}"
         );
+    }
+
+    #[test]
+    fn bundle_config_names_the_upstream_cas_copied_into_the_bundle() {
+        let mut bundle = sample_data().bundle;
+        let config = bundle_config(&sample_plan(), &bundle);
+        assert_eq!(config.upstream_roots, ["/run/bottle/upstream-ca/0.pem"]);
+        assert!(config.upstream_web_roots);
+
+        bundle
+            .upstream_ca
+            .push("/etc/ssl/certs/ca-certificates.crt".into());
+        bundle.upstream_web_roots = false;
+        let config = bundle_config(&sample_plan(), &bundle);
+        assert_eq!(
+            config.upstream_roots,
+            [
+                "/run/bottle/upstream-ca/0.pem",
+                "/run/bottle/upstream-ca/1.pem"
+            ]
+        );
+        assert!(!config.upstream_web_roots);
+    }
+
+    #[test]
+    fn bundle_data_from_before_upstream_trust_keeps_the_web_roots() {
+        let mut json = serde_json::to_value(sample_data().bundle).unwrap();
+        let object = json.as_object_mut().unwrap();
+        object.remove("upstream_ca");
+        object.remove("upstream_web_roots");
+        let old: BundleData = serde_json::from_value(json).unwrap();
+        assert!(old.upstream_ca.is_empty());
+        assert!(old.upstream_web_roots);
     }
 }

@@ -89,11 +89,23 @@ pub struct BundleData {
     pub credentials: Vec<CredentialRef>,
     /// Repositories behind git-gate.
     pub git: Vec<GitRef>,
+    /// Host PEM files the bundle trusts for upstream TLS: the manifest's
+    /// `egress.upstream_ca` (resolved, `~` expanded), then the host's
+    /// system store when the trust includes it.
+    #[serde(default)]
+    pub upstream_ca: Vec<PathBuf>,
+    /// Whether the bundle also trusts its compiled-in web roots.
+    #[serde(default = "trust_web_roots")]
+    pub upstream_web_roots: bool,
     /// Whether the bottle outlives the process that launches it.
     pub detached: bool,
     /// User and group the bundle runs as (the operator's, so it can write
     /// the log dir it is given).
     pub user: (u32, u32),
+}
+
+fn trust_web_roots() -> bool {
+    true
 }
 
 /// The agent container of a docker bottle as resolved at prepare time.

@@ -199,6 +199,25 @@ pub enum DockerError {
         /// tell (overlay2 on xfs without `pquota`).
         engine_said: Option<String>,
     },
+    /// The upstream trust asks for the host's system store and there is none.
+    #[error(
+        "upstream trust {trust} needs the host's system trust store, and none of {candidates} exists"
+    )]
+    NoSystemTrustStore {
+        /// The trust asked for.
+        trust: String,
+        /// The paths looked at.
+        candidates: String,
+    },
+    /// An `egress.upstream_ca` file (or the system store) could not be
+    /// read at launch, or holds no PEM certificate.
+    #[error("upstream CA {path}: {detail}")]
+    UpstreamCa {
+        /// The host file.
+        path: String,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// Neither the command given nor the image has a command to run.
     #[error("no command given and image {image} has no entrypoint or cmd")]
     NoCommand {
@@ -312,6 +331,8 @@ impl Coded for DockerError {
             DockerError::UnknownFailpoint { .. } => "BOT-D061",
             DockerError::Terminal { .. } => "BOT-D070",
             DockerError::DiskCapUnsupported { .. } => "BOT-D080",
+            DockerError::NoSystemTrustStore { .. } => "BOT-D081",
+            DockerError::UpstreamCa { .. } => "BOT-D082",
         }
     }
 
@@ -327,7 +348,7 @@ impl Coded for DockerError {
             DockerError::Io { .. } => "check that the path exists and that you may read and write it".into(),
             DockerError::GitRuntime { .. } => "install git on the host (Debian: `apt-get install git`), or remove the agent's git repositories from the manifest".into(),
             DockerError::BundleBinaryMissing { .. } | DockerError::BundleBinaryNotStatic { .. } => format!(
-                "build it with `{BUNDLE_BUILD_HINT}` and point BOTTLE_BUNDLE_BIN at target/x86_64-unknown-linux-gnu/release/bottle-bundle (or put it next to the bottle binary)"
+                "install bottle with its bundle (`cargo xtask install` from a clone), or build it with `{BUNDLE_BUILD_HINT}` and point BOTTLE_BUNDLE_BIN at target/x86_64-unknown-linux-gnu/release/bottle-bundle"
             ),
             DockerError::AlreadyExists { name } => format!(
                 "attach to it with `bottle exec {name}`, or remove it with `bottle stop {name}`; use --name to run a second bottle of the same agent"
@@ -344,6 +365,8 @@ impl Coded for DockerError {
             DockerError::Terminal { .. } => "run the command from a terminal, or use `bottle exec` without a TTY".into(),
             DockerError::UnsupportedArch { .. } => "use an x86_64 or aarch64 docker host, or the smolmachines backend".into(),
             DockerError::DiskCapUnsupported { .. } => "remove `disk` from the agent's [agents.<name>.limits] to run with the writable layer uncapped, or put Docker's data root (/var/lib/docker) on xfs mounted with `pquota` (or use the btrfs or zfs storage driver)".into(),
+            DockerError::NoSystemTrustStore { .. } => "install the distribution's CA bundle (Debian: `apt-get install ca-certificates`), or set egress.upstream_trust = \"web\" and name your network's CA in egress.upstream_ca".into(),
+            DockerError::UpstreamCa { .. } => "make egress.upstream_ca name a readable PEM file holding the CA certificate (`bottle check` says which)".into(),
             DockerError::NoCommand { .. } => "set `command` for the agent in the manifest, or pass the command to run".into(),
             DockerError::BadOption { .. } => "correct or unset the option".into(),
             DockerError::Runtime(_) => "check the process limits (threads, file descriptors)".into(),

@@ -18,8 +18,9 @@ use crate::tarball::{Ownership, TarBuilder};
 /// Receives one line of progress (build output, provisioning steps).
 pub type Progress = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
 
-/// Environment variable naming the static bundle binary.
-pub const BUNDLE_BIN_ENV: &str = "BOTTLE_BUNDLE_BIN";
+pub use bottle_core::bundle_binary::{
+    BUNDLE_BIN_ENV, bundle_binary_candidates, elf_needs_interpreter,
+};
 
 /// Repository of the bundle image; the tag is the binary's hash.
 pub const BUNDLE_IMAGE_REPO: &str = "bottle-bundle";
@@ -168,28 +169,16 @@ pub fn context_tar(dir: &Path) -> Result<Vec<u8>, DockerError> {
     tar.finish()
 }
 
-/// Where the static bundle binary is: the explicit option, then
-/// `BOTTLE_BUNDLE_BIN`, then `bottle-bundle` next to the running program.
+/// Where the static bundle binary is: the explicit option, then the places
+/// [`bundle_binary_candidates`] lists for this process, the first that is a
+/// file.
 pub fn find_bundle_binary(explicit: Option<&Path>) -> Result<PathBuf, DockerError> {
+    let mut candidates: Vec<PathBuf> = explicit.map(Path::to_path_buf).into_iter().collect();
+    candidates.extend(bundle_binary_candidates(
+        std::env::var_os(BUNDLE_BIN_ENV).as_deref(),
+        std::env::current_exe().ok().as_deref(),
+    ));
     let mut searched = Vec::new();
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Some(path) = explicit {
-        candidates.push(path.to_path_buf());
-    }
-    if let Some(path) = std::env::var_os(BUNDLE_BIN_ENV) {
-        candidates.push(PathBuf::from(path));
-    }
-    if let Some(dir) = std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(Path::to_path_buf))
-    {
-        // A cargo checkout: `cargo xtask dist` leaves the static build under
-        // target/<triple>/release, beside target/debug where `bottle` runs
-        // from (whose own bottle-bundle there is a dynamic debug build).
-        candidates.push(dir.join("../x86_64-unknown-linux-gnu/release/bottle-bundle"));
-        // An installation: both binaries in one directory.
-        candidates.push(dir.join("bottle-bundle"));
-    }
     for candidate in candidates {
         if candidate.is_file() {
             return Ok(candidate);
@@ -197,39 +186,6 @@ pub fn find_bundle_binary(explicit: Option<&Path>) -> Result<PathBuf, DockerErro
         searched.push(candidate.display().to_string());
     }
     Err(DockerError::BundleBinaryMissing { searched })
-}
-
-/// True if the ELF file asks for a program interpreter (a dynamic loader).
-pub fn elf_needs_interpreter(bytes: &[u8]) -> Option<bool> {
-    const PT_INTERP: u32 = 3;
-    if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 || bytes[5] != 1 {
-        return None;
-    }
-    let u16_at = |o: usize| {
-        bytes
-            .get(o..o + 2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]))
-    };
-    let u32_at = |o: usize| {
-        bytes
-            .get(o..o + 4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    };
-    let u64_at = |o: usize| {
-        bytes
-            .get(o..o + 8)
-            .and_then(|b| b.try_into().ok())
-            .map(u64::from_le_bytes)
-    };
-    let phoff = usize::try_from(u64_at(0x20)?).ok()?;
-    let phentsize = usize::from(u16_at(0x36)?);
-    let phnum = usize::from(u16_at(0x38)?);
-    for i in 0..phnum {
-        if u32_at(phoff + i * phentsize)? == PT_INTERP {
-            return Some(true);
-        }
-    }
-    Some(false)
 }
 
 /// The host files git-gate needs in the bundle image (git, its helpers,

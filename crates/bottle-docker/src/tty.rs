@@ -66,8 +66,10 @@ pub(crate) struct StdinPump {
 
 impl StdinPump {
     /// Starts the reader. The channel closes at end of input.
-    pub(crate) fn start() -> (tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>, StdinPump) {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    pub(crate) fn start() -> (tokio::sync::mpsc::Receiver<Vec<u8>>, StdinPump) {
+        // Bounded, so a large piped input is read no faster than the exec
+        // takes it (at most this many 16 KiB chunks in flight).
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         // If no thread can be started, the sender is dropped with the
@@ -90,7 +92,7 @@ impl Drop for StdinPump {
     }
 }
 
-fn pump(tx: &tokio::sync::mpsc::UnboundedSender<Vec<u8>>, stop: &AtomicBool) {
+fn pump(tx: &tokio::sync::mpsc::Sender<Vec<u8>>, stop: &AtomicBool) {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     let stdin = std::io::stdin();
     // Larger than std's 8 KiB buffer, so reads bypass it and poll() sees
@@ -112,7 +114,7 @@ fn pump(tx: &tokio::sync::mpsc::UnboundedSender<Vec<u8>>, stop: &AtomicBool) {
         match stdin.lock().read(&mut buf) {
             Ok(0) => return,
             Ok(n) => {
-                if tx.send(buf[..n].to_vec()).is_err() {
+                if tx.blocking_send(buf[..n].to_vec()).is_err() {
                     return;
                 }
             }

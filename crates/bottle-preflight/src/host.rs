@@ -118,6 +118,10 @@ pub struct Context<'a> {
     pub identity: Identity,
     /// How long the Docker probe waits for each read or write.
     pub docker_timeout: Duration,
+    /// The `BOTTLE_BUNDLE_BIN` value, if set.
+    pub bundle_bin: Option<OsString>,
+    /// The running `bottle`, whose directory the bundle is looked up from.
+    pub exe: Option<PathBuf>,
 }
 
 impl<'a> Context<'a> {
@@ -134,6 +138,8 @@ impl<'a> Context<'a> {
             docker_host: std::env::var("DOCKER_HOST").ok(),
             identity: Identity::current(),
             docker_timeout: DOCKER_TIMEOUT,
+            bundle_bin: std::env::var_os(bottle_core::bundle_binary::BUNDLE_BIN_ENV),
+            exe: std::env::current_exe().ok(),
         }
     }
 
@@ -154,6 +160,8 @@ impl std::fmt::Debug for Context<'_> {
             .field("docker_host", &self.docker_host)
             .field("identity", &self.identity)
             .field("docker_timeout", &self.docker_timeout)
+            .field("bundle_bin", &self.bundle_bin)
+            .field("exe", &self.exe)
             .finish_non_exhaustive()
     }
 }

@@ -1,5 +1,5 @@
 //! `bottle-preflight` owns host checks (platform, KVM, smolvm, Docker,
-//! kernel) for `bottle doctor` and for each backend's `preflight()`. It only
+//! kernel, the bundle binary) for `bottle doctor` and for each backend's `preflight()`. It only
 //! observes; it never changes the host.
 //!
 //! Every check returns a [`Check`] (stable id, status, message, remediation).
@@ -15,6 +15,7 @@
 //! Requirements of the backend that is not selected never fail: they warn or
 //! skip.
 
+pub mod bundle;
 pub mod check;
 pub mod docker;
 pub mod error;
@@ -35,7 +36,7 @@ pub use kernel::kernel_version;
 pub use report::Report;
 
 /// Every check id, in the order [`run_all`] reports them.
-pub const ALL_IDS: [&str; 11] = [
+pub const ALL_IDS: [&str; 12] = [
     platform::ID,
     kernel::ID,
     kvm::DEVICE_ID,
@@ -47,6 +48,7 @@ pub const ALL_IDS: [&str; 11] = [
     smolvm::ID,
     docker::ID,
     docker::DISK_QUOTA_ID,
+    bundle::ID,
 ];
 
 /// What a microVM bottle needs of this host, checked before anything is
@@ -120,6 +122,7 @@ pub fn run_all(ctx: &Context<'_>) -> Vec<Check> {
         smolvm::check_smolvm(ctx),
         daemon,
         disk_quota,
+        settle(bundle::ID, bundle::TITLE, true, bundle::check_bundle(ctx)),
     ]
 }
 

@@ -214,7 +214,13 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             machine: spec.name.clone(),
             image,
             inputs: ProvisionInputs::from_spec(spec),
-            env: bottle_core::agent::agent_env_of(spec, bundle.address),
+            // The guest's hostname and address are smolvm's and not told to
+            // bottle: only loopback and the bundle are exempt from the proxy.
+            env: bottle_core::agent::agent_env_of(
+                spec,
+                bundle.address,
+                &bottle_core::agent::OwnAddresses::default(),
+            ),
             bundle,
         };
         let mut plan = Plan::from_spec(spec, BackendKind::Smolmachines, spec.agent.memory_bytes())

@@ -52,6 +52,36 @@ impl SmolvmBottle {
     }
 }
 
+impl SmolvmBottle {
+    /// Runs `argv` (or the agent's default command) with this process's
+    /// stdio, as `machine exec -i`, with `-t` when `tty`.
+    fn attached(&self, argv: &[String], tty: bool) -> Result<i32, BackendError> {
+        let argv = if argv.is_empty() {
+            self.default_command.clone()
+        } else {
+            argv.to_vec()
+        };
+        if argv.is_empty() {
+            return Err(BackendError::new(
+                BackendErrorKind::Failed,
+                "BOT-K092",
+                "the agent has no command and its image names none",
+                "set `command` for the agent in the manifest",
+            ));
+        }
+        let spec = self
+            .smolvm
+            .exec_interactive_spec(&self.machine, &argv, &self.env, tty)?;
+        self.interactive.run_interactive(&spec).map_err(|source| {
+            SmolvmError::NotInstalled {
+                program: spec.program.to_string_lossy().into_owned(),
+                source,
+            }
+            .into()
+        })
+    }
+}
+
 impl Bottle for SmolvmBottle {
     fn name(&self) -> &str {
         &self.machine
@@ -67,29 +97,11 @@ impl Bottle for SmolvmBottle {
     }
 
     fn exec_interactive(&self, argv: &[String]) -> Result<i32, BackendError> {
-        let argv = if argv.is_empty() {
-            self.default_command.clone()
-        } else {
-            argv.to_vec()
-        };
-        if argv.is_empty() {
-            return Err(BackendError::new(
-                BackendErrorKind::Failed,
-                "BOT-K092",
-                "the agent has no command and its image names none",
-                "set `command` for the agent in the manifest",
-            ));
-        }
-        let spec =
-            self.smolvm
-                .exec_interactive_spec(&self.machine, &argv, &self.env, stdin_is_tty())?;
-        self.interactive.run_interactive(&spec).map_err(|source| {
-            SmolvmError::NotInstalled {
-                program: spec.program.to_string_lossy().into_owned(),
-                source,
-            }
-            .into()
-        })
+        self.attached(argv, stdin_is_tty())
+    }
+
+    fn exec_piped(&self, argv: &[String]) -> Result<i32, BackendError> {
+        self.attached(argv, false)
     }
 
     fn copy_in(&self, host_path: &Path, guest_dir: &str) -> Result<(), BackendError> {

@@ -9,11 +9,15 @@
 //!   behind the `tokio` feature): wait for a condition with a bound,
 //!   instead of sleeping and hoping it has happened;
 //! - [`temp_state_root`]: a private state root per test;
+//! - `corp_net` (feature `corp-net`): a TLS-re-signing "corporate
+//!   network" and the HTTPS upstreams behind it, for end-to-end tests;
 //! - `fuzz` (feature `fuzz`): the seeded fuzz campaign against the real
 //!   `bottle-bundle` binary, shared by its test and `cargo xtask fuzz`.
 //!
 //! A dev-dependency only: nothing here ships.
 
+#[cfg(feature = "corp-net")]
+pub mod corp_net;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
 

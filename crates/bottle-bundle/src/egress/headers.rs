@@ -31,7 +31,20 @@ pub(crate) const HOP_BY_HOP: &[&str] = &[
 
 /// Removes hop-by-hop headers, including those named in `Connection`, and
 /// every `x-bottle-*` header (only the bundle itself may set those).
+///
+/// `TE: trailers` alone survives, as `te: trailers`: it is the one `TE`
+/// that HTTP/2 allows, and gRPC servers refuse a request without it.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let accepts_trailers = headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| {
+            t.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        });
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -52,6 +65,9 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .collect();
     for n in internal {
         headers.remove(n);
+    }
+    if accepts_trailers {
+        headers.insert(header::TE, header::HeaderValue::from_static("trailers"));
     }
 }
 
@@ -74,5 +90,17 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("accept"));
+    }
+
+    #[test]
+    fn te_trailers_alone_survives() {
+        let mut h = HeaderMap::new();
+        h.insert("te", HeaderValue::from_static("gzip, trailers"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.get("te").unwrap(), "trailers");
+        let mut h = HeaderMap::new();
+        h.insert("te", HeaderValue::from_static("gzip"));
+        strip_hop_by_hop(&mut h);
+        assert!(h.is_empty());
     }
 }

@@ -37,7 +37,7 @@ use bottle_core::bundle::BundleConfig;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
@@ -54,6 +54,7 @@ use crate::allowlist::{Host, Policy, Verdict, parse_authority};
 use crate::audit::{AuditLog, AuditRecord, Decision, redact_path};
 use crate::body::{BoxBody, boxed, full};
 use crate::io::IdleIo;
+use crate::proxy::{H2_CONNECTION_WINDOW, H2_STREAM_WINDOW};
 
 /// What egress saw of a request, for the audit line of its answer.
 struct Seen<'a> {
@@ -98,7 +99,7 @@ impl Egress {
     /// missing secret stops the bundle instead of failing later), TLS roots
     /// and the resolver.
     pub fn new(config: &BundleConfig, audit: AuditLog) -> Result<Self, BundleError> {
-        let policy = Policy::new(&config.allow, &config.ports)?;
+        let policy = Policy::new(&config.allow, &config.ports)?.for_agent(&config.agent);
         let credentials = Credentials::load(&config.credentials)?;
         let client = upstream::client(config)?;
         Ok(Self {
@@ -141,11 +142,19 @@ impl Egress {
                     let this = this.clone();
                     async move { Ok::<_, std::convert::Infallible>(this.handle(req).await) }
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
+                // The proxy sends HTTP/1.1, or HTTP/2 with prior knowledge
+                // for the requests the agent made over HTTP/2.
+                let mut server = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                server
+                    .http1()
                     .timer(TokioTimer::new())
-                    .header_read_timeout(Duration::from_millis(90_000))
-                    .serve_connection(io, svc)
-                    .await;
+                    .header_read_timeout(Duration::from_millis(90_000));
+                server
+                    .http2()
+                    .timer(TokioTimer::new())
+                    .initial_stream_window_size(H2_STREAM_WINDOW)
+                    .initial_connection_window_size(H2_CONNECTION_WINDOW);
+                let _ = server.serve_connection(io, svc).await;
                 drop(permit);
             });
         }
@@ -323,6 +332,8 @@ impl Egress {
         }
         self.credentials.inject(&host_s, &mut parts.headers);
         parts.uri = uri;
+        // The upstream connection's ALPN picks HTTP/2 or HTTP/1.1, whatever
+        // the hop spoke.
         parts.version = http::Version::HTTP_11;
         let upstream_req = Request::from_parts(parts, boxed(body));
         match self.client.request(upstream_req).await {

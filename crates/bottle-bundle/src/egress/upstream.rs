@@ -14,6 +14,7 @@ use super::resolve::{DialRefused, GuardedResolver, ResolveFailed};
 use crate::BundleError;
 use crate::audit::Decision;
 use crate::body::BoxBody;
+use crate::proxy::{H2_CONNECTION_WINDOW, H2_STREAM_WINDOW};
 
 /// The HTTP(S) client every upstream request goes through.
 pub(super) type UpstreamClient =
@@ -22,7 +23,7 @@ pub(super) type UpstreamClient =
 /// The client for `config`: its TLS roots, its resolver and its connect
 /// timeout.
 pub(super) fn client(config: &BundleConfig) -> Result<UpstreamClient, BundleError> {
-    let tls = upstream_tls(&config.upstream_roots)?;
+    let tls = upstream_tls(&config.upstream_roots, config.upstream_web_roots)?;
     let resolver = GuardedResolver::new(config)?;
     let mut http = HttpConnector::new_with_resolver(resolver);
     http.enforce_http(false);
@@ -33,44 +34,118 @@ pub(super) fn client(config: &BundleConfig) -> Result<UpstreamClient, BundleErro
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()
-        .enable_http1()
+        .enable_all_versions()
         .wrap_connector(http);
+    // ALPN offers h2 and http/1.1 to TLS upstreams; plain HTTP stays 1.1.
     Ok(Client::builder(TokioExecutor::new())
+        .http2_initial_stream_window_size(H2_STREAM_WINDOW)
+        .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
         .build(https))
 }
 
-/// Builds the TLS client config: web roots plus the config's extra roots.
-pub fn upstream_tls(extra_roots: &[String]) -> Result<rustls::ClientConfig, BundleError> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    for path in extra_roots {
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-            .and_then(|it| it.collect::<Result<_, _>>())
-            .map_err(|e| BundleError::Tls {
-                detail: format!("cannot read upstream root {path}: {e}"),
-            })?;
-        if certs.is_empty() {
-            return Err(BundleError::Tls {
-                detail: format!("upstream root {path} holds no certificate"),
-            });
-        }
-        for c in certs {
-            roots.add(c).map_err(|e| BundleError::Tls {
-                detail: format!("upstream root {path}: {e}"),
-            })?;
-        }
-    }
+/// Builds the TLS client config: the roots of `upstream_roots` (the web
+/// roots when `web_roots`, plus every certificate in `root_files`).
+pub fn upstream_tls(
+    root_files: &[String],
+    web_roots: bool,
+) -> Result<rustls::ClientConfig, BundleError> {
+    let roots = upstream_roots(root_files, web_roots)?;
     rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
         .map(|b| b.with_root_certificates(roots).with_no_client_auth())
         .map_err(|e| BundleError::Tls {
             detail: e.to_string(),
         })
+}
+
+/// The roots upstream certificates must chain to: the compiled-in web
+/// roots when `web_roots`, and every certificate in `root_files`. A system
+/// store may hold certificates rustls cannot use; those are skipped, but a
+/// file with none it can use is an error, as is trusting nothing.
+pub(super) fn upstream_roots(
+    root_files: &[String],
+    web_roots: bool,
+) -> Result<rustls::RootCertStore, BundleError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    if web_roots {
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    }
+    for path in root_files {
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+            .and_then(|it| it.collect::<Result<_, _>>())
+            .map_err(|e| BundleError::UpstreamRoots {
+                detail: format!("cannot read {path}: {e}"),
+            })?;
+        let (added, _) = roots.add_parsable_certificates(certs);
+        if added == 0 {
+            return Err(BundleError::UpstreamRoots {
+                detail: format!("{path} holds no usable CA certificate"),
+            });
+        }
+    }
+    if roots.is_empty() {
+        return Err(BundleError::UpstreamRoots {
+            detail: "no roots: the web roots are off and no root file is given".into(),
+        });
+    }
+    Ok(roots)
+}
+
+/// Why a TLS handshake with an upstream failed: the audit reason and the
+/// words for the agent.
+fn tls_failure(error: &rustls::Error) -> (&'static str, String) {
+    use rustls::CertificateError as Cert;
+    match error {
+        rustls::Error::InvalidCertificate(cert) => match cert {
+            Cert::UnknownIssuer => (
+                "tls_unknown_issuer",
+                "its certificate was issued by an unknown CA (UnknownIssuer)".into(),
+            ),
+            Cert::Expired | Cert::ExpiredContext { .. } => (
+                "tls_expired",
+                format!("its certificate has expired ({cert:?})"),
+            ),
+            Cert::NotValidForName | Cert::NotValidForNameContext { .. } => (
+                "tls_name_mismatch",
+                "its certificate is not valid for this name (NotValidForName)".into(),
+            ),
+            other => (
+                "tls_bad_certificate",
+                format!("its certificate was refused ({other:?})"),
+            ),
+        },
+        other => (
+            "tls_handshake_failed",
+            format!("the handshake failed: {other}"),
+        ),
+    }
+}
+
+/// What an operator behind a re-signing network does about an unknown
+/// issuer; the agent cannot, but it can pass the words on.
+const UNKNOWN_ISSUER_FIX: &str = "If your network re-signs TLS, give the bundle that CA: \
+    egress.upstream_ca = [\"/path/to/ca.pem\"] or egress.upstream_trust = \"system\" in bottle.toml.";
+
+/// The rustls error somewhere in `error`'s chain. A handshake failure
+/// reaches hyper as an `io::Error` wrapping an `io::Error` wrapping the
+/// rustls error, and `io::Error::source` skips the error it wraps, so look
+/// inside each one as well as down the chain.
+fn rustls_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+        return Some(tls);
+    }
+    let wrapped = error
+        .downcast_ref::<std::io::Error>()
+        .and_then(std::io::Error::get_ref)
+        .map(|inner| inner as &(dyn std::error::Error + 'static));
+    wrapped
+        .and_then(rustls_error)
+        .or_else(|| error.source().and_then(rustls_error))
 }
 
 /// The status, decision, reason and message egress answers a failed
@@ -109,6 +184,20 @@ pub(super) fn classify_upstream_error(
         }
         src = s.source();
     }
+    if let Some(tls) = rustls_error(e) {
+        let (reason, what) = tls_failure(tls);
+        let fix = if reason == "tls_unknown_issuer" {
+            format!(" {UNKNOWN_ISSUER_FIX}")
+        } else {
+            String::new()
+        };
+        return (
+            StatusCode::BAD_GATEWAY,
+            Decision::Error,
+            reason,
+            format!("bottle: TLS to {host} failed: {what}.{fix}"),
+        );
+    }
     let mut detail = e.to_string();
     let mut src = std::error::Error::source(e);
     while let Some(s) = src {
@@ -122,4 +211,47 @@ pub(super) fn classify_upstream_error(
         "upstream_error",
         format!("bottle: upstream {host} failed: {detail}"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ca_file(dir: &std::path::Path, name: &str) -> String {
+        let path = dir.join(name);
+        std::fs::write(&path, crate::generate_ca(name).unwrap().cert_pem).unwrap();
+        path.display().to_string()
+    }
+
+    #[test]
+    fn web_roots_are_trusted_unless_switched_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let corp = ca_file(dir.path(), "corp");
+        let web = webpki_roots::TLS_SERVER_ROOTS.len();
+        assert_eq!(upstream_roots(&[], true).unwrap().len(), web);
+        assert_eq!(
+            upstream_roots(std::slice::from_ref(&corp), true)
+                .unwrap()
+                .len(),
+            web + 1
+        );
+        assert_eq!(upstream_roots(&[corp], false).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn trusting_nothing_or_a_file_without_certificates_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = upstream_roots(&[], false).unwrap_err();
+        assert!(matches!(err, BundleError::UpstreamRoots { .. }), "{err}");
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").unwrap();
+        let err = upstream_roots(&[empty.display().to_string()], true).unwrap_err();
+        assert!(
+            err.to_string().contains("no usable CA certificate"),
+            "{err}"
+        );
+        let missing = dir.path().join("missing.pem").display().to_string();
+        let err = upstream_roots(&[missing], true).unwrap_err();
+        assert!(err.to_string().contains("cannot read"), "{err}");
+    }
 }

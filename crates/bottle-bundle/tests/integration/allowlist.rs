@@ -2,7 +2,9 @@
 
 use bottle_bundle::Decision;
 
-use crate::support::{ALLOWED, Env, Options};
+use tokio::io::AsyncWriteExt;
+
+use crate::support::{AGENT, ALLOWED, Env, Options, read_response};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_host_over_plain_http_reaches_upstream() {
@@ -43,13 +45,19 @@ async fn allowed_host_over_plain_http_reaches_upstream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denied_host_gets_403_naming_the_rule_to_add() {
     let env = Env::start(Options::default()).await;
-    let err = env.connect("Evil.Example.:443").await.unwrap_err();
-    assert_eq!(err.status, 403);
+    let mut tls = env.tls("Evil.Example.:443", "evil.example").await.unwrap();
+    tls.write_all(b"GET /in HTTP/1.1\r\nHost: evil.example\r\n\r\n")
+        .await
+        .unwrap();
+    tls.flush().await.unwrap();
+    let resp = read_response(&mut tls).await;
+    assert_eq!(resp.status, 403);
     assert!(
-        err.text()
-            .contains(r#"add "evil.example" to [agents.<agent>.egress] allow"#),
+        resp.text().contains(&format!(
+            r#"adds "evil.example" to [agents.{AGENT}.egress] allow"#
+        )),
         "{}",
-        err.text()
+        resp.text()
     );
     let resp = env
         .raw(
@@ -57,33 +65,69 @@ async fn denied_host_gets_403_naming_the_rule_to_add() {
         )
         .await;
     assert_eq!(resp.status, 403);
+    assert!(resp.text().contains("request_egress"), "{}", resp.text());
+    assert!(
+        resp.text().contains(&format!(
+            r#"adds "evil.example" to [agents.{AGENT}.egress] allow"#
+        )),
+        "{}",
+        resp.text()
+    );
     // A suffix of an allowed name is not allowed.
-    let err = env.connect("allowed.test:443").await.unwrap_err();
-    assert_eq!(err.status, 403);
+    let (resp, _) = env
+        .plain_in_tunnel(
+            "allowed.test:443",
+            b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+        )
+        .await;
+    assert_eq!(resp.status, 403);
     let audit = env.audit();
     let denies: Vec<_> = audit
         .iter()
         .filter(|r| r.decision == Decision::Deny)
+        .map(|r| (r.method.as_str(), r.host.as_str(), r.path.as_str()))
         .collect();
-    assert_eq!(denies.len(), 3, "{audit:?}");
-    assert_eq!(denies[0].host, "evil.example");
-    assert_eq!(denies[0].reason, "host_not_allowed");
-    assert_eq!(denies[0].rule, "evil.example");
-    assert_eq!(denies[0].method, "CONNECT");
+    assert_eq!(
+        denies,
+        [
+            ("CONNECT", "evil.example", ""),
+            ("GET", "evil.example", "/in"),
+            ("GET", "evil.example", "/"),
+            ("CONNECT", "allowed.test", ""),
+            ("GET", "allowed.test", "/"),
+        ],
+        "{audit:?}"
+    );
+    assert_eq!(audit[0].reason, "host_not_allowed");
+    assert_eq!(audit[0].rule, "evil.example");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ip_literals_are_refused_in_every_spelling() {
     let env = Env::start(Options::default()).await;
     let port = env.upstream.https.port();
+    // Canonical literals: a tunnel that carries the denial.
     for authority in [
         format!("127.0.0.1:{port}"),
         format!("[::ffff:127.0.0.1]:{port}"),
         format!("[::1]:{port}"),
+        format!("169.254.169.254:{port}"),
+    ] {
+        let (resp, _) = env
+            .plain_in_tunnel(&authority, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await;
+        assert_eq!(resp.status, 403, "{authority}: {}", resp.text());
+        assert!(
+            resp.text().contains("IP address"),
+            "{authority}: {}",
+            resp.text()
+        );
+    }
+    // Ambiguous spellings are refused on the CONNECT itself.
+    for authority in [
         format!("127.1:{port}"),
         format!("2130706433:{port}"),
         format!("0x7f000001:{port}"),
-        format!("169.254.169.254:{port}"),
     ] {
         let err = env.connect(&authority).await.unwrap_err();
         assert_eq!(err.status, 403, "{authority}: {}", err.text());
@@ -108,16 +152,29 @@ async fn listed_ip_literal_is_operator_chosen_and_reachable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disallowed_port_is_refused() {
     let env = Env::start(Options::default()).await;
-    let err = env.connect(&format!("{ALLOWED}:22")).await.unwrap_err();
-    assert_eq!(err.status, 403);
+    let (resp, _) = env
+        .plain_in_tunnel(
+            &format!("{ALLOWED}:22"),
+            format!("GET / HTTP/1.1\r\nHost: {ALLOWED}:22\r\n\r\n").as_bytes(),
+        )
+        .await;
+    assert_eq!(resp.status, 403);
     assert!(
-        err.text()
-            .contains("add 22 to [agents.<agent>.egress] ports"),
+        resp.text()
+            .contains(&format!("add 22 to [agents.{AGENT}.egress] ports")),
         "{}",
-        err.text()
+        resp.text()
     );
     let audit = env.audit();
-    assert_eq!(audit.last().unwrap().reason, "port_not_allowed");
+    let reasons: Vec<_> = audit
+        .iter()
+        .map(|r| (r.method.as_str(), r.reason.as_str()))
+        .collect();
+    assert_eq!(
+        reasons,
+        [("CONNECT", "port_not_allowed"), ("GET", "port_not_allowed")]
+    );
+    assert!(env.upstream.seen().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

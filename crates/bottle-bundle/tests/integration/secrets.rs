@@ -287,12 +287,26 @@ async fn secret_in_an_allowed_subdomain_is_blocked() {
         ..Options::default()
     };
     let env = Env::start(opts).await;
-    let err = env
-        .connect(&format!("{AWS}.allowed.test:443"))
-        .await
-        .unwrap_err();
-    assert_eq!(err.status, 403);
-    assert!(err.text().contains("destination name"), "{}", err.text());
+    let host = format!("{AWS}.allowed.test");
+    let resp = env
+        .https(
+            &format!("{host}:443"),
+            format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes(),
+        )
+        .await;
+    assert_eq!(resp.status, 403);
+    assert!(resp.text().contains("destination name"), "{}", resp.text());
+    assert!(env.upstream.seen().is_empty());
     let audit = env.audit();
-    assert_eq!(audit.last().unwrap().decision, Decision::BlockedSecret);
+    let decisions: Vec<_> = audit
+        .iter()
+        .map(|r| (r.method.as_str(), r.decision))
+        .collect();
+    assert_eq!(
+        decisions,
+        [
+            ("CONNECT", Decision::BlockedSecret),
+            ("GET", Decision::BlockedSecret)
+        ]
+    );
 }

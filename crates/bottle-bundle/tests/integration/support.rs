@@ -24,6 +24,8 @@ use tokio::net::{TcpListener, TcpStream};
 /// Host names the tests map onto 127.0.0.1 with `resolve`.
 pub(crate) const ALLOWED: &str = "api.allowed.test";
 pub(crate) const OTHER_ALLOWED: &str = "other.allowed.test";
+/// The manifest's name for the bottle's agent.
+pub(crate) const AGENT: &str = "claude";
 
 /// A request as the upstream saw it.
 #[derive(Debug, Clone)]
@@ -32,6 +34,8 @@ pub(crate) struct Seen {
     pub path: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    pub version: hyper::Version,
+    pub trailers: Vec<(String, String)>,
 }
 
 impl Seen {
@@ -63,18 +67,11 @@ impl Drop for Upstream {
     }
 }
 
-async fn echo(
-    req: Request<Incoming>,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    received: Arc<Mutex<Vec<u8>>>,
-) -> Result<Response<Full<Bytes>>, hyper::Error> {
-    let method = req.method().to_string();
-    let path = req
-        .uri()
-        .path_and_query()
-        .map_or("/".to_string(), |p| p.to_string());
-    let headers: Vec<(String, String)> = req
-        .headers()
+/// The upstream's response body: bytes, and trailers for gRPC.
+type EchoBody = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
+
+fn pairs(headers: &hyper::HeaderMap) -> Vec<(String, String)> {
+    headers
         .iter()
         .map(|(k, v)| {
             (
@@ -82,15 +79,38 @@ async fn echo(
                 String::from_utf8_lossy(v.as_bytes()).into_owned(),
             )
         })
-        .collect();
+        .collect()
+}
+
+async fn echo(
+    req: Request<Incoming>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    received: Arc<Mutex<Vec<u8>>>,
+) -> Result<Response<EchoBody>, hyper::Error> {
+    let method = req.method().to_string();
+    let version = req.version();
+    let grpc = req
+        .headers()
+        .get("content-type")
+        .is_some_and(|c| c.as_bytes().starts_with(b"application/grpc"));
+    let path = req
+        .uri()
+        .path_and_query()
+        .map_or("/".to_string(), |p| p.to_string());
+    let headers = pairs(req.headers());
     // Frame by frame into `received`, so that bytes of a body the proxy
     // aborts half-way are on record too.
     let mut incoming = req.into_body();
     let mut body = Vec::new();
+    let mut trailers = Vec::new();
     while let Some(frame) = incoming.frame().await {
-        if let Some(data) = frame?.data_ref() {
+        let frame = frame?;
+        if let Some(data) = frame.data_ref() {
             received.lock().unwrap().extend_from_slice(data);
             body.extend_from_slice(data);
+        }
+        if let Some(t) = frame.trailers_ref() {
+            trailers = pairs(t);
         }
     }
     seen.lock().unwrap().push(Seen {
@@ -98,10 +118,25 @@ async fn echo(
         path: path.clone(),
         headers: headers.clone(),
         body: body.clone(),
+        version,
+        trailers,
     });
     if let Some(n) = path.strip_prefix("/bytes/") {
         let n: usize = n.parse().unwrap_or(0);
-        return Ok(Response::new(Full::new(Bytes::from(vec![b'x'; n]))));
+        return Ok(Response::new(Full::new(Bytes::from(vec![b'x'; n])).boxed()));
+    }
+    if grpc {
+        // A gRPC server answers the message back and puts the status in
+        // trailers.
+        let mut status = hyper::HeaderMap::new();
+        status.insert("grpc-status", "0".parse().unwrap());
+        let body = Full::new(Bytes::from(body))
+            .with_trailers(async move { Some(Ok(status)) })
+            .boxed();
+        let mut resp = Response::new(body);
+        resp.headers_mut()
+            .insert("content-type", "application/grpc".parse().unwrap());
+        return Ok(resp);
     }
     let mut text = format!("{method} {path}\n");
     let mut auth = String::new();
@@ -114,7 +149,7 @@ async fn echo(
     text.push('\n');
     let mut out = text.into_bytes();
     out.extend_from_slice(&body);
-    let mut resp = Response::new(Full::new(Bytes::from(out)));
+    let mut resp = Response::new(Full::new(Bytes::from(out)).boxed());
     if !auth.is_empty() {
         resp.headers_mut()
             .insert("x-echo-authorization", auth.parse().unwrap());
@@ -127,7 +162,9 @@ where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let svc = hyper::service::service_fn(move |req| echo(req, seen.clone(), received.clone()));
-    let _ = hyper::server::conn::http1::Builder::new()
+    // HTTP/1.1 or HTTP/2 (by ALPN on TLS, prior knowledge in the clear),
+    // as a real server would.
+    let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
         .serve_connection(TokioIo::new(io), svc)
         .await;
 }
@@ -141,7 +178,7 @@ impl Upstream {
         std::fs::write(&root_pem, &ca.cert_pem).unwrap();
         let minter = LeafMinter::new(&ca.cert_pem, &ca.key_pem).unwrap();
         let mut tls_cfg = (*minter.server_config(&Host::Name(ALLOWED.into())).unwrap()).clone();
-        tls_cfg.alpn_protocols.clear();
+        tls_cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls_cfg));
 
         let http_l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -250,6 +287,7 @@ pub(crate) fn base_config(
     let config = BundleConfig {
         version: bottle_core::bundle::BUNDLE_CONFIG_VERSION,
         bottle: "test".into(),
+        agent: AGENT.into(),
         proxy_listen: "127.0.0.1:0".into(),
         egress_listen: "127.0.0.1:0".into(),
         allow: opts.allow.clone(),
@@ -260,6 +298,7 @@ pub(crate) fn base_config(
         audit_log: dir.join("audit.jsonl").display().to_string(),
         resolve: opts.resolve.clone(),
         upstream_roots: vec![upstream.root_pem.display().to_string()],
+        upstream_web_roots: true,
         nameservers: opts.nameservers.clone(),
         limits: opts.limits.clone(),
         git_gate_listen: None,
@@ -282,7 +321,10 @@ impl Env {
         Self::start_configured(opts, |config| config.audit_log = log).await
     }
 
-    async fn start_configured(opts: Options, adjust: impl FnOnce(&mut BundleConfig)) -> Self {
+    pub(crate) async fn start_configured(
+        opts: Options,
+        adjust: impl FnOnce(&mut BundleConfig),
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let upstream = Upstream::start(dir.path()).await;
         let (mut config, ca_pem) = base_config(dir.path(), &upstream, &opts);
@@ -348,6 +390,22 @@ impl Env {
         tls_client(&self.ca_pem, s, sni).await
     }
 
+    /// CONNECT to `authority`, then one plain-HTTP request inside the
+    /// tunnel; returns the response and the stream, to see it close.
+    pub(crate) async fn plain_in_tunnel(
+        &self,
+        authority: &str,
+        request: &[u8],
+    ) -> (Resp, TcpStream) {
+        let mut s = self
+            .connect(authority)
+            .await
+            .unwrap_or_else(|r| panic!("CONNECT {authority} refused: {} {}", r.status, r.text()));
+        s.write_all(request).await.unwrap();
+        let resp = read_response(&mut s).await;
+        (resp, s)
+    }
+
     /// One HTTPS request through the proxy; returns the response.
     pub(crate) async fn https(&self, authority: &str, request: &[u8]) -> Resp {
         let host = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
@@ -364,17 +422,28 @@ pub(crate) async fn tls_client(
     s: TcpStream,
     sni: &str,
 ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    tls_client_alpn(ca_pem, s, sni, Vec::new()).await
+}
+
+/// [`tls_client`] offering the ALPN protocols `alpn`.
+pub(crate) async fn tls_client_alpn(
+    ca_pem: &str,
+    s: TcpStream,
+    sni: &str,
+    alpn: Vec<Vec<u8>>,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
     let mut roots = rustls::RootCertStore::empty();
     roots
         .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
         .unwrap();
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .unwrap()
     .with_root_certificates(roots)
     .with_no_client_auth();
+    cfg.alpn_protocols = alpn;
     let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
     let name = ServerName::try_from(sni.to_string()).unwrap();
     connector.connect(name, s).await
@@ -384,6 +453,8 @@ pub(crate) async fn tls_client(
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Resp {
     pub status: u16,
+    /// The status line's reason phrase.
+    pub reason: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
 }
@@ -424,17 +495,20 @@ pub(crate) async fn read_head<S: AsyncRead + Unpin>(s: &mut S) -> Vec<u8> {
 pub(crate) fn parse_head(head: &[u8]) -> Resp {
     let text = String::from_utf8_lossy(head);
     let mut lines = text.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
+    let status_line = lines.next().unwrap_or("");
+    let mut status_parts = status_line.splitn(3, ' ');
+    let status = status_parts
+        .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
+    let reason = status_parts.next().unwrap_or("").to_string();
     let headers = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
     Resp {
         status,
+        reason,
         headers,
         body: Vec::new(),
     }

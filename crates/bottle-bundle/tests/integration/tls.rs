@@ -124,4 +124,52 @@ async fn upstream_with_an_untrusted_certificate_is_an_error() {
     let audit = env.audit();
     let line = audit.iter().find(|r| r.method == "GET").unwrap();
     assert_eq!(line.decision, Decision::Error);
+    assert_eq!(line.reason, "tls_name_mismatch");
+    assert!(resp.text().contains("not valid for"), "{}", resp.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_signed_by_an_unknown_ca_names_the_issuer_and_the_fix() {
+    // A TLS-inspecting network: the upstream's chain ends at a CA the
+    // bundle was not given.
+    let env = Env::start_configured(Options::default(), |config| {
+        config.upstream_roots.clear();
+    })
+    .await;
+    let authority = format!("{ALLOWED}:{}", env.upstream.https.port());
+    let resp = env
+        .https(
+            &authority,
+            format!("GET / HTTP/1.1\r\nHost: {ALLOWED}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await;
+    assert_eq!(resp.status, 502, "{}", resp.text());
+    let body = resp.text();
+    assert!(
+        body.contains(&format!("TLS to {ALLOWED} failed"))
+            && body.contains("unknown CA (UnknownIssuer)")
+            && body.contains("egress.upstream_ca")
+            && body.contains("egress.upstream_trust = \"system\""),
+        "{body}"
+    );
+    let audit = env.audit();
+    let line = audit.iter().find(|r| r.method == "GET").unwrap();
+    assert_eq!(line.decision, Decision::Error);
+    assert_eq!(line.reason, "tls_unknown_issuer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_ca_alone_without_web_roots_is_trusted() {
+    let env = Env::start_configured(Options::default(), |config| {
+        config.upstream_web_roots = false;
+    })
+    .await;
+    let authority = format!("{ALLOWED}:{}", env.upstream.https.port());
+    let resp = env
+        .https(
+            &authority,
+            format!("GET /ok HTTP/1.1\r\nHost: {ALLOWED}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
 }

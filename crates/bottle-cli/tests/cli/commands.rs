@@ -80,6 +80,37 @@ fn missing_manifest_names_the_file_and_the_fix() {
 }
 
 #[test]
+fn check_reports_a_missing_relative_git_repository_from_another_directory() {
+    let state = temp_state_root();
+    let sub = state.path().join("project");
+    std::fs::create_dir_all(sub.join("git")).unwrap();
+    std::fs::write(
+        sub.join("bottle.toml"),
+        "[agents.claude]\nimage = \"x\"\n\n[[agents.claude.git]]\nname = \"app\"\nurl = \"git/app.git\"\n",
+    )
+    .unwrap();
+    bottle(state.path())
+        .current_dir(state.path())
+        .args(["--manifest", "project/bottle.toml", "check"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::starts_with(
+            "error[BOT-M070]: project/bottle.toml:6:7: agents.claude.git[0].url: \
+             git repository \"git/app.git\" does not exist",
+        ))
+        .stderr(predicate::str::contains(
+            "fix: point url at an existing repository",
+        ));
+    // Created next to the manifest, not in the working directory: it loads.
+    std::fs::create_dir(sub.join("git/app.git")).unwrap();
+    bottle(state.path())
+        .current_dir(state.path())
+        .args(["--manifest", "project/bottle.toml", "check"])
+        .assert()
+        .success();
+}
+
+#[test]
 fn start_without_a_terminal_or_yes_refuses_and_leaves_nothing() {
     let state = temp_state_root();
     let assert = bottle(state.path())
@@ -135,7 +166,8 @@ fn doctor_reports_every_check_and_exits_by_its_verdict() {
             "kvm.guest",
             "smolvm.version",
             "docker.daemon",
-            "docker.disk_quota"
+            "docker.disk_quota",
+            "bundle.binary"
         ]
     );
     let failed = checks.iter().any(|c| c["status"] == "fail");

@@ -7,6 +7,7 @@
 
 mod catalogue;
 mod commands;
+mod real_agent;
 mod requests;
 mod session;
 mod smolmachines;

@@ -488,6 +488,25 @@ fn agent_environment(world: &World, backend: &str, name: &str) -> Vec<String> {
             let name = line.split('=').next().unwrap_or_default();
             bottle_core::agent::reserved(name).is_some()
         })
+        // NO_PROXY also names the box's own hostname and address, which
+        // only the docker backend knows: compare its loopback-and-bundle
+        // part alone.
+        .map(|line| match line.split_once('=') {
+            Some((key, value)) if key.eq_ignore_ascii_case("NO_PROXY") => format!(
+                "{key}={}",
+                value
+                    .split(',')
+                    .filter(|host| {
+                        host.starts_with("localhost")
+                            || host.starts_with("127.")
+                            || host.contains("::1")
+                            || *host == address
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            _ => line.to_string(),
+        })
         .map(|line| line.replace(&address, "<bundle>"))
         .collect();
     env.sort();
@@ -601,4 +620,104 @@ fn a_declined_start_leaves_nothing_on_either_backend() {
             "{backend}: the state dir (and a CA key) was left"
         );
     }
+}
+
+/// `bottle exec NAME -- argv` without `-t`, fed `input` on stdin.
+fn exec_with_stdin(
+    world: &World,
+    backend: &str,
+    name: &str,
+    argv: &[&str],
+    input: &[u8],
+) -> std::process::Output {
+    world
+        .bottle("1.9.3", "")
+        .args(["--backend", backend, "exec", name, "--"])
+        .args(argv)
+        .write_stdin(input.to_vec())
+        .timeout(Duration::from_secs(120))
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn exec_passes_stdin_through_to_eof_on_both_backends() {
+    let test = "exec_passes_stdin_through_to_eof_on_both_backends";
+    let Some(_docker) = docker(test) else { return };
+    let state = tempfile::tempdir().unwrap();
+    let builder =
+        bottle_docker::DockerBackend::new(bottle_docker::DockerOptions::new(state.path())).unwrap();
+    let image = "bottle-demo-agent:cli-stdin";
+    builder
+        .build_demo_agent(
+            &repo_root().join("examples/demo-agent"),
+            std::path::Path::new("/bin/busybox"),
+            image,
+        )
+        .unwrap_or_else(|err| panic!("{test}: the demo agent image: {err}"));
+    let world = World::new(image, "stdin");
+    if !sandbox_available(&world, test) {
+        return;
+    }
+    // Every byte value, and more than any pipe or channel buffer holds, so
+    // the input must stream while the output drains.
+    let binary: Vec<u8> = (0..4 * 1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let vm = format!("{}-vm", world.name());
+    let container = format!("{}-ct", world.name());
+    let mut failures = Vec::new();
+    for (backend, name) in [("smolmachines", &vm), ("docker", &container)] {
+        let start = world
+            .bottle("1.9.3", "")
+            .args(["--backend", backend, "--yes", "start", "coder"])
+            .args(["--name", name, "--detach"])
+            .output()
+            .unwrap();
+        if !start.status.success() {
+            failures.push(format!(
+                "start on {backend}: {}",
+                String::from_utf8_lossy(&start.stderr)
+            ));
+            continue;
+        }
+        let hi = exec_with_stdin(&world, backend, name, &["cat"], b"hi\n");
+        if hi.stdout != b"hi\n" || !hi.status.success() {
+            failures.push(format!("{backend}: `echo hi | exec cat` gave {hi:?}"));
+        }
+        let copied = exec_with_stdin(&world, backend, name, &["cat"], &binary);
+        if copied.stdout != binary {
+            failures.push(format!(
+                "{backend}: {} bytes through cat came back as {} bytes (equal: false)",
+                binary.len(),
+                copied.stdout.len()
+            ));
+        }
+        let counted = exec_with_stdin(
+            &world,
+            backend,
+            name,
+            &["sh", "-c", "wc -c; echo end >&2; exit 3"],
+            &binary,
+        );
+        let stdout = String::from_utf8_lossy(&counted.stdout);
+        if stdout.trim() != binary.len().to_string()
+            || !String::from_utf8_lossy(&counted.stderr).contains("end")
+            || counted.status.code() != Some(3)
+        {
+            failures.push(format!(
+                "{backend}: `wc -c` saw {stdout:?} (want {}), status {:?}, stderr {:?}",
+                binary.len(),
+                counted.status,
+                String::from_utf8_lossy(&counted.stderr)
+            ));
+        }
+    }
+    for (backend, name) in [("smolmachines", &vm), ("docker", &container)] {
+        let _ = world
+            .bottle("1.9.3", "")
+            .args(["--backend", backend, "stop", name])
+            .output();
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -100,6 +100,12 @@ pub const RESOLVE_ADDRESS: &str = "BOT-M047";
 pub const DISK_SYNTAX: &str = "BOT-M048";
 /// `limits.disk` is below 256 MiB.
 pub const DISK_SMALL: &str = "BOT-M049";
+/// An `egress.upstream_ca` file that is missing, unreadable or not a file.
+pub const UPSTREAM_CA_FILE: &str = "BOT-M060";
+/// An `egress.upstream_ca` file that is not PEM or holds no certificate.
+pub const UPSTREAM_CA_PEM: &str = "BOT-M061";
+/// A local git repository path (`git[].url`) is not a directory.
+pub const GIT_PATH: &str = "BOT-M070";
 
 /// Every code with a one-line summary, in code order.
 pub const ALL: &[(&str, &str)] = &[
@@ -181,4 +187,16 @@ pub const ALL: &[(&str, &str)] = &[
     ),
     (DISK_SYNTAX, "`limits.disk` is not a size"),
     (DISK_SMALL, "`limits.disk` is below 256 MiB"),
+    (
+        UPSTREAM_CA_FILE,
+        "an `egress.upstream_ca` file that is missing or unreadable",
+    ),
+    (
+        UPSTREAM_CA_PEM,
+        "an `egress.upstream_ca` file that is not PEM or holds no certificate",
+    ),
+    (
+        GIT_PATH,
+        "a local git repository path that is not a directory",
+    ),
 ];

@@ -14,15 +14,19 @@
 //! 3. semantic checks on the model, located by walking the
 //!    same spanned tree.
 //!
-//! Relative paths in the manifest (`build.context`, `prompt`, `skills`,
-//! credential files) are relative to the manifest's directory: the parent
-//! of the path the caller passed, or `.` when it has none. Errors show the
-//! path exactly as the caller passed it.
+//! Relative paths in the manifest (every field `paths.rs` lists: `build.context`,
+//! `prompt`, `skills`, local git urls, credential files) are relative to the
+//! manifest's directory: the parent of the path the caller passed, or `.`
+//! when it has none. A loaded manifest holds them absolute, so nothing
+//! downstream depends on the directory `bottle` ran in. Errors show the
+//! manifest path exactly as the caller passed it, and a bad path field as
+//! written.
 
 pub mod codes;
 mod decode;
 pub mod host;
 mod model;
+mod paths;
 mod schema;
 mod span;
 mod suggest;
@@ -34,6 +38,7 @@ use std::path::{Path, PathBuf};
 
 pub use host::{HostRule, HostRuleError};
 pub use model::*;
+pub use paths::is_remote_git_url;
 pub use validate::{MIN_DISK_BYTES, MIN_MEMORY_BYTES, MIN_PIDS};
 
 use crate::error::Coded;
@@ -140,8 +145,9 @@ pub fn load(path: &Path) -> Result<Manifest, ManifestError> {
 }
 
 /// Parses and validates manifest text. `path` is what errors show, and its
-/// parent directory (or `.`) is what relative paths in the manifest resolve
-/// against; the checks that those paths exist read the file system.
+/// parent directory (or `.`), made absolute, is what relative paths in the
+/// manifest resolve against; the checks that those paths exist read the
+/// file system. The manifest returned holds every host path absolute.
 pub fn parse(path: &Path, text: &str) -> Result<Manifest, ManifestError> {
     let doc = Doc::parse(text).map_err(|err| syntax_error(path, text, &err))?;
     let shape = [schema::check(&doc), decode::tables_written_as_arrays(&doc)]
@@ -162,9 +168,13 @@ pub fn parse(path: &Path, text: &str) -> Result<Manifest, ManifestError> {
     if let Some(shape) = shape {
         return Err(shape.into_error(path, &doc));
     }
-    if let Some(problem) = validate::validate(&manifest, &doc, base_dir(path)) {
+    let base_dir = absolute_base_dir(path);
+    if let Some(problem) = validate::validate(&manifest, &doc, &base_dir) {
         return Err(problem.into_error(path, &doc));
     }
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let mut manifest = manifest;
+    paths::make_absolute(&mut manifest, &base_dir, home.as_deref());
     Ok(manifest)
 }
 
@@ -179,6 +189,12 @@ pub fn base_dir(manifest_path: &Path) -> &Path {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
     }
+}
+
+/// [`base_dir`], absolute and without `..` (canonical when it exists): what
+/// a loaded manifest's paths were resolved against.
+pub fn absolute_base_dir(manifest_path: &Path) -> PathBuf {
+    paths::absolute_dir(base_dir(manifest_path))
 }
 
 /// Resolves a path written in the manifest: `~/...` against `home`, a

@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::upstream_trust::UpstreamTrust;
+
 /// The whole `bottle.toml`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -91,6 +93,15 @@ pub struct Egress {
     /// internal service) where a DNS answer could not be.
     #[serde(default)]
     pub resolve: BTreeMap<String, String>,
+    /// PEM files of CAs the bundle trusts for upstream TLS besides its
+    /// roots (relative to the manifest, or absolute; `~/` expands): a
+    /// network that re-signs TLS needs its CA here.
+    #[serde(default)]
+    pub upstream_ca: Vec<String>,
+    /// Which roots the bundle trusts for upstream TLS: `web` (the
+    /// compiled-in web roots), `system` (the host's store) or
+    /// `web+system`. Unset: `BOTTLE_UPSTREAM_TRUST`, else `web`.
+    pub upstream_trust: Option<UpstreamTrust>,
 }
 
 /// A credential the bundle injects into requests to one host.

@@ -63,6 +63,11 @@ const EGRESS: Shape = Shape::Table(&[
     ("allow", Shape::Free),
     ("ports", Shape::Free),
     ("resolve", Shape::Free),
+    ("upstream_ca", Shape::Free),
+    (
+        "upstream_trust",
+        Shape::OneOf(&crate::upstream_trust::UpstreamTrust::CHOICES),
+    ),
 ]);
 
 const CREDENTIAL: Shape = Shape::Table(&[
@@ -267,6 +272,8 @@ mod tests {
                 allow: vec![],
                 ports: Some(vec![443]),
                 resolve: BTreeMap::new(),
+                upstream_ca: vec!["ca.pem".into()],
+                upstream_trust: Some(crate::upstream_trust::UpstreamTrust::WebAndSystem),
             },
             credentials: vec![Credential {
                 name: "n".into(),

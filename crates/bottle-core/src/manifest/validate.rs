@@ -9,12 +9,15 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::codes;
 use super::host::{HostRule, HostRuleError};
+use super::paths::{self, Expect};
 use super::span::{Doc, FieldPath};
-use super::{Agent, Credential, CredentialSource, GitMode, Manifest, Problem, parse_memory};
+use super::{
+    Agent, Credential, CredentialSource, GitMode, Manifest, Problem, parse_memory, resolve_path,
+};
 use crate::slug;
 
 /// The smallest audit log rotation size: room for many bounded records
@@ -149,12 +152,7 @@ impl Checks<'_, '_> {
         for key in agent.env.keys() {
             self.env_key(&path.key("env").key(key), key);
         }
-        if let Some(prompt) = &agent.prompt {
-            self.prompt(&path.key("prompt"), prompt);
-        }
-        for (i, dir) in agent.skills.iter().enumerate() {
-            self.skills_dir(&path.key("skills").index(i), dir);
-        }
+        self.host_paths(path, agent);
         self.egress(&path.key("egress"), agent);
         self.credentials(&path.key("credentials"), &agent.credentials);
         self.git(&path.key("git"), agent);
@@ -222,25 +220,6 @@ impl Checks<'_, '_> {
                 );
             }
         }
-        if let Some(build) = &agent.build {
-            let dir = self.base_dir.join(&build.context);
-            let problem = match std::fs::metadata(&dir) {
-                Ok(meta) if meta.is_dir() => None,
-                Ok(_) => Some("is not a directory"),
-                Err(_) => Some("does not exist"),
-            };
-            if let Some(problem) = problem {
-                self.report(
-                    codes::BUILD_CONTEXT,
-                    path.key("build").key("context"),
-                    On::Value,
-                    format!("build context {:?} {problem}", build.context),
-                    "point context at the directory holding the Dockerfile \
-                     (relative to the manifest's directory)"
-                        .into(),
-                );
-            }
-        }
     }
 
     fn env_key(&mut self, path: &FieldPath, key: &str) {
@@ -268,34 +247,36 @@ impl Checks<'_, '_> {
         }
     }
 
-    fn prompt(&mut self, path: &FieldPath, prompt: &str) {
-        let problem = match std::fs::metadata(self.base_dir.join(prompt)) {
-            Ok(meta) if meta.is_file() => return,
-            Ok(_) => "is not a file",
-            Err(_) => "does not exist",
-        };
-        self.report(
-            codes::PROMPT_FILE,
-            path.clone(),
-            On::Value,
-            format!("prompt file {prompt:?} {problem}"),
-            "create it, or fix the path (relative to the manifest's directory)".into(),
-        );
-    }
-
-    fn skills_dir(&mut self, path: &FieldPath, dir: &str) {
-        let problem = match std::fs::metadata(self.base_dir.join(dir)) {
-            Ok(meta) if meta.is_dir() => return,
-            Ok(_) => "is not a directory",
-            Err(_) => "does not exist",
-        };
-        self.report(
-            codes::SKILLS_DIR,
-            path.clone(),
-            On::Value,
-            format!("skills directory {dir:?} {problem}"),
-            "create it, or fix the path (relative to the manifest's directory)".into(),
-        );
+    /// Checks that each host path the agent names is there and of the
+    /// right kind, reporting it as written.
+    fn host_paths(&mut self, path: &FieldPath, agent: &Agent) {
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        let mut agent = agent.clone();
+        for host_path in paths::host_paths(path, &mut agent) {
+            let value = host_path.value.as_str();
+            let wanted = match host_path.expect {
+                Expect::Unchecked => continue,
+                _ if value.is_empty() => continue,
+                Expect::File => "a file",
+                Expect::Dir => "a directory",
+            };
+            let problem = match resolve_path(self.base_dir, value, home.as_deref())
+                .map(std::fs::metadata)
+            {
+                Some(Ok(meta)) if meta.is_file() && host_path.expect == Expect::File => continue,
+                Some(Ok(meta)) if meta.is_dir() && host_path.expect == Expect::Dir => continue,
+                Some(Ok(_)) => format!("is not {wanted}"),
+                Some(Err(_)) => "does not exist".to_string(),
+                None => "is in a home directory, but HOME is not set".to_string(),
+            };
+            self.report(
+                host_path.code,
+                host_path.field,
+                On::Value,
+                format!("{} {value:?} {problem}", host_path.noun),
+                host_path.fix.to_string(),
+            );
+        }
     }
 
     fn egress(&mut self, path: &FieldPath, agent: &Agent) {
@@ -352,6 +333,63 @@ impl Checks<'_, '_> {
                     );
                 } else {
                     seen.insert(*port, i);
+                }
+            }
+        }
+        self.upstream_ca(path, &agent.egress.upstream_ca);
+    }
+
+    /// Each `egress.upstream_ca` file must be readable and hold a PEM
+    /// certificate, so `check` and `plan` catch the wrong file before a
+    /// launch does.
+    fn upstream_ca(&mut self, path: &FieldPath, files: &[String]) {
+        let home = std::env::home_dir();
+        for (i, file) in files.iter().enumerate() {
+            let item = path.key("upstream_ca").index(i);
+            let fix = "fix the path of the PEM file holding your network's CA certificate \
+                       (relative to the manifest's directory, absolute, or \"~/...\")";
+            let resolved = if file.is_empty() || (file.starts_with('~') && !file.starts_with("~/"))
+            {
+                None
+            } else {
+                super::resolve_path(self.base_dir, file, home.as_deref())
+            };
+            let Some(resolved) = resolved else {
+                self.report(
+                    codes::UPSTREAM_CA_FILE,
+                    item,
+                    On::Value,
+                    format!("upstream CA file {file:?} is not a path bottle can resolve"),
+                    fix.into(),
+                );
+                continue;
+            };
+            let text = match std::fs::metadata(&resolved) {
+                Ok(meta) if meta.is_file() => std::fs::read(&resolved)
+                    .map_err(|err| format!("cannot be read ({})", err.kind())),
+                Ok(_) => Err("is not a file".to_string()),
+                Err(_) => Err("does not exist".to_string()),
+            };
+            match text {
+                Err(problem) => self.report(
+                    codes::UPSTREAM_CA_FILE,
+                    item,
+                    On::Value,
+                    format!("upstream CA file {file:?} {problem}"),
+                    fix.into(),
+                ),
+                Ok(text) => {
+                    if let Err(problem) = crate::upstream_trust::certificate_count(&text) {
+                        self.report(
+                            codes::UPSTREAM_CA_PEM,
+                            item,
+                            On::Value,
+                            format!("upstream CA file {file:?} {}", problem.describe()),
+                            "give the CA certificate in PEM (-----BEGIN CERTIFICATE-----); \
+                             convert DER with `openssl x509 -inform der -in ca.der -out ca.pem`"
+                                .into(),
+                        );
+                    }
                 }
             }
         }

@@ -10,6 +10,7 @@
 use std::fs;
 use std::path::Path;
 
+use bottle_core::Coded as _;
 use bottle_core::manifest::{self, codes};
 
 fn err(text: &str) -> manifest::ManifestError {
@@ -212,4 +213,178 @@ fn every_code_is_unique_and_well_formed() {
         assert!(code.starts_with("BOT-M") && code.len() == 8, "{code}");
         assert!(!summary.is_empty());
     }
+}
+
+#[test]
+fn upstream_ca_files_resolve_next_to_the_manifest_and_reach_the_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(
+        dir.path().join("corp-ca.pem"),
+        "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIU\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    fs::write(
+        dir.path().join("key.pem"),
+        "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let path = dir.path().join("bottle.toml");
+    let load = |egress: &str| {
+        fs::write(
+            &path,
+            format!("[agents.a]\nimage = \"x\"\negress.allow = [\"pypi.org\"]\n{egress}"),
+        )
+        .unwrap();
+        manifest::load(&path)
+    };
+
+    let m =
+        load("egress.upstream_ca = [\"corp-ca.pem\"]\negress.upstream_trust = \"web\"\n").unwrap();
+    let spec = bottle_core::BottleSpec::new(&m, &path, "a", None, Path::new("/s")).unwrap();
+    let plan = bottle_core::Plan::from_spec(&spec, bottle_core::BackendKind::Docker, None);
+    // Made absolute at load, against the manifest's directory.
+    let absolute = dir.path().canonicalize().unwrap().join("corp-ca.pem");
+    assert_eq!(plan.upstream_ca, [absolute.to_string_lossy()]);
+    assert!(
+        plan.render().contains(&format!(
+            "upstream TLS web roots + 1 extra CA ({})",
+            absolute.display()
+        )),
+        "{}",
+        plan.render()
+    );
+
+    let e = load("egress.upstream_ca = [\"key.pem\"]\n").unwrap_err();
+    assert_eq!(
+        (e.code, e.field.as_str()),
+        (codes::UPSTREAM_CA_PEM, "agents.a.egress.upstream_ca[0]")
+    );
+    assert!(e.message.contains("holds no PEM certificate"), "{e}");
+    let e = load("egress.upstream_ca = [\"corp-ca.pem\", \"gone.pem\"]\n").unwrap_err();
+    assert_eq!(
+        (e.code, e.field.as_str()),
+        (codes::UPSTREAM_CA_FILE, "agents.a.egress.upstream_ca[1]")
+    );
+    assert!(e.message.contains("\"gone.pem\" does not exist"), "{e}");
+    assert!(
+        e.fix.contains("relative to the manifest's directory"),
+        "{e}"
+    );
+    let e = load("egress.upstream_ca = [\".\"]\n").unwrap_err();
+    assert!(e.message.contains("is not a file"), "{e}");
+    let e = load("egress.upstream_ca = [\"~root/ca.pem\"]\n").unwrap_err();
+    assert_eq!(e.code, codes::UPSTREAM_CA_FILE);
+    let e = load("egress.upstream_trust = \"System\"\n").unwrap_err();
+    assert_eq!(
+        (e.code, e.field.as_str()),
+        (codes::INVALID_VALUE, "agents.a.egress.upstream_trust")
+    );
+}
+
+/// Loads `dir/sub/bottle.toml` named relative to `dir`, as `bottle
+/// --manifest sub/bottle.toml` run in `dir` does.
+fn load_from(dir: &Path, relative: &str) -> Result<manifest::Manifest, manifest::ManifestError> {
+    // A path relative to the test's working directory, because changing the
+    // process's directory would race the other tests.
+    let cwd = std::env::current_dir().unwrap();
+    let relative_dir = pathdiff(dir, &cwd);
+    manifest::load(&relative_dir.join(relative))
+}
+
+/// `to` as a path relative to `from` (both absolute).
+fn pathdiff(to: &Path, from: &Path) -> std::path::PathBuf {
+    let ups = from.components().count() - 1;
+    let mut path: std::path::PathBuf = std::iter::repeat_n("..", ups).collect();
+    path.push(to.strip_prefix("/").unwrap());
+    path
+}
+
+#[test]
+fn every_host_path_is_absolute_after_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("sub");
+    for d in ["ctx", "skills", "git/app.git"] {
+        fs::create_dir_all(sub.join(d)).unwrap();
+    }
+    fs::write(sub.join("prompt.md"), "hi").unwrap();
+    let text = r#"
+[agents.a]
+build = { context = "ctx", dockerfile = "Dockerfile" }
+prompt = "prompt.md"
+skills = ["skills"]
+egress.allow = ["api.example.com"]
+credentials = [{ name = "k", source = { file = "keys/k" }, host = "api.example.com", header = "x-api-key" }]
+
+[[agents.a.git]]
+name = "app"
+url = "git/app.git"
+credential = "keys/git"
+
+[[agents.a.git]]
+name = "remote"
+url = "https://example.com/r.git"
+"#;
+    fs::write(sub.join("bottle.toml"), text).unwrap();
+    let loaded = load_from(dir.path(), "sub/bottle.toml").unwrap();
+    let sub = std::fs::canonicalize(&sub).unwrap();
+    let agent = &loaded.agents["a"];
+    let build = agent.build.as_ref().unwrap();
+    assert_eq!(Path::new(&build.context), sub.join("ctx"));
+    assert_eq!(build.dockerfile.as_deref(), Some("Dockerfile"));
+    assert_eq!(
+        Path::new(agent.prompt.as_deref().unwrap()),
+        sub.join("prompt.md")
+    );
+    assert_eq!(Path::new(&agent.skills[0]), sub.join("skills"));
+    assert_eq!(Path::new(&agent.git[0].url), sub.join("git/app.git"));
+    assert_eq!(
+        Path::new(agent.git[0].credential.as_deref().unwrap()),
+        sub.join("keys/git")
+    );
+    assert_eq!(agent.git[1].url, "https://example.com/r.git");
+    assert_eq!(
+        agent.credentials[0].source,
+        manifest::CredentialSource::File(sub.join("keys/k").to_string_lossy().into_owned())
+    );
+}
+
+#[test]
+fn web_and_system_trust_reads_in_the_plan() {
+    // The manifest's value is used as written; the host default
+    // (BOTTLE_UPSTREAM_TRUST) is unit tested in `upstream_trust`, since
+    // tests share one environment.
+    let m = manifest::parse(
+        Path::new("bottle.toml"),
+        "[agents.a]\nimage = \"x\"\negress.upstream_trust = \"web+system\"\n",
+    )
+    .unwrap();
+    let spec =
+        bottle_core::BottleSpec::new(&m, Path::new("bottle.toml"), "a", None, Path::new("/s"))
+            .unwrap();
+    let plan = bottle_core::Plan::from_spec(&spec, bottle_core::BackendKind::Docker, None);
+    assert!(
+        plan.render()
+            .contains("upstream TLS web roots + host system store\n"),
+        "{}",
+        plan.render()
+    );
+}
+
+#[test]
+fn a_missing_git_repository_names_the_file_field_and_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir(dir.path().join("sub")).unwrap();
+    let text = "[agents.claude]\nimage = \"x\"\n\n[[agents.claude.git]]\nname = \"app\"\nurl = \"git/app.git\"\n";
+    fs::write(dir.path().join("sub/bottle.toml"), text).unwrap();
+    let err = load_from(dir.path(), "sub/bottle.toml").unwrap_err();
+    assert_eq!(err.code, codes::GIT_PATH);
+    assert!(err.file.ends_with("sub/bottle.toml"), "{err}");
+    assert_eq!(err.field, "agents.claude.git[0].url");
+    assert_eq!(err.position, Some((6, 7)));
+    assert_eq!(err.message, "git repository \"git/app.git\" does not exist");
+    let fix = err.fix().unwrap();
+    assert!(
+        fix.starts_with("point url at an existing repository"),
+        "{fix}"
+    );
 }

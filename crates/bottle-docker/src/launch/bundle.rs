@@ -304,6 +304,15 @@ impl<'a, D> Launch<'a, D> {
             tar.dir("var/lib/bottle", 0o700, owner)?;
             tar.dir(&entry_name(config::BUNDLE_GIT_MIRRORS), 0o700, owner)?;
         }
+        tar.dir(&entry_name(config::BUNDLE_UPSTREAM_CA_DIR), 0o700, owner)?;
+        for (source, file) in self
+            .bundle
+            .upstream_ca
+            .iter()
+            .zip(&bundle_config.upstream_roots)
+        {
+            tar.file(&entry_name(file), &read_upstream_ca(source)?, 0o644, owner)?;
+        }
         for (repo, served) in self.bundle.git.iter().zip(&bundle_config.git) {
             if let (Some(source), Some(file)) = (&repo.credential, &served.credential_file) {
                 let secret = std::fs::read(source).map_err(|e| DockerError::Credential {
@@ -423,6 +432,20 @@ impl<'a, D> Launch<'a, D> {
             logs: container_logs(self.engine, bundle, 50),
         }
     }
+}
+
+/// A host CA file for upstream TLS, checked again at launch (it may have
+/// changed since `check`): a bundle given no certificate would refuse to
+/// start with less to say.
+fn read_upstream_ca(path: &std::path::Path) -> Result<Vec<u8>, DockerError> {
+    let fail = |detail: String| DockerError::UpstreamCa {
+        path: path.display().to_string(),
+        detail,
+    };
+    let pem = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
+    bottle_core::upstream_trust::certificate_count(&pem)
+        .map_err(|problem| fail(problem.describe().into()))?;
+    Ok(pem)
 }
 
 /// Reads a credential's secret on the host.

@@ -141,3 +141,46 @@ fn list_and_attach_see_two_bottles() {
     assert_eq!(err.code, "BOT-D030");
     assert_eq!(sh(&*a, "echo still-here").stdout, b"still-here\n");
 }
+
+#[test]
+fn the_agents_own_server_is_exempt_from_the_proxy_by_name_and_address() {
+    let Some(fx) = support::setup("the_agents_own_server_is_exempt_from_the_proxy") else {
+        return;
+    };
+    let name = name("own");
+    let (_guard, bottle) = fx.start(&name);
+    // Every proxy variable the docs name is really in the agent's env.
+    let env = String::from_utf8(sh(&*bottle, "env").stdout).unwrap();
+    for variable in ["ALL_PROXY=http://192.168.", "all_proxy=http://192.168."] {
+        assert!(env.contains(variable), "{variable} missing from {env}");
+    }
+    assert!(env.contains("NODE_USE_ENV_PROXY=1"), "{env}");
+    // A dev server in the box, reached by the box's hostname and its own
+    // address, each of which NO_PROXY names, so a client that honours it
+    // goes straight to the server (busybox wget ignores NO_PROXY: `-Y off`
+    // is what such a client does). IPv6 is off in a docker bottle, so
+    // `[::1]` has no server to reach here.
+    let script = r#"
+        mkdir -p /tmp/www && echo served-by-agent > /tmp/www/index.html
+        httpd -p 8080 -h /tmp/www || exit 90
+        own=$(ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1)
+        for host in "$(hostname)" "$own" 127.0.0.1; do
+            case ",$NO_PROXY," in *",$host,"*) ;; *) echo "NO_PROXY lacks $host"; exit 91;; esac
+            case ",$no_proxy," in *",$host,"*) ;; *) echo "no_proxy lacks $host"; exit 92;; esac
+            i=0
+            until wget -q -Y off -O- "http://$host:8080/"; do
+                i=$((i+1)); [ $i -lt 50 ] || exit 93; sleep 0.1
+            done
+        done
+    "#;
+    let out = sh(&*bottle, script);
+    assert_eq!(
+        (
+            out.exit_code,
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        ),
+        (0, "served-by-agent\n".repeat(3)),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

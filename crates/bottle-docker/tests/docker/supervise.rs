@@ -3,9 +3,10 @@
 //! dir, the operator approves it through `bottle_core::requests`, and the
 //! running proxy opens that host (no restart), with an audit line.
 //!
-//! The proxy is probed with `CONNECT`, which it answers (200 or 403) from
-//! the policy alone, before any name is resolved: no traffic leaves this
-//! machine.
+//! The proxy is probed with `CONNECT` and plain HTTP inside the tunnel,
+//! which it answers from the policy alone, before any name is resolved (a
+//! denied host with its denial, an allowed one with the refusal of plain
+//! HTTP to a TLS port): no traffic leaves this machine.
 
 use std::time::Duration;
 
@@ -33,18 +34,20 @@ fn mcp(bottle: &dyn bottle_core::Bottle, message: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The proxy's status line for `CONNECT host:443`, asked from the agent.
-/// The client keeps its side open for a second: a client that half-closes right after the
-/// request can lose the answer to the proxy's connection teardown, which
-/// showed as an empty status under load.
-fn connect_status(bottle: &dyn bottle_core::Bottle, host: &str) -> String {
+/// The proxy's answer to `CONNECT host:443` and a plain-HTTP request
+/// inside the tunnel, asked from the agent: a denied host's tunnel carries
+/// `Blocked by bottle`. The client keeps its side open for a second: a
+/// client that half-closes right after the request can lose the answer to
+/// the proxy's connection teardown, which showed as an empty answer under
+/// load.
+fn tunnel_answer(bottle: &dyn bottle_core::Bottle, host: &str) -> String {
     let out = sh(
         bottle,
         &format!(
-            "proxy=${{HTTP_PROXY#http://}}; (printf 'CONNECT {host}:443 HTTP/1.1\\r\\nHost: {host}:443\\r\\n\\r\\n'; sleep 1) | timeout 5 nc -w 2 ${{proxy%:*}} ${{proxy##*:}} | head -n 1"
+            "proxy=${{HTTP_PROXY#http://}}; (printf 'CONNECT {host}:443 HTTP/1.1\\r\\nHost: {host}:443\\r\\n\\r\\nGET / HTTP/1.1\\r\\nHost: {host}\\r\\n\\r\\n'; sleep 1) | timeout 5 nc -w 2 ${{proxy%:*}} ${{proxy##*:}}"
         ),
     );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[test]
@@ -94,14 +97,17 @@ fn an_approved_host_opens_in_the_running_proxy() {
         }
     );
     assert!(asked.contains(&id), "{asked}");
-    let before = connect_status(bottle, WANTED);
-    assert!(before.contains(" 403"), "before approval: {before:?}");
+    let before = tunnel_answer(bottle, WANTED);
+    assert!(
+        before.contains("Blocked by bottle") && before.contains("request_egress"),
+        "before approval: {before:?}"
+    );
 
     requests::decide(&queue, &id, Status::Approved, None).unwrap();
     let mut after = String::new();
     let opened = eventually(Duration::from_secs(10), || {
-        after = connect_status(bottle, WANTED);
-        after.contains(" 200")
+        after = tunnel_answer(bottle, WANTED);
+        after.starts_with("HTTP/1.1 200") && !after.contains("Blocked by bottle")
     });
     assert!(opened, "after approval: {after:?}");
 

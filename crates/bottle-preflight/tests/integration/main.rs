@@ -6,6 +6,7 @@
     reason = "test helpers fail loudly on unexpected errors"
 )]
 
+mod bundle;
 mod docker;
 mod kernel;
 mod kvm;

@@ -74,6 +74,8 @@ impl FakeHost {
                 groups: vec![1000],
             },
             docker_timeout: Duration::from_secs(2),
+            bundle_bin: None,
+            exe: None,
         }
     }
 }

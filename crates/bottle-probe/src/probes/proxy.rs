@@ -275,21 +275,43 @@ fn connect_probe(
         name,
         CAT,
         false,
-        format!("CONNECT to {what} through the proxy: blocked unless the proxy answers 2xx"),
+        format!(
+            "CONNECT to {what} through the proxy, then plain HTTP inside if it opens: blocked unless the inner reply is 2xx or carries the token (the bundle opens a denied tunnel only to answer 403 inside it)"
+        ),
         move |c| {
             let authority = target(&c.config.targets);
             match connect_tunnel(c, &authority) {
                 Err(a) => a,
-                Ok((status, head, _)) if (200..300).contains(&status) => Attempt::reached(format!(
-                    "CONNECT {authority}: tunnel opened: {}",
-                    snippet(&head)
-                )),
+                Ok((status, _, mut s)) if (200..300).contains(&status) => {
+                    judge_inside(c, &mut s, &authority)
+                }
                 Ok((_, head, _)) => {
                     Attempt::blocked(format!("CONNECT {authority}: {}", snippet(&head)))
                 }
             }
         },
     )
+}
+
+/// One plain-HTTP request inside an open tunnel: reached when it is
+/// answered 2xx or with the token.
+fn judge_inside(c: &Ctx, s: &mut TcpStream, authority: &str) -> Attempt {
+    if let Err(e) = s.write_all(&get_request("/", authority, &[])) {
+        return Attempt::blocked(format!("CONNECT {authority}: tunnel closed: {e}"));
+    }
+    let reply = net::read_until_close(s, Instant::now() + c.timeout);
+    let inner = net::status(&reply);
+    let token = contains(&reply, &c.config.token);
+    let what = format!(
+        "CONNECT {authority} opened; inner status {inner:?}, token {}: {}",
+        if token { "seen" } else { "absent" },
+        snippet(&reply)
+    );
+    if token || inner.is_some_and(|s| (200..300).contains(&s)) {
+        Attempt::reached(what)
+    } else {
+        Attempt::blocked(what)
+    }
 }
 
 fn get_request(uri: &str, host: &str, extra: &[&str]) -> Vec<u8> {

@@ -130,7 +130,13 @@ fn handle(mut s: TcpStream, mode: Mode, token: &str) {
                 let _ = s.write_all(&[22, 3, 3, 0, 4, 2, 0, 0, 0]);
             }
         }
-        "CONNECT" => refuse(&mut s, 403),
+        "CONNECT" => {
+            // Like the bundle: a denied tunnel opens only to answer 403
+            // to the request inside.
+            let _ = s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
+            let _ = read_head(&mut s);
+            refuse(&mut s, 403)
+        }
         "GET" | "POST" if target.starts_with(&format!("http://{ALLOWED}/")) => {
             if secret {
                 refuse(&mut s, 403)

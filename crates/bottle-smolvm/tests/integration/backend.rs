@@ -556,4 +556,13 @@ fn the_agent_session_runs_the_image_command_with_the_bottle_env_on_the_terminal(
     assert_eq!(argv[at("-e") + 1], "HTTPS_PROXY=http://192.168.77.2:8888");
     assert!(at("-i") < at("--"));
     assert_eq!(&argv[at("--") + 1..], ["/bin/agent", "--serve"]);
+
+    // `bottle exec` without -t: stdin passes through (-i), never a TTY.
+    let command = ["cat".to_string()];
+    assert_eq!(bottle.exec_piped(&command).unwrap(), 7);
+    let argv = recorder.0.lock().unwrap()[1].clone();
+    let at = |w: &str| argv.iter().position(|a| a == w);
+    assert!(at("-i").unwrap() < at("--").unwrap(), "{argv:?}");
+    assert_eq!(at("-t"), None, "{argv:?}");
+    assert_eq!(&argv[at("--").unwrap() + 1..], ["cat"]);
 }

@@ -1,0 +1,118 @@
+//! Where `bottle` finds the static `bottle-bundle` binary it builds the
+//! bundle image from, and how to tell that a binary is static. The order is
+//! decided here, without touching the filesystem, so the backend that uses
+//! the binary and the doctor that reports it cannot disagree.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+
+/// Environment variable naming the static bundle binary.
+pub const BUNDLE_BIN_ENV: &str = "BOTTLE_BUNDLE_BIN";
+
+/// The places the bundle binary may be, most specific first, for a `bottle`
+/// running as `exe` with [`BUNDLE_BIN_ENV`] set to `env`:
+///
+/// 1. `BOTTLE_BUNDLE_BIN`, when set and not empty;
+/// 2. `<exe dir>/../lib/bottle/bottle-bundle`: what `cargo xtask install`
+///    lays out under its prefix;
+/// 3. `<exe dir>/../x86_64-unknown-linux-gnu/release/bottle-bundle`: a cargo
+///    checkout, where `cargo xtask dist` leaves the static build beside
+///    `target/debug`. It comes before the next one because the
+///    `bottle-bundle` in `target/debug` is a dynamic debug build;
+/// 4. `<exe dir>/bottle-bundle`: both binaries in one directory (the static
+///    target directory `dist` builds into, or a hand-made installation).
+pub fn bundle_binary_candidates(env: Option<&OsStr>, exe: Option<&Path>) -> Vec<PathBuf> {
+    let mut candidates = Vec::new();
+    if let Some(path) = env.filter(|path| !path.is_empty()) {
+        candidates.push(PathBuf::from(path));
+    }
+    if let Some(dir) = exe.and_then(Path::parent) {
+        candidates.push(dir.join("../lib/bottle/bottle-bundle"));
+        candidates.push(dir.join("../x86_64-unknown-linux-gnu/release/bottle-bundle"));
+        candidates.push(dir.join("bottle-bundle"));
+    }
+    candidates
+}
+
+/// True if the ELF file asks for a program interpreter (a dynamic loader).
+pub fn elf_needs_interpreter(bytes: &[u8]) -> Option<bool> {
+    const PT_INTERP: u32 = 3;
+    if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 || bytes[5] != 1 {
+        return None;
+    }
+    let u16_at = |o: usize| {
+        bytes
+            .get(o..o + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    let u32_at = |o: usize| {
+        bytes
+            .get(o..o + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let u64_at = |o: usize| {
+        bytes
+            .get(o..o + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    let phoff = usize::try_from(u64_at(0x20)?).ok()?;
+    let phentsize = usize::from(u16_at(0x36)?);
+    let phnum = usize::from(u16_at(0x38)?);
+    for i in 0..phnum {
+        if u32_at(phoff + i * phentsize)? == PT_INTERP {
+            return Some(true);
+        }
+    }
+    Some(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_variable_comes_first_then_the_installation_then_the_checkout() {
+        let found = bundle_binary_candidates(
+            Some(OsStr::new("/opt/b/bottle-bundle")),
+            Some(Path::new("/usr/local/bin/bottle")),
+        );
+        assert_eq!(
+            found,
+            [
+                PathBuf::from("/opt/b/bottle-bundle"),
+                PathBuf::from("/usr/local/bin/../lib/bottle/bottle-bundle"),
+                PathBuf::from("/usr/local/bin/../x86_64-unknown-linux-gnu/release/bottle-bundle"),
+                PathBuf::from("/usr/local/bin/bottle-bundle"),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_empty_or_unset_variable_is_skipped() {
+        let exe = Some(Path::new("/w/target/debug/bottle"));
+        let unset = bundle_binary_candidates(None, exe);
+        assert_eq!(bundle_binary_candidates(Some(OsStr::new("")), exe), unset);
+        assert_eq!(
+            unset.first(),
+            Some(&PathBuf::from(
+                "/w/target/debug/../lib/bottle/bottle-bundle"
+            ))
+        );
+    }
+
+    #[test]
+    fn without_a_known_executable_only_the_variable_is_left() {
+        assert_eq!(
+            bundle_binary_candidates(Some(OsStr::new("/b")), None),
+            [PathBuf::from("/b")]
+        );
+        assert!(bundle_binary_candidates(None, None).is_empty());
+    }
+
+    #[test]
+    fn non_elf_input_is_not_judged() {
+        assert_eq!(elf_needs_interpreter(b"#!/bin/sh\n"), None);
+        assert_eq!(elf_needs_interpreter(b""), None);
+    }
+}
