@@ -4,7 +4,7 @@
 
 mod sandbox;
 
-use std::io::{Read as _, Write as _};
+use std::io::Write as _;
 use std::path::{Component, Path, PathBuf};
 use std::process::ExitCode;
 
@@ -25,10 +25,10 @@ pub(crate) struct ExecArgs {
     /// The command's working directory in the guest.
     #[arg(short, long)]
     workdir: Option<String>,
-    /// Pass stdin to the command.
+    /// Stream stdin to the command, and its output back, while it runs.
     #[arg(short, long)]
     interactive: bool,
-    /// Accepted like smolvm's; the output is buffered the same either way.
+    /// Give the command a terminal (the caller's, here); streams like `-i`.
     #[arg(short, long)]
     tty: bool,
     /// The command and its arguments.
@@ -51,23 +51,32 @@ pub(crate) struct CpArgs {
     dst: String,
 }
 
-/// Runs the command in the guest root. Output is buffered like smolvm's:
-/// stdout, then stderr, then the command's exit code.
+/// Runs the command in the guest root, with smolvm's two shapes of I/O.
+///
+/// Without `-i` or `-t` the command's stdin is empty and its output is
+/// buffered like smolvm's: stdout, then stderr, then its exit code. With
+/// either, smolvm runs an interactive session (`interactive_session` in its
+/// agent client): the caller's stdin streams to the command as it comes and
+/// its end is the command's, and the output streams back as the command
+/// writes it. The fake gets that by handing the command its own stdin,
+/// stdout and stderr, so with `-t` the command's terminal is the caller's,
+/// whose size and resizes (SIGWINCH) it sees, where smolvm's is a pty in
+/// the VM that follows the caller's. What a command can tell apart: under
+/// smolvm `-t` always gives it a terminal and `-i` alone pipes; here it has
+/// whatever the caller has.
 pub(crate) fn exec(fake: &Fake, args: ExecArgs) -> Result<ExitCode> {
     require_running(fake, &args.name)?;
-    let stdin = if args.interactive {
-        let mut buf = Vec::new();
-        let _ = std::io::stdin().read_to_end(&mut buf);
-        Some(buf)
+    let io = if args.interactive || args.tty {
+        sandbox::GuestIo::Attached
     } else {
-        None
+        sandbox::GuestIo::Buffered
     };
     let out = sandbox::run_in_guest(
         &fake.guest_root(&args.name),
         &args.command,
         &args.env,
         args.workdir.as_deref(),
-        stdin,
+        io,
     )
     .map_err(|reason| {
         error(format!(
@@ -77,8 +86,9 @@ pub(crate) fn exec(fake: &Fake, args: ExecArgs) -> Result<ExitCode> {
     let _ = std::io::stdout().write_all(&out.stdout);
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().write_all(&out.stderr);
-    let code = out.code.unwrap_or(137);
-    Ok(ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1)))
+    Ok(ExitCode::from(
+        u8::try_from(out.code.unwrap_or(1) & 0xff).unwrap_or(1),
+    ))
 }
 
 pub(crate) fn cp(fake: &Fake, args: CpArgs) -> Result<ExitCode> {

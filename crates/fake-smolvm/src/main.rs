@@ -24,8 +24,10 @@
 //!   namespace, the host's `/usr`, `/bin`, `/lib*` bound read-only, then
 //!   `chroot`. Absolute guest paths therefore land in the guest root and the
 //!   host is never written. Output is buffered like smolvm's: stdout, then
-//!   stderr, then the command's exit code. smolvm's own errors print
-//!   `Error: …` and exit 1;
+//!   stderr, then the command's exit code; with `-i` or `-t` it streams both
+//!   ways while the command runs, which gets the caller's own stdio (with
+//!   `-t`, the caller's terminal). smolvm's own errors print `Error: …` and
+//!   exit 1;
 //! - `machine cp` copies into (or out of) the guest root;
 //! - `pack create --image HOST:PORT/NAME:TAG -o OUT` fetches the manifest
 //!   and every blob over real HTTP, checks their digests and sizes, and

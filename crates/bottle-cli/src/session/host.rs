@@ -1,10 +1,10 @@
 //! `bottle __session-host BOTTLE -- COMMAND`: the process that holds a
 //! detached bottle's agent session (see the module above for why).
 //!
-//! It leaves the operator's session, opens a pty and makes it its own
-//! controlling terminal and stdio, serves the pty's other side on the
-//! session socket, and runs the agent through the backend's interactive
-//! exec in-process. When the agent exits it keeps the last output and the
+//! It leaves the operator's session, closes the descriptors it inherited,
+//! opens a pty and makes it its own controlling terminal and stdio, serves
+//! the pty's other side on the session socket, and runs the agent through
+//! the backend's interactive exec in-process. When the agent exits it keeps the last output and the
 //! exit code for `bottle attach`, tells attached clients, and exits; the
 //! bottle itself stays up until `bottle stop`.
 
@@ -52,6 +52,7 @@ pub(crate) fn run(
     };
     // First, so closing the operator's terminal cannot signal us.
     rustix::process::setsid().map_err(|e| io_failure("leave the terminal's session")(e.into()))?;
+    close_inherited_fds().map_err(io_failure("close the descriptors it inherited"))?;
     let name = slug::bottle_name(slug::slug_of(bottle));
     let paths = SessionPaths::new(&crate::commands::state_root()?, slug::slug_of(bottle));
     // Before the socket exists, so `start` sees a bottle that cannot be
@@ -118,6 +119,24 @@ impl Shared {
         self.clients
             .retain_mut(|client| frame::write(client, frame).is_ok());
     }
+}
+
+/// Closes every descriptor above stdio this process inherited without
+/// close-on-exec: the lock of an operator's `flock LOCK bottle start -d`,
+/// a file the operator's shell holds open. The holder outlives its starter
+/// by design, so whatever it keeps stays held until `bottle stop`. Called
+/// first, while the holder has opened nothing of its own and runs one
+/// thread, so every descriptor above stdio is inherited.
+fn close_inherited_fds() -> std::io::Result<()> {
+    let listed: Vec<i32> = std::fs::read_dir("/proc/self/fd")?
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    for fd in listed.into_iter().filter(|&fd| fd > 2) {
+        // EBADF is the listing's own descriptor, closed with it. Any other
+        // error still releases the descriptor (close(2) on Linux).
+        let _ = nix::unistd::close(fd);
+    }
+    Ok(())
 }
 
 fn open_pty() -> std::io::Result<(File, OwnedFd)> {

@@ -1,11 +1,13 @@
-//! A detached bottle's agent session through the real `bottle` binary on
-//! the docker backend: `start -d` runs the agent under a holder that
-//! outlives it, `attach` joins it (through a pty this test opens, and
-//! without a terminal), the detach key leaves the agent running, a resize
-//! reaches it, its exit is kept, and `stop` ends the holder.
+//! A detached bottle's agent session through the real `bottle` binary, on
+//! the docker backend and on smolmachines against `fake-smolvm`: `start -d`
+//! runs the agent under a holder that outlives it, `attach` joins it
+//! (through a pty this test opens, and without a terminal), the detach key
+//! leaves the agent running, a resize reaches it, its exit is kept, and
+//! `stop` ends the holder.
 //!
 //! Needs Docker, `/bin/busybox` (the demo agent image) and
 //! `BOTTLE_BUNDLE_BIN`; skips with a line unless `BOTTLE_REQUIRE_DOCKER=1`.
+//! The smolmachines runs set up `fake-smolvm` as `smolmachines.rs` does.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -31,9 +33,17 @@ const AGENT: &str = "echo agent-ready-marker; while read line; do case $line in 
 /// Launches choose subnets: one bottle at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// Where a world's bottle runs.
+enum Backend {
+    Docker,
+    /// The smolmachines backend, with this `fake-smolvm` as `smolvm`.
+    FakeSmolvm(PathBuf),
+}
+
 struct World {
     dir: tempfile::TempDir,
     name: String,
+    backend: Backend,
     _serial: std::sync::MutexGuard<'static, ()>,
 }
 
@@ -45,8 +55,22 @@ impl World {
     fn bottle(&self) -> assert_cmd::Command {
         let mut cmd = bottle(&self.state());
         cmd.arg("--manifest")
-            .arg(self.dir.path().join("bottle.toml"))
-            .args(["--backend", "docker"]);
+            .arg(self.dir.path().join("bottle.toml"));
+        match &self.backend {
+            Backend::Docker => cmd.args(["--backend", "docker"]),
+            Backend::FakeSmolvm(fake) => {
+                let root = self.dir.path();
+                cmd.env("HOME", root.join("home"))
+                    .env("XDG_CACHE_HOME", root.join("cache"))
+                    .env("SMOLVM_DATA_DIR", root.join("smolvm"))
+                    .env_remove("XDG_DATA_HOME")
+                    .env("BOTTLE_SMOLVM", fake)
+                    .env("BOTTLE_TEST_FAKE_SMOLVM_NO_KVM", "1")
+                    .env("FAKE_SMOLVM_VERSION", "1.9.3")
+                    .env("FAKE_SMOLVM_MODE", "")
+                    .args(["--backend", "smolmachines"])
+            }
+        };
         cmd
     }
 
@@ -85,7 +109,9 @@ impl World {
     }
 }
 
-fn setup(test: &str, prefix: &str) -> Option<World> {
+/// The world of `test`: its bottle on docker, or on smolmachines against
+/// `fake-smolvm` when `fake_smolvm`; or a printed skip.
+fn setup(test: &str, prefix: &str, fake_smolvm: bool) -> Option<World> {
     let serial = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -111,7 +137,18 @@ fn setup(test: &str, prefix: &str) -> Option<World> {
     bottle_docker::images::build_demo_agent(&engine, &demo, busybox, IMAGE, None)
         .unwrap_or_else(|err| panic!("the demo agent image: {err}"));
     let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("state")).unwrap();
+    for sub in ["state", "home", "cache", "smolvm"] {
+        std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+    }
+    let backend = if fake_smolvm {
+        let fake = crate::smolmachines::fake_smolvm();
+        if !crate::smolmachines::sandbox_available_in(dir.path(), &fake, test) {
+            return None;
+        }
+        Backend::FakeSmolvm(fake)
+    } else {
+        Backend::Docker
+    };
     std::fs::write(
         dir.path().join("bottle.toml"),
         format!(
@@ -122,6 +159,7 @@ fn setup(test: &str, prefix: &str) -> Option<World> {
     Some(World {
         dir,
         name: format!("{prefix}-{}", std::process::id()),
+        backend,
         _serial: serial,
     })
 }
@@ -214,10 +252,23 @@ fn process_runs(pid: u32) -> bool {
 #[test]
 fn a_detached_agent_runs_in_a_session_that_attach_joins() {
     let test = "a_detached_agent_runs_in_a_session_that_attach_joins";
-    let Some(world) = setup(test, "session") else {
-        return;
-    };
-    let _guard = scopeguard(&world);
+    if let Some(world) = setup(test, "session", false) {
+        attach_round_trip(&world);
+    }
+}
+
+#[test]
+fn a_detached_agent_runs_in_a_session_that_attach_joins_on_smolmachines() {
+    let test = "a_detached_agent_runs_in_a_session_that_attach_joins_on_smolmachines";
+    if let Some(world) = setup(test, "session-vm", true) {
+        attach_round_trip(&world);
+    }
+}
+
+/// `start -d`, then attach through a terminal and without one, to the
+/// agent's exit, then `stop`.
+fn attach_round_trip(world: &World) {
+    let _guard = scopeguard(world);
     let full = format!("bot-bottle-{}", world.name);
 
     // `start -d` returns (its process ends) with the name on stdout and the
@@ -231,7 +282,7 @@ fn a_detached_agent_runs_in_a_session_that_attach_joins() {
         .stderr(predicate::str::contains(format!("bottle attach {full}")))
         .stderr(predicate::str::contains(format!("bottle stop {full}")));
     assert_eq!(world.listed()["agent_running"], true);
-    let holder = holder_pid(&world);
+    let holder = holder_pid(world);
 
     // Through a terminal: the marker, typed input and its echo, a resize,
     // then the detach key.
@@ -288,27 +339,37 @@ fn a_detached_agent_runs_in_a_session_that_attach_joins() {
 }
 
 #[test]
-fn stop_ends_a_running_session_holder() {
-    let test = "stop_ends_a_running_session_holder";
-    let Some(world) = setup(test, "session-stop") else {
+fn stop_ends_a_running_session_holder_that_kept_no_inherited_fd() {
+    let test = "stop_ends_a_running_session_holder_that_kept_no_inherited_fd";
+    let Some(world) = setup(test, "session-stop", false) else {
         return;
     };
     let _guard = scopeguard(&world);
-    world
-        .bottle()
-        .args([
-            "--yes",
-            "--quiet",
-            "start",
-            "echo",
-            "--name",
-            &world.name,
-            "-d",
-        ])
-        .assert()
-        .success();
+    // Started the way `flock LOCK bottle start -d` or a shell holding a
+    // file open starts it: with a descriptor inherited, not close-on-exec.
+    let inherited = world.dir.path().join("inherited");
+    let mut start = assert_cmd::Command::new("sh");
+    start
+        .env("XDG_STATE_HOME", world.state())
+        .env_remove("BOT_BOTTLE_BACKEND")
+        .args(["-c", "exec 9>>\"$0\"; exec \"$@\""])
+        .arg(&inherited)
+        .arg(assert_cmd::cargo::cargo_bin("bottle"))
+        .arg("--manifest")
+        .arg(world.dir.path().join("bottle.toml"))
+        .args(["--backend", "docker", "--yes", "--quiet", "start", "echo"])
+        .args(["--name", &world.name, "-d"]);
+    start.assert().success();
     let holder = holder_pid(&world);
     assert!(process_runs(holder));
+    let held: Vec<PathBuf> = std::fs::read_dir(format!("/proc/{holder}/fd"))
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.unwrap().path()).ok())
+        .collect();
+    assert!(
+        !held.contains(&inherited),
+        "the holder kept the descriptor its starter inherited: {held:?}"
+    );
     world
         .bottle()
         .args(["stop", &world.name])

@@ -32,7 +32,7 @@ use crate::{bottle, repo_root};
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// The test double, built once per test process.
-fn fake_smolvm() -> PathBuf {
+pub(crate) fn fake_smolvm() -> PathBuf {
     let path = fake_smolvm::executable().unwrap_or_else(|err| panic!("{err}"));
     assert!(path.is_file(), "{} is not a file", path.display());
     path
@@ -174,12 +174,21 @@ fn docker(test: &str) -> Option<Docker> {
 /// Whether the double can confine guest commands here (user and mount
 /// namespaces); provisioning needs it.
 fn sandbox_available(world: &World, test: &str) -> bool {
-    let data = world.dir.path().join("probe");
-    let smolvm =
-        bottle_smolvm::Smolvm::with_program(&world.fake, std::sync::Arc::new(SystemRunner))
-            .env("SMOLVM_DATA_DIR", &data)
-            .env("FAKE_SMOLVM_VERSION", "1.9.3");
-    let artifact = world.dir.path().join("probe.smolmachine");
+    sandbox_available_in(world.dir.path(), &world.fake, test)
+}
+
+/// Whether the double `fake` can confine guest commands here, probed with
+/// a machine of its own under `dir`; prints a skip line when it cannot.
+pub(crate) fn sandbox_available_in(
+    dir: &std::path::Path,
+    fake: &std::path::Path,
+    test: &str,
+) -> bool {
+    let data = dir.join("probe");
+    let smolvm = bottle_smolvm::Smolvm::with_program(fake, std::sync::Arc::new(SystemRunner))
+        .env("SMOLVM_DATA_DIR", &data)
+        .env("FAKE_SMOLVM_VERSION", "1.9.3");
+    let artifact = dir.join("probe.smolmachine");
     std::fs::write(
         &artifact,
         r#"{"format":"fake-smolmachine/1","image":"probe"}"#,

@@ -3,23 +3,34 @@
 //! `chroot`. Absolute guest paths land in the guest root and the host is
 //! never written.
 
+use std::os::unix::process::ExitStatusExt as _;
 use std::path::Path;
 
-use bottle_core::exec::{CommandOutput, CommandRunner as _, CommandSpec, SystemRunner};
+use bottle_core::exec::{CommandOutput, CommandSpec, SystemRunner};
 use nix::mount::{MsFlags, mount};
 use nix::sched::{CloneFlags, unshare};
 
 const SYSTEM_DIRS: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 const DEVICES: [&str; 4] = ["null", "zero", "random", "urandom"];
 
-/// Runs `argv` with `root` as `/`. Called only from a single-threaded
-/// process (a user namespace cannot be entered otherwise).
+/// How a guest command's stdio is wired.
+pub(super) enum GuestIo {
+    /// Empty stdin; stdout and stderr captured for the caller to print.
+    Buffered,
+    /// This process's own stdin, stdout and stderr: nothing is captured,
+    /// everything streams while the command runs.
+    Attached,
+}
+
+/// Runs `argv` with `root` as `/`; its exit code is the shell's (128 +
+/// signal when one ended it), as smolvm reports it. Called only from a
+/// single-threaded process (a user namespace cannot be entered otherwise).
 pub(super) fn run_in_guest(
     root: &Path,
     argv: &[String],
     env: &[(String, String)],
     workdir: Option<&str>,
-    stdin: Option<Vec<u8>>,
+    io: GuestIo,
 ) -> Result<CommandOutput, String> {
     let root = root
         .canonicalize()
@@ -102,9 +113,14 @@ pub(super) fn run_in_guest(
     for (k, v) in env {
         spec = spec.env(k, v);
     }
-    spec.stdin = stdin;
-    match SystemRunner.run(&spec) {
-        Ok(out) => Ok(out),
+    if let GuestIo::Attached = io {
+        spec = spec.inherit_streams();
+    }
+    match SystemRunner.run_to_status(&spec) {
+        Ok((status, out)) => Ok(CommandOutput {
+            code: status.code().or_else(|| status.signal().map(|s| 128 + s)),
+            ..out
+        }),
         // A missing program is the guest's 127, as a shell would say.
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(CommandOutput {
             code: Some(127),

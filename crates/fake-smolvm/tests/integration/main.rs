@@ -8,6 +8,8 @@
     reason = "test helpers panic on setup failure, as tests do"
 )]
 
+mod exec;
+
 use std::path::{Path, PathBuf};
 
 use bottle_core::exec::{CommandOutput, CommandRunner as _, CommandSpec, SystemRunner};
