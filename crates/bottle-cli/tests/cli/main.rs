@@ -7,6 +7,7 @@
 
 mod catalogue;
 mod commands;
+mod example;
 mod requests;
 mod smolmachines;
 mod terminal;

@@ -27,9 +27,9 @@ use serde_json::Value;
 
 use crate::{bottle, repo_root};
 
-/// The Docker-backed cases assert on this bottle's resources only, but
-/// launches choose subnets: one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
+/// The Docker-backed cases (here and in `example.rs`) assert on their own
+/// bottle's resources only, but launches choose subnets: one at a time.
+pub(crate) static SERIAL: Mutex<()> = Mutex::new(());
 
 /// The test double, built once per test process.
 fn fake_smolvm() -> PathBuf {
