@@ -23,6 +23,7 @@ pub mod codes;
 mod decode;
 pub mod host;
 mod model;
+pub mod push_glob;
 mod schema;
 mod span;
 mod suggest;
