@@ -7,6 +7,7 @@
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -24,6 +25,38 @@ const IFACE: &str = "btldemo0";
 const UPSTREAM: &str = "203.0.113.80";
 /// What the upstream answers.
 const GREETING: &str = "hello from demo.bottle.test, the one host this bottle may reach\n";
+/// The example agent's build context (`examples/bottle.toml`'s
+/// `build.context`), under the workspace root.
+pub(crate) const EXAMPLE_CONTEXT: &str = "examples/demo-agent";
+/// Where Debian's `busybox-static` (which `.ci/setup` installs) puts it.
+pub(crate) const HOST_BUSYBOX: &str = "/bin/busybox";
+
+/// Copies the host's static busybox into the example's build context as
+/// `busybox`, the one file its Dockerfile copies that is not committed (a
+/// 2 MB binary). README's set-up (`cargo xtask install`), `cargo xtask
+/// test` and the demo call it, so `bottle start demo` in `examples/` works
+/// as written. Refuses a busybox that is not static: the image has no
+/// dynamic loader to run it with.
+pub(crate) fn complete_example_context(context: &Path, busybox: &Path) -> anyhow::Result<PathBuf> {
+    let bytes = std::fs::read(busybox).with_context(|| {
+        format!(
+            "could not read {}; install it with `apt-get install busybox-static` (or run .ci/setup)",
+            busybox.display()
+        )
+    })?;
+    if bottle_core::bundle_binary::elf_needs_interpreter(&bytes) != Some(false) {
+        bail!(
+            "{} is not a static executable; install Debian's busybox-static",
+            busybox.display()
+        );
+    }
+    let target = context.join("busybox");
+    std::fs::write(&target, &bytes)
+        .with_context(|| format!("could not write {}", target.display()))?;
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("could not make {} executable", target.display()))?;
+    Ok(target)
+}
 
 /// Removes the dummy interface however the demo ends.
 struct Interface;
@@ -117,14 +150,8 @@ pub(crate) fn run() -> anyhow::Result<ExitCode> {
     let bottle = bottle_binary()?;
     let root = workspace_root();
     let manifest = root.join("examples/bottle.toml");
-    let busybox = Path::new("/bin/busybox");
-    if !busybox.is_file() {
-        bail!(
-            "/bin/busybox is missing; install it with `apt-get install busybox-static` (or run .ci/setup)"
-        );
-    }
-    std::fs::copy(busybox, root.join("examples/demo-agent/busybox"))
-        .context("copying busybox into the demo image's build context")?;
+    complete_example_context(&root.join(EXAMPLE_CONTEXT), Path::new(HOST_BUSYBOX))
+        .context("completing the demo image's build context")?;
 
     let _interface = Interface::create()?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -184,7 +211,6 @@ pub(crate) fn run() -> anyhow::Result<ExitCode> {
     step("stopping the bottle");
     let stopped = show(&["stop", "demo"])?;
     stop.store(true, Ordering::Relaxed);
-    let _ = std::fs::remove_file(root.join("examples/demo-agent/busybox"));
     let ok = result? && stopped;
     println!(
         "\n{}",
@@ -199,4 +225,89 @@ pub(crate) fn run() -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The smallest ELF header `elf_needs_interpreter` reads: 64-bit,
+    /// little-endian, no program headers, so no interpreter.
+    fn static_elf() -> Vec<u8> {
+        let mut bytes = vec![0u8; 64];
+        bytes[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        bytes
+    }
+
+    /// The sources of the Dockerfile's `COPY` lines (flags and the
+    /// destination left out).
+    fn copied_sources(dockerfile: &str) -> Vec<String> {
+        dockerfile
+            .lines()
+            .filter_map(|line| line.strip_prefix("COPY "))
+            .flat_map(|args| {
+                let mut words: Vec<&str> = args
+                    .split_whitespace()
+                    .filter(|word| !word.starts_with("--"))
+                    .collect();
+                words.pop();
+                words.into_iter().map(str::to_string).collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// A copy of the example's committed build context.
+    fn example_context() -> tempfile::TempDir {
+        let context = tempfile::tempdir().unwrap();
+        let committed = crate::process::workspace_root().join(EXAMPLE_CONTEXT);
+        for name in ["Dockerfile", "passwd", "group"] {
+            std::fs::copy(committed.join(name), context.path().join(name)).unwrap();
+        }
+        context
+    }
+
+    #[test]
+    fn the_completed_context_holds_every_file_its_dockerfile_copies() {
+        let context = example_context();
+        let host = tempfile::tempdir().unwrap();
+        let busybox = host.path().join("busybox");
+        std::fs::write(&busybox, static_elf()).unwrap();
+        let dockerfile = std::fs::read_to_string(context.path().join("Dockerfile")).unwrap();
+        let sources = copied_sources(&dockerfile);
+        assert!(sources.contains(&"busybox".to_string()), "{sources:?}");
+
+        let copied = complete_example_context(context.path(), &busybox).unwrap();
+
+        assert_eq!(std::fs::read(&copied).unwrap(), static_elf());
+        let mode = std::fs::metadata(&copied).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o755);
+        for source in sources {
+            assert!(
+                context.path().join(&source).is_file(),
+                "the Dockerfile copies {source}, which the context lacks"
+            );
+        }
+    }
+
+    #[test]
+    fn a_dynamic_or_missing_busybox_is_refused_and_nothing_is_copied() {
+        let context = example_context();
+        let host = tempfile::tempdir().unwrap();
+        let script = host.path().join("busybox");
+        std::fs::write(&script, "#!/bin/sh\n").unwrap();
+        let missing = host.path().join("absent");
+
+        let not_static = complete_example_context(context.path(), &script).unwrap_err();
+        let absent = complete_example_context(context.path(), &missing).unwrap_err();
+
+        assert!(
+            format!("{not_static:#}").contains("busybox-static"),
+            "{not_static:#}"
+        );
+        assert!(
+            format!("{absent:#}").contains("busybox-static"),
+            "{absent:#}"
+        );
+        assert!(!context.path().join("busybox").exists());
+    }
 }

@@ -8,6 +8,9 @@
 //! ```
 //!
 //! The prefix defaults to `/usr/local` for root and `~/.local` otherwise.
+//! Run from a clone, it also completes the example's build context (see
+//! [`demo::complete_example_context`]), so `bottle start demo` in
+//! `examples/` works as written.
 //! Both binaries are built statically, in two cargo runs so each keeps its
 //! own dependency features and `cargo xtask dist`'s bundle is reused as is.
 
@@ -17,7 +20,8 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
 
-use crate::dist;
+use crate::process::workspace_root;
+use crate::{demo, dist};
 
 /// Where `bottle` goes under the prefix.
 pub(crate) const BOTTLE_PATH: &str = "bin/bottle";
@@ -51,6 +55,16 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<ExitCode> {
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir == bin));
     if !on_path {
         println!("{} is not on PATH: add it to run `bottle`", bin.display());
+    }
+    // The example's image needs the host's busybox in its build context;
+    // without it bottle is still installed, so this only warns.
+    let context = workspace_root().join(demo::EXAMPLE_CONTEXT);
+    match demo::complete_example_context(&context, Path::new(demo::HOST_BUSYBOX)) {
+        Ok(copied) => println!(
+            "copied {} for examples/bottle.toml's image",
+            copied.display()
+        ),
+        Err(err) => println!("warning: examples/bottle.toml will not start: {err:#}"),
     }
     println!("next: `bottle doctor` checks this host and names the bundle it found");
     Ok(ExitCode::SUCCESS)

@@ -1,10 +1,12 @@
 //! `cargo xtask test`: every test of the workspace, with the static
-//! binaries and the Debian agent image the Docker tests need built first.
+//! binaries and the Debian agent image the Docker tests need built first,
+//! and the example's build context completed.
 
+use std::path::Path;
 use std::process::ExitCode;
 
-use crate::process::{cargo, watch};
-use crate::{agent_image, dist};
+use crate::process::{cargo, watch, workspace_root};
+use crate::{agent_image, demo, dist};
 
 /// Where the end-to-end test finds the Debian agent image's tag.
 const DEBIAN_IMAGE_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
@@ -15,6 +17,14 @@ const DEBIAN_IMAGE_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
 pub(crate) fn run(extra: &[String]) -> anyhow::Result<ExitCode> {
     let binaries = dist::run()?;
     let debian_image = agent_image::ensure()?;
+    // The CLI's tests start examples/bottle.toml as written; without a
+    // busybox they skip (or fail under BOTTLE_REQUIRE_DOCKER) and say why.
+    if let Err(err) = demo::complete_example_context(
+        &workspace_root().join(demo::EXAMPLE_CONTEXT),
+        Path::new(demo::HOST_BUSYBOX),
+    ) {
+        eprintln!("warning: examples/bottle.toml's build context is incomplete: {err:#}");
+    }
     let tests = cargo()
         .args(["test", "--workspace"])
         .args(extra)

@@ -33,7 +33,8 @@ pub struct PlannedRepo {
     pub name: String,
     /// `read-only` or `read-write`.
     pub mode: String,
-    /// Branch globs the agent may push to.
+    /// Globs of the refs the agent may push to (see
+    /// [`manifest::push_glob`](crate::manifest::push_glob)).
     pub push: Vec<String>,
 }
 

@@ -15,6 +15,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use bottle_core::bundle::BundleGitRepo;
 use bottle_core::manifest::GitMode;
+use bottle_core::manifest::push_glob::push_glob_problem;
 use serde::{Deserialize, Serialize};
 
 use crate::BundleError;
@@ -174,10 +175,16 @@ impl RepoPolicy {
             .push
             .iter()
             .map(|g| {
-                glob::Pattern::new(g).map_err(|e| BundleError::GitRepo {
+                let refuse = |problem: String| BundleError::GitRepo {
                     repo: repo.name.clone(),
-                    detail: format!("push glob {g:?} is not valid: {e}"),
-                })
+                    detail: format!("push glob {g:?} {problem}"),
+                };
+                // The manifest's validation refuses the same globs, so a
+                // checked manifest never stops its bundle here.
+                if let Some(problem) = push_glob_problem(g) {
+                    return Err(refuse(problem));
+                }
+                glob::Pattern::new(g).map_err(|e| refuse(format!("is not a valid glob: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
@@ -445,6 +452,25 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.kind, RefusalKind::TagNotAllowed);
         assert!(err.message.contains("refs/tags/"), "{}", err.message);
+    }
+
+    #[test]
+    fn globs_the_manifest_refuses_are_refused_at_start() {
+        for glob in ["agent/[x", "agent/ x", ""] {
+            let err = RepoPolicy::new(&BundleGitRepo {
+                name: "demo".into(),
+                path_in_bundle: "/x".into(),
+                upstream: None,
+                mode: GitMode::ReadWrite,
+                push: vec![glob.into()],
+                allow_force: false,
+                allow_delete: false,
+                credential_file: None,
+            })
+            .unwrap_err();
+            let problem = push_glob_problem(glob).unwrap();
+            assert!(err.to_string().contains(&problem), "{glob:?}: {err}");
+        }
     }
 
     #[test]

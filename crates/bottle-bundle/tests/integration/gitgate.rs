@@ -385,6 +385,48 @@ async fn pushes_outside_the_rules_are_refused_and_change_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refs_tags_glob_lets_the_agent_push_its_tags_and_no_others() {
+    let s = Scratch::new();
+    let home = s.home();
+    let bare = s.bare("work");
+    let mut repo = served("work", &bare, GitMode::ReadWrite);
+    repo.push = vec!["agent/*".into(), "refs/tags/agent-*".into()];
+    let gate = Gate::start(s.path(), vec![repo]).await;
+    let clone = clone_and_commit(&s, &gate, "clone");
+    let head = git_ok(&clone, &home, &["rev-parse", "HEAD"]);
+
+    git_ok(&clone, &home, &["tag", "agent-v1"]);
+    let out = git_in(&clone, &home, &["push", "origin", "agent-v1"]);
+    assert!(out.success(), "{}", out.stderr_text());
+    assert_eq!(refs(&home, &bare)["refs/tags/agent-v1"], head.trim());
+
+    // A tag outside the glob, and a tag named like an allowed branch: a
+    // branch glob never reaches tags.
+    let before = refs(&home, &bare);
+    for tag in ["v1", "agent/x"] {
+        git_ok(&clone, &home, &["tag", tag]);
+        let out = git_in(&clone, &home, &["push", "origin", tag]);
+        assert_refused(&out, &[&format!("tag refs/tags/{tag}")]);
+    }
+    assert_eq!(refs(&home, &bare), before);
+
+    let pushes = gate.lines("work", "push");
+    let decisions: Vec<(Decision, &str)> = pushes
+        .iter()
+        .map(|r| (r.decision, r.reason.as_str()))
+        .collect();
+    assert_eq!(
+        decisions,
+        [
+            (Decision::Allow, "allowed"),
+            (Decision::Deny, "tag_not_allowed: refs/tags/v1"),
+            (Decision::Deny, "tag_not_allowed: refs/tags/agent/x"),
+        ],
+        "{pushes:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unlisted_and_read_only_repositories_refuse() {
     let s = Scratch::new();
     let home = s.home();

@@ -7,6 +7,7 @@
 
 mod catalogue;
 mod commands;
+mod example;
 mod real_agent;
 mod requests;
 mod session;

@@ -27,9 +27,9 @@ use serde_json::Value;
 
 use crate::{bottle, repo_root};
 
-/// The Docker-backed cases assert on this bottle's resources only, but
-/// launches choose subnets: one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
+/// The Docker-backed cases (here and in `example.rs`) assert on their own
+/// bottle's resources only, but launches choose subnets: one at a time.
+pub(crate) static SERIAL: Mutex<()> = Mutex::new(());
 
 /// The test double, built once per test process.
 pub(crate) fn fake_smolvm() -> PathBuf {
@@ -565,16 +565,30 @@ fn both_backends_give_the_agent_the_same_environment() {
             .assert()
             .success();
     }
-    assert!(
-        on_vm
-            .iter()
-            .any(|v| v == "HTTPS_PROXY=http://<bundle>:8888"),
-        "{on_vm:?}"
-    );
-    assert!(
-        on_vm.iter().any(|v| v.starts_with("BOTTLE_PROMPT_FILE=")),
-        "{on_vm:?}"
-    );
+    // Every variable bottle_core::agent_env sets for this agent (a prompt,
+    // no repositories), which docs/MANIFEST.md lists (bottle-core's tests
+    // hold the two equal), read from inside the box; ALL_PROXY among them.
+    let expected: Vec<String> =
+        bottle_core::agent::agent_env(&bottle_core::agent::AgentEnvInputs {
+            manifest_env: &std::collections::BTreeMap::new(),
+            bundle_address: Ipv4Addr::new(192, 168, 7, 2),
+            own: &bottle_core::agent::OwnAddresses::default(),
+            git: &[],
+            prompt: true,
+        })
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    let mut names: Vec<&str> = on_vm
+        .iter()
+        .map(|v| v.split('=').next().unwrap_or_default())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, expected, "{on_vm:?}");
+    for variable in ["HTTPS_PROXY", "ALL_PROXY", "all_proxy"] {
+        let proxy = format!("{variable}=http://<bundle>:8888");
+        assert!(on_vm.contains(&proxy), "{proxy} on the vm: {on_vm:?}");
+    }
     assert_eq!(on_vm, in_container);
 }
 

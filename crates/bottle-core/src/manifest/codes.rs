@@ -74,7 +74,7 @@ pub const GIT_NAME: &str = "BOT-M036";
 pub const GIT_DUPLICATE: &str = "BOT-M037";
 /// `push` on a read-only repository.
 pub const GIT_PUSH_READ_ONLY: &str = "BOT-M038";
-/// A read-write repository with no `push` branches.
+/// A read-write repository with no `push` globs.
 pub const GIT_NO_PUSH: &str = "BOT-M039";
 /// `limits.memory` is not a size.
 pub const MEMORY_SYNTAX: &str = "BOT-M040";
@@ -165,10 +165,7 @@ pub const ALL: &[(&str, &str)] = &[
     (GIT_NAME, "a git repository name that is not valid"),
     (GIT_DUPLICATE, "a git repository name used twice"),
     (GIT_PUSH_READ_ONLY, "`push` on a read-only repository"),
-    (
-        GIT_NO_PUSH,
-        "a read-write repository with no `push` branches",
-    ),
+    (GIT_NO_PUSH, "a read-write repository with no `push` globs"),
     (MEMORY_SYNTAX, "`limits.memory` is not a size"),
     (MEMORY_SMALL, "`limits.memory` is below 64 MiB"),
     (PIDS_SMALL, "`limits.pids` is below 16"),

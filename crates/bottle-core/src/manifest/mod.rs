@@ -27,6 +27,7 @@ mod decode;
 pub mod host;
 mod model;
 mod paths;
+pub mod push_glob;
 mod schema;
 mod span;
 mod suggest;

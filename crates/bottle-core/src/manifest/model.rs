@@ -142,13 +142,15 @@ pub struct GitRepo {
     /// `read-only` (default) or `read-write`.
     #[serde(default)]
     pub mode: GitMode,
-    /// Branch globs the agent may push to (read-write only).
+    /// Globs of the refs the agent may push to (read-write only): branch
+    /// globs, or full ref globs starting with `refs/`, the only way to
+    /// allow tags (see [`push_glob`](super::push_glob)).
     #[serde(default)]
     pub push: Vec<String>,
-    /// Allow non-fast-forward pushes to those branches.
+    /// Allow non-fast-forward pushes to those refs.
     #[serde(default)]
     pub allow_force: bool,
-    /// Allow deleting those branches.
+    /// Allow deleting those refs.
     #[serde(default)]
     pub allow_delete: bool,
     /// A host-side file holding the remote's credential.
@@ -162,7 +164,7 @@ pub enum GitMode {
     /// Fetch only.
     #[default]
     ReadOnly,
-    /// Fetch, and push to the listed branches.
+    /// Fetch, and push to the refs `push` lists.
     ReadWrite,
 }
 

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use super::codes;
 use super::host::{HostRule, HostRuleError};
 use super::paths::{self, Expect};
+use super::push_glob::push_glob_problem;
 use super::span::{Doc, FieldPath};
 use super::{
     Agent, Credential, CredentialSource, GitMode, Manifest, Problem, parse_memory, resolve_path,
@@ -617,12 +618,25 @@ impl Checks<'_, '_> {
                     codes::GIT_NO_PUSH,
                     item.key("mode"),
                     On::Value,
-                    "read-write repository with no push branches".into(),
-                    "list the branches the agent may push to, e.g. push = [\"agent/*\"], or set \
-                     mode = \"read-only\""
+                    "read-write repository with no push globs".into(),
+                    "list the refs the agent may push to, e.g. push = [\"agent/*\"] for branches \
+                     or \"refs/tags/agent-*\" for tags, or set mode = \"read-only\""
                         .into(),
                 ),
                 _ => {}
+            }
+            for (j, glob) in repo.push.iter().enumerate() {
+                if let Some(problem) = push_glob_problem(glob) {
+                    self.report(
+                        codes::INVALID_VALUE,
+                        item.key("push").index(j),
+                        On::Value,
+                        format!("push glob {glob:?} {problem}"),
+                        "write a branch glob such as \"agent/*\", or a full ref glob starting \
+                         with refs/ such as \"refs/tags/agent-*\""
+                            .into(),
+                    );
+                }
             }
         }
     }
