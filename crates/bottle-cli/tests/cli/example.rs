@@ -70,9 +70,7 @@ fn agent_container_exists(engine: &Engine, name: &str) -> bool {
 #[test]
 fn the_example_starts_detached_and_stops_as_written() {
     let test = "the_example_starts_detached_and_stops_as_written";
-    let _serial = crate::smolmachines::SERIAL
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
+    let _serial = crate::one_launch_at_a_time();
     if std::env::var_os("BOTTLE_BUNDLE_BIN").is_none() {
         bottle_test_support::skip_docker_test(
             test,

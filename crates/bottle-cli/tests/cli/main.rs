@@ -15,6 +15,17 @@ mod smolmachines;
 mod terminal;
 
 use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+
+/// Launches choose subnets, and the Docker-backed cases assert on their
+/// own bottles' resources: every test module that starts bottles takes
+/// this first, so one launch runs at a time in this process.
+static LAUNCHES: Mutex<()> = Mutex::new(());
+
+/// Holds [`LAUNCHES`] (a failed test's poison is not this test's problem).
+fn one_launch_at_a_time() -> MutexGuard<'static, ()> {
+    LAUNCHES.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// The repository root.
 fn repo_root() -> PathBuf {

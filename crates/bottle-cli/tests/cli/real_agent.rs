@@ -260,6 +260,7 @@ fn shell_quote(text: &str) -> String {
 
 #[test]
 fn a_real_agents_day_behind_a_corporate_network() {
+    let _serial = crate::one_launch_at_a_time();
     let Ok(image) = std::env::var(IMAGE_ENV) else {
         skip_docker_test(
             TEST,

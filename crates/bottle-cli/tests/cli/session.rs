@@ -30,8 +30,6 @@ const IMAGE: &str = "bottle-demo-agent:cli-session";
 /// size`, `quit` exits 7.
 const AGENT: &str = "echo agent-ready-marker; while read line; do case $line in size) stty size ;; quit) exit 7 ;; *) echo got:$line ;; esac; done";
 
-/// Launches choose subnets: one bottle at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Where a world's bottle runs.
 enum Backend {
@@ -112,9 +110,7 @@ impl World {
 /// The world of `test`: its bottle on docker, or on smolmachines against
 /// `fake-smolvm` when `fake_smolvm`; or a printed skip.
 fn setup(test: &str, prefix: &str, fake_smolvm: bool) -> Option<World> {
-    let serial = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let serial = crate::one_launch_at_a_time();
     let skip = |why: String| {
         bottle_test_support::skip_docker_test(test, why);
         None

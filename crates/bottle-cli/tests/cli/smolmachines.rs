@@ -16,7 +16,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
 use std::time::Duration;
 
 use bottle_core::exec::SystemRunner;
@@ -27,9 +27,6 @@ use serde_json::Value;
 
 use crate::{bottle, repo_root};
 
-/// The Docker-backed cases (here and in `example.rs`) assert on their own
-/// bottle's resources only, but launches choose subnets: one at a time.
-pub(crate) static SERIAL: Mutex<()> = Mutex::new(());
 
 /// The test double, built once per test process.
 pub(crate) fn fake_smolvm() -> PathBuf {
@@ -144,7 +141,7 @@ struct Docker {
 }
 
 fn docker(test: &str) -> Option<Docker> {
-    let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let serial = crate::one_launch_at_a_time();
     let skip = |why: String| {
         bottle_test_support::skip_docker_test(test, why);
         None
