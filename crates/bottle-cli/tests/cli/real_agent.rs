@@ -407,6 +407,24 @@ fn a_real_agents_day_behind_a_corporate_network() {
         &out,
     );
 
+    // The agent's own dev server, reached by the box's hostname and its own
+    // address with the proxy variables set: NO_PROXY sends curl there
+    // directly, not to the proxy's 403.
+    let (ok, out) = bottles.exec(
+        &trusting,
+        "cd /tmp && echo own-server > own.txt && \
+         (python3 -m http.server 8123 --bind 0.0.0.0 >/dev/null 2>&1 &) && \
+         for i in $(seq 100); do curl -fsS --noproxy '*' http://127.0.0.1:8123/own.txt >/dev/null 2>&1 && break; sleep 0.1; done && \
+         curl -sS http://$(hostname):8123/own.txt && \
+         curl -sS http://$(hostname -I | cut -d' ' -f1):8123/own.txt && \
+         curl -sS http://localhost:8123/own.txt",
+    );
+    check(
+        "the agent's own server is reached by hostname, own address and localhost",
+        ok && out == "own-server\nown-server\nown-server\n",
+        &out,
+    );
+
     // A denied host: the 403 text reaches curl's and pip's own output.
     // HTTP/1.1: an h2 status line has no reason phrase.
     let (_, out) = bottles.exec(

@@ -30,7 +30,6 @@ const IMAGE: &str = "bottle-demo-agent:cli-session";
 /// size`, `quit` exits 7.
 const AGENT: &str = "echo agent-ready-marker; while read line; do case $line in size) stty size ;; quit) exit 7 ;; *) echo got:$line ;; esac; done";
 
-
 /// Where a world's bottle runs.
 enum Backend {
     Docker,

@@ -27,7 +27,6 @@ use serde_json::Value;
 
 use crate::{bottle, repo_root};
 
-
 /// The test double, built once per test process.
 pub(crate) fn fake_smolvm() -> PathBuf {
     let path = fake_smolvm::executable().unwrap_or_else(|err| panic!("{err}"));
