@@ -16,6 +16,7 @@ pub mod audit_files;
 pub mod backend;
 pub mod bundle;
 pub mod bundle_host;
+pub mod ca_install;
 pub mod devices;
 pub mod disk;
 pub mod display;
@@ -30,6 +31,7 @@ pub mod requirements;
 pub mod slug;
 pub mod spec;
 pub mod state;
+pub mod subject_hash;
 pub mod time;
 pub mod undo;
 
