@@ -179,6 +179,9 @@ fn start_on<B: BottleLauncher>(
         return Ok(ExitCode::from(EXIT_DECLINED));
     }
     let bottle = backend.launch(&plan)?;
+    for warning in bottle.launch_warnings() {
+        note(global.quiet, &format!("warning: {warning}"));
+    }
     if args.detach {
         out(&format!("{}\n", bottle.name()));
         return Ok(ExitCode::SUCCESS);

@@ -8,10 +8,12 @@
 use bollard::query_parameters::CreateContainerOptionsBuilder;
 
 use super::{Launch, Step};
-use crate::bottle::{DockerBottle, container_owner, download_file, upload};
-use crate::config::{
-    self, AGENT_CA_PATH, AGENT_PROMPT_PATH, AGENT_SKILLS_DIR, SYSTEM_TRUST_BUNDLE,
-};
+use bottle_core::agent::AGENT_DIR;
+use bottle_core::ca_install::{self, CaBox, Entry, ToolRun};
+
+use crate::bottle::{DockerBottle, container_entry, container_owner, exec_captured, upload};
+use crate::client::Engine;
+use crate::config::{self, AGENT_PROMPT_PATH, AGENT_SKILLS_DIR};
 use crate::data::{self, AgentData, DockerPlanData};
 use crate::error::DockerError;
 use crate::names::role;
@@ -44,7 +46,7 @@ impl<'a> Launch<'a, DockerPlanData> {
         upload(self.engine, agent, tar.finish()?)?;
         self.step_done(Step::AgentFiles)?;
 
-        self.provision_ca(agent)?;
+        let warnings = self.provision_ca(agent)?;
         self.step_done(Step::ProvisionCa)?;
 
         self.provision_prompt(agent)?;
@@ -96,6 +98,7 @@ impl<'a> Launch<'a, DockerPlanData> {
             default_command: data.default_command.clone(),
             image: data.image_ref.clone(),
             user: (!data.user.is_empty()).then(|| data.user.clone()),
+            warnings,
         })
     }
 
@@ -125,36 +128,25 @@ impl<'a> Launch<'a, DockerPlanData> {
         Ok(())
     }
 
-    fn provision_ca(&self, agent: &str) -> Result<(), DockerError> {
+    /// Installs the bundle's CA as [`bottle_core::ca_install`] defines:
+    /// files through the archive API (no shell needed), the image's trust
+    /// tool through an exec as root. Returns the report's warnings.
+    fn provision_ca(&self, agent: &str) -> Result<Vec<String>, DockerError> {
         let cert_path = self.paths.ca_cert();
         let cert = std::fs::read(&cert_path).map_err(DockerError::io("read", cert_path))?;
         let mut tar = TarBuilder::new();
-        tar.dir("etc/bottle", 0o755, Ownership::ROOT)?;
-        tar.file(&entry_name(AGENT_CA_PATH), &cert, 0o644, Ownership::ROOT)?;
+        tar.dir(&entry_name(AGENT_DIR), 0o755, Ownership::ROOT)?;
         upload(self.engine, agent, tar.finish()?)?;
-        match download_file(self.engine, agent, SYSTEM_TRUST_BUNDLE)? {
-            Some((mut bundle, mode)) => {
-                if !bundle.ends_with(b"\n") && !bundle.is_empty() {
-                    bundle.push(b'\n');
-                }
-                bundle.extend_from_slice(&cert);
-                let mut tar = TarBuilder::new();
-                tar.file(
-                    &entry_name(SYSTEM_TRUST_BUNDLE),
-                    &bundle,
-                    mode,
-                    Ownership::ROOT,
-                )?;
-                upload(self.engine, agent, tar.finish()?)?;
-                self.note(&format!(
-                    "ca: installed at {AGENT_CA_PATH} and appended to {SYSTEM_TRUST_BUNDLE}"
-                ));
-            }
-            None => self.note(&format!(
-                "ca: installed at {AGENT_CA_PATH} (the image has no {SYSTEM_TRUST_BUNDLE})"
-            )),
+        let mut target = ContainerCaBox {
+            engine: self.engine,
+            container: agent,
+        };
+        let report = ca_install::install(&mut target, &cert)?;
+        self.note(&format!("ca: installed at {}", report.installed.join(", ")));
+        if !report.ran.is_empty() {
+            self.note(&format!("ca: ran {}", report.ran.join(", ")));
         }
-        Ok(())
+        Ok(report.warnings)
     }
 
     fn provision_supervise(&self, agent: &str) -> Result<(), DockerError> {
@@ -263,6 +255,42 @@ impl<'a> Launch<'a, DockerPlanData> {
             return refuse("the agent is privileged".into());
         }
         Ok(())
+    }
+}
+
+/// The agent container as [`ca_install`] sees it.
+struct ContainerCaBox<'a> {
+    engine: &'a Engine,
+    container: &'a str,
+}
+
+impl CaBox for ContainerCaBox<'_> {
+    type Error = DockerError;
+
+    fn entry(&mut self, path: &str) -> Result<Entry, DockerError> {
+        container_entry(self.engine, self.container, path)
+    }
+
+    fn write(&mut self, path: &str, contents: &[u8], mode: u32) -> Result<(), DockerError> {
+        let mut tar = TarBuilder::new();
+        tar.file(&entry_name(path), contents, mode, Ownership::ROOT)?;
+        upload(self.engine, self.container, tar.finish()?)
+    }
+
+    fn run(&mut self, argv: &[&str], timeout: std::time::Duration) -> Result<ToolRun, DockerError> {
+        let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+        let ran = self.engine.block_on(tokio::time::timeout(
+            timeout,
+            exec_captured(self.engine, self.container, &argv, Some("0:0")),
+        ));
+        Ok(match ran {
+            Err(_) => ToolRun::TimedOut,
+            Ok(Err(err)) => ToolRun::CouldNotRun(err.to_string()),
+            Ok(Ok(out)) => ToolRun::Exited {
+                code: out.exit_code,
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            },
+        })
     }
 }
 
