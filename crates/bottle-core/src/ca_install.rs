@@ -6,7 +6,10 @@
 //! 1. The CA goes where the image's own tooling reads anchors
 //!    ([`ANCHORS`]), when that directory or tool exists, so a later
 //!    `update-ca-certificates`/`update-ca-trust` by the agent keeps it.
-//! 2. That tool is run, as root and bounded in time ([`TOOL_TIMEOUT`]).
+//! 2. That tool is run as root, under the box's own `timeout` when it has
+//!    one ([`TIMEOUT_PROGRAMS`]), which kills it past [`TOOL_TIMEOUT`];
+//!    without one an overrunning tool is only abandoned, and the warning
+//!    says it may still be running.
 //! 3. Every system bundle file that exists ([`SYSTEM_BUNDLES`]) is made to
 //!    contain the CA, following symlinks inside the box (at most
 //!    [`MAX_LINK_DEPTH`] hops), unless the tool already put it there.
@@ -73,6 +76,17 @@ pub const MAX_LINK_DEPTH: usize = 8;
 /// How long an image's trust tool may run.
 pub const TOOL_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How much longer than [`TOOL_TIMEOUT`] a backend waits, so that the
+/// box's own `timeout` acts first.
+pub const TOOL_GRACE: Duration = Duration::from_secs(10);
+
+/// Where images keep `timeout` (coreutils, or a busybox applet), which
+/// kills a tool past [`TOOL_TIMEOUT`] inside the box.
+pub const TIMEOUT_PROGRAMS: [&str; 2] = ["/usr/bin/timeout", "/bin/timeout"];
+
+/// How much of a tool's stderr a warning shows.
+const STDERR_SHOWN: usize = 300;
+
 /// What is at a path inside the box, without following a final symlink.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Entry {
@@ -101,7 +115,8 @@ pub enum ToolRun {
         /// What it wrote to stderr.
         stderr: String,
     },
-    /// It was still running at [`TOOL_TIMEOUT`] and was abandoned.
+    /// It was still running when the backend's bound passed; it was
+    /// abandoned and may still be running.
     TimedOut,
     /// The box could not run it (no such program, no shell for a script).
     CouldNotRun(String),
@@ -115,7 +130,7 @@ pub trait CaBox {
     fn entry(&mut self, path: &str) -> Result<Entry, Self::Error>;
     /// Writes `contents` to `path` as root, creating parent directories.
     fn write(&mut self, path: &str, contents: &[u8], mode: u32) -> Result<(), Self::Error>;
-    /// Runs `argv` as root, for at most `timeout`.
+    /// Runs `argv` as root and waits for it at most `timeout`.
     fn run(&mut self, argv: &[&str], timeout: Duration) -> Result<ToolRun, Self::Error>;
 }
 
@@ -145,33 +160,8 @@ pub fn install<B: CaBox>(target: &mut B, cert: &[u8]) -> Result<CaInstallReport,
     report.installed.push(AGENT_CA_PATH.into());
     let body = pem_body(cert);
 
-    let mut tools: Vec<&'static [&'static str]> = Vec::new();
-    for anchor in ANCHORS {
-        let tool_exists = matches!(target.entry(anchor.tool[0])?, Entry::File { .. });
-        if !tool_exists && target.entry(anchor.dir)? != Entry::Dir {
-            continue;
-        }
-        let path = format!("{}/{}", anchor.dir, anchor.file);
-        target.write(&path, cert, 0o644)?;
-        report.installed.push(path);
-        if tool_exists && !tools.contains(&anchor.tool) {
-            tools.push(anchor.tool);
-        }
-    }
-    for tool in tools {
-        let name = tool.join(" ");
-        match target.run(tool, TOOL_TIMEOUT)? {
-            ToolRun::Exited { code: 0, .. } => report.ran.push(name),
-            ToolRun::Exited { code, stderr } => report.warn(format!(
-                "ca: `{name}` exited with {code}: {}",
-                stderr.trim()
-            )),
-            ToolRun::TimedOut => report.warn(format!(
-                "ca: `{name}` did not finish within {}s",
-                TOOL_TIMEOUT.as_secs()
-            )),
-            ToolRun::CouldNotRun(why) => report.warn(format!("ca: could not run `{name}`: {why}")),
-        }
+    for tool in install_anchors(target, cert, &mut report)? {
+        run_tool(target, tool, &mut report)?;
     }
 
     let mut bundles = 0;
@@ -207,6 +197,103 @@ pub fn install<B: CaBox>(target: &mut B, cert: &[u8]) -> Result<CaInstallReport,
         }
     }
     Ok(report)
+}
+
+/// Writes the CA into every anchor directory the image has, and returns
+/// the tools to run afterwards. A tool whose anchor directories are all
+/// missing still gets its first one (the tool reads it, so the directory
+/// is only missing because nothing was ever added).
+fn install_anchors<B: CaBox>(
+    target: &mut B,
+    cert: &[u8],
+    report: &mut CaInstallReport,
+) -> Result<Vec<&'static [&'static str]>, B::Error> {
+    let mut found = Vec::new();
+    for anchor in ANCHORS {
+        let dir = target.entry(anchor.dir)? == Entry::Dir;
+        let tool = is_program(&target.entry(anchor.tool[0])?);
+        found.push((anchor, dir, tool));
+    }
+    let mut tools: Vec<&'static [&'static str]> = Vec::new();
+    for (anchor, dir, tool) in &found {
+        let first_of_its_tool = found
+            .iter()
+            .find(|(other, ..)| other.tool == anchor.tool)
+            .is_some_and(|(other, ..)| other == anchor);
+        let no_dir_for_its_tool = !found
+            .iter()
+            .any(|(other, other_dir, _)| other.tool == anchor.tool && *other_dir);
+        if !(*dir || (*tool && first_of_its_tool && no_dir_for_its_tool)) {
+            continue;
+        }
+        let path = format!("{}/{}", anchor.dir, anchor.file);
+        target.write(&path, cert, 0o644)?;
+        report.installed.push(path);
+        if *tool && !tools.contains(&anchor.tool) {
+            tools.push(anchor.tool);
+        }
+    }
+    Ok(tools)
+}
+
+/// Whether an entry can be run: a file, or a link (busybox applets and
+/// alternatives are links; a dangling one fails to run, with a warning).
+fn is_program(entry: &Entry) -> bool {
+    matches!(entry, Entry::File { .. } | Entry::Link(_))
+}
+
+/// Runs an image's trust tool, under the image's own `timeout` when it has
+/// one: the backend's bound only stops waiting, while `timeout` in the box
+/// kills the tool (and, with coreutils, the tool's children).
+fn run_tool<B: CaBox>(
+    target: &mut B,
+    tool: &[&str],
+    report: &mut CaInstallReport,
+) -> Result<(), B::Error> {
+    let name = tool.join(" ");
+    let mut stopper = None;
+    for program in TIMEOUT_PROGRAMS {
+        if is_program(&target.entry(program)?) {
+            stopper = Some(program);
+            break;
+        }
+    }
+    let seconds = TOOL_TIMEOUT.as_secs().to_string();
+    let mut argv: Vec<&str> = match stopper {
+        Some(program) => vec![program, "-s", "KILL", &seconds],
+        None => Vec::new(),
+    };
+    argv.extend_from_slice(tool);
+    let limit = TOOL_TIMEOUT.as_secs();
+    match target.run(&argv, TOOL_TIMEOUT + TOOL_GRACE)? {
+        ToolRun::Exited { code: 0, .. } => report.ran.push(name),
+        // 124: coreutils' `timeout` stopped it; 137: busybox's (KILL).
+        ToolRun::Exited {
+            code: 124 | 137, ..
+        } if stopper.is_some() => report.warn(format!(
+            "ca: `{name}` did not finish within {limit}s and was stopped; the bundles it rebuilds may lack the CA"
+        )),
+        ToolRun::Exited { code, stderr } => report.warn(format!(
+            "ca: `{name}` exited with {code}: {}",
+            bounded(stderr.trim(), STDERR_SHOWN)
+        )),
+        ToolRun::TimedOut => report.warn(format!(
+            "ca: `{name}` did not finish within {limit}s and may still be running in the box, which has no `timeout` to stop it"
+        )),
+        ToolRun::CouldNotRun(why) => report.warn(format!(
+            "ca: could not run `{name}`: {}",
+            bounded(why.trim(), STDERR_SHOWN)
+        )),
+    }
+    Ok(())
+}
+
+/// At most `max` characters of `text`, marked when cut.
+fn bounded(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text.to_string(),
+    }
 }
 
 /// Puts `cert` at the first free `<hash>.N` in [`HASHED_DIR`], unless an
@@ -335,6 +422,8 @@ mod tests {
         ran: Vec<String>,
         /// What running a tool does to the box.
         on_run: Option<fn(&mut FakeBox)>,
+        /// What running a tool returns (default: exit 0).
+        outcome: Option<ToolRun>,
     }
 
     impl FakeBox {
@@ -384,10 +473,10 @@ mod tests {
             if let Some(effect) = self.on_run {
                 effect(self);
             }
-            Ok(ToolRun::Exited {
+            Ok(self.outcome.clone().unwrap_or(ToolRun::Exited {
                 code: 0,
                 stderr: String::new(),
-            })
+            }))
         }
     }
 
@@ -492,6 +581,88 @@ mod tests {
         assert!(
             report.warnings.iter().all(|w| !w.contains('\x1b')),
             "{report:?}"
+        );
+    }
+
+    #[test]
+    fn the_tool_runs_under_the_boxs_timeout_which_stops_it() {
+        let mut target = FakeBox::default()
+            .link("/usr/sbin/update-ca-certificates", "/bin/busybox")
+            .link("/bin/timeout", "/bin/busybox");
+        target.outcome = Some(ToolRun::Exited {
+            code: 137,
+            stderr: String::new(),
+        });
+        let report = install(&mut target, CERT).unwrap();
+        assert_eq!(
+            target.ran,
+            ["/bin/timeout -s KILL 60 /usr/sbin/update-ca-certificates"]
+        );
+        assert!(
+            report.installed[1] == "/usr/local/share/ca-certificates/bottle.crt",
+            "{report:?}"
+        );
+        assert!(
+            report.warnings[0].contains("did not finish within 60s and was stopped"),
+            "{report:?}"
+        );
+    }
+
+    #[test]
+    fn without_timeout_an_overrunning_tool_is_said_to_be_still_running() {
+        let mut target = FakeBox::default().file("/usr/bin/update-ca-trust", b"#!/bin/sh\n");
+        target.outcome = Some(ToolRun::TimedOut);
+        let report = install(&mut target, CERT).unwrap();
+        assert_eq!(target.ran, ["/usr/bin/update-ca-trust extract"]);
+        assert!(
+            report.warnings[0].contains("may still be running"),
+            "{report:?}"
+        );
+    }
+
+    #[test]
+    fn a_tool_without_anchor_directories_gets_only_its_first() {
+        let mut target = FakeBox::default().file("/usr/bin/update-ca-trust", b"#!/bin/sh\n");
+        let report = install(&mut target, CERT).unwrap();
+        assert_eq!(
+            report.installed[..2],
+            [AGENT_CA_PATH, "/etc/pki/ca-trust/source/anchors/bottle.pem"]
+        );
+        assert!(
+            !report
+                .installed
+                .iter()
+                .any(|p| p.starts_with("/etc/ca-certificates/")),
+            "{report:?}"
+        );
+        // On Arch the same tool reads its own directory, which exists.
+        let mut arch = FakeBox::default()
+            .file("/usr/bin/update-ca-trust", b"#!/bin/sh\n")
+            .dir("/etc/ca-certificates/trust-source/anchors");
+        let report = install(&mut arch, CERT).unwrap();
+        assert_eq!(
+            report.installed[..2],
+            [
+                AGENT_CA_PATH,
+                "/etc/ca-certificates/trust-source/anchors/bottle.crt"
+            ]
+        );
+        assert_eq!(arch.ran, ["/usr/bin/update-ca-trust extract"]);
+    }
+
+    #[test]
+    fn a_tools_stderr_is_bounded_and_escaped_in_its_warning() {
+        let mut target = FakeBox::default().file("/usr/bin/update-ca-trust", b"#!/bin/sh\n");
+        target.outcome = Some(ToolRun::Exited {
+            code: 1,
+            stderr: format!("\x1b[2J{}", "x".repeat(10_000)),
+        });
+        let report = install(&mut target, CERT).unwrap();
+        let warning = &report.warnings[0];
+        assert!(warning.contains("exited with 1"), "{warning}");
+        assert!(
+            !warning.contains('\x1b') && warning.len() < 500,
+            "{warning}"
         );
     }
 

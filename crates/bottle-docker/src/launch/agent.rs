@@ -1,9 +1,9 @@
 //! A docker bottle's launch: the bundle's steps around the agent
 //! container's. The agent is created pinned at `.3` on the bottle network
-//! alone, given its keep-alive, CA, prompt and skills, started together
-//! with the bundle, and verified isolated before the MCP config is written
-//! and the launch is marked complete; nothing of the agent runs until
-//! then.
+//! alone, given its keep-alive, prompt and skills, started together
+//! with the bundle, and verified isolated before its CA is installed (the
+//! image's trust tool runs through an exec), the MCP config is written and
+//! the launch is marked complete; nothing of the agent runs until then.
 
 use bollard::query_parameters::CreateContainerOptionsBuilder;
 
@@ -46,9 +46,6 @@ impl<'a> Launch<'a, DockerPlanData> {
         upload(self.engine, agent, tar.finish()?)?;
         self.step_done(Step::AgentFiles)?;
 
-        let warnings = self.provision_ca(agent)?;
-        self.step_done(Step::ProvisionCa)?;
-
         self.provision_prompt(agent)?;
         self.step_done(Step::ProvisionPrompt)?;
 
@@ -71,6 +68,10 @@ impl<'a> Launch<'a, DockerPlanData> {
 
         self.verify_agent(network, agent)?;
         self.step_done(Step::AgentVerify)?;
+
+        // After the start: the image's trust tool runs through an exec.
+        let warnings = self.provision_ca(agent)?;
+        self.step_done(Step::ProvisionCa)?;
 
         if self.bundle.git.is_empty() {
             self.note("git: no repositories configured, skipped");
@@ -279,10 +280,14 @@ impl CaBox for ContainerCaBox<'_> {
 
     fn run(&mut self, argv: &[&str], timeout: std::time::Duration) -> Result<ToolRun, DockerError> {
         let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
-        let ran = self.engine.block_on(tokio::time::timeout(
-            timeout,
-            exec_captured(self.engine, self.container, &argv, Some("0:0")),
-        ));
+        // Built inside the runtime: a timer needs its reactor.
+        let ran = self.engine.block_on(async {
+            tokio::time::timeout(
+                timeout,
+                exec_captured(self.engine, self.container, &argv, Some("0:0")),
+            )
+            .await
+        });
         Ok(match ran {
             Err(_) => ToolRun::TimedOut,
             Ok(Err(err)) => ToolRun::CouldNotRun(err.to_string()),
