@@ -122,14 +122,25 @@ pub enum ToolRun {
     CouldNotRun(String),
 }
 
+/// The box's refusal of one write (a read-only directory, no room left),
+/// with its reason: a warning, not a failed launch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused(pub String);
+
 /// The primitives a backend provides over its box.
 pub trait CaBox {
     /// The backend's error: the box could not be reached at all.
     type Error;
     /// What is at `path`.
     fn entry(&mut self, path: &str) -> Result<Entry, Self::Error>;
-    /// Writes `contents` to `path` as root, creating parent directories.
-    fn write(&mut self, path: &str, contents: &[u8], mode: u32) -> Result<(), Self::Error>;
+    /// Writes `contents` to `path` as root, creating parent directories;
+    /// `Ok(Err(_))` when the box refused this write.
+    fn write(
+        &mut self,
+        path: &str,
+        contents: &[u8],
+        mode: u32,
+    ) -> Result<Result<(), Refused>, Self::Error>;
     /// Runs `argv` as root and waits for it at most `timeout`.
     fn run(&mut self, argv: &[&str], timeout: Duration) -> Result<ToolRun, Self::Error>;
 }
@@ -156,8 +167,7 @@ impl CaInstallReport {
 /// is a warning in the report.
 pub fn install<B: CaBox>(target: &mut B, cert: &[u8]) -> Result<CaInstallReport, B::Error> {
     let mut report = CaInstallReport::default();
-    target.write(AGENT_CA_PATH, cert, 0o644)?;
-    report.installed.push(AGENT_CA_PATH.into());
+    put(target, AGENT_CA_PATH, cert, 0o644, &mut report)?;
     let body = pem_body(cert);
 
     for tool in install_anchors(target, cert, &mut report)? {
@@ -179,8 +189,7 @@ pub fn install<B: CaBox>(target: &mut B, cert: &[u8]) -> Result<CaInstallReport,
             appended.push(b'\n');
         }
         appended.extend_from_slice(cert);
-        target.write(&path, &appended, mode)?;
-        report.installed.push(path.clone());
+        put(target, &path, &appended, mode, &mut report)?;
         done.push(path);
     }
     if bundles == 0 {
@@ -227,8 +236,9 @@ fn install_anchors<B: CaBox>(
             continue;
         }
         let path = format!("{}/{}", anchor.dir, anchor.file);
-        target.write(&path, cert, 0o644)?;
-        report.installed.push(path);
+        if !put(target, &path, cert, 0o644, report)? {
+            continue;
+        }
         if *tool && !tools.contains(&anchor.tool) {
             tools.push(anchor.tool);
         }
@@ -296,6 +306,30 @@ fn bounded(text: &str, max: usize) -> String {
     }
 }
 
+/// Writes `contents` to `path`, recording it as installed, or the box's
+/// refusal as a warning; whether it was written.
+fn put<B: CaBox>(
+    target: &mut B,
+    path: &str,
+    contents: &[u8],
+    mode: u32,
+    report: &mut CaInstallReport,
+) -> Result<bool, B::Error> {
+    match target.write(path, contents, mode)? {
+        Ok(()) => {
+            report.installed.push(path.to_string());
+            Ok(true)
+        }
+        Err(Refused(why)) => {
+            report.warn(format!(
+                "ca: could not write {path}: {}",
+                bounded(why.trim(), STDERR_SHOWN)
+            ));
+            Ok(false)
+        }
+    }
+}
+
 /// Puts `cert` at the first free `<hash>.N` in [`HASHED_DIR`], unless an
 /// entry there already holds it.
 fn install_hashed<B: CaBox>(
@@ -308,8 +342,7 @@ fn install_hashed<B: CaBox>(
     for n in 0..10 {
         let path = format!("{HASHED_DIR}/{hash}.{n}");
         if target.entry(&path)? == Entry::Missing {
-            target.write(&path, cert, 0o644)?;
-            report.installed.push(path);
+            put(target, &path, cert, 0o644, report)?;
             return Ok(());
         }
         let held = resolve_file(target, &path, report)?;
@@ -424,6 +457,8 @@ mod tests {
         on_run: Option<fn(&mut FakeBox)>,
         /// What running a tool returns (default: exit 0).
         outcome: Option<ToolRun>,
+        /// Directories whose writes the box refuses.
+        read_only: Vec<&'static str>,
     }
 
     impl FakeBox {
@@ -458,7 +493,15 @@ mod tests {
         fn entry(&mut self, path: &str) -> Result<Entry, Self::Error> {
             Ok(self.entries.get(path).cloned().unwrap_or(Entry::Missing))
         }
-        fn write(&mut self, path: &str, contents: &[u8], mode: u32) -> Result<(), Self::Error> {
+        fn write(
+            &mut self,
+            path: &str,
+            contents: &[u8],
+            mode: u32,
+        ) -> Result<Result<(), Refused>, Self::Error> {
+            if self.read_only.iter().any(|dir| path.starts_with(dir)) {
+                return Ok(Err(Refused("Read-only file system".into())));
+            }
             self.entries.insert(
                 path.into(),
                 Entry::File {
@@ -466,7 +509,7 @@ mod tests {
                     mode,
                 },
             );
-            Ok(())
+            Ok(Ok(()))
         }
         fn run(&mut self, argv: &[&str], _: Duration) -> Result<ToolRun, Self::Error> {
             self.ran.push(argv.join(" "));
@@ -664,6 +707,26 @@ mod tests {
             !warning.contains('\x1b') && warning.len() < 500,
             "{warning}"
         );
+    }
+
+    #[test]
+    fn a_refused_write_is_a_warning_and_its_tool_is_not_run() {
+        let mut target = FakeBox::default()
+            .file("/usr/sbin/update-ca-certificates", b"#!/bin/sh\n")
+            .file("/etc/ssl/certs/ca-certificates.crt", b"roots\n");
+        target.read_only = vec!["/usr/"];
+        let report = install(&mut target, CERT).unwrap();
+        assert!(target.ran.is_empty(), "{:?}", target.ran);
+        assert_eq!(report.warnings.len(), 1, "{report:?}");
+        assert!(
+            report.warnings[0].contains(
+                "could not write /usr/local/share/ca-certificates/bottle.crt: Read-only file system"
+            ),
+            "{report:?}"
+        );
+        assert!(has_ca(
+            &target.contents("/etc/ssl/certs/ca-certificates.crt")
+        ));
     }
 
     #[test]

@@ -5,11 +5,11 @@
 //! image's trust tool runs through an exec), the MCP config is written and
 //! the launch is marked complete; nothing of the agent runs until then.
 
-use bollard::query_parameters::CreateContainerOptionsBuilder;
+use bollard::query_parameters::{CreateContainerOptionsBuilder, UploadToContainerOptionsBuilder};
 
 use super::{Launch, Step};
 use bottle_core::agent::AGENT_DIR;
-use bottle_core::ca_install::{self, CaBox, Entry, ToolRun};
+use bottle_core::ca_install::{self, CaBox, Entry, Refused, ToolRun};
 
 use crate::bottle::{DockerBottle, container_entry, container_owner, exec_captured, upload};
 use crate::client::Engine;
@@ -272,10 +272,32 @@ impl CaBox for ContainerCaBox<'_> {
         container_entry(self.engine, self.container, path)
     }
 
-    fn write(&mut self, path: &str, contents: &[u8], mode: u32) -> Result<(), DockerError> {
+    fn write(
+        &mut self,
+        path: &str,
+        contents: &[u8],
+        mode: u32,
+    ) -> Result<Result<(), Refused>, DockerError> {
         let mut tar = TarBuilder::new();
         tar.file(&entry_name(path), contents, mode, Ownership::ROOT)?;
-        upload(self.engine, self.container, tar.finish()?)
+        let options = UploadToContainerOptionsBuilder::default().path("/").build();
+        let uploaded = self.engine.block_on(self.engine.docker.upload_to_container(
+            self.container,
+            Some(options),
+            bollard::body_full(tar.finish()?.into()),
+        ));
+        match uploaded {
+            Ok(()) => Ok(Ok(())),
+            // The daemon answered: it could not extract this file there
+            // (a read-only directory, no room left).
+            Err(bollard::errors::Error::DockerResponseServerError { message, .. }) => {
+                Ok(Err(Refused(message)))
+            }
+            Err(err) => Err(DockerError::api(format!(
+                "copy {path} into {}",
+                self.container
+            ))(err)),
+        }
     }
 
     fn run(&mut self, argv: &[&str], timeout: std::time::Duration) -> Result<ToolRun, DockerError> {
