@@ -154,6 +154,10 @@ cat "$2" > "$1" && chmod "$3" "$1"; rc=$?; rm -f "$2"; exit $rc"#;
 /// (the first provisioning step made the directory).
 const STAGED: &str = "/etc/bottle/.ca-install";
 
+/// The host file in the state dir each CA write is staged through (removed
+/// after each write; `stop` removes one a crash left).
+pub(crate) const CA_SCRATCH: &str = "ca-install";
+
 /// The microVM as [`bottle_core::ca_install`] sees it.
 struct GuestCaBox<'a> {
     smolvm: &'a Smolvm,
@@ -200,9 +204,11 @@ impl CaBox for GuestCaBox<'_> {
         contents: &[u8],
         mode: u32,
     ) -> Result<Result<(), Refused>, SmolvmError> {
-        let host = self.scratch.join("ca-install");
+        let host = self.scratch.join(CA_SCRATCH);
         std::fs::write(&host, contents).map_err(|e| io_err("write", &host, e))?;
-        self.smolvm.copy_in(self.machine, &host, STAGED)?;
+        let copied = self.smolvm.copy_in(self.machine, &host, STAGED);
+        std::fs::remove_file(&host).map_err(|e| io_err("remove", &host, e))?;
+        copied?;
         let mode = format!("{:o}", mode & 0o7777);
         let out = self.sh(WRITE_SCRIPT, &[path, STAGED, &mode])?;
         Ok(if out.exit_code == 0 {

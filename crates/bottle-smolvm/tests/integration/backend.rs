@@ -615,6 +615,7 @@ fn the_ca_is_installed_as_bottle_core_defines_and_its_problems_are_warnings() {
         REAL_CA
     );
     assert!(!guest.join("etc/bottle/.ca-install").exists());
+    assert!(!s.world.state_root().join("coder/ca-install").exists());
 
     // The dangling link is a warning on the bottle. (The fake's guest sees
     // the host's read-only /usr, so a host with Debian's tool adds a
