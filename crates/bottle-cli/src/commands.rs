@@ -185,6 +185,9 @@ fn start_on<B: BottleLauncher>(
         return Ok(ExitCode::from(EXIT_DECLINED));
     }
     let bottle = backend.launch(&plan)?;
+    for warning in bottle.launch_warnings() {
+        note(global.quiet, &format!("warning: {warning}"));
+    }
     if args.detach {
         let name = bottle.name().to_string();
         drop(bottle);

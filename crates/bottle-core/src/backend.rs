@@ -243,6 +243,13 @@ pub trait Bottle {
     /// `bot-bottle-<slug>`.
     fn name(&self) -> &str;
 
+    /// What the launch of this bottle could not do (e.g. trust its CA in
+    /// every store), one line each, safe for the terminal. Empty for a
+    /// bottle found by `attach`.
+    fn launch_warnings(&self) -> &[String] {
+        &[]
+    }
+
     /// Runs a command to completion, keeping stdout and stderr apart.
     fn exec(&self, argv: &[String]) -> Result<ExecOutput, BackendError>;
 

@@ -378,6 +378,7 @@ impl DockerBackend {
             image: agent
                 .map(|a| a.image_ref)
                 .unwrap_or_else(|| inspect.image.unwrap_or_default()),
+            warnings: Vec::new(),
         })
     }
 

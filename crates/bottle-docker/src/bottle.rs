@@ -27,6 +27,8 @@ pub struct DockerBottle {
     pub(crate) image: String,
     /// Who the agent's commands run as (`None`: the image's root).
     pub(crate) user: Option<String>,
+    /// What the launch could not do, for the operator (already escaped).
+    pub(crate) warnings: Vec<String>,
 }
 
 impl DockerBottle {
@@ -127,6 +129,10 @@ async fn exit_code(engine: &Engine, exec_id: &str, container: &str) -> Result<i3
 }
 
 impl Bottle for DockerBottle {
+    fn launch_warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
     fn name(&self) -> &str {
         &self.name
     }
@@ -254,6 +260,60 @@ pub fn download_file(
         Ok(archive) => crate::tarball::first_file(&archive)
             .map_err(DockerError::io(format!("read {path} from"), container)),
         Err(err) if crate::error::is_not_found(&err) => Ok(None),
+        Err(err) => Err(DockerError::api(format!("read {path} from {container}"))(
+            err,
+        )),
+    }
+}
+
+/// What is at `path` in the container, a final symlink not followed. A
+/// directory is recognised from the archive's stat header alone, so its
+/// contents are never downloaded.
+pub fn container_entry(
+    engine: &Engine,
+    container: &str,
+    path: &str,
+) -> Result<bottle_core::ca_install::Entry, DockerError> {
+    use bollard::query_parameters::{
+        ContainerArchiveInfoOptionsBuilder, DownloadFromContainerOptionsBuilder,
+    };
+    use bottle_core::ca_install::Entry;
+    /// Go's `os.ModeDir`, as the daemon's stat header reports it.
+    const GO_MODE_DIR: u32 = 1 << 31;
+    let stat = engine.block_on(
+        engine.docker.get_container_archive_info(
+            container,
+            Some(
+                ContainerArchiveInfoOptionsBuilder::default()
+                    .path(path)
+                    .build(),
+            ),
+        ),
+    );
+    match stat {
+        Ok(stat) if stat.file_mode & GO_MODE_DIR != 0 => return Ok(Entry::Dir),
+        Ok(_) => {}
+        Err(err) if crate::error::is_not_found(&err) => return Ok(Entry::Missing),
+        // A dangling symlink may fail the stat; the download below tells.
+        Err(_) => {}
+    }
+    let options = DownloadFromContainerOptionsBuilder::default()
+        .path(path)
+        .build();
+    let result: Result<Vec<u8>, bollard::errors::Error> = engine.block_on(async {
+        let mut stream = engine
+            .docker
+            .download_from_container(container, Some(options));
+        let mut archive = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            archive.extend_from_slice(&chunk?);
+        }
+        Ok(archive)
+    });
+    match result {
+        Ok(archive) => crate::tarball::first_entry(&archive)
+            .map_err(DockerError::io(format!("read {path} from"), container)),
+        Err(err) if crate::error::is_not_found(&err) => Ok(Entry::Missing),
         Err(err) => Err(DockerError::api(format!("read {path} from {container}"))(
             err,
         )),

@@ -37,8 +37,6 @@ use crate::names::{EGRESS_NETWORK, LABEL_MANAGED, LABEL_ROLE, role};
 use crate::pause::PAUSE_PATH;
 
 pub use bottle_core::agent::{AGENT_CA_PATH, AGENT_PROMPT_PATH, AGENT_SKILLS_DIR};
-/// The system trust bundle the CA is appended to when the image has one.
-pub const SYSTEM_TRUST_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// The CA certificate inside the bundle.
 pub const BUNDLE_CA_CERT: &str = "/run/bottle/ca.pem";
 /// The CA key inside the bundle.

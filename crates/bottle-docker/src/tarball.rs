@@ -196,6 +196,32 @@ pub fn first_file(archive: &[u8]) -> Result<Option<(Vec<u8>, u32)>, std::io::Err
     Ok(None)
 }
 
+/// The first entry of a container's archive of one path: a regular file,
+/// a directory, or a symlink with its stored target.
+pub fn first_entry(archive: &[u8]) -> Result<bottle_core::ca_install::Entry, std::io::Error> {
+    use bottle_core::ca_install::Entry;
+    let mut reader = tar::Archive::new(archive);
+    let Some(entry) = reader.entries()?.next() else {
+        return Ok(Entry::Missing);
+    };
+    let mut entry = entry?;
+    let kind = entry.header().entry_type();
+    if kind.is_dir() {
+        return Ok(Entry::Dir);
+    }
+    if kind.is_symlink() {
+        let target = entry.link_name()?.unwrap_or_default();
+        return Ok(Entry::Link(target.to_string_lossy().into_owned()));
+    }
+    if kind.is_file() {
+        let mode = entry.header().mode()?;
+        let mut contents = Vec::new();
+        entry.read_to_end(&mut contents)?;
+        return Ok(Entry::File { contents, mode });
+    }
+    Ok(Entry::Missing)
+}
+
 /// A path inside a container as an archive entry name: no leading slash.
 pub fn entry_name(container_path: &str) -> String {
     container_path.trim_start_matches('/').to_string()

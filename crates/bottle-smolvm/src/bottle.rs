@@ -17,6 +17,8 @@ pub struct SmolvmBottle {
     env: Vec<(String, String)>,
     default_command: Vec<String>,
     interactive: Arc<dyn InteractiveRunner>,
+    /// What the launch could not do, for the operator (already escaped).
+    warnings: Vec<String>,
 }
 
 impl std::fmt::Debug for SmolvmBottle {
@@ -43,7 +45,14 @@ impl SmolvmBottle {
             env,
             default_command,
             interactive,
+            warnings: Vec::new(),
         }
+    }
+
+    /// The same bottle, carrying its launch's warnings.
+    pub(crate) fn with_warnings(mut self, warnings: Vec<String>) -> SmolvmBottle {
+        self.warnings = warnings;
+        self
     }
 
     /// The environment every command in this bottle runs with.
@@ -85,6 +94,10 @@ impl SmolvmBottle {
 impl Bottle for SmolvmBottle {
     fn name(&self) -> &str {
         &self.machine
+    }
+
+    fn launch_warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     fn exec(&self, argv: &[String]) -> Result<ExecOutput, BackendError> {

@@ -466,6 +466,47 @@ impl Smolvm {
         argv: &[String],
         env: &[(String, String)],
     ) -> Result<GuestOutput, SmolvmError> {
+        let (spec, marker) = self.exec_spec(name, argv, env)?;
+        let out = self.run_raw(&spec)?;
+        guest_output(name, &spec, out, &marker)
+    }
+
+    /// Like [`Smolvm::exec`], waiting at most `limit`: `None` when the
+    /// guest command was still running then. The `smolvm` client is
+    /// killed; the guest command may keep running.
+    pub fn exec_within(
+        &self,
+        name: &str,
+        argv: &[String],
+        env: &[(String, String)],
+        limit: std::time::Duration,
+    ) -> Result<Option<GuestOutput>, SmolvmError> {
+        let (spec, marker) = self.exec_spec(name, argv, env)?;
+        let spec = spec.timeout(limit);
+        match self.runner.run(&spec) {
+            Ok(out) => guest_output(name, &spec, out, &marker).map(Some),
+            Err(err)
+                if matches!(
+                    bottle_core::exec::ExecError::of(&err),
+                    Some(bottle_core::exec::ExecError::TimedOut { .. })
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(source) => Err(SmolvmError::NotInstalled {
+                program: self.program.to_string_lossy().into_owned(),
+                source,
+            }),
+        }
+    }
+
+    /// The wrapped `machine exec` invocation and its marker.
+    fn exec_spec(
+        &self,
+        name: &str,
+        argv: &[String],
+        env: &[(String, String)],
+    ) -> Result<(CommandSpec, String), SmolvmError> {
         let marker = format!("__bottle_rc_{}=", nonce());
         let command = SmolvmCommand::Exec {
             name: name.into(),
@@ -475,29 +516,7 @@ impl Smolvm {
             interactive: false,
             tty: false,
         };
-        let spec = self.spec(&command, self.version()?);
-        let out = self.run_raw(&spec)?;
-        match split_marker(&out.stderr, marker.as_bytes()) {
-            Some((exit_code, stderr)) => Ok(GuestOutput {
-                exit_code,
-                stdout: out.stdout,
-                stderr,
-            }),
-            // No marker: the wrapper never ran or never finished, so this is
-            // smolvm's own failure; its `Error:` line says why.
-            None if !out.success() && out.stderr_text().contains("Error:") => {
-                Err(SmolvmError::Failed {
-                    argv: spec.argv(),
-                    code: out.code,
-                    stderr: out.stderr_text(),
-                })
-            }
-            None => Err(SmolvmError::ExecMarkerMissing {
-                machine: name.into(),
-                code: out.code,
-                stderr: out.stderr_text(),
-            }),
-        }
+        Ok((self.spec(&command, self.version()?), marker))
     }
 
     /// The invocation for an interactive (TTY) exec; run it with an
@@ -520,6 +539,37 @@ impl Smolvm {
             tty,
         };
         Ok(self.spec(&command, self.version()?))
+    }
+}
+
+/// The guest's output from a finished wrapped exec, or smolvm's own
+/// failure when the marker is missing.
+fn guest_output(
+    machine: &str,
+    spec: &CommandSpec,
+    out: CommandOutput,
+    marker: &str,
+) -> Result<GuestOutput, SmolvmError> {
+    match split_marker(&out.stderr, marker.as_bytes()) {
+        Some((exit_code, stderr)) => Ok(GuestOutput {
+            exit_code,
+            stdout: out.stdout,
+            stderr,
+        }),
+        // No marker: the wrapper never ran or never finished, so this is
+        // smolvm's own failure; its `Error:` line says why.
+        None if !out.success() && out.stderr_text().contains("Error:") => {
+            Err(SmolvmError::Failed {
+                argv: spec.argv(),
+                code: out.code,
+                stderr: out.stderr_text(),
+            })
+        }
+        None => Err(SmolvmError::ExecMarkerMissing {
+            machine: machine.into(),
+            code: out.code,
+            stderr: out.stderr_text(),
+        }),
     }
 }
 

@@ -23,12 +23,13 @@ pub const PLAN_DATA_VERSION: u32 = 1;
 /// Files this backend writes into a bottle's state dir, removed by `stop`.
 /// `Smolfile` and `guest-gitconfig` are no longer written, but bottles
 /// started by earlier versions still have them.
-const OWN_FILES: [&str; 5] = [
+const OWN_FILES: [&str; 6] = [
     STATE_FILE,
     "Smolfile",
     "guest-env",
     "guest-mcp.json",
     "guest-gitconfig",
+    crate::provision::CA_SCRATCH,
 ];
 
 /// The backend's part of a [`bottle_core::Plan`] (`plan.backend_data`); `P` is what

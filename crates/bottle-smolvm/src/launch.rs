@@ -181,7 +181,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         // smolvm read the record to boot; it must still be the one confirmed.
         statedb::verify(&db, &machine, &policy)?;
 
-        provision::provision(
+        let warnings = provision::provision(
             &self.smolvm,
             &machine,
             &data.inputs,
@@ -198,7 +198,8 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             env,
             state.default_command,
             Arc::clone(&self.interactive),
-        ))
+        )
+        .with_warnings(warnings))
     }
 }
 

@@ -2,8 +2,9 @@
 //! bundle's CA, the prompt, the skills, the supervise settings, and the
 //! agent's environment (`bottle_core::agent`, which also routes git to
 //! git-gate). Files go in with `machine cp`, and the few
-//! commands are plain POSIX `sh`, `mkdir` and `cat`, so any agent image with
-//! a shell can be provisioned.
+//! commands are plain POSIX `sh`, `mkdir`, `cat`, `chmod` and `readlink`,
+//! so any agent image with a shell can be provisioned. The CA goes in as
+//! `bottle_core::ca_install` defines, the same as in a docker bottle.
 //!
 //! The environment is not baked into the `.smolmachine` (that would make
 //! the image cache per-bottle): every `machine exec` carries it as `-e`, and
@@ -12,14 +13,16 @@
 
 use std::path::{Path, PathBuf};
 
-use bottle_core::agent::{
-    AGENT_CA_PATH, AGENT_DIR, AGENT_MCP_CONFIG, AGENT_PROMPT_PATH, AGENT_SKILLS_DIR,
-};
+use bottle_core::agent::{AGENT_DIR, AGENT_MCP_CONFIG, AGENT_PROMPT_PATH, AGENT_SKILLS_DIR};
 use bottle_core::bundle_host::BundleEndpoint;
 use bottle_core::spec::BottleSpec;
 use serde::{Deserialize, Serialize};
 
-use crate::cli::Smolvm;
+use std::time::Duration;
+
+use bottle_core::ca_install::{CaBox, Entry, Refused, ToolRun};
+
+use crate::cli::{GuestOutput, Smolvm};
 use crate::error::{SmolvmError, io_err};
 
 /// The host-side files provisioning copies in, resolved from the spec at
@@ -55,7 +58,8 @@ pub fn shell_quote(value: &str) -> String {
 }
 
 /// Provisions `machine`. `scratch` is a host directory for the generated
-/// files (the bottle's state dir).
+/// files (the bottle's state dir). Returns what installing the CA could not
+/// do, for the operator.
 pub fn provision(
     smolvm: &Smolvm,
     machine: &str,
@@ -63,7 +67,7 @@ pub fn provision(
     endpoint: &BundleEndpoint,
     env: &[(String, String)],
     scratch: &Path,
-) -> Result<(), SmolvmError> {
+) -> Result<Vec<String>, SmolvmError> {
     let run = |step: &str, script: &str| -> Result<(), SmolvmError> {
         let out = smolvm.exec(
             machine,
@@ -94,16 +98,14 @@ pub fn provision(
         &format!("mkdir -p {AGENT_DIR} {AGENT_SKILLS_DIR} /etc/profile.d"),
     )?;
 
-    // CA: trusted through the variables above, and appended to whichever
-    // system bundle the image has, for tools that read only that.
-    smolvm.copy_in(machine, &endpoint.ca_cert, AGENT_CA_PATH)?;
-    run(
-        "install the bundle CA",
-        &format!(
-            "for f in /etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt /etc/ssl/cert.pem; do \
-             if [ -f \"$f\" ]; then cat {AGENT_CA_PATH} >> \"$f\"; fi; done"
-        ),
-    )?;
+    // CA: as the shared definition says, over `machine cp` and `exec`.
+    let mut target = GuestCaBox {
+        smolvm,
+        machine,
+        env,
+        scratch,
+    };
+    let report = bottle_core::ca_install::install(&mut target, &ca_cert(endpoint)?)?;
 
     if let Some(prompt) = &inputs.prompt {
         smolvm.copy_in(machine, prompt, AGENT_PROMPT_PATH)?;
@@ -126,12 +128,157 @@ pub fn provision(
         "make the environment visible to shells",
         "printf '. /etc/bottle/env\\n' > /etc/profile.d/bottle.sh",
     )?;
-    Ok(())
+    Ok(report.warnings)
+}
+
+fn ca_cert(endpoint: &BundleEndpoint) -> Result<Vec<u8>, SmolvmError> {
+    std::fs::read(&endpoint.ca_cert).map_err(|e| io_err("read", &endpoint.ca_cert, e))
+}
+
+/// What is at `$1`, a final symlink not followed: a header line (`link`,
+/// `dir`, `file <octal mode>`, `missing`), then the link's target or the
+/// file's contents.
+const ENTRY_SCRIPT: &str = r#"if [ -L "$1" ]; then printf 'link\n'; readlink "$1"
+elif [ -d "$1" ]; then printf 'dir\n'
+elif [ -f "$1" ]; then printf 'file %s\n' "$(stat -c %a "$1" 2>/dev/null || echo 644)"; cat "$1"
+else printf 'missing\n'; fi"#;
+
+/// Moves the staged file `$2` to `$1` with mode `$3`, creating the
+/// directory; a symlink at `$1` is replaced, not followed. Writing through
+/// the guest's own shell resolves the path inside the guest.
+const WRITE_SCRIPT: &str = r#"dir=${1%/*}; mkdir -p "${dir:-/}" || exit 1
+if [ -L "$1" ]; then rm -f "$1" || exit 1; fi
+cat "$2" > "$1" && chmod "$3" "$1"; rc=$?; rm -f "$2"; exit $rc"#;
+
+/// Where a file is staged in the guest before [`WRITE_SCRIPT`] moves it
+/// (the first provisioning step made the directory).
+const STAGED: &str = "/etc/bottle/.ca-install";
+
+/// The host file in the state dir each CA write is staged through (removed
+/// after each write; `stop` removes one a crash left).
+pub(crate) const CA_SCRATCH: &str = "ca-install";
+
+/// The microVM as [`bottle_core::ca_install`] sees it.
+struct GuestCaBox<'a> {
+    smolvm: &'a Smolvm,
+    machine: &'a str,
+    env: &'a [(String, String)],
+    scratch: &'a Path,
+}
+
+impl GuestCaBox<'_> {
+    /// Runs `script` under `sh` with `args` as `$1`...
+    fn sh(&self, script: &str, args: &[&str]) -> Result<GuestOutput, SmolvmError> {
+        let mut argv = vec![
+            "/bin/sh".to_string(),
+            "-c".to_string(),
+            script.to_string(),
+            "bottle-ca".to_string(),
+        ];
+        argv.extend(args.iter().map(|a| a.to_string()));
+        self.smolvm.exec(self.machine, &argv, self.env)
+    }
+}
+
+impl CaBox for GuestCaBox<'_> {
+    type Error = SmolvmError;
+
+    fn entry(&mut self, path: &str) -> Result<Entry, SmolvmError> {
+        let out = self.sh(ENTRY_SCRIPT, &[path])?;
+        let entry = (out.exit_code == 0)
+            .then(|| parse_entry(&out.stdout))
+            .flatten();
+        entry.ok_or_else(|| SmolvmError::Provision {
+            step: format!("look at {path} for the CA"),
+            detail: format!(
+                "exit {}: {}",
+                out.exit_code,
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        })
+    }
+
+    fn write(
+        &mut self,
+        path: &str,
+        contents: &[u8],
+        mode: u32,
+    ) -> Result<Result<(), Refused>, SmolvmError> {
+        let host = self.scratch.join(CA_SCRATCH);
+        std::fs::write(&host, contents).map_err(|e| io_err("write", &host, e))?;
+        let copied = self.smolvm.copy_in(self.machine, &host, STAGED);
+        std::fs::remove_file(&host).map_err(|e| io_err("remove", &host, e))?;
+        copied?;
+        let mode = format!("{:o}", mode & 0o7777);
+        let out = self.sh(WRITE_SCRIPT, &[path, STAGED, &mode])?;
+        Ok(if out.exit_code == 0 {
+            Ok(())
+        } else {
+            Err(Refused(String::from_utf8_lossy(&out.stderr).into_owned()))
+        })
+    }
+
+    fn run(&mut self, argv: &[&str], timeout: Duration) -> Result<ToolRun, SmolvmError> {
+        let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+        Ok(
+            match self
+                .smolvm
+                .exec_within(self.machine, &argv, self.env, timeout)?
+            {
+                None => ToolRun::TimedOut,
+                Some(out) => ToolRun::Exited {
+                    code: out.exit_code,
+                    stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+                },
+            },
+        )
+    }
+}
+
+/// Reads [`ENTRY_SCRIPT`]'s output.
+fn parse_entry(stdout: &[u8]) -> Option<Entry> {
+    let newline = stdout.iter().position(|b| *b == b'\n')?;
+    let (header, rest) = (&stdout[..newline], &stdout[newline + 1..]);
+    match std::str::from_utf8(header).ok()? {
+        "missing" => Some(Entry::Missing),
+        "dir" => Some(Entry::Dir),
+        "link" => {
+            // readlink ends the target with one newline.
+            let target = rest.strip_suffix(b"\n").unwrap_or(rest);
+            Some(Entry::Link(String::from_utf8_lossy(target).into_owned()))
+        }
+        header => {
+            let mode = u32::from_str_radix(header.strip_prefix("file ")?, 8).ok()?;
+            Some(Entry::File {
+                contents: rest.to_vec(),
+                mode,
+            })
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entries_are_read_from_the_guest_script() {
+        assert_eq!(parse_entry(b"missing\n"), Some(Entry::Missing));
+        assert_eq!(parse_entry(b"dir\n"), Some(Entry::Dir));
+        assert_eq!(
+            parse_entry(b"link\n../a b\n"),
+            Some(Entry::Link("../a b".into()))
+        );
+        assert_eq!(
+            parse_entry(b"file 644\nroots\n"),
+            Some(Entry::File {
+                contents: b"roots\n".to_vec(),
+                mode: 0o644
+            })
+        );
+        assert_eq!(parse_entry(b"file rw\n"), None);
+        assert_eq!(parse_entry(b"nothing"), None);
+    }
 
     #[test]
     fn env_file_quotes_for_sh() {

@@ -740,3 +740,48 @@ fn exec_passes_stdin_through_to_eof_on_both_backends() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+#[test]
+fn what_the_ca_install_could_not_do_reaches_stderr_with_detach_escaped() {
+    let test = "what_the_ca_install_could_not_do_reaches_stderr_with_detach_escaped";
+    let Some(docker) = docker(test) else { return };
+    let world = World::new(&docker.image, "smol-ca");
+    if !sandbox_available(&world, test) {
+        return;
+    }
+    // The guest's /etc before boot: no trust bundle, and a link that
+    // dangles to a name written to clear the operator's screen.
+    let ssl = world.guest().join("etc/ssl");
+    std::fs::create_dir_all(&ssl).unwrap();
+    std::os::unix::fs::symlink("/nix/\u{1b}[2Jgone/ca-bundle.crt", ssl.join("cert.pem")).unwrap();
+
+    let start = world
+        .bottle("1.9.3", "")
+        .args(["--backend", "smolmachines", "--yes", "start", "coder"])
+        .args(["--name", &world.name(), "--detach"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&start.stderr);
+    assert!(start.status.success(), "start failed: {stderr}");
+    assert!(
+        stderr.contains(
+            "warning: ca: /etc/ssl/cert.pem is a symlink to /nix/\\u{1b}[2Jgone/ca-bundle.crt, which does not exist"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("warning: ca: the image has no system trust bundle"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "a raw ESC reached stderr: {stderr:?}"
+    );
+
+    world
+        .bottle("1.9.3", "")
+        .args(["--backend", "smolmachines", "stop", &world.name()])
+        .assert()
+        .success();
+    assert_nothing_left(&world, &docker.engine);
+}

@@ -1,17 +1,19 @@
 //! A docker bottle's launch: the bundle's steps around the agent
 //! container's. The agent is created pinned at `.3` on the bottle network
-//! alone, given its keep-alive, CA, prompt and skills, started together
-//! with the bundle, and verified isolated before the MCP config is written
-//! and the launch is marked complete; nothing of the agent runs until
-//! then.
+//! alone, given its keep-alive, prompt and skills, started together
+//! with the bundle, and verified isolated before its CA is installed (the
+//! image's trust tool runs through an exec), the MCP config is written and
+//! the launch is marked complete; nothing of the agent runs until then.
 
-use bollard::query_parameters::CreateContainerOptionsBuilder;
+use bollard::query_parameters::{CreateContainerOptionsBuilder, UploadToContainerOptionsBuilder};
 
 use super::{Launch, Step};
-use crate::bottle::{DockerBottle, container_owner, download_file, upload};
-use crate::config::{
-    self, AGENT_CA_PATH, AGENT_PROMPT_PATH, AGENT_SKILLS_DIR, SYSTEM_TRUST_BUNDLE,
-};
+use bottle_core::agent::AGENT_DIR;
+use bottle_core::ca_install::{self, CaBox, Entry, Refused, ToolRun};
+
+use crate::bottle::{DockerBottle, container_entry, container_owner, exec_captured, upload};
+use crate::client::Engine;
+use crate::config::{self, AGENT_PROMPT_PATH, AGENT_SKILLS_DIR};
 use crate::data::{self, AgentData, DockerPlanData};
 use crate::error::DockerError;
 use crate::names::role;
@@ -44,9 +46,6 @@ impl<'a> Launch<'a, DockerPlanData> {
         upload(self.engine, agent, tar.finish()?)?;
         self.step_done(Step::AgentFiles)?;
 
-        self.provision_ca(agent)?;
-        self.step_done(Step::ProvisionCa)?;
-
         self.provision_prompt(agent)?;
         self.step_done(Step::ProvisionPrompt)?;
 
@@ -69,6 +68,10 @@ impl<'a> Launch<'a, DockerPlanData> {
 
         self.verify_agent(network, agent)?;
         self.step_done(Step::AgentVerify)?;
+
+        // After the start: the image's trust tool runs through an exec.
+        let warnings = self.provision_ca(agent)?;
+        self.step_done(Step::ProvisionCa)?;
 
         if self.bundle.git.is_empty() {
             self.note("git: no repositories configured, skipped");
@@ -96,6 +99,7 @@ impl<'a> Launch<'a, DockerPlanData> {
             default_command: data.default_command.clone(),
             image: data.image_ref.clone(),
             user: (!data.user.is_empty()).then(|| data.user.clone()),
+            warnings,
         })
     }
 
@@ -125,36 +129,25 @@ impl<'a> Launch<'a, DockerPlanData> {
         Ok(())
     }
 
-    fn provision_ca(&self, agent: &str) -> Result<(), DockerError> {
+    /// Installs the bundle's CA as [`bottle_core::ca_install`] defines:
+    /// files through the archive API (no shell needed), the image's trust
+    /// tool through an exec as root. Returns the report's warnings.
+    fn provision_ca(&self, agent: &str) -> Result<Vec<String>, DockerError> {
         let cert_path = self.paths.ca_cert();
         let cert = std::fs::read(&cert_path).map_err(DockerError::io("read", cert_path))?;
         let mut tar = TarBuilder::new();
-        tar.dir("etc/bottle", 0o755, Ownership::ROOT)?;
-        tar.file(&entry_name(AGENT_CA_PATH), &cert, 0o644, Ownership::ROOT)?;
+        tar.dir(&entry_name(AGENT_DIR), 0o755, Ownership::ROOT)?;
         upload(self.engine, agent, tar.finish()?)?;
-        match download_file(self.engine, agent, SYSTEM_TRUST_BUNDLE)? {
-            Some((mut bundle, mode)) => {
-                if !bundle.ends_with(b"\n") && !bundle.is_empty() {
-                    bundle.push(b'\n');
-                }
-                bundle.extend_from_slice(&cert);
-                let mut tar = TarBuilder::new();
-                tar.file(
-                    &entry_name(SYSTEM_TRUST_BUNDLE),
-                    &bundle,
-                    mode,
-                    Ownership::ROOT,
-                )?;
-                upload(self.engine, agent, tar.finish()?)?;
-                self.note(&format!(
-                    "ca: installed at {AGENT_CA_PATH} and appended to {SYSTEM_TRUST_BUNDLE}"
-                ));
-            }
-            None => self.note(&format!(
-                "ca: installed at {AGENT_CA_PATH} (the image has no {SYSTEM_TRUST_BUNDLE})"
-            )),
+        let mut target = ContainerCaBox {
+            engine: self.engine,
+            container: agent,
+        };
+        let report = ca_install::install(&mut target, &cert)?;
+        self.note(&format!("ca: installed at {}", report.installed.join(", ")));
+        if !report.ran.is_empty() {
+            self.note(&format!("ca: ran {}", report.ran.join(", ")));
         }
-        Ok(())
+        Ok(report.warnings)
     }
 
     fn provision_supervise(&self, agent: &str) -> Result<(), DockerError> {
@@ -263,6 +256,68 @@ impl<'a> Launch<'a, DockerPlanData> {
             return refuse("the agent is privileged".into());
         }
         Ok(())
+    }
+}
+
+/// The agent container as [`ca_install`] sees it.
+struct ContainerCaBox<'a> {
+    engine: &'a Engine,
+    container: &'a str,
+}
+
+impl CaBox for ContainerCaBox<'_> {
+    type Error = DockerError;
+
+    fn entry(&mut self, path: &str) -> Result<Entry, DockerError> {
+        container_entry(self.engine, self.container, path)
+    }
+
+    fn write(
+        &mut self,
+        path: &str,
+        contents: &[u8],
+        mode: u32,
+    ) -> Result<Result<(), Refused>, DockerError> {
+        let mut tar = TarBuilder::new();
+        tar.file(&entry_name(path), contents, mode, Ownership::ROOT)?;
+        let options = UploadToContainerOptionsBuilder::default().path("/").build();
+        let uploaded = self.engine.block_on(self.engine.docker.upload_to_container(
+            self.container,
+            Some(options),
+            bollard::body_full(tar.finish()?.into()),
+        ));
+        match uploaded {
+            Ok(()) => Ok(Ok(())),
+            // The daemon answered: it could not extract this file there
+            // (a read-only directory, no room left).
+            Err(bollard::errors::Error::DockerResponseServerError { message, .. }) => {
+                Ok(Err(Refused(message)))
+            }
+            Err(err) => Err(DockerError::api(format!(
+                "copy {path} into {}",
+                self.container
+            ))(err)),
+        }
+    }
+
+    fn run(&mut self, argv: &[&str], timeout: std::time::Duration) -> Result<ToolRun, DockerError> {
+        let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+        // Built inside the runtime: a timer needs its reactor.
+        let ran = self.engine.block_on(async {
+            tokio::time::timeout(
+                timeout,
+                exec_captured(self.engine, self.container, &argv, Some("0:0")),
+            )
+            .await
+        });
+        Ok(match ran {
+            Err(_) => ToolRun::TimedOut,
+            Ok(Err(err)) => ToolRun::CouldNotRun(err.to_string()),
+            Ok(Ok(out)) => ToolRun::Exited {
+                code: out.exit_code,
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            },
+        })
     }
 }
 

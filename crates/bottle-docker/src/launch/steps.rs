@@ -18,7 +18,6 @@ use crate::error::DockerError;
 /// | `bundle-files` | write config, CA and credentials into `/run/bottle` |
 /// | `agent-create` | create the agent container pinned at `.3` |
 /// | `agent-files` | write the keep-alive program |
-/// | `provision-ca` | CA into `/etc/bottle/ca.pem` and the system trust bundle |
 /// | `provision-prompt` | the prompt file |
 /// | `provision-skills` | the skills directories |
 /// | `bundle-start` | start the bundle (together with the agent) |
@@ -26,6 +25,7 @@ use crate::error::DockerError;
 /// | `bundle-verify` | check its address, both networks, and that the bottle network is internal |
 /// | `bundle-health` | wait until the proxy answers `/__bottle/health` |
 /// | `agent-verify` | check it is running, on the bottle network only, at its address, with every capability dropped |
+/// | `provision-ca` | the CA as `bottle_core::ca_install` defines: `/etc/bottle/ca.pem`, the anchors, the image's trust tool (an exec as root, so after the start), the system bundles, the hashed directory |
 /// | `provision-git` | git repositories: served by the bundle's git-gate (mounts and mirrors are set up with the bundle); this step reports them |
 /// | `provision-supervise` | the MCP config naming supervise (`/etc/bottle/mcp.json`) |
 /// | `complete` | mark the launch complete in the state dir |
@@ -51,8 +51,6 @@ pub enum Step {
     AgentCreate,
     /// `agent-files`.
     AgentFiles,
-    /// `provision-ca`.
-    ProvisionCa,
     /// `provision-prompt`.
     ProvisionPrompt,
     /// `provision-skills`.
@@ -67,6 +65,8 @@ pub enum Step {
     BundleHealth,
     /// `agent-verify`.
     AgentVerify,
+    /// `provision-ca`.
+    ProvisionCa,
     /// `provision-git`.
     ProvisionGit,
     /// `provision-supervise`.
@@ -85,7 +85,6 @@ impl Step {
         Step::BundleFiles,
         Step::AgentCreate,
         Step::AgentFiles,
-        Step::ProvisionCa,
         Step::ProvisionPrompt,
         Step::ProvisionSkills,
         Step::BundleStart,
@@ -93,6 +92,7 @@ impl Step {
         Step::BundleVerify,
         Step::BundleHealth,
         Step::AgentVerify,
+        Step::ProvisionCa,
         Step::ProvisionGit,
         Step::ProvisionSupervise,
         Step::Complete,

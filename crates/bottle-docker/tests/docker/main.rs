@@ -8,6 +8,7 @@
     reason = "test helpers fail loudly on unexpected errors"
 )]
 
+mod ca;
 mod devices;
 mod disk;
 mod failure;

@@ -566,3 +566,82 @@ fn the_agent_session_runs_the_image_command_with_the_bottle_env_on_the_terminal(
     assert_eq!(at("-t"), None, "{argv:?}");
     assert_eq!(&argv[at("--").unwrap() + 1..], ["cat"]);
 }
+
+/// A real certificate (bottle-core's test CA) and the name OpenSSL's
+/// `-subject_hash` gives it.
+const REAL_CA: &str = include_str!("../../../bottle-core/src/subject_hash/test-ca.pem");
+const REAL_CA_HASH: &str = include_str!("../../../bottle-core/src/subject_hash/test-ca.hash");
+
+#[test]
+fn the_ca_is_installed_as_bottle_core_defines_and_its_problems_are_warnings() {
+    let s = setup("1.9.3", "");
+    if !sandbox_available(&s.world) {
+        return;
+    }
+    std::fs::write(&s.bundles.ca, REAL_CA).unwrap();
+    // The guest's /etc before boot: a bundle that is a relative symlink, a
+    // Fedora bundle and anchor directory, a link that dangles.
+    let guest = s.world.guest(MACHINE);
+    let extracted = guest.join("etc/ca-certificates/extracted");
+    std::fs::create_dir_all(&extracted).unwrap();
+    std::fs::write(extracted.join("tls-ca-bundle.pem"), "ROOTS\n").unwrap();
+    std::fs::create_dir_all(guest.join("etc/ssl/certs")).unwrap();
+    std::os::unix::fs::symlink(
+        "../../ca-certificates/extracted/tls-ca-bundle.pem",
+        guest.join("etc/ssl/certs/ca-certificates.crt"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(
+        "/nix/store/gone/ca-bundle.crt",
+        guest.join("etc/ssl/cert.pem"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(guest.join("etc/pki/tls/certs")).unwrap();
+    std::fs::write(guest.join("etc/pki/tls/certs/ca-bundle.crt"), "ROOTS\n").unwrap();
+    std::fs::create_dir_all(guest.join("etc/pki/ca-trust/source/anchors")).unwrap();
+
+    let plan = s.backend.prepare(&s.spec).unwrap();
+    let bottle = s.backend.launch(&plan).unwrap();
+    let read = |path: &str| std::fs::read_to_string(guest.join(path)).unwrap();
+    assert_eq!(read("etc/bottle/ca.pem"), REAL_CA);
+    assert_eq!(
+        read("etc/ca-certificates/extracted/tls-ca-bundle.pem"),
+        format!("ROOTS\n{REAL_CA}")
+    );
+    assert!(
+        std::fs::symlink_metadata(guest.join("etc/ssl/certs/ca-certificates.crt"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(
+        read("etc/pki/tls/certs/ca-bundle.crt"),
+        format!("ROOTS\n{REAL_CA}")
+    );
+    assert_eq!(read("etc/pki/ca-trust/source/anchors/bottle.pem"), REAL_CA);
+    assert_eq!(
+        read(&format!("etc/ssl/certs/{}.0", REAL_CA_HASH.trim())),
+        REAL_CA
+    );
+    assert!(!guest.join("etc/bottle/.ca-install").exists());
+    assert!(!s.world.state_root().join("coder/ca-install").exists());
+
+    // The dangling link is a warning on the bottle. (The fake's guest sees
+    // the host's read-only /usr, so a host with Debian's tool adds a
+    // refused anchor write; nothing under /etc is refused.)
+    let warnings = bottle.launch_warnings();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("/etc/ssl/cert.pem") && w.contains("/nix/store/gone")),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings
+            .iter()
+            .all(|w| w.contains("/etc/ssl/cert.pem") || w.contains("could not write /usr/")),
+        "{warnings:?}"
+    );
+    s.backend.stop(MACHINE).unwrap();
+    assert_nothing_left(&s);
+}

@@ -1,0 +1,741 @@
+//! How the bottle's CA gets trusted inside a box: the one definition both
+//! backends run (ARCHITECTURE.md invariant 4). A backend supplies only the
+//! primitives ([`CaBox`]: look at a path, write a file, run a program);
+//! what goes where, in which order, and what counts as a problem is here.
+//!
+//! 1. The CA goes where the image's own tooling reads anchors
+//!    ([`ANCHORS`]), when that directory or tool exists, so a later
+//!    `update-ca-certificates`/`update-ca-trust` by the agent keeps it.
+//! 2. That tool is run as root, under the box's own `timeout` when it has
+//!    one ([`TIMEOUT_PROGRAMS`]), which kills it past [`TOOL_TIMEOUT`];
+//!    without one an overrunning tool is only abandoned, and the warning
+//!    says it may still be running.
+//! 3. Every system bundle file that exists ([`SYSTEM_BUNDLES`]) is made to
+//!    contain the CA, following symlinks inside the box (at most
+//!    [`MAX_LINK_DEPTH`] hops), unless the tool already put it there.
+//! 4. The hashed directory [`HASHED_DIR`] gets `<subject-hash>.N`, the
+//!    name OpenSSL's `-CApath` lookup uses, computed on the host
+//!    ([`crate::subject_hash`]) so boxes without `openssl` get it too.
+//!
+//! Every path read back from the box was chosen by the image, so it is
+//! hostile: warnings pass it through [`crate::display::escape_for_terminal`].
+
+use std::time::Duration;
+
+use crate::agent::AGENT_CA_PATH;
+use crate::display::escape_for_terminal;
+
+/// An anchor directory and the tool that rebuilds the bundles from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Anchor {
+    /// The directory the image's tooling reads extra roots from.
+    pub dir: &'static str,
+    /// The file name the CA gets there.
+    pub file: &'static str,
+    /// The tool (absolute path) and its arguments.
+    pub tool: &'static [&'static str],
+}
+
+/// Where each family's tooling reads its anchors.
+pub const ANCHORS: [Anchor; 3] = [
+    // Debian, Ubuntu, Alpine.
+    Anchor {
+        dir: "/usr/local/share/ca-certificates",
+        file: "bottle.crt",
+        tool: &["/usr/sbin/update-ca-certificates"],
+    },
+    // Fedora, RHEL, UBI.
+    Anchor {
+        dir: "/etc/pki/ca-trust/source/anchors",
+        file: "bottle.pem",
+        tool: &["/usr/bin/update-ca-trust", "extract"],
+    },
+    // Arch.
+    Anchor {
+        dir: "/etc/ca-certificates/trust-source/anchors",
+        file: "bottle.crt",
+        tool: &["/usr/bin/update-ca-trust", "extract"],
+    },
+];
+
+/// The single-file bundles TLS libraries read by default.
+pub const SYSTEM_BUNDLES: [&str; 5] = [
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/certs/ca-bundle.crt",
+];
+
+/// OpenSSL's default hashed certificate directory.
+pub const HASHED_DIR: &str = "/etc/ssl/certs";
+
+/// How many symlinks are followed from a bundle's path.
+pub const MAX_LINK_DEPTH: usize = 8;
+
+/// How long an image's trust tool may run.
+pub const TOOL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How much longer than [`TOOL_TIMEOUT`] a backend waits, so that the
+/// box's own `timeout` acts first.
+pub const TOOL_GRACE: Duration = Duration::from_secs(10);
+
+/// Where images keep `timeout` (coreutils, or a busybox applet), which
+/// kills a tool past [`TOOL_TIMEOUT`] inside the box.
+pub const TIMEOUT_PROGRAMS: [&str; 2] = ["/usr/bin/timeout", "/bin/timeout"];
+
+/// How much of a tool's stderr a warning shows.
+const STDERR_SHOWN: usize = 300;
+
+/// What is at a path inside the box, without following a final symlink.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    /// Nothing.
+    Missing,
+    /// A directory.
+    Dir,
+    /// A regular file, its contents and permission bits.
+    File {
+        /// The file's contents.
+        contents: Vec<u8>,
+        /// The file's permission bits.
+        mode: u32,
+    },
+    /// A symlink and its target as stored.
+    Link(String),
+}
+
+/// How running a tool in the box went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolRun {
+    /// It exited with this code; stderr kept for a warning.
+    Exited {
+        /// The exit code.
+        code: i32,
+        /// What it wrote to stderr.
+        stderr: String,
+    },
+    /// It was still running when the backend's bound passed; it was
+    /// abandoned and may still be running.
+    TimedOut,
+    /// The box could not run it (no such program, no shell for a script).
+    CouldNotRun(String),
+}
+
+/// The box's refusal of one write (a read-only directory, no room left),
+/// with its reason: a warning, not a failed launch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused(pub String);
+
+/// The primitives a backend provides over its box.
+pub trait CaBox {
+    /// The backend's error: the box could not be reached at all.
+    type Error;
+    /// What is at `path`.
+    fn entry(&mut self, path: &str) -> Result<Entry, Self::Error>;
+    /// Writes `contents` to `path` as root, creating parent directories;
+    /// `Ok(Err(_))` when the box refused this write.
+    fn write(
+        &mut self,
+        path: &str,
+        contents: &[u8],
+        mode: u32,
+    ) -> Result<Result<(), Refused>, Self::Error>;
+    /// Runs `argv` as root and waits for it at most `timeout`.
+    fn run(&mut self, argv: &[&str], timeout: Duration) -> Result<ToolRun, Self::Error>;
+}
+
+/// What installing the CA did, and what it could not do.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CaInstallReport {
+    /// Files written or appended to.
+    pub installed: Vec<String>,
+    /// Tools run successfully.
+    pub ran: Vec<String>,
+    /// Problems, one line each, safe for the operator's terminal.
+    pub warnings: Vec<String>,
+}
+
+impl CaInstallReport {
+    fn warn(&mut self, text: String) {
+        self.warnings.push(escape_for_terminal(&text).into_owned());
+    }
+}
+
+/// Installs the PEM certificate `cert` in `target` as the image's tooling
+/// expects. Only a box that cannot be reached is an error; everything else
+/// is a warning in the report.
+pub fn install<B: CaBox>(target: &mut B, cert: &[u8]) -> Result<CaInstallReport, B::Error> {
+    let mut report = CaInstallReport::default();
+    put(target, AGENT_CA_PATH, cert, 0o644, &mut report)?;
+    let body = pem_body(cert);
+
+    for tool in install_anchors(target, cert, &mut report)? {
+        run_tool(target, tool, &mut report)?;
+    }
+
+    let mut bundles = 0;
+    let mut done: Vec<String> = Vec::new();
+    for bundle in SYSTEM_BUNDLES {
+        let Some((path, contents, mode)) = resolve_file(target, bundle, &mut report)? else {
+            continue;
+        };
+        bundles += 1;
+        if done.contains(&path) || pem_bodies(&contents).any(|b| b == body) {
+            continue;
+        }
+        let mut appended = contents;
+        if !appended.is_empty() && !appended.ends_with(b"\n") {
+            appended.push(b'\n');
+        }
+        appended.extend_from_slice(cert);
+        put(target, &path, &appended, mode, &mut report)?;
+        done.push(path);
+    }
+    if bundles == 0 {
+        report.warn(format!(
+            "ca: the image has no system trust bundle (none of {}); tools that ignore SSL_CERT_FILE will not trust the bottle's CA",
+            SYSTEM_BUNDLES.join(", ")
+        ));
+    }
+
+    if target.entry(HASHED_DIR)? == Entry::Dir {
+        match crate::subject_hash::subject_hash(cert) {
+            Ok(hash) => install_hashed(target, &hash, cert, &body, &mut report)?,
+            Err(err) => report.warn(format!("ca: no entry in {HASHED_DIR}: {err}")),
+        }
+    }
+    Ok(report)
+}
+
+/// Writes the CA into every anchor directory the image has, and returns
+/// the tools to run afterwards. A tool whose anchor directories are all
+/// missing still gets its first one (the tool reads it, so the directory
+/// is only missing because nothing was ever added).
+fn install_anchors<B: CaBox>(
+    target: &mut B,
+    cert: &[u8],
+    report: &mut CaInstallReport,
+) -> Result<Vec<&'static [&'static str]>, B::Error> {
+    let mut found = Vec::new();
+    for anchor in ANCHORS {
+        let dir = target.entry(anchor.dir)? == Entry::Dir;
+        let tool = is_program(&target.entry(anchor.tool[0])?);
+        found.push((anchor, dir, tool));
+    }
+    let mut tools: Vec<&'static [&'static str]> = Vec::new();
+    for (anchor, dir, tool) in &found {
+        let first_of_its_tool = found
+            .iter()
+            .find(|(other, ..)| other.tool == anchor.tool)
+            .is_some_and(|(other, ..)| other == anchor);
+        let no_dir_for_its_tool = !found
+            .iter()
+            .any(|(other, other_dir, _)| other.tool == anchor.tool && *other_dir);
+        if !(*dir || (*tool && first_of_its_tool && no_dir_for_its_tool)) {
+            continue;
+        }
+        let path = format!("{}/{}", anchor.dir, anchor.file);
+        if !put(target, &path, cert, 0o644, report)? {
+            continue;
+        }
+        if *tool && !tools.contains(&anchor.tool) {
+            tools.push(anchor.tool);
+        }
+    }
+    Ok(tools)
+}
+
+/// Whether an entry can be run: a file, or a link (busybox applets and
+/// alternatives are links; a dangling one fails to run, with a warning).
+fn is_program(entry: &Entry) -> bool {
+    matches!(entry, Entry::File { .. } | Entry::Link(_))
+}
+
+/// Runs an image's trust tool, under the image's own `timeout` when it has
+/// one: the backend's bound only stops waiting, while `timeout` in the box
+/// kills the tool (and, with coreutils, the tool's children).
+fn run_tool<B: CaBox>(
+    target: &mut B,
+    tool: &[&str],
+    report: &mut CaInstallReport,
+) -> Result<(), B::Error> {
+    let name = tool.join(" ");
+    let mut stopper = None;
+    for program in TIMEOUT_PROGRAMS {
+        if is_program(&target.entry(program)?) {
+            stopper = Some(program);
+            break;
+        }
+    }
+    let seconds = TOOL_TIMEOUT.as_secs().to_string();
+    let mut argv: Vec<&str> = match stopper {
+        Some(program) => vec![program, "-s", "KILL", &seconds],
+        None => Vec::new(),
+    };
+    argv.extend_from_slice(tool);
+    let limit = TOOL_TIMEOUT.as_secs();
+    match target.run(&argv, TOOL_TIMEOUT + TOOL_GRACE)? {
+        ToolRun::Exited { code: 0, .. } => report.ran.push(name),
+        // 124: coreutils' `timeout` stopped it; 137: busybox's (KILL).
+        ToolRun::Exited {
+            code: 124 | 137, ..
+        } if stopper.is_some() => report.warn(format!(
+            "ca: `{name}` did not finish within {limit}s and was stopped; the bundles it rebuilds may lack the CA"
+        )),
+        ToolRun::Exited { code, stderr } => report.warn(format!(
+            "ca: `{name}` exited with {code}: {}",
+            bounded(stderr.trim(), STDERR_SHOWN)
+        )),
+        ToolRun::TimedOut => report.warn(format!(
+            "ca: `{name}` did not finish within {limit}s and may still be running in the box, which has no `timeout` to stop it"
+        )),
+        ToolRun::CouldNotRun(why) => report.warn(format!(
+            "ca: could not run `{name}`: {}",
+            bounded(why.trim(), STDERR_SHOWN)
+        )),
+    }
+    Ok(())
+}
+
+/// At most `max` characters of `text`, marked when cut.
+fn bounded(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text.to_string(),
+    }
+}
+
+/// Writes `contents` to `path`, recording it as installed, or the box's
+/// refusal as a warning; whether it was written.
+fn put<B: CaBox>(
+    target: &mut B,
+    path: &str,
+    contents: &[u8],
+    mode: u32,
+    report: &mut CaInstallReport,
+) -> Result<bool, B::Error> {
+    match target.write(path, contents, mode)? {
+        Ok(()) => {
+            report.installed.push(path.to_string());
+            Ok(true)
+        }
+        Err(Refused(why)) => {
+            report.warn(format!(
+                "ca: could not write {path}: {}",
+                bounded(why.trim(), STDERR_SHOWN)
+            ));
+            Ok(false)
+        }
+    }
+}
+
+/// Puts `cert` at the first free `<hash>.N` in [`HASHED_DIR`], unless an
+/// entry there already holds it.
+fn install_hashed<B: CaBox>(
+    target: &mut B,
+    hash: &str,
+    cert: &[u8],
+    body: &str,
+    report: &mut CaInstallReport,
+) -> Result<(), B::Error> {
+    for n in 0..10 {
+        let path = format!("{HASHED_DIR}/{hash}.{n}");
+        if target.entry(&path)? == Entry::Missing {
+            put(target, &path, cert, 0o644, report)?;
+            return Ok(());
+        }
+        let held = resolve_file(target, &path, report)?;
+        if held.is_some_and(|(_, contents, _)| pem_bodies(&contents).any(|b| b == body)) {
+            return Ok(());
+        }
+    }
+    report.warn(format!(
+        "ca: {HASHED_DIR}/{hash}.0 to .9 are all taken by other certificates"
+    ));
+    Ok(())
+}
+
+/// A regular file reached from a path: its resolved path, contents and
+/// mode.
+type ResolvedFile = (String, Vec<u8>, u32);
+
+/// The regular file `path` leads to, following symlinks: its resolved
+/// path, contents and mode; `None` (with a warning for a dangling or too
+/// long chain) when there is none.
+fn resolve_file<B: CaBox>(
+    target: &mut B,
+    path: &str,
+    report: &mut CaInstallReport,
+) -> Result<Option<ResolvedFile>, B::Error> {
+    let mut current = path.to_string();
+    for _ in 0..=MAX_LINK_DEPTH {
+        match target.entry(&current)? {
+            Entry::File { contents, mode } => return Ok(Some((current, contents, mode))),
+            Entry::Dir => return Ok(None),
+            Entry::Missing if current == path => return Ok(None),
+            Entry::Missing => {
+                report.warn(format!(
+                    "ca: {path} is a symlink to {current}, which does not exist; the CA is not in it"
+                ));
+                return Ok(None);
+            }
+            Entry::Link(link) => current = join_link(&current, &link),
+        }
+    }
+    report.warn(format!(
+        "ca: {path} is a chain of more than {MAX_LINK_DEPTH} symlinks; the CA is not in it"
+    ));
+    Ok(None)
+}
+
+/// Where the symlink at `path` with target `link` points, as an absolute,
+/// normalised path inside the box.
+fn join_link(path: &str, link: &str) -> String {
+    let base = if link.starts_with('/') {
+        String::new()
+    } else {
+        path.rsplit_once('/')
+            .map(|(dir, _)| dir)
+            .unwrap_or("")
+            .to_string()
+    };
+    let mut parts: Vec<&str> = Vec::new();
+    for part in base.split('/').chain(link.split('/')) {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            part => parts.push(part),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
+/// The base64 body of the first PEM block in `pem`, whitespace removed.
+fn pem_body(pem: &[u8]) -> String {
+    pem_bodies(pem).next().unwrap_or_default()
+}
+
+/// Every PEM certificate body in `text`, whitespace removed, so a bundle
+/// that re-wraps lines still matches.
+fn pem_bodies(text: &[u8]) -> impl Iterator<Item = String> + '_ {
+    let text = String::from_utf8_lossy(text).into_owned();
+    let mut bodies = Vec::new();
+    let mut rest = text.as_str();
+    while let Some(start) = rest.find("-----BEGIN CERTIFICATE-----") {
+        rest = &rest[start + "-----BEGIN CERTIFICATE-----".len()..];
+        let Some(end) = rest.find("-----END CERTIFICATE-----") else {
+            break;
+        };
+        bodies.push(
+            rest[..end]
+                .chars()
+                .filter(|c| !c.is_ascii_whitespace())
+                .collect::<String>(),
+        );
+        rest = &rest[end..];
+    }
+    bodies.into_iter()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    const CERT: &[u8] = include_bytes!("subject_hash/test-ca.pem");
+
+    /// A box as a map of paths; records what ran.
+    #[derive(Default)]
+    struct FakeBox {
+        entries: BTreeMap<String, Entry>,
+        ran: Vec<String>,
+        /// What running a tool does to the box.
+        on_run: Option<fn(&mut FakeBox)>,
+        /// What running a tool returns (default: exit 0).
+        outcome: Option<ToolRun>,
+        /// Directories whose writes the box refuses.
+        read_only: Vec<&'static str>,
+    }
+
+    impl FakeBox {
+        fn dir(mut self, path: &str) -> Self {
+            self.entries.insert(path.into(), Entry::Dir);
+            self
+        }
+        fn file(mut self, path: &str, contents: &[u8]) -> Self {
+            self.entries.insert(
+                path.into(),
+                Entry::File {
+                    contents: contents.to_vec(),
+                    mode: 0o644,
+                },
+            );
+            self
+        }
+        fn link(mut self, path: &str, target: &str) -> Self {
+            self.entries.insert(path.into(), Entry::Link(target.into()));
+            self
+        }
+        fn contents(&self, path: &str) -> Vec<u8> {
+            match self.entries.get(path) {
+                Some(Entry::File { contents, .. }) => contents.clone(),
+                other => panic!("{path}: {other:?}"),
+            }
+        }
+    }
+
+    impl CaBox for FakeBox {
+        type Error = std::convert::Infallible;
+        fn entry(&mut self, path: &str) -> Result<Entry, Self::Error> {
+            Ok(self.entries.get(path).cloned().unwrap_or(Entry::Missing))
+        }
+        fn write(
+            &mut self,
+            path: &str,
+            contents: &[u8],
+            mode: u32,
+        ) -> Result<Result<(), Refused>, Self::Error> {
+            if self.read_only.iter().any(|dir| path.starts_with(dir)) {
+                return Ok(Err(Refused("Read-only file system".into())));
+            }
+            self.entries.insert(
+                path.into(),
+                Entry::File {
+                    contents: contents.to_vec(),
+                    mode,
+                },
+            );
+            Ok(Ok(()))
+        }
+        fn run(&mut self, argv: &[&str], _: Duration) -> Result<ToolRun, Self::Error> {
+            self.ran.push(argv.join(" "));
+            if let Some(effect) = self.on_run {
+                effect(self);
+            }
+            Ok(self.outcome.clone().unwrap_or(ToolRun::Exited {
+                code: 0,
+                stderr: String::new(),
+            }))
+        }
+    }
+
+    fn has_ca(contents: &[u8]) -> bool {
+        pem_bodies(contents).any(|b| b == pem_body(CERT))
+    }
+
+    #[test]
+    fn a_symlinked_bundle_gets_the_ca_in_its_target() {
+        let mut target = FakeBox::default()
+            .dir("/etc/ssl/certs")
+            .link(
+                "/etc/ssl/certs/ca-certificates.crt",
+                "../../ca-certificates/extracted/tls-ca-bundle.pem",
+            )
+            .file(
+                "/etc/ca-certificates/extracted/tls-ca-bundle.pem",
+                b"roots\n",
+            );
+        let report = install(&mut target, CERT).unwrap();
+        assert!(report.warnings.is_empty(), "{report:?}");
+        let bundle = target.contents("/etc/ca-certificates/extracted/tls-ca-bundle.pem");
+        assert!(bundle.starts_with(b"roots\n") && has_ca(&bundle));
+        assert_eq!(
+            target.entries["/etc/ssl/certs/ca-certificates.crt"],
+            Entry::Link("../../ca-certificates/extracted/tls-ca-bundle.pem".into())
+        );
+    }
+
+    #[test]
+    fn a_dangling_bundle_link_is_a_warning_naming_it() {
+        let mut target = FakeBox::default()
+            .link("/etc/ssl/cert.pem", "/nix/store/x/ca-bundle.crt")
+            .file("/etc/pki/tls/certs/ca-bundle.crt", b"");
+        let report = install(&mut target, CERT).unwrap();
+        assert_eq!(report.warnings.len(), 1, "{report:?}");
+        assert!(report.warnings[0].contains("/nix/store/x/ca-bundle.crt"));
+        assert!(has_ca(&target.contents("/etc/pki/tls/certs/ca-bundle.crt")));
+    }
+
+    #[test]
+    fn no_bundle_at_all_is_a_warning() {
+        let mut target = FakeBox::default();
+        let report = install(&mut target, CERT).unwrap();
+        assert_eq!(report.installed, [AGENT_CA_PATH]);
+        assert_eq!(report.warnings.len(), 1, "{report:?}");
+        assert!(report.warnings[0].contains("no system trust bundle"));
+    }
+
+    #[test]
+    fn the_anchor_is_written_and_the_tool_run_before_the_bundles() {
+        let mut target = FakeBox::default()
+            .dir("/etc/pki/ca-trust/source/anchors")
+            .file("/usr/bin/update-ca-trust", b"#!/bin/sh\n")
+            .file("/etc/pki/tls/certs/ca-bundle.crt", b"roots\n");
+        // The tool rebuilds the bundle from the anchors, as Fedora's does.
+        target.on_run = Some(|b: &mut FakeBox| {
+            let anchor = b.contents("/etc/pki/ca-trust/source/anchors/bottle.pem");
+            let mut bundle = b"roots\n".to_vec();
+            bundle.extend(anchor);
+            b.entries.insert(
+                "/etc/pki/tls/certs/ca-bundle.crt".into(),
+                Entry::File {
+                    contents: bundle,
+                    mode: 0o444,
+                },
+            );
+        });
+        let report = install(&mut target, CERT).unwrap();
+        assert_eq!(target.ran, ["/usr/bin/update-ca-trust extract"]);
+        assert_eq!(report.ran, ["/usr/bin/update-ca-trust extract"]);
+        let bundle = target.contents("/etc/pki/tls/certs/ca-bundle.crt");
+        assert_eq!(
+            pem_bodies(&bundle).count(),
+            1,
+            "the CA is not appended twice"
+        );
+        assert!(report.warnings.is_empty(), "{report:?}");
+    }
+
+    #[test]
+    fn the_hashed_directory_gets_the_first_free_name() {
+        let hash = include_str!("subject_hash/test-ca.hash").trim();
+        let taken = format!("/etc/ssl/certs/{hash}.0");
+        let mut target = FakeBox::default()
+            .dir("/etc/ssl/certs")
+            .file(&taken, b"another\n");
+        install(&mut target, CERT).unwrap();
+        assert!(has_ca(
+            &target.contents(&format!("/etc/ssl/certs/{hash}.1"))
+        ));
+        // Run again: the entry holding the CA is found, none is added.
+        let before = target.entries.len();
+        install(&mut target, CERT).unwrap();
+        assert_eq!(target.entries.len(), before);
+    }
+
+    #[test]
+    fn hostile_link_targets_are_escaped_in_warnings() {
+        let mut target = FakeBox::default().link("/etc/ssl/cert.pem", "/x\x1b[2Jy");
+        let report = install(&mut target, CERT).unwrap();
+        assert!(
+            report.warnings.iter().all(|w| !w.contains('\x1b')),
+            "{report:?}"
+        );
+    }
+
+    #[test]
+    fn the_tool_runs_under_the_boxs_timeout_which_stops_it() {
+        let mut target = FakeBox::default()
+            .link("/usr/sbin/update-ca-certificates", "/bin/busybox")
+            .link("/bin/timeout", "/bin/busybox");
+        target.outcome = Some(ToolRun::Exited {
+            code: 137,
+            stderr: String::new(),
+        });
+        let report = install(&mut target, CERT).unwrap();
+        assert_eq!(
+            target.ran,
+            ["/bin/timeout -s KILL 60 /usr/sbin/update-ca-certificates"]
+        );
+        assert!(
+            report.installed[1] == "/usr/local/share/ca-certificates/bottle.crt",
+            "{report:?}"
+        );
+        assert!(
+            report.warnings[0].contains("did not finish within 60s and was stopped"),
+            "{report:?}"
+        );
+    }
+
+    #[test]
+    fn without_timeout_an_overrunning_tool_is_said_to_be_still_running() {
+        let mut target = FakeBox::default().file("/usr/bin/update-ca-trust", b"#!/bin/sh\n");
+        target.outcome = Some(ToolRun::TimedOut);
+        let report = install(&mut target, CERT).unwrap();
+        assert_eq!(target.ran, ["/usr/bin/update-ca-trust extract"]);
+        assert!(
+            report.warnings[0].contains("may still be running"),
+            "{report:?}"
+        );
+    }
+
+    #[test]
+    fn a_tool_without_anchor_directories_gets_only_its_first() {
+        let mut target = FakeBox::default().file("/usr/bin/update-ca-trust", b"#!/bin/sh\n");
+        let report = install(&mut target, CERT).unwrap();
+        assert_eq!(
+            report.installed[..2],
+            [AGENT_CA_PATH, "/etc/pki/ca-trust/source/anchors/bottle.pem"]
+        );
+        assert!(
+            !report
+                .installed
+                .iter()
+                .any(|p| p.starts_with("/etc/ca-certificates/")),
+            "{report:?}"
+        );
+        // On Arch the same tool reads its own directory, which exists.
+        let mut arch = FakeBox::default()
+            .file("/usr/bin/update-ca-trust", b"#!/bin/sh\n")
+            .dir("/etc/ca-certificates/trust-source/anchors");
+        let report = install(&mut arch, CERT).unwrap();
+        assert_eq!(
+            report.installed[..2],
+            [
+                AGENT_CA_PATH,
+                "/etc/ca-certificates/trust-source/anchors/bottle.crt"
+            ]
+        );
+        assert_eq!(arch.ran, ["/usr/bin/update-ca-trust extract"]);
+    }
+
+    #[test]
+    fn a_tools_stderr_is_bounded_and_escaped_in_its_warning() {
+        let mut target = FakeBox::default().file("/usr/bin/update-ca-trust", b"#!/bin/sh\n");
+        target.outcome = Some(ToolRun::Exited {
+            code: 1,
+            stderr: format!("\x1b[2J{}", "x".repeat(10_000)),
+        });
+        let report = install(&mut target, CERT).unwrap();
+        let warning = &report.warnings[0];
+        assert!(warning.contains("exited with 1"), "{warning}");
+        assert!(
+            !warning.contains('\x1b') && warning.len() < 500,
+            "{warning}"
+        );
+    }
+
+    #[test]
+    fn a_refused_write_is_a_warning_and_its_tool_is_not_run() {
+        let mut target = FakeBox::default()
+            .file("/usr/sbin/update-ca-certificates", b"#!/bin/sh\n")
+            .file("/etc/ssl/certs/ca-certificates.crt", b"roots\n");
+        target.read_only = vec!["/usr/"];
+        let report = install(&mut target, CERT).unwrap();
+        assert!(target.ran.is_empty(), "{:?}", target.ran);
+        assert_eq!(report.warnings.len(), 1, "{report:?}");
+        assert!(
+            report.warnings[0].contains(
+                "could not write /usr/local/share/ca-certificates/bottle.crt: Read-only file system"
+            ),
+            "{report:?}"
+        );
+        assert!(has_ca(
+            &target.contents("/etc/ssl/certs/ca-certificates.crt")
+        ));
+    }
+
+    #[test]
+    fn links_resolve_relative_to_their_directory() {
+        assert_eq!(
+            join_link("/etc/ssl/cert.pem", "certs/x.crt"),
+            "/etc/ssl/certs/x.crt"
+        );
+        assert_eq!(join_link("/etc/ssl/cert.pem", "../../a/./b"), "/a/b");
+        assert_eq!(join_link("/etc/ssl/cert.pem", "/abs"), "/abs");
+    }
+}
