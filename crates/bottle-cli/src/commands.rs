@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use bottle_core::audit_files;
+use bottle_core::backend::BackendErrorKind;
 use bottle_core::{BottleInfo, BottleLauncher, BottleSpec, Manifest, Plan, manifest, slug};
 
 use crate::args::{
@@ -12,7 +13,7 @@ use crate::args::{
 };
 use crate::backends;
 use crate::devices;
-use crate::failure::{EXIT_DECLINED, EXIT_USAGE, Failure};
+use crate::failure::{EXIT_DECLINED, EXIT_USAGE, Failure, exit_for};
 use crate::output::{self, note, out};
 
 /// Runs one command.
@@ -297,15 +298,26 @@ fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
                 out(&format!("stopped {name}\n"));
                 return Ok(ExitCode::SUCCESS);
             }
-            Err(err) if err.kind == bottle_core::backend::BackendErrorKind::NotFound => {
+            Err(err) if err.kind == BackendErrorKind::NotFound => {
                 last_error = Some(err);
             }
             Err(err) => return Err(err.into()),
         }
     }
-    Err(last_error.map(Failure::from).unwrap_or_else(|| {
-        Failure::new("BOT-C004", 4, format!("no bottle named {name}")).with_fix("see `bottle list`")
-    }))
+    Err(last_error
+        .map(Failure::from)
+        .unwrap_or_else(|| no_bottle_named(&name)))
+}
+
+/// No backend asked has the bottle `name`: bad input, like a backend's own
+/// not-found.
+fn no_bottle_named(name: &str) -> Failure {
+    Failure::new(
+        "BOT-C004",
+        exit_for(BackendErrorKind::NotFound),
+        format!("no bottle named {name}"),
+    )
+    .with_fix("see `bottle list`")
 }
 
 fn cleanup(global: &Global) -> Result<ExitCode, Failure> {
@@ -331,15 +343,15 @@ fn find_bottle(global: &Global, bottle: &str) -> Result<Box<dyn bottle_core::Bot
     for backend in backends_to_ask(global)? {
         match backend.attach(&name) {
             Ok(found) => return Ok(found),
-            Err(err) if err.kind == bottle_core::backend::BackendErrorKind::NotFound => {
+            Err(err) if err.kind == BackendErrorKind::NotFound => {
                 last_error = Some(err);
             }
             Err(err) => return Err(err.into()),
         }
     }
-    Err(last_error.map(Failure::from).unwrap_or_else(|| {
-        Failure::new("BOT-C004", 4, format!("no bottle named {name}")).with_fix("see `bottle list`")
-    }))
+    Err(last_error
+        .map(Failure::from)
+        .unwrap_or_else(|| no_bottle_named(&name)))
 }
 
 fn exec(global: &Global, args: &ExecArgs) -> Result<ExitCode, Failure> {
@@ -385,9 +397,14 @@ fn logs(args: &LogsArgs) -> Result<ExitCode, Failure> {
 /// `follow` waits for more, across rotations.
 fn follow_file(path: &Path, follow: bool) -> Result<(), Failure> {
     std::fs::metadata(path).map_err(|err| {
+        let exit = if err.kind() == io::ErrorKind::NotFound {
+            exit_for(BackendErrorKind::NotFound)
+        } else {
+            1
+        };
         Failure::new(
             "BOT-C005",
-            4,
+            exit,
             format!("cannot read the audit log {}: {err}", path.display()),
         )
         .with_fix("check the bottle name with `bottle list`")

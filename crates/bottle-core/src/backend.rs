@@ -60,7 +60,8 @@ impl fmt::Display for BackendKind {
 pub enum BackendErrorKind {
     /// The host cannot run this backend (no daemon, no KVM, wrong version).
     Preflight,
-    /// The named bottle does not exist.
+    /// Something the operator named does not exist: a bottle, or the
+    /// agent's image. Bad input, not a backend failure.
     NotFound,
     /// The request is valid but this backend cannot honour it.
     Unsupported,

@@ -249,7 +249,9 @@ impl DockerError {
             | DockerError::ApiTooOld { .. }
             | DockerError::BundleBinaryMissing { .. }
             | DockerError::BundleBinaryNotStatic { .. } => BackendErrorKind::Preflight,
-            DockerError::NotFound { .. } => BackendErrorKind::NotFound,
+            DockerError::NotFound { .. } | DockerError::ImageNotFound { .. } => {
+                BackendErrorKind::NotFound
+            }
             DockerError::UnsupportedArch { .. } | DockerError::DiskCapUnsupported { .. } => {
                 BackendErrorKind::Unsupported
             }

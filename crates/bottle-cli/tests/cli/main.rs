@@ -7,6 +7,7 @@
 
 mod catalogue;
 mod commands;
+mod exit_codes;
 mod requests;
 mod smolmachines;
 mod terminal;
