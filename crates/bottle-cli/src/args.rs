@@ -33,7 +33,8 @@ pub(crate) struct Global {
     /// Answer yes to the confirmation prompt.
     #[arg(long, short = 'y', global = true)]
     pub yes: bool,
-    /// Machine-readable output (JSON) where the command lists things.
+    /// Machine-readable output (JSON) where the command lists things, and
+    /// the audit log's own JSON lines for `logs`.
     #[arg(long, global = true)]
     pub json: bool,
     /// No progress output.

@@ -8,9 +8,7 @@ use bottle_core::audit_files;
 use bottle_core::backend::BackendErrorKind;
 use bottle_core::{BottleInfo, BottleLauncher, BottleSpec, Manifest, Plan, manifest, slug};
 
-use crate::args::{
-    Cli, Command, CompletionsArgs, CpArgs, ExecArgs, Global, LogsArgs, PlanArgs, StartArgs,
-};
+use crate::args::{Cli, Command, CompletionsArgs, CpArgs, ExecArgs, Global, PlanArgs, StartArgs};
 use crate::backends;
 use crate::devices;
 use crate::failure::{EXIT_DECLINED, EXIT_USAGE, Failure, exit_for};
@@ -28,7 +26,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Cleanup => cleanup(global),
         Command::Exec(args) => exec(global, &args),
         Command::Cp(args) => cp(global, &args),
-        Command::Logs(args) => logs(&args),
+        Command::Logs(args) => crate::logs::logs(global, &args, &state_root()?),
         Command::Requests(args) => crate::requests::list(global, &args, &state_root()?),
         Command::Approve(args) => crate::requests::decide(
             global,
@@ -377,68 +375,6 @@ fn cp(global: &Global, args: &CpArgs) -> Result<ExitCode, Failure> {
     };
     find_bottle(global, bottle)?.copy_in(&args.source, dir)?;
     Ok(ExitCode::SUCCESS)
-}
-
-fn audit_log_path(bottle: &str) -> Result<PathBuf, Failure> {
-    Ok(state_root()?
-        .join(slug::slug_of(bottle))
-        .join(audit_files::AUDIT_LOG_DIR)
-        .join(audit_files::AUDIT_LOG_FILE))
-}
-
-fn logs(args: &LogsArgs) -> Result<ExitCode, Failure> {
-    let path = audit_log_path(&args.bottle)?;
-    follow_file(&path, args.follow)?;
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Prints the audit log, its rotated generations first, each line escaped
-/// for the terminal (the agent chose the hosts and paths in it), and with
-/// `follow` waits for more, across rotations.
-fn follow_file(path: &Path, follow: bool) -> Result<(), Failure> {
-    std::fs::metadata(path).map_err(|err| {
-        let exit = if err.kind() == io::ErrorKind::NotFound {
-            exit_for(BackendErrorKind::NotFound)
-        } else {
-            1
-        };
-        Failure::new(
-            "BOT-C005",
-            exit,
-            format!("cannot read the audit log {}: {err}", path.display()),
-        )
-        .with_fix("check the bottle name with `bottle list`")
-    })?;
-    let mut lines = audit_files::AuditLines::new(path);
-    loop {
-        let text: String = lines
-            .poll()
-            .map_err(|err| anyhow::anyhow!("reading {}: {err}", path.display()))?
-            .iter()
-            .map(|line| audit_line(line))
-            .collect();
-        if !text.is_empty() {
-            output::out(&text);
-        }
-        if !follow {
-            return Ok(());
-        }
-        std::thread::sleep(std::time::Duration::from_millis(250));
-    }
-}
-
-/// One audit log line for the terminal, newline-terminated: a JSON record
-/// keeps its value with what a terminal acts on written as `\uXXXX`; a line
-/// that is not JSON is shown with visible `\u{XX}` escapes.
-fn audit_line(line: &[u8]) -> String {
-    use bottle_core::display::{escape_for_terminal, escape_json_for_terminal};
-    let line = String::from_utf8_lossy(line);
-    let shown = if serde_json::from_str::<serde::de::IgnoredAny>(&line).is_ok() {
-        escape_json_for_terminal(&line)
-    } else {
-        escape_for_terminal(&line)
-    };
-    format!("{shown}\n")
 }
 
 fn doctor(global: &Global) -> Result<ExitCode, Failure> {

@@ -293,7 +293,7 @@ fn logs_print_the_rotated_generations_oldest_first() {
     std::fs::write(logs.join("audit.jsonl.1"), line("older")).unwrap();
     std::fs::write(logs.join("audit.jsonl"), line("live")).unwrap();
     let output = bottle(state.path())
-        .args(["logs", "claude"])
+        .args(["logs", "--json", "claude"])
         .output()
         .unwrap();
     assert!(output.status.success());
@@ -303,4 +303,78 @@ fn logs_print_the_rotated_generations_oldest_first() {
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["host"].to_string())
         .collect();
     assert_eq!(hosts, [r#""oldest""#, r#""older""#, r#""live""#]);
+}
+
+#[test]
+fn logs_show_one_readable_line_per_decision_in_local_time() {
+    let state = temp_state_root();
+    let logs = state.path().join("bottle").join("claude").join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let record = |time: &str,
+                  daemon: &str,
+                  decision: &str,
+                  target: (&str, u16),
+                  request: (&str, &str),
+                  status: u16,
+                  reason: &str,
+                  count: u64| {
+        serde_json::json!({
+            "v": 2, "time": time, "bottle": "bot-bottle-claude", "daemon": daemon,
+            "decision": decision, "host": target.0, "port": target.1,
+            "method": request.0, "path": request.1, "status": status,
+            "bytes_up": 0, "bytes_down": 0, "duration_ms": 1,
+            "reason": reason, "rule": "", "count": count,
+        })
+    };
+    let lines = [
+        record(
+            "2025-01-02T03:04:05.678Z",
+            "proxy",
+            "allow",
+            ("api.example.com", 443),
+            ("GET", "/v1/models"),
+            200,
+            "allowed",
+            1,
+        ),
+        record(
+            "2025-01-02T03:04:06.001Z",
+            "proxy",
+            "deny",
+            ("evil.example", 443),
+            ("CONNECT", ""),
+            403,
+            "host_not_allowed",
+            12,
+        ),
+        record(
+            "2025-01-02T23:59:59.000Z",
+            "supervise",
+            "allow",
+            ("docs.rs", 0),
+            ("egress", "claude-3"),
+            0,
+            "operator_approved",
+            1,
+        ),
+    ];
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(logs.join("audit.jsonl"), text).unwrap();
+    let output = bottle(state.path())
+        // Two hours east of UTC (POSIX writes the offset west-positive).
+        .env("TZ", "UTC-2")
+        .args(["logs", "claude"])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        "2025-01-02 05:04:05  allow  GET api.example.com:443/v1/models  200  allowed\n\
+         2025-01-02 05:04:06  deny  CONNECT evil.example:443  403  host_not_allowed  (x12)\n\
+         2025-01-03 01:59:59  allow  egress docs.rs claude-3  -  operator_approved\n"
+    );
 }
