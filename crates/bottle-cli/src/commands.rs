@@ -8,7 +8,9 @@ use bottle_core::audit_files;
 use bottle_core::backend::BackendErrorKind;
 use bottle_core::{BottleInfo, BottleLauncher, BottleSpec, Manifest, Plan, manifest, slug};
 
-use crate::args::{Cli, Command, CompletionsArgs, CpArgs, ExecArgs, Global, PlanArgs, StartArgs};
+use crate::args::{
+    CleanupArgs, Cli, Command, CompletionsArgs, CpArgs, ExecArgs, Global, PlanArgs, StartArgs,
+};
 use crate::backends;
 use crate::devices;
 use crate::failure::{EXIT_DECLINED, EXIT_USAGE, Failure, exit_for};
@@ -23,7 +25,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Start(args) => start(global, &args),
         Command::List => list(global),
         Command::Stop(args) => stop(global, &args.bottle),
-        Command::Cleanup => cleanup(global),
+        Command::Cleanup(args) => cleanup(global, &args),
         Command::Exec(args) => exec(global, &args),
         Command::Cp(args) => cp(global, &args),
         Command::Logs(args) => crate::logs::logs(global, &args, &state_root()?),
@@ -282,6 +284,12 @@ fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
                 for line in &report.removed {
                     note(global.quiet, &format!("removed {line}"));
                 }
+                for line in &report.kept {
+                    note(
+                        global.quiet,
+                        &format!("kept {line} (`bottle logs {name}` reads it)"),
+                    );
+                }
                 if !report.failed.is_empty() {
                     return Err(Failure::new(
                         "BOT-C007",
@@ -318,12 +326,26 @@ fn no_bottle_named(name: &str) -> Failure {
     .with_fix("see `bottle list`")
 }
 
-fn cleanup(global: &Global) -> Result<ExitCode, Failure> {
+fn cleanup(global: &Global, args: &CleanupArgs) -> Result<ExitCode, Failure> {
     let mut removed = 0;
+    // Old audit logs need no backend: they are pruned even where none runs.
+    if let Some(age) = args.logs_older_than {
+        let pruned = crate::logs::prune(&state_root()?, age)?;
+        for run in &pruned {
+            note(
+                global.quiet,
+                &format!("removed audit log {}", run.display()),
+            );
+        }
+        removed += pruned.len();
+    }
     for backend in backends_to_ask(global)? {
         let report = backend.cleanup_orphans()?;
         for line in &report.removed {
             note(global.quiet, &format!("removed {line}"));
+        }
+        for line in &report.kept {
+            note(global.quiet, &format!("kept {line}"));
         }
         for line in &report.failed {
             note(false, &format!("could not remove {line}"));

@@ -1,5 +1,9 @@
 //! `bottle logs`: a bottle's audit log, one readable line per decision, or
-//! with `--json` the log's own JSON lines.
+//! with `--json` the log's own JSON lines; while the bottle runs, the live
+//! log in its state dir; once it is stopped, the runs kept under the state
+//! root (`bottle_core::audit_files`), the newest by default, another with
+//! `--run`, all of them listed with `--runs`. `bottle cleanup
+//! --logs-older-than` prunes those ([`prune`]).
 //!
 //! The agent chose most of what is in the log (hosts, paths, methods), so
 //! every field is escaped for the terminal on its own before it is put on
@@ -8,15 +12,16 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
 
-use bottle_core::audit_files;
+use bottle_core::audit_files::{self, RetainedRun};
 use bottle_core::backend::BackendErrorKind;
 use bottle_core::display::{escape_for_terminal, escape_json_for_terminal};
 use bottle_core::slug;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::args::{Global, LogsArgs};
-use crate::failure::{Failure, exit_for};
+use crate::failure::{EXIT_USAGE, Failure, exit_for};
 use crate::output;
 
 /// `bottle logs`.
@@ -25,7 +30,24 @@ pub(crate) fn logs(
     args: &LogsArgs,
     state_root: &Path,
 ) -> Result<ExitCode, Failure> {
-    let path = audit_log_path(state_root, &args.bottle);
+    let slug = slug::slug_of(&args.bottle);
+    let runs =
+        audit_files::retained_runs(state_root, slug).map_err(|err| Failure::coded(&err, 1))?;
+    if args.runs {
+        list_runs(global, &runs);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let path = match &args.run {
+        Some(wanted) => chosen_run(&args.bottle, &runs, wanted)?.log(),
+        None => {
+            let live = live_log(state_root, slug);
+            match runs.last() {
+                // Stopped: its newest run.
+                Some(newest) if !live.exists() => newest.log(),
+                _ => live,
+            }
+        }
+    };
     let format = if global.json {
         Format::Json
     } else {
@@ -35,11 +57,87 @@ pub(crate) fn logs(
     Ok(ExitCode::SUCCESS)
 }
 
-fn audit_log_path(state_root: &Path, bottle: &str) -> PathBuf {
+/// The live log of a bottle that runs (or of its state dir's leftovers).
+fn live_log(state_root: &Path, slug: &str) -> PathBuf {
     state_root
-        .join(slug::slug_of(bottle))
+        .join(slug)
         .join(audit_files::AUDIT_LOG_DIR)
         .join(audit_files::AUDIT_LOG_FILE)
+}
+
+/// The newest run whose name starts with `wanted`.
+fn chosen_run<'a>(
+    bottle: &str,
+    runs: &'a [RetainedRun],
+    wanted: &str,
+) -> Result<&'a RetainedRun, Failure> {
+    runs.iter()
+        .rev()
+        .find(|run| run.name.starts_with(wanted))
+        .ok_or_else(|| {
+            let fix = if runs.is_empty() {
+                format!("{bottle} has no stopped runs kept; leave out --run to read its live log")
+            } else {
+                format!(
+                    "use one of: {}",
+                    runs.iter()
+                        .map(|run| run.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            };
+            Failure::new(
+                "BOT-C020",
+                EXIT_USAGE,
+                format!("no kept run of {bottle}'s audit log starts with {wanted:?}"),
+            )
+            .with_fix(fix)
+        })
+}
+
+/// A kept run as `--runs --json` lists it.
+#[derive(Debug, Serialize)]
+struct RunEntry<'a> {
+    run: &'a str,
+    log: PathBuf,
+}
+
+fn list_runs(global: &Global, runs: &[RetainedRun]) {
+    if global.json {
+        let entries: Vec<RunEntry<'_>> = runs
+            .iter()
+            .map(|run| RunEntry {
+                run: &run.name,
+                log: run.log(),
+            })
+            .collect();
+        // Only our own names and paths: nothing to fail on but a closed pipe.
+        let _ = output::json(&entries);
+        return;
+    }
+    if runs.is_empty() {
+        output::note(global.quiet, "no stopped runs kept");
+        return;
+    }
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .map(|run| vec![run.name.clone(), run.log().display().to_string()])
+        .collect();
+    output::out(&output::table(&["RUN", "LOG"], &rows));
+}
+
+/// Removes the kept runs of every bottle stopped more than `age` ago;
+/// returns their directories.
+pub(crate) fn prune(state_root: &Path, age: Duration) -> Result<Vec<PathBuf>, Failure> {
+    let cutoff = SystemTime::now()
+        .checked_sub(age)
+        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .unwrap_or_default();
+    let cutoff = bottle_core::time::rfc3339_millis(
+        i64::try_from(cutoff.as_secs()).unwrap_or(i64::MAX),
+        cutoff.subsec_millis(),
+    );
+    audit_files::prune_retained_logs(state_root, &cutoff).map_err(|err| Failure::coded(&err, 1))
 }
 
 /// How the lines are printed.
@@ -64,7 +162,9 @@ fn follow_file(path: &Path, follow: bool, format: &Format) -> Result<(), Failure
             exit,
             format!("cannot read the audit log {}: {err}", path.display()),
         )
-        .with_fix("check the bottle name with `bottle list`")
+        .with_fix(
+            "check the bottle name with `bottle list`; a stopped bottle's log is kept until `bottle cleanup --logs-older-than` removes it",
+        )
     })?;
     let mut lines = audit_files::AuditLines::new(path);
     loop {

@@ -293,14 +293,34 @@ pub fn stop(engine: &Engine, state_root: &Path, name: &str) -> Result<CleanupRep
         if !dir.exists() || !removable_state_dir(&dir, &slug) {
             continue;
         }
-        match data::remove_state_dir(&dir) {
-            Ok(true) => report.removed.push(format!("state dir {}", dir.display())),
-            Ok(false) => {}
-            Err(err) => report.failed.push(err.to_string()),
-        }
+        record_removal(
+            &mut report,
+            format!("state dir {}", dir.display()),
+            data::remove_state_dir(&dir),
+        );
     }
     remove_egress_into(engine, &mut report);
     Ok(report)
+}
+
+/// Records in `report` what removing a bottle's files (`what`) did: the
+/// removal, the audit log kept, or why it failed.
+pub(crate) fn record_removal(
+    report: &mut CleanupReport,
+    what: String,
+    removal: Result<data::Removal, DockerError>,
+) {
+    match removal {
+        Ok(removal) => {
+            if let Some(run) = removal.kept_log {
+                report.kept.push(format!("audit log {}", run.display()));
+            }
+            if removal.removed {
+                report.removed.push(what);
+            }
+        }
+        Err(err) => report.failed.push(err.to_string()),
+    }
 }
 
 /// The state dirs a bottle's resources name in their labels, and
@@ -412,11 +432,11 @@ pub fn cleanup_orphans(engine: &Engine, state_root: &Path) -> Result<CleanupRepo
             if owner_alive || !removable_state_dir(&dir, &slug) {
                 continue;
             }
-            match data::remove_state_dir(&dir) {
-                Ok(true) => report.removed.push(format!("state dir {}", dir.display())),
-                Ok(false) => {}
-                Err(err) => report.failed.push(err.to_string()),
-            }
+            record_removal(
+                &mut report,
+                format!("state dir {}", dir.display()),
+                data::remove_state_dir(&dir),
+            );
         }
     }
     match remove_egress_if_unused(engine) {
@@ -439,6 +459,7 @@ fn merge(into: &mut CleanupReport, from: CleanupReport) {
         }
     }
     into.failed.extend(from.failed);
+    into.kept.extend(from.kept);
 }
 
 #[cfg(test)]

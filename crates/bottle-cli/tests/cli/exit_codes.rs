@@ -18,7 +18,7 @@ const EXIT_USAGE: i32 = 2;
 const NO_SUCH_BOTTLE: &str = "no-such-bottle-exit-codes";
 
 /// Whether the Docker daemon answers, or a printed skip.
-fn docker_reachable(test: &str) -> bool {
+pub(crate) fn docker_reachable(test: &str) -> bool {
     let probe = bottle_docker::client::Engine::connect(None)
         .map_err(|err| err.to_string())
         .and_then(|engine| {

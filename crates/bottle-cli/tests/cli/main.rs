@@ -5,6 +5,7 @@
     reason = "test helpers fail loudly on unexpected errors"
 )]
 
+mod audit_logs;
 mod catalogue;
 mod commands;
 mod exit_codes;

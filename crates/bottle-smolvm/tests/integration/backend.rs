@@ -340,6 +340,8 @@ fn launch_and_check(version: &str) {
         report.removed.contains(&format!("bundle {MACHINE}")),
         "{report:?}"
     );
+    // The audit log the bundle's host kept is reported, not dropped.
+    assert_eq!(report.kept, [format!("audit log of {MACHINE}")]);
     assert_nothing_left(&s);
     assert!(!guest.exists());
     let err = s.backend.stop(MACHINE).unwrap_err();

@@ -360,6 +360,8 @@ impl BundleHost for RecordingBundles {
         if let Some(i) = live.iter().position(|b| b == bottle) {
             live.remove(i);
             report.removed.push(format!("bundle {bottle}"));
+            // As the real host does with the bundle's audit log.
+            report.kept.push(format!("audit log of {bottle}"));
         }
         Ok(report)
     }
