@@ -262,6 +262,9 @@ audit_log = "1m"
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bottle.toml");
         std::fs::write(dir.path().join("credential"), "secret").unwrap();
+        // The gate seeds each agent's repository before any manifest load;
+        // a local repository that is not there is an error (BOT-M070).
+        std::fs::create_dir_all(dir.path().join("git/escape-a.git")).unwrap();
         let agents = [AgentDef {
             key: "escape-a".into(),
             rebind: true,
