@@ -13,7 +13,7 @@ use crate::args::{
 };
 use crate::backends;
 use crate::devices;
-use crate::failure::{EXIT_DECLINED, EXIT_USAGE, Failure, exit_for};
+use crate::failure::{EXIT_DECLINED, EXIT_INTERRUPTED, EXIT_USAGE, Failure, exit_for};
 use crate::output::{self, note, out};
 
 /// Runs one command.
@@ -179,7 +179,7 @@ fn start_on<B: BottleLauncher>(
         note(global.quiet, "not started");
         return Ok(ExitCode::from(EXIT_DECLINED));
     }
-    let bottle = backend.launch(&plan)?;
+    let bottle = launch_interruptibly(backend, &plan)?;
     if args.detach {
         out(&format!("{}\n", bottle.name()));
         return Ok(ExitCode::SUCCESS);
@@ -191,6 +191,46 @@ fn start_on<B: BottleLauncher>(
     let code = code?;
     stopped?;
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+/// `backend.launch`, which the operator's ^C (or `SIGTERM`) makes fail
+/// and unwind rather than end the process half-way ([`crate::interrupt`]).
+fn launch_interruptibly<B: BottleLauncher>(
+    backend: &B,
+    plan: &Plan<B::PlanData>,
+) -> Result<Box<dyn bottle_core::Bottle>, Failure> {
+    let signals = crate::interrupt::during_launch()?;
+    let launched = backend.launch(plan);
+    signals.ended();
+    let bottle = match launched {
+        Err(err) if crate::interrupt::requested() => {
+            return Err(Failure {
+                exit: EXIT_INTERRUPTED,
+                ..Failure::from(err)
+            });
+        }
+        launched => launched?,
+    };
+    if !crate::interrupt::requested() {
+        return Ok(bottle);
+    }
+    // Interrupted after the launch's last check: take it down all the same.
+    let name = bottle.name().to_string();
+    drop(bottle);
+    let report = backend.stop(&name)?;
+    Err(Failure::new(
+        "BOT-C021",
+        EXIT_INTERRUPTED,
+        format!("the launch of {name} was interrupted as it completed; the bottle was stopped"),
+    )
+    .with_fix(if report.failed.is_empty() {
+        "start it again".to_string()
+    } else {
+        format!(
+            "run `bottle cleanup`; these remain: {}",
+            report.failed.join("; ")
+        )
+    }))
 }
 
 /// The backends to ask when the operator did not pick one.

@@ -6,7 +6,7 @@
 //! image that does not exist) · 3 preflight failed (host cannot run the
 //! backend) · 4 backend failure · 5 refused because isolation could not be
 //! confirmed · 6 not available yet · 7 the operator declined · 10 escape
-//! detected (xtask).
+//! detected (xtask) · 130 the launch was interrupted and unwound.
 
 use std::process::ExitCode;
 
@@ -25,6 +25,9 @@ pub(crate) const EXIT_ISOLATION: u8 = 5;
 pub(crate) const EXIT_UNAVAILABLE: u8 = 6;
 /// Exit code: the operator answered no.
 pub(crate) const EXIT_DECLINED: u8 = 7;
+/// Exit code: the operator interrupted the launch (^C, `SIGTERM`), which
+/// unwound; 128 + `SIGINT`, as a shell reports a process ^C ended.
+pub(crate) const EXIT_INTERRUPTED: u8 = 130;
 
 /// An error on its way to the operator.
 #[derive(Debug)]

@@ -8,6 +8,7 @@ mod backends;
 mod commands;
 mod devices;
 mod failure;
+mod interrupt;
 mod logs;
 mod output;
 mod requests;

@@ -194,7 +194,7 @@ pub struct CleanupReport {
     pub removed: Vec<String>,
     /// Resources that could not be removed, with the reason.
     pub failed: Vec<String>,
-    /// What was kept on purpose, one line each: "audit log <dir>" (a
+    /// What was kept on purpose, one line each: `audit log <dir>` (a
     /// stopped bottle's record, `bottle logs` reads it).
     #[serde(default)]
     pub kept: Vec<String>,

@@ -9,6 +9,7 @@ mod audit_logs;
 mod catalogue;
 mod commands;
 mod exit_codes;
+mod interrupted;
 mod requests;
 mod smolmachines;
 mod terminal;

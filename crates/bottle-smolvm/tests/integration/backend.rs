@@ -559,3 +559,22 @@ fn the_agent_session_runs_the_image_command_with_the_bottle_env_on_the_terminal(
     assert!(at("-i") < at("--"));
     assert_eq!(&argv[at("--") + 1..], ["/bin/agent", "--serve"]);
 }
+
+#[test]
+fn an_interrupted_launch_unwinds_what_it_started() {
+    let s = setup("1.9.3", "");
+    let interrupt = bottle_core::undo::Interrupt::default();
+    let backend = s.backend.with_interrupt(interrupt.clone());
+    let s = Setup { backend, ..s };
+    *s.bundles.interrupt_on_start.lock().unwrap() = Some(interrupt);
+    let plan = s.backend.prepare(&s.spec).unwrap();
+    let err = s.backend.launch(&plan).map(drop).unwrap_err();
+    assert_eq!(err.code, "BOT-S007", "{err}");
+    assert!(err.message.contains("after step bundle"), "{err}");
+    assert!(
+        s.bundles.calls().iter().any(|c| c.starts_with("stop ")),
+        "the started bundle was not stopped: {:?}",
+        s.bundles.calls()
+    );
+    assert_nothing_left(&s);
+}
