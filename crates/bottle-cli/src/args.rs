@@ -33,7 +33,8 @@ pub(crate) struct Global {
     /// Answer yes to the confirmation prompt.
     #[arg(long, short = 'y', global = true)]
     pub yes: bool,
-    /// Machine-readable output (JSON) where the command lists things.
+    /// Machine-readable output (JSON) where the command lists things, and
+    /// the audit log's own JSON lines for `logs`.
     #[arg(long, global = true)]
     pub json: bool,
     /// No progress output.
@@ -55,8 +56,8 @@ pub(crate) enum Command {
     List,
     /// Stop a bottle and remove everything it owns.
     Stop(BottleArg),
-    /// Remove what crashed launches left behind.
-    Cleanup,
+    /// Remove what crashed launches left behind, and old audit logs.
+    Cleanup(CleanupArgs),
     /// Join the agent of a bottle started with --detach.
     Attach(AttachArgs),
     /// Run a command in a bottle.
@@ -161,6 +162,45 @@ pub(crate) struct LogsArgs {
     /// Keep printing new lines as they arrive.
     #[arg(long, short = 'f')]
     pub follow: bool,
+    /// A stopped run's log: the newest run whose name (its stop time,
+    /// e.g. `2025-01-02T03:04:05.678Z`) starts with RUN, e.g. `2025-01-02`.
+    #[arg(long, value_name = "RUN", conflicts_with = "runs")]
+    pub run: Option<String>,
+    /// List the bottle's stopped runs whose logs are kept, oldest first.
+    #[arg(long)]
+    pub runs: bool,
+}
+
+/// `bottle cleanup`.
+#[derive(Debug, Args)]
+pub(crate) struct CleanupArgs {
+    /// Also remove the audit logs of bottles stopped longer ago than this
+    /// (`30d`, `12h`, `90m`, `45s`, `2w`); without it they are all kept.
+    #[arg(long, value_name = "DURATION", value_parser = parse_age)]
+    pub logs_older_than: Option<std::time::Duration>,
+}
+
+/// An age: a whole number and a unit, `s`, `m`, `h`, `d` or `w`.
+fn parse_age(text: &str) -> Result<std::time::Duration, String> {
+    let unit_at = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?} has no unit: write e.g. 30d, 12h, 90m, 45s or 2w"))?;
+    let (number, unit) = text.split_at(unit_at);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} does not start with a whole number"))?;
+    let seconds = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        "w" => 604_800,
+        _ => return Err(format!("unknown unit {unit:?}: use s, m, h, d or w")),
+    };
+    number
+        .checked_mul(seconds)
+        .map(std::time::Duration::from_secs)
+        .ok_or_else(|| format!("{text:?} is too long ago"))
 }
 
 /// `bottle requests`.
@@ -188,4 +228,22 @@ pub(crate) struct DecideArgs {
 pub(crate) struct CompletionsArgs {
     /// The shell.
     pub shell: clap_complete::Shell,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn ages_are_a_number_and_a_unit() {
+        assert_eq!(parse_age("30d"), Ok(Duration::from_secs(30 * 86_400)));
+        assert_eq!(parse_age("12h"), Ok(Duration::from_secs(12 * 3_600)));
+        assert_eq!(parse_age("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_age("2w"), Ok(Duration::from_secs(2 * 604_800)));
+        for bad in ["30", "d", "-1d", "1.5h", "3y", "", "99999999999999999999w"] {
+            assert!(parse_age(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -84,6 +84,7 @@ pub(crate) fn open(
             let mut options = bottle_docker::DockerOptions::new(state_root);
             options.detach = mode.detach;
             options.progress = progress(global);
+            options.interrupt = crate::interrupt::launch();
             Ok(AnyBackend::Docker(bottle_docker::DockerBackend::new(
                 options,
             )?))
@@ -120,6 +121,8 @@ fn smolmachines(
     let mut options = bottle_docker::DockerOptions::new(&state_root);
     options.detach = mode.detach;
     options.progress = progress(global);
+    // The VM's bundle launch stops on the same ^C as the VM's.
+    options.interrupt = crate::interrupt::launch();
     // Without HOME or XDG_CACHE_HOME the packed images stay beside the
     // bottles' state rather than nowhere.
     let cache = bottle_smolvm::pack::default_cache_dir(|key| std::env::var(key).ok())
@@ -135,7 +138,8 @@ fn smolmachines(
         Arc::new(bundles),
         state_root,
     )
-    .with_host_check(host_check))
+    .with_host_check(host_check)
+    .with_interrupt(crate::interrupt::launch()))
 }
 
 /// The host check run before anything else:

@@ -5,14 +5,15 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use bottle_core::audit_files;
+use bottle_core::backend::BackendErrorKind;
 use bottle_core::{BottleInfo, BottleLauncher, BottleSpec, Manifest, Plan, manifest, slug};
 
 use crate::args::{
-    Cli, Command, CompletionsArgs, CpArgs, ExecArgs, Global, LogsArgs, PlanArgs, StartArgs,
+    CleanupArgs, Cli, Command, CompletionsArgs, CpArgs, ExecArgs, Global, PlanArgs, StartArgs,
 };
 use crate::backends;
 use crate::devices;
-use crate::failure::{EXIT_DECLINED, EXIT_USAGE, Failure};
+use crate::failure::{EXIT_DECLINED, EXIT_INTERRUPTED, EXIT_USAGE, Failure, exit_for};
 use crate::output::{self, note, out};
 
 /// Runs one command.
@@ -24,7 +25,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Start(args) => start(global, &args),
         Command::List => list(global),
         Command::Stop(args) => stop(global, &args.bottle),
-        Command::Cleanup => cleanup(global),
+        Command::Cleanup(args) => cleanup(global, &args),
         Command::Attach(args) => {
             crate::session::attach::run(global, &args.bottle, args.detach_keys)
         }
@@ -33,7 +34,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         }
         Command::Exec(args) => exec(global, &args),
         Command::Cp(args) => cp(global, &args),
-        Command::Logs(args) => logs(&args),
+        Command::Logs(args) => crate::logs::logs(global, &args, &state_root()?),
         Command::Requests(args) => crate::requests::list(global, &args, &state_root()?),
         Command::Approve(args) => crate::requests::decide(
             global,
@@ -184,7 +185,7 @@ fn start_on<B: BottleLauncher>(
         note(global.quiet, "not started");
         return Ok(ExitCode::from(EXIT_DECLINED));
     }
-    let bottle = backend.launch(&plan)?;
+    let bottle = launch_interruptibly(backend, &plan)?;
     for warning in bottle.launch_warnings() {
         note(global.quiet, &format!("warning: {warning}"));
     }
@@ -215,6 +216,46 @@ fn start_on<B: BottleLauncher>(
     let code = code?;
     stopped?;
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+/// `backend.launch`, which the operator's ^C (or `SIGTERM`) makes fail
+/// and unwind rather than end the process half-way ([`crate::interrupt`]).
+fn launch_interruptibly<B: BottleLauncher>(
+    backend: &B,
+    plan: &Plan<B::PlanData>,
+) -> Result<Box<dyn bottle_core::Bottle>, Failure> {
+    let signals = crate::interrupt::during_launch()?;
+    let launched = backend.launch(plan);
+    signals.ended();
+    let bottle = match launched {
+        Err(err) if crate::interrupt::requested() => {
+            return Err(Failure {
+                exit: EXIT_INTERRUPTED,
+                ..Failure::from(err)
+            });
+        }
+        launched => launched?,
+    };
+    if !crate::interrupt::requested() {
+        return Ok(bottle);
+    }
+    // Interrupted after the launch's last check: take it down all the same.
+    let name = bottle.name().to_string();
+    drop(bottle);
+    let report = backend.stop(&name)?;
+    Err(Failure::new(
+        "BOT-C021",
+        EXIT_INTERRUPTED,
+        format!("the launch of {name} was interrupted as it completed; the bottle was stopped"),
+    )
+    .with_fix(if report.failed.is_empty() {
+        "start it again".to_string()
+    } else {
+        format!(
+            "run `bottle cleanup`; these remain: {}",
+            report.failed.join("; ")
+        )
+    }))
 }
 
 /// The backends to ask when the operator did not pick one.
@@ -324,6 +365,12 @@ fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
                 for line in &report.removed {
                     note(global.quiet, &format!("removed {line}"));
                 }
+                for line in &report.kept {
+                    note(
+                        global.quiet,
+                        &format!("kept {line} (`bottle logs {name}` reads it)"),
+                    );
+                }
                 if !report.failed.is_empty() {
                     return Err(Failure::new(
                         "BOT-C007",
@@ -338,23 +385,48 @@ fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
                 out(&format!("stopped {name}\n"));
                 return Ok(ExitCode::SUCCESS);
             }
-            Err(err) if err.kind == bottle_core::backend::BackendErrorKind::NotFound => {
+            Err(err) if err.kind == BackendErrorKind::NotFound => {
                 last_error = Some(err);
             }
             Err(err) => return Err(err.into()),
         }
     }
-    Err(last_error.map(Failure::from).unwrap_or_else(|| {
-        Failure::new("BOT-C004", 4, format!("no bottle named {name}")).with_fix("see `bottle list`")
-    }))
+    Err(last_error
+        .map(Failure::from)
+        .unwrap_or_else(|| no_bottle_named(&name)))
 }
 
-fn cleanup(global: &Global) -> Result<ExitCode, Failure> {
+/// No backend asked has the bottle `name`: bad input, like a backend's own
+/// not-found.
+fn no_bottle_named(name: &str) -> Failure {
+    Failure::new(
+        "BOT-C004",
+        exit_for(BackendErrorKind::NotFound),
+        format!("no bottle named {name}"),
+    )
+    .with_fix("see `bottle list`")
+}
+
+fn cleanup(global: &Global, args: &CleanupArgs) -> Result<ExitCode, Failure> {
     let mut removed = 0;
+    // Old audit logs need no backend: they are pruned even where none runs.
+    if let Some(age) = args.logs_older_than {
+        let pruned = crate::logs::prune(&state_root()?, age)?;
+        for run in &pruned {
+            note(
+                global.quiet,
+                &format!("removed audit log {}", run.display()),
+            );
+        }
+        removed += pruned.len();
+    }
     for backend in backends_to_ask(global)? {
         let report = backend.cleanup_orphans()?;
         for line in &report.removed {
             note(global.quiet, &format!("removed {line}"));
+        }
+        for line in &report.kept {
+            note(global.quiet, &format!("kept {line}"));
         }
         for line in &report.failed {
             note(false, &format!("could not remove {line}"));
@@ -375,15 +447,15 @@ pub(crate) fn find_bottle(
     for backend in backends_to_ask(global)? {
         match backend.attach(&name) {
             Ok(found) => return Ok(found),
-            Err(err) if err.kind == bottle_core::backend::BackendErrorKind::NotFound => {
+            Err(err) if err.kind == BackendErrorKind::NotFound => {
                 last_error = Some(err);
             }
             Err(err) => return Err(err.into()),
         }
     }
-    Err(last_error.map(Failure::from).unwrap_or_else(|| {
-        Failure::new("BOT-C004", 4, format!("no bottle named {name}")).with_fix("see `bottle list`")
-    }))
+    Err(last_error
+        .map(Failure::from)
+        .unwrap_or_else(|| no_bottle_named(&name)))
 }
 
 fn exec(global: &Global, args: &ExecArgs) -> Result<ExitCode, Failure> {
@@ -407,63 +479,6 @@ fn cp(global: &Global, args: &CpArgs) -> Result<ExitCode, Failure> {
     };
     find_bottle(global, bottle)?.copy_in(&args.source, dir)?;
     Ok(ExitCode::SUCCESS)
-}
-
-fn audit_log_path(bottle: &str) -> Result<PathBuf, Failure> {
-    Ok(state_root()?
-        .join(slug::slug_of(bottle))
-        .join(audit_files::AUDIT_LOG_DIR)
-        .join(audit_files::AUDIT_LOG_FILE))
-}
-
-fn logs(args: &LogsArgs) -> Result<ExitCode, Failure> {
-    let path = audit_log_path(&args.bottle)?;
-    follow_file(&path, args.follow)?;
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Prints the audit log, its rotated generations first, each line escaped
-/// for the terminal (the agent chose the hosts and paths in it), and with
-/// `follow` waits for more, across rotations.
-fn follow_file(path: &Path, follow: bool) -> Result<(), Failure> {
-    std::fs::metadata(path).map_err(|err| {
-        Failure::new(
-            "BOT-C005",
-            4,
-            format!("cannot read the audit log {}: {err}", path.display()),
-        )
-        .with_fix("check the bottle name with `bottle list`")
-    })?;
-    let mut lines = audit_files::AuditLines::new(path);
-    loop {
-        let text: String = lines
-            .poll()
-            .map_err(|err| anyhow::anyhow!("reading {}: {err}", path.display()))?
-            .iter()
-            .map(|line| audit_line(line))
-            .collect();
-        if !text.is_empty() {
-            output::out(&text);
-        }
-        if !follow {
-            return Ok(());
-        }
-        std::thread::sleep(std::time::Duration::from_millis(250));
-    }
-}
-
-/// One audit log line for the terminal, newline-terminated: a JSON record
-/// keeps its value with what a terminal acts on written as `\uXXXX`; a line
-/// that is not JSON is shown with visible `\u{XX}` escapes.
-fn audit_line(line: &[u8]) -> String {
-    use bottle_core::display::{escape_for_terminal, escape_json_for_terminal};
-    let line = String::from_utf8_lossy(line);
-    let shown = if serde_json::from_str::<serde::de::IgnoredAny>(&line).is_ok() {
-        escape_json_for_terminal(&line)
-    } else {
-        escape_for_terminal(&line)
-    };
-    format!("{shown}\n")
 }
 
 fn doctor(global: &Global) -> Result<ExitCode, Failure> {

@@ -2,10 +2,11 @@
 //! text the operator sees.
 //!
 //! Exit codes (documented in README.md):
-//! 0 ok · 1 other failure · 2 bad input (usage, manifest) · 3 preflight
-//! failed (host cannot run the backend) · 4 backend failure · 5 refused
-//! because isolation could not be confirmed · 6 not available yet ·
-//! 7 the operator declined · 10 escape detected (xtask).
+//! 0 ok · 1 other failure · 2 bad input (usage, manifest, a bottle or an
+//! image that does not exist) · 3 preflight failed (host cannot run the
+//! backend) · 4 backend failure · 5 refused because isolation could not be
+//! confirmed · 6 not available yet · 7 the operator declined · 10 escape
+//! detected (xtask) · 130 the launch was interrupted and unwound.
 
 use std::process::ExitCode;
 
@@ -24,6 +25,9 @@ pub(crate) const EXIT_ISOLATION: u8 = 5;
 pub(crate) const EXIT_UNAVAILABLE: u8 = 6;
 /// Exit code: the operator answered no.
 pub(crate) const EXIT_DECLINED: u8 = 7;
+/// Exit code: the operator interrupted the launch (^C, `SIGTERM`), which
+/// unwound; 128 + `SIGINT`, as a shell reports a process ^C ended.
+pub(crate) const EXIT_INTERRUPTED: u8 = 130;
 
 /// An error on its way to the operator.
 #[derive(Debug)]
@@ -89,15 +93,22 @@ impl From<bottle_core::state::StateDirError> for Failure {
     }
 }
 
+/// The exit code of a kind of backend failure. The CLI's own failures of
+/// the same kind (no backend has the bottle) take theirs from here too.
+pub(crate) fn exit_for(kind: BackendErrorKind) -> u8 {
+    match kind {
+        BackendErrorKind::Preflight => EXIT_PREFLIGHT,
+        BackendErrorKind::IsolationUnconfirmed => EXIT_ISOLATION,
+        // A bottle or image that is not there was named by the operator.
+        BackendErrorKind::NotFound => EXIT_USAGE,
+        BackendErrorKind::Failed => EXIT_BACKEND,
+        BackendErrorKind::Unsupported => EXIT_UNAVAILABLE,
+    }
+}
+
 impl From<BackendError> for Failure {
     fn from(err: BackendError) -> Failure {
-        let exit = match err.kind {
-            BackendErrorKind::Preflight => EXIT_PREFLIGHT,
-            BackendErrorKind::IsolationUnconfirmed => EXIT_ISOLATION,
-            BackendErrorKind::NotFound | BackendErrorKind::Failed => EXIT_BACKEND,
-            BackendErrorKind::Unsupported => EXIT_UNAVAILABLE,
-        };
-        let mut failure = Failure::coded(&err, exit);
+        let mut failure = Failure::coded(&err, exit_for(err.kind));
         let mut source = std::error::Error::source(&err);
         while let Some(cause) = source {
             // The first cause is usually the backend's typed error, whose

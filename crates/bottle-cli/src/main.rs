@@ -8,6 +8,8 @@ mod backends;
 mod commands;
 mod devices;
 mod failure;
+mod interrupt;
+mod logs;
 mod output;
 mod requests;
 mod session;

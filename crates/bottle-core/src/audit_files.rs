@@ -7,12 +7,20 @@
 //! here keeps the four from drifting apart. The log lives in the bottle's
 //! `<state_dir>/logs`, which the bundle sees at
 //! [`BUNDLE_LOG_DIR`](crate::bundle::BUNDLE_LOG_DIR).
+//!
+//! The log is the one record of what the agent did, so it outlives the
+//! bottle: when a backend removes a state dir it first moves the log's
+//! generations to a retained run ([`retain_audit_log`]), which `bottle
+//! logs` reads by the bottle's name ([`retained_runs`]) until `bottle
+//! cleanup --logs-older-than` prunes it ([`prune_retained_logs`]).
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::error::Coded;
 
 /// The log file's name in its directory.
 pub const AUDIT_LOG_FILE: &str = "audit.jsonl";
@@ -188,6 +196,232 @@ impl AuditLines {
     }
 }
 
+/// The directory beside the bottles' state dirs (under the state root)
+/// that keeps the audit logs of stopped bottles:
+/// `<state_root>/retained_logs/<slug>/<run>/`, one run per stop, named by
+/// its stop time. A slug has no `_`, so this is never a bottle's state
+/// dir, and no retained log sits beside a CA key.
+pub const RETAINED_LOGS_DIR: &str = "retained_logs";
+
+/// The length of a run's name without its collision suffix: an RFC 3339
+/// UTC time to the millisecond, `2025-01-02T03:04:05.678Z`.
+const RUN_TIME_LEN: usize = 24;
+
+/// Most runs of one bottle that may share a stop time (`<time>-<n>`).
+const RUN_COLLISIONS: u32 = 100;
+
+/// Retained audit logs could not be kept, read or pruned.
+#[derive(Debug, thiserror::Error)]
+#[error("could not {action} {}: {source}", path.display())]
+pub struct RetainedLogsError {
+    /// What was being done ("keep the audit log in").
+    pub action: &'static str,
+    /// The file or directory.
+    pub path: PathBuf,
+    /// The I/O error.
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl Coded for RetainedLogsError {
+    fn code(&self) -> &'static str {
+        "BOT-S006"
+    }
+
+    fn fix(&self) -> Option<String> {
+        Some(format!(
+            "check that the state directory and its {RETAINED_LOGS_DIR}/ are yours and writable (and the disk not full)"
+        ))
+    }
+}
+
+fn io_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> RetainedLogsError {
+    let path = path.to_path_buf();
+    move |source| RetainedLogsError {
+        action,
+        path,
+        source,
+    }
+}
+
+/// One stop's audit log of a bottle, kept after its state dir went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetainedRun {
+    /// The run's name: its stop time (RFC 3339 UTC), with `-<n>` when two
+    /// stops shared it.
+    pub name: String,
+    /// Its directory, holding the log's generations.
+    pub dir: PathBuf,
+}
+
+impl RetainedRun {
+    /// The run's live file; its older generations are beside it.
+    pub fn log(&self) -> PathBuf {
+        self.dir.join(AUDIT_LOG_FILE)
+    }
+}
+
+/// Where the retained runs of the bottle `slug` are.
+pub fn retained_runs_dir(state_root: &Path, slug: &str) -> PathBuf {
+    state_root.join(RETAINED_LOGS_DIR).join(slug)
+}
+
+/// Whether `name` is a run's name: the stop time, maybe `-<n>`. Only such
+/// directories are ever read or pruned as runs.
+fn is_run_name(name: &str) -> bool {
+    let Some(time) = name.get(..RUN_TIME_LEN) else {
+        return false;
+    };
+    let shape_ok = time.bytes().enumerate().all(|(i, b)| match i {
+        4 | 7 => b == b'-',
+        10 => b == b'T',
+        13 | 16 => b == b':',
+        19 => b == b'.',
+        23 => b == b'Z',
+        _ => b.is_ascii_digit(),
+    });
+    let suffix = &name[RUN_TIME_LEN..];
+    shape_ok
+        && (suffix.is_empty()
+            || suffix
+                .strip_prefix('-')
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())))
+}
+
+/// The retained runs of the bottle `slug`, oldest first; none when it has
+/// none.
+pub fn retained_runs(state_root: &Path, slug: &str) -> Result<Vec<RetainedRun>, RetainedLogsError> {
+    let dir = retained_runs_dir(state_root, slug);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_error("read", &dir)(e)),
+    };
+    let mut runs: Vec<RetainedRun> = entries
+        .flatten()
+        .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            is_run_name(&name).then(|| RetainedRun {
+                name,
+                dir: entry.path(),
+            })
+        })
+        .collect();
+    // The time is fixed-width, so the names sort by it; `-<n>` sorts by n.
+    runs.sort_by(|a, b| {
+        let key = |run: &RetainedRun| {
+            let (time, n) = run.name.split_at(RUN_TIME_LEN);
+            (
+                time.to_string(),
+                n.trim_start_matches('-').parse::<u32>().unwrap_or(0),
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    Ok(runs)
+}
+
+/// Creates `dir` (and its parents), the last one private (0700).
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// Moves the audit log's generations out of the state dir `state_dir`
+/// into a new run of the bottle's retained logs, beside the state dir
+/// (`<parent>/retained_logs/<state dir's name>/<stopped>/`), before the
+/// state dir is removed. `stopped` is the stop time, RFC 3339 UTC to the
+/// millisecond ([`crate::time::now_rfc3339_millis`]). Returns the run's
+/// directory, or `None` when there was no log to keep (a launch that failed
+/// before its bundle ran).
+pub fn retain_audit_log(
+    state_dir: &Path,
+    stopped: &str,
+) -> Result<Option<PathBuf>, RetainedLogsError> {
+    let log = state_dir.join(AUDIT_LOG_DIR).join(AUDIT_LOG_FILE);
+    let generations: Vec<PathBuf> = (0..=AUDIT_GENERATIONS)
+        .map(|n| generation(&log, n))
+        .filter(|path| std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file()))
+        .collect();
+    let (Some(parent), Some(slug)) = (state_dir.parent(), state_dir.file_name()) else {
+        return Ok(None);
+    };
+    if generations.is_empty() {
+        return Ok(None);
+    }
+    let runs = parent.join(RETAINED_LOGS_DIR).join(slug);
+    create_private_dir(&runs).map_err(io_error("create", &runs))?;
+    let run = new_run_dir(&runs, stopped)?;
+    for from in generations {
+        let Some(name) = from.file_name() else {
+            continue;
+        };
+        let to = run.join(name);
+        std::fs::rename(&from, &to).map_err(io_error("keep the audit log in", &to))?;
+    }
+    Ok(Some(run))
+}
+
+/// Creates the run directory `<runs>/<stopped>`, or `<stopped>-<n>` when
+/// another stop took that name.
+fn new_run_dir(runs: &Path, stopped: &str) -> Result<PathBuf, RetainedLogsError> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let mut builder = std::fs::DirBuilder::new();
+    builder.mode(0o700);
+    let mut run = runs.join(stopped);
+    for n in 1..=RUN_COLLISIONS {
+        match builder.create(&run) {
+            Ok(()) => return Ok(run),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                run = runs.join(format!("{stopped}-{n}"));
+            }
+            Err(e) => return Err(io_error("create", &run)(e)),
+        }
+    }
+    Err(io_error("create", &run)(
+        std::io::ErrorKind::AlreadyExists.into(),
+    ))
+}
+
+/// Removes every retained run, of every bottle, that stopped before
+/// `cutoff` (RFC 3339 UTC to the millisecond, like the runs' names), and
+/// each bottle's retained directory it leaves empty. Returns the runs
+/// removed. Only directories named like runs are touched.
+pub fn prune_retained_logs(
+    state_root: &Path,
+    cutoff: &str,
+) -> Result<Vec<PathBuf>, RetainedLogsError> {
+    let root = state_root.join(RETAINED_LOGS_DIR);
+    let bottles = match std::fs::read_dir(&root) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_error("read", &root)(e)),
+    };
+    let mut pruned = Vec::new();
+    for bottle in bottles.flatten() {
+        let Ok(slug) = bottle.file_name().into_string() else {
+            continue;
+        };
+        if !bottle.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        for run in retained_runs(state_root, &slug)? {
+            if run.name[..RUN_TIME_LEN] >= *cutoff {
+                continue;
+            }
+            std::fs::remove_dir_all(&run.dir).map_err(io_error("remove", &run.dir))?;
+            pruned.push(run.dir);
+        }
+        // Only an empty one goes.
+        let _ = std::fs::remove_dir(bottle.path());
+    }
+    Ok(pruned)
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::Write as _;
@@ -277,5 +511,153 @@ mod tests {
         .unwrap();
         assert_eq!(audit_health(dir.path()), AuditHealth::Degraded);
         assert_eq!(AuditHealth::Degraded.to_string(), "degraded");
+    }
+
+    fn state_dir_with_log(root: &Path, slug: &str, generations: u32) -> PathBuf {
+        let dir = root.join(slug);
+        let logs = dir.join(AUDIT_LOG_DIR);
+        std::fs::create_dir_all(&logs).unwrap();
+        std::fs::write(logs.join(AUDIT_OK_MARKER), "").unwrap();
+        for n in 0..=generations {
+            std::fs::write(
+                generation(&logs.join(AUDIT_LOG_FILE), n),
+                format!("gen {n}\n"),
+            )
+            .unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn retaining_moves_every_generation_out_of_the_state_dir() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = state_dir_with_log(root.path(), "demo", 2);
+        std::fs::create_dir_all(dir.join("ca")).unwrap();
+        std::fs::write(dir.join("ca/ca-key.pem"), "KEY").unwrap();
+        let run = retain_audit_log(&dir, "2025-01-02T03:04:05.678Z")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            run,
+            root.path()
+                .join("retained_logs/demo/2025-01-02T03:04:05.678Z")
+        );
+        let log = run.join(AUDIT_LOG_FILE);
+        assert_eq!(
+            text(AuditLines::new(&log).poll().unwrap()),
+            ["gen 2", "gen 1", "gen 0"]
+        );
+        assert!(!dir.join(AUDIT_LOG_DIR).join(AUDIT_LOG_FILE).exists());
+        // Nothing but the log: the key stays where it was, for its removal.
+        let kept: Vec<_> = std::fs::read_dir(&run)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(kept.len(), 3, "{kept:?}");
+        assert!(dir.join("ca/ca-key.pem").exists());
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&run).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        assert_eq!(
+            retained_runs(root.path(), "demo").unwrap(),
+            [RetainedRun {
+                name: "2025-01-02T03:04:05.678Z".into(),
+                dir: run
+            }]
+        );
+    }
+
+    #[test]
+    fn a_state_dir_without_a_log_keeps_nothing() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("demo");
+        std::fs::create_dir_all(dir.join(AUDIT_LOG_DIR)).unwrap();
+        std::fs::write(dir.join(AUDIT_LOG_DIR).join(AUDIT_OK_MARKER), "").unwrap();
+        assert_eq!(
+            retain_audit_log(&dir, "2025-01-02T03:04:05.678Z").unwrap(),
+            None
+        );
+        assert_eq!(
+            retain_audit_log(&root.path().join("gone"), "2025-01-02T03:04:05.678Z").unwrap(),
+            None
+        );
+        assert!(!root.path().join(RETAINED_LOGS_DIR).exists());
+        assert!(retained_runs(root.path(), "demo").unwrap().is_empty());
+    }
+
+    #[test]
+    fn stops_in_the_same_millisecond_get_their_own_runs_in_order() {
+        let root = tempfile::tempdir().unwrap();
+        let time = "2025-01-02T03:04:05.678Z";
+        for _ in 0..3 {
+            let dir = state_dir_with_log(root.path(), "demo", 0);
+            retain_audit_log(&dir, time).unwrap().unwrap();
+        }
+        let dir = state_dir_with_log(root.path(), "demo", 0);
+        retain_audit_log(&dir, "2025-01-02T03:04:05.679Z")
+            .unwrap()
+            .unwrap();
+        let names: Vec<String> = retained_runs(root.path(), "demo")
+            .unwrap()
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "2025-01-02T03:04:05.678Z",
+                "2025-01-02T03:04:05.678Z-1",
+                "2025-01-02T03:04:05.678Z-2",
+                "2025-01-02T03:04:05.679Z"
+            ]
+        );
+    }
+
+    #[test]
+    fn pruning_removes_only_runs_older_than_the_cutoff() {
+        let root = tempfile::tempdir().unwrap();
+        for (slug, time) in [
+            ("old", "2024-12-01T00:00:00.000Z"),
+            ("mixed", "2024-12-31T23:59:59.999Z"),
+            ("mixed", "2025-01-01T00:00:00.000Z"),
+        ] {
+            let dir = state_dir_with_log(root.path(), slug, 0);
+            retain_audit_log(&dir, time).unwrap().unwrap();
+        }
+        // Not a run: never touched.
+        let stray = root.path().join("retained_logs/mixed/notes");
+        std::fs::create_dir_all(&stray).unwrap();
+        let pruned = prune_retained_logs(root.path(), "2025-01-01T00:00:00.000Z").unwrap();
+        assert_eq!(pruned.len(), 2, "{pruned:?}");
+        assert!(!root.path().join("retained_logs/old").exists());
+        let left: Vec<String> = retained_runs(root.path(), "mixed")
+            .unwrap()
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(left, ["2025-01-01T00:00:00.000Z"]);
+        assert!(stray.is_dir());
+        assert!(
+            prune_retained_logs(&root.path().join("none"), "2025-01-01T00:00:00.000Z")
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn run_names_are_stop_times() {
+        assert!(is_run_name("2025-01-02T03:04:05.678Z"));
+        assert!(is_run_name("2025-01-02T03:04:05.678Z-12"));
+        for not in [
+            "",
+            "notes",
+            "2025-01-02T03:04:05Z",
+            "2025-01-02T03:04:05.678Z-",
+            "2025-01-02T03:04:05.678Zx",
+            "2025-01-02 03:04:05.678Z",
+        ] {
+            assert!(!is_run_name(not), "{not}");
+        }
     }
 }

@@ -60,7 +60,8 @@ impl fmt::Display for BackendKind {
 pub enum BackendErrorKind {
     /// The host cannot run this backend (no daemon, no KVM, wrong version).
     Preflight,
-    /// The named bottle does not exist.
+    /// Something the operator named does not exist: a bottle, or the
+    /// agent's image. Bad input, not a backend failure.
     NotFound,
     /// The request is valid but this backend cannot honour it.
     Unsupported,
@@ -198,6 +199,10 @@ pub struct CleanupReport {
     pub removed: Vec<String>,
     /// Resources that could not be removed, with the reason.
     pub failed: Vec<String>,
+    /// What was kept on purpose, one line each: `audit log <dir>` (a
+    /// stopped bottle's record, `bottle logs` reads it).
+    #[serde(default)]
+    pub kept: Vec<String>,
 }
 
 /// A backend: finds its bottles, stops them and cleans up after them.

@@ -9,7 +9,8 @@
 //! of the supervise request queue ([`requests`]), which the bundle and the
 //! CLI must agree on, and asking `/proc` whether a bottle's launching
 //! process still runs ([`process`]). It reads the audit log and its health
-//! marker ([`audit_files`]) for `bottle logs` and `bottle list`.
+//! marker ([`audit_files`]) for `bottle logs` and `bottle list`, and moves a
+//! stopping bottle's log to the retained logs, which it lists and prunes.
 
 pub mod agent;
 pub mod audit_files;

@@ -61,6 +61,9 @@ pub struct DockerOptions {
     /// recording server to prove nothing reaches it. Loopback addresses
     /// are refused (dockerd would query those from the host's namespace).
     pub dns_upstream: Option<Ipv4Addr>,
+    /// Set when the operator interrupts the launch (the CLI's ^C handler):
+    /// the launch fails after the step it is in and unwinds.
+    pub interrupt: bottle_core::undo::Interrupt,
 }
 
 impl DockerOptions {
@@ -75,6 +78,7 @@ impl DockerOptions {
             health_timeout: DEFAULT_HEALTH_TIMEOUT,
             failpoint: None,
             dns_upstream: None,
+            interrupt: bottle_core::undo::Interrupt::default(),
         }
     }
 }
@@ -397,6 +401,7 @@ impl DockerBackend {
                 Some(value) => Failpoint::parse(value)?,
                 None => Failpoint::from_env()?,
             },
+            interrupt: self.options.interrupt.clone(),
         })
     }
 
@@ -604,7 +609,10 @@ impl BottleBackend for DockerBackend {
     }
 
     fn list_active(&self) -> Result<Vec<BottleInfo>, BackendError> {
-        Ok(lifecycle::list_active(self.engine()?)?)
+        Ok(lifecycle::list_active(
+            self.engine()?,
+            &self.options.state_root,
+        )?)
     }
 
     fn stop(&self, name: &str) -> Result<CleanupReport, BackendError> {

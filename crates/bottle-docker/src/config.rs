@@ -465,7 +465,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn sample_plan() -> DockerPlan {
+    pub(crate) fn sample_plan() -> DockerPlan {
         Plan {
             version: bottle_core::plan::PLAN_VERSION,
             bottle: "bot-bottle-demo".into(),

@@ -273,10 +273,29 @@ pub fn read_owner(paths: &StatePaths) -> Option<Owner> {
 /// The entries of a bottle's state dir that a bundle-only launch writes.
 const BUNDLE_FILES: [&str; 6] = ["owner.json", "launched", "ca", "logs", "stage", "requests"];
 
+/// What removing a bottle's files did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Removal {
+    /// Whether anything was removed.
+    pub removed: bool,
+    /// Where the bottle's audit log was kept, when it had one
+    /// (`bottle_core::audit_files::retain_audit_log`).
+    pub kept_log: Option<PathBuf>,
+}
+
+/// Moves the audit log of the state dir `dir` to the retained logs before
+/// the dir goes: it is the one record of what the agent did. When that
+/// fails nothing is removed, so the log is not lost with the dir.
+fn keep_audit_log(dir: &Path) -> Result<Option<PathBuf>, DockerError> {
+    let stopped = bottle_core::time::now_rfc3339_millis();
+    Ok(bottle_core::audit_files::retain_audit_log(dir, &stopped)?)
+}
+
 /// Removes what a bundle-only launch (a microVM's bundle) wrote into the
-/// state dir `dir`, and `dir` itself if nothing else is left in it. `Ok(true)` if anything was
-/// removed.
-pub fn remove_bundle_files(dir: &Path) -> Result<bool, DockerError> {
+/// state dir `dir`, and `dir` itself if nothing else is left in it, after
+/// keeping its audit log.
+pub fn remove_bundle_files(dir: &Path) -> Result<Removal, DockerError> {
+    let kept_log = keep_audit_log(dir)?;
     let mut removed = false;
     for name in BUNDLE_FILES {
         let path = dir.join(name);
@@ -298,16 +317,19 @@ pub fn remove_bundle_files(dir: &Path) -> Result<bool, DockerError> {
     }
     // Only an empty dir goes: the rest belongs to the smolmachines backend.
     let _ = std::fs::remove_dir(dir);
-    Ok(removed)
+    Ok(Removal { removed, kept_log })
 }
 
-/// Removes a state dir; a missing one is not an error.
-pub fn remove_state_dir(root: &Path) -> Result<bool, DockerError> {
-    match std::fs::remove_dir_all(root) {
-        Ok(()) => Ok(true),
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(err) => Err(DockerError::io("remove", root)(err)),
-    }
+/// Removes a state dir after keeping its audit log; a missing one is not
+/// an error.
+pub fn remove_state_dir(root: &Path) -> Result<Removal, DockerError> {
+    let kept_log = keep_audit_log(root)?;
+    let removed = match std::fs::remove_dir_all(root) {
+        Ok(()) => true,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => false,
+        Err(err) => return Err(DockerError::io("remove", root)(err)),
+    };
+    Ok(Removal { removed, kept_log })
 }
 
 #[cfg(test)]
@@ -344,15 +366,46 @@ mod tests {
         std::fs::write(paths.logs().join("audit.jsonl"), b"{}\n").unwrap();
         std::fs::write(paths.owner(), b"{}").unwrap();
         std::fs::write(root.join("smolvm.json"), b"{}").unwrap();
-        assert!(remove_bundle_files(&root).unwrap());
+        let removal = remove_bundle_files(&root).unwrap();
+        assert!(removal.removed);
         let left: Vec<String> = std::fs::read_dir(&root)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert_eq!(left, ["smolvm.json"]);
+        // A microVM's audit log is kept like a docker bottle's.
+        let run = removal.kept_log.expect("the audit log is kept");
+        assert_eq!(std::fs::read(run.join("audit.jsonl")).unwrap(), b"{}\n");
         std::fs::remove_file(root.join("smolvm.json")).unwrap();
-        assert!(!remove_bundle_files(&root).unwrap());
+        let again = remove_bundle_files(&root).unwrap();
+        assert!(!again.removed);
+        assert_eq!(again.kept_log, None);
         assert!(!root.exists(), "an empty state dir goes too");
+    }
+
+    #[test]
+    fn removing_a_state_dir_keeps_its_audit_log_beside_it_without_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = StatePaths::new(dir.path().join("demo"));
+        write_file(&paths.ca_key(), b"KEY", 0o600).unwrap();
+        create_private_dir(&paths.logs()).unwrap();
+        std::fs::write(paths.logs().join("audit.jsonl"), b"live\n").unwrap();
+        std::fs::write(paths.logs().join("audit.jsonl.1"), b"older\n").unwrap();
+        let removal = remove_state_dir(&paths.root).unwrap();
+        assert!(removal.removed);
+        assert!(!paths.root.exists());
+        let run = removal.kept_log.expect("the audit log is kept");
+        assert!(
+            run.starts_with(dir.path().join("retained_logs/demo")),
+            "{}",
+            run.display()
+        );
+        let mut kept: Vec<String> = std::fs::read_dir(&run)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        kept.sort();
+        assert_eq!(kept, ["audit.jsonl", "audit.jsonl.1"]);
     }
 
     #[test]
@@ -363,7 +416,7 @@ mod tests {
         let me = Owner::current();
         write_owner(&paths, me).unwrap();
         assert_eq!(read_owner(&paths), Some(me));
-        assert!(remove_state_dir(&paths.root).unwrap());
-        assert!(!remove_state_dir(&paths.root).unwrap());
+        assert!(remove_state_dir(&paths.root).unwrap().removed);
+        assert!(!remove_state_dir(&paths.root).unwrap().removed);
     }
 }

@@ -134,6 +134,12 @@ pub enum DockerError {
     /// No subnet could be chosen.
     #[error(transparent)]
     Subnet(#[from] bottle_net::NetError),
+    /// A bottle's audit log could not be kept when its state dir went.
+    #[error(transparent)]
+    RetainedLogs(#[from] bottle_core::audit_files::RetainedLogsError),
+    /// The operator interrupted the launch; it unwound.
+    #[error(transparent)]
+    Interrupted(#[from] bottle_core::undo::Interrupted),
     /// Isolation could not be positively confirmed; the launch was refused.
     #[error("isolation not confirmed, bottle refused: {what}")]
     IsolationUnconfirmed {
@@ -268,7 +274,9 @@ impl DockerError {
             | DockerError::ApiTooOld { .. }
             | DockerError::BundleBinaryMissing { .. }
             | DockerError::BundleBinaryNotStatic { .. } => BackendErrorKind::Preflight,
-            DockerError::NotFound { .. } => BackendErrorKind::NotFound,
+            DockerError::NotFound { .. } | DockerError::ImageNotFound { .. } => {
+                BackendErrorKind::NotFound
+            }
             DockerError::UnsupportedArch { .. } | DockerError::DiskCapUnsupported { .. } => {
                 BackendErrorKind::Unsupported
             }
@@ -325,6 +333,8 @@ impl Coded for DockerError {
             DockerError::Ca { .. } => "BOT-D041",
             DockerError::Credential { .. } => "BOT-D042",
             DockerError::Subnet(err) => err.code(),
+            DockerError::RetainedLogs(err) => err.code(),
+            DockerError::Interrupted(err) => err.code(),
             DockerError::IsolationUnconfirmed { .. } => "BOT-D050",
             DockerError::BundleUnhealthy { .. } => "BOT-D051",
             DockerError::Failpoint { .. } => "BOT-D060",
@@ -359,6 +369,8 @@ impl Coded for DockerError {
             DockerError::Ca { .. } => "check that the state directory is writable and try again".into(),
             DockerError::Credential { .. } => "make sure the credential's file exists and is readable, or that its environment variable is set".into(),
             DockerError::Subnet(err) => return err.fix(),
+            DockerError::RetainedLogs(err) => return err.fix(),
+            DockerError::Interrupted(err) => return err.fix(),
             DockerError::IsolationUnconfirmed { .. } => "nothing was left running; check `docker info` (the daemon must support internal bridge networks) and report this if it persists".into(),
             DockerError::BundleUnhealthy { .. } => "read the bundle logs above; `bottle doctor` checks the bundle binary and the daemon".into(),
             DockerError::Failpoint { .. } | DockerError::UnknownFailpoint { .. } => "unset BOTTLE_FAILPOINT".into(),
@@ -439,6 +451,12 @@ mod tests {
                 detail: text(),
             },
             DockerError::Subnet(bottle_net::NetError::SubnetsExhausted { candidates: 1 }),
+            DockerError::Interrupted(bottle_core::undo::Interrupted { step: text() }),
+            DockerError::RetainedLogs(bottle_core::audit_files::RetainedLogsError {
+                action: "keep the audit log in",
+                path: "/x".into(),
+                source: io(),
+            }),
             DockerError::IsolationUnconfirmed { what: text() },
             DockerError::BundleUnhealthy {
                 name: text(),

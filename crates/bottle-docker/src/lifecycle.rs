@@ -222,8 +222,62 @@ pub fn bottle_resources_exist(engine: &Engine, slug: &str) -> Result<bool, Docke
     Ok(false)
 }
 
+/// Every bottle with at least one container, then every bottle that is
+/// only a state dir (a launch under way, or one that died before it
+/// created a container).
+pub fn list_active(engine: &Engine, state_root: &Path) -> Result<Vec<BottleInfo>, DockerError> {
+    let mut bottles = bottles_with_containers(engine)?;
+    let leftovers = state_only_bottles(state_root, &bottles);
+    bottles.extend(leftovers);
+    Ok(bottles)
+}
+
+/// The bottles that are only a docker state dir under `state_root`, none
+/// of them in `listed`: a launch that has not created a container yet
+/// (`launching`, its process runs) or one that died before it did
+/// (`incomplete`: its CA key is still on disk, and `bottle cleanup` or
+/// `bottle stop` removes it).
+pub(crate) fn state_only_bottles(state_root: &Path, listed: &[BottleInfo]) -> Vec<BottleInfo> {
+    let Ok(entries) = std::fs::read_dir(state_root) else {
+        return Vec::new();
+    };
+    let mut found: Vec<BottleInfo> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let slug = entry.file_name().into_string().ok()?;
+            let paths = StatePaths::new(entry.path());
+            let plan = data::read_plan(&paths).ok()?;
+            let name = bottle_name(&slug);
+            if plan.backend != BackendKind::Docker
+                || plan.slug != slug
+                || listed.iter().any(|b| b.name == name)
+            {
+                return None;
+            }
+            let launching = data::read_owner(&paths).is_some_and(|o| o.is_alive());
+            Some(BottleInfo {
+                name,
+                agent: plan.agent.clone(),
+                backend: BackendKind::Docker,
+                state: if launching {
+                    "launching".into()
+                } else {
+                    "incomplete (state dir only)".into()
+                },
+                bundle_address: Some(plan.backend_data.bundle.ip.to_string()),
+                created: None,
+                pending_requests: 0,
+                audit: bottle_core::audit_files::AuditHealth::Unknown,
+                agent_running: None,
+            })
+        })
+        .collect();
+    found.sort_by(|a, b| a.name.cmp(&b.name));
+    found
+}
+
 /// Every bottle with at least one container.
-pub fn list_active(engine: &Engine) -> Result<Vec<BottleInfo>, DockerError> {
+fn bottles_with_containers(engine: &Engine) -> Result<Vec<BottleInfo>, DockerError> {
     let mut by_name: BTreeMap<String, Vec<Resource>> = BTreeMap::new();
     for container in managed_containers(engine, &[])? {
         let Some(name) = container.labels.get(LABEL_NAME).cloned() else {
@@ -294,14 +348,34 @@ pub fn stop(engine: &Engine, state_root: &Path, name: &str) -> Result<CleanupRep
         if !dir.exists() || !removable_state_dir(&dir, &slug) {
             continue;
         }
-        match data::remove_state_dir(&dir) {
-            Ok(true) => report.removed.push(format!("state dir {}", dir.display())),
-            Ok(false) => {}
-            Err(err) => report.failed.push(err.to_string()),
-        }
+        record_removal(
+            &mut report,
+            format!("state dir {}", dir.display()),
+            data::remove_state_dir(&dir),
+        );
     }
     remove_egress_into(engine, &mut report);
     Ok(report)
+}
+
+/// Records in `report` what removing a bottle's files (`what`) did: the
+/// removal, the audit log kept, or why it failed.
+pub(crate) fn record_removal(
+    report: &mut CleanupReport,
+    what: String,
+    removal: Result<data::Removal, DockerError>,
+) {
+    match removal {
+        Ok(removal) => {
+            if let Some(run) = removal.kept_log {
+                report.kept.push(format!("audit log {}", run.display()));
+            }
+            if removal.removed {
+                report.removed.push(what);
+            }
+        }
+        Err(err) => report.failed.push(err.to_string()),
+    }
 }
 
 /// The state dirs a bottle's resources name in their labels, and
@@ -413,11 +487,11 @@ pub fn cleanup_orphans(engine: &Engine, state_root: &Path) -> Result<CleanupRepo
             if owner_alive || !removable_state_dir(&dir, &slug) {
                 continue;
             }
-            match data::remove_state_dir(&dir) {
-                Ok(true) => report.removed.push(format!("state dir {}", dir.display())),
-                Ok(false) => {}
-                Err(err) => report.failed.push(err.to_string()),
-            }
+            record_removal(
+                &mut report,
+                format!("state dir {}", dir.display()),
+                data::remove_state_dir(&dir),
+            );
         }
     }
     match remove_egress_if_unused(engine) {
@@ -440,6 +514,7 @@ fn merge(into: &mut CleanupReport, from: CleanupReport) {
         }
     }
     into.failed.extend(from.failed);
+    into.kept.extend(from.kept);
 }
 
 #[cfg(test)]
@@ -472,6 +547,34 @@ mod tests {
         std::fs::write(dir.path().join("launched"), "1\n").unwrap();
         assert!(!is_orphan(&labels(dead, true, dir.path())));
         assert!(is_orphan(&HashMap::new()));
+    }
+
+    #[test]
+    fn a_state_dir_without_containers_is_listed_as_incomplete_or_launching() {
+        let root = tempfile::tempdir().unwrap();
+        let paths = StatePaths::new(root.path().join("demo"));
+        data::write_plan(&paths, &crate::config::tests::sample_plan()).unwrap();
+        data::write_file(&paths.ca_key(), b"KEY", 0o600).unwrap();
+        // The launching process is gone (no PID is above the kernel's maximum).
+        let dead = bottle_core::process::Owner {
+            pid: 4_194_305,
+            start: 1,
+        };
+        data::write_owner(&paths, dead).unwrap();
+        // Not bottles: a dir without a plan, and the kept audit logs.
+        std::fs::create_dir_all(root.path().join("other")).unwrap();
+        std::fs::create_dir_all(root.path().join("retained_logs/demo")).unwrap();
+
+        let found = state_only_bottles(root.path(), &[]);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].name, "bot-bottle-demo");
+        assert_eq!(found[0].state, "incomplete (state dir only)");
+        assert_eq!(found[0].agent, "demo");
+
+        data::write_owner(&paths, bottle_core::process::Owner::current()).unwrap();
+        assert_eq!(state_only_bottles(root.path(), &[])[0].state, "launching");
+        // A bottle listed with its containers is not listed twice.
+        assert!(state_only_bottles(root.path(), &found).is_empty());
     }
 
     #[test]

@@ -115,13 +115,11 @@ impl DockerBundleHost {
             if dir.file_name().and_then(|n| n.to_str()) != Some(slug.as_str()) {
                 continue;
             }
-            match data::remove_bundle_files(&dir) {
-                Ok(true) => report
-                    .removed
-                    .push(format!("bundle files in {}", dir.display())),
-                Ok(false) => {}
-                Err(err) => report.failed.push(err.to_string()),
-            }
+            lifecycle::record_removal(
+                &mut report,
+                format!("bundle files in {}", dir.display()),
+                data::remove_bundle_files(&dir),
+            );
         }
         lifecycle::remove_egress_into(engine, &mut report);
         Ok(report)

@@ -47,6 +47,8 @@ pub struct SmolvmBackend<H> {
     db_path: Option<PathBuf>,
     pub(crate) host_check: Arc<HostCheck>,
     pub(crate) interactive: Arc<dyn InteractiveRunner>,
+    /// The operator's ^C: a launch checks it between its steps.
+    pub(crate) interrupt: bottle_core::undo::Interrupt,
 }
 
 impl<H> std::fmt::Debug for SmolvmBackend<H> {
@@ -89,7 +91,15 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
                 })
             }),
             interactive: Arc::new(TerminalRunner),
+            interrupt: bottle_core::undo::Interrupt::default(),
         }
+    }
+
+    /// Lets `interrupt` stop a launch between its steps, unwinding it (the
+    /// CLI sets it on ^C; give the bundle host the same one).
+    pub fn with_interrupt(mut self, interrupt: bottle_core::undo::Interrupt) -> SmolvmBackend<H> {
+        self.interrupt = interrupt;
+        self
     }
 
     /// Uses this state database instead of the one smolvm's environment

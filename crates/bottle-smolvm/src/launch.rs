@@ -88,6 +88,14 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         }
     }
 
+    /// Fails the launch, which then unwinds, once the operator interrupted
+    /// it; `step` names what was just done.
+    fn interrupted(&self, step: &str) -> Result<(), SmolvmError> {
+        self.interrupt.check(step).map_err(|err| {
+            SmolvmError::External(BackendError::from_coded(BackendErrorKind::Failed, err))
+        })
+    }
+
     fn launch_steps<'a>(
         &'a self,
         plan: &SmolvmPlan<H::Prepared>,
@@ -125,6 +133,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             unwind.push("bottle state files", move || remove_own_files(&state_dir));
         }
 
+        self.interrupted("bottle-state")?;
         let endpoint = self
             .bundles
             .start(plan, &data.bundle.data)
@@ -153,6 +162,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         state.bundle_address = Some(endpoint.address.to_string());
         state.env = env.clone();
         write_state_file(&state_path, &state)?;
+        self.interrupted("bundle")?;
 
         self.smolvm.create(
             &machine,
@@ -169,6 +179,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         }
         let db = self.db_path()?;
         statedb::enforce(&db, &machine, &policy)?;
+        self.interrupted("machine-create")?;
 
         self.smolvm.start(&machine)?;
         {
@@ -180,6 +191,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         }
         // smolvm read the record to boot; it must still be the one confirmed.
         statedb::verify(&db, &machine, &policy)?;
+        self.interrupted("machine-start")?;
 
         let warnings = provision::provision(
             &self.smolvm,
@@ -189,6 +201,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             &env,
             &state_dir,
         )?;
+        self.interrupted("provision")?;
 
         state.phase = Phase::Running;
         write_state_file(&state_path, &state)?;

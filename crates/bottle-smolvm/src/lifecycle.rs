@@ -142,6 +142,8 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             Ok(sub) => {
                 report.removed.extend(sub.removed);
                 report.failed.extend(sub.failed);
+                // The bundle's host keeps the audit log it removes.
+                report.kept.extend(sub.kept);
             }
             Err(err) => report
                 .failed

@@ -294,7 +294,7 @@ fn logs_print_the_rotated_generations_oldest_first() {
     std::fs::write(logs.join("audit.jsonl.1"), line("older")).unwrap();
     std::fs::write(logs.join("audit.jsonl"), line("live")).unwrap();
     let output = bottle(state.path())
-        .args(["logs", "claude"])
+        .args(["logs", "--json", "claude"])
         .output()
         .unwrap();
     assert!(output.status.success());
@@ -304,4 +304,149 @@ fn logs_print_the_rotated_generations_oldest_first() {
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["host"].to_string())
         .collect();
     assert_eq!(hosts, [r#""oldest""#, r#""older""#, r#""live""#]);
+}
+
+#[test]
+fn logs_show_one_readable_line_per_decision_in_local_time() {
+    let state = temp_state_root();
+    let logs = state.path().join("bottle").join("claude").join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let record = |time: &str,
+                  daemon: &str,
+                  decision: &str,
+                  target: (&str, u16),
+                  request: (&str, &str),
+                  status: u16,
+                  reason: &str,
+                  count: u64| {
+        serde_json::json!({
+            "v": 2, "time": time, "bottle": "bot-bottle-claude", "daemon": daemon,
+            "decision": decision, "host": target.0, "port": target.1,
+            "method": request.0, "path": request.1, "status": status,
+            "bytes_up": 0, "bytes_down": 0, "duration_ms": 1,
+            "reason": reason, "rule": "", "count": count,
+        })
+    };
+    let lines = [
+        record(
+            "2025-01-02T03:04:05.678Z",
+            "proxy",
+            "allow",
+            ("api.example.com", 443),
+            ("GET", "/v1/models"),
+            200,
+            "allowed",
+            1,
+        ),
+        record(
+            "2025-01-02T03:04:06.001Z",
+            "proxy",
+            "deny",
+            ("evil.example", 443),
+            ("CONNECT", ""),
+            403,
+            "host_not_allowed",
+            12,
+        ),
+        record(
+            "2025-01-02T23:59:59.000Z",
+            "supervise",
+            "allow",
+            ("docs.rs", 0),
+            ("egress", "claude-3"),
+            0,
+            "operator_approved",
+            1,
+        ),
+    ];
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(logs.join("audit.jsonl"), text).unwrap();
+    let output = bottle(state.path())
+        // Two hours east of UTC (POSIX writes the offset west-positive).
+        .env("TZ", "UTC-2")
+        .args(["logs", "claude"])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        "2025-01-02 05:04:05  allow  GET api.example.com:443/v1/models  200  allowed\n\
+         2025-01-02 05:04:06  deny  CONNECT evil.example:443  403  host_not_allowed  (x12)\n\
+         2025-01-03 01:59:59  allow  egress docs.rs claude-3  -  operator_approved\n"
+    );
+}
+
+/// Plants a kept run of bottle `slug`'s audit log, stopped at `run`, whose
+/// one line names `host`.
+fn plant_kept_run(state: &std::path::Path, slug: &str, run: &str, host: &str) {
+    let dir = state.join("bottle/retained_logs").join(slug).join(run);
+    std::fs::create_dir_all(&dir).unwrap();
+    let line = serde_json::json!({ "v": 2, "decision": "allow", "host": host });
+    std::fs::write(dir.join("audit.jsonl"), format!("{line}\n")).unwrap();
+}
+
+/// The hosts of `bottle logs --json ARGS`' lines.
+fn logged_hosts(state: &std::path::Path, args: &[&str]) -> Vec<String> {
+    let output = bottle(state)
+        .args(["logs", "--json"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["host"].to_string())
+        .collect()
+}
+
+#[test]
+fn logs_of_a_stopped_bottle_read_its_kept_runs_newest_first_and_by_run() {
+    let state = temp_state_root();
+    plant_kept_run(state.path(), "claude", "2025-01-01T10:00:00.000Z", "first");
+    plant_kept_run(state.path(), "claude", "2025-01-02T10:00:00.000Z", "second");
+    plant_kept_run(
+        state.path(),
+        "other",
+        "2025-01-03T10:00:00.000Z",
+        "not-mine",
+    );
+    assert_eq!(logged_hosts(state.path(), &["claude"]), [r#""second""#]);
+    assert_eq!(
+        logged_hosts(state.path(), &["bot-bottle-claude", "--run", "2025-01-01"]),
+        [r#""first""#]
+    );
+    bottle(state.path())
+        .args(["logs", "claude", "--runs"])
+        .assert()
+        .success()
+        .stdout(predicate::str::starts_with("RUN "))
+        .stdout(predicate::str::contains("2025-01-01T10:00:00.000Z"))
+        .stdout(predicate::str::contains("2025-01-02T10:00:00.000Z"))
+        .stdout(predicate::str::contains("2025-01-03").not());
+    bottle(state.path())
+        .args(["logs", "claude", "--run", "2024"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("error[BOT-C020]"))
+        .stderr(predicate::str::contains(
+            "fix: use one of: 2025-01-01T10:00:00.000Z, 2025-01-02T10:00:00.000Z",
+        ));
+    // Started again under the same name: the live log is read, not a run.
+    let live = state.path().join("bottle/claude/logs");
+    std::fs::create_dir_all(&live).unwrap();
+    std::fs::write(
+        live.join("audit.jsonl"),
+        format!("{}\n", serde_json::json!({ "v": 2, "host": "live" })),
+    )
+    .unwrap();
+    assert_eq!(logged_hosts(state.path(), &["claude"]), [r#""live""#]);
 }

@@ -5,9 +5,12 @@
     reason = "test helpers fail loudly on unexpected errors"
 )]
 
+mod audit_logs;
 mod catalogue;
 mod commands;
 mod example;
+mod exit_codes;
+mod interrupted;
 mod real_agent;
 mod requests;
 mod session;

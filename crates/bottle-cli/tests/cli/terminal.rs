@@ -122,7 +122,7 @@ fn approving_shows_the_agent_host_escaped() {
 }
 
 #[test]
-fn logs_escape_audit_lines_json_or_not() {
+fn logs_json_escape_audit_lines_json_or_not() {
     let state = temp_state_root();
     let logs = state.path().join("bottle").join("claude").join("logs");
     std::fs::create_dir_all(&logs).unwrap();
@@ -144,7 +144,7 @@ fn logs_escape_audit_lines_json_or_not() {
     .unwrap();
 
     let output = bottle(state.path())
-        .args(["logs", "claude"])
+        .args(["logs", "--json", "claude"])
         .output()
         .unwrap();
     assert!(output.status.success());
@@ -155,6 +155,51 @@ fn logs_escape_audit_lines_json_or_not() {
     let parsed: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
     assert_eq!(parsed, record);
     assert!(lines[0].contains(r"\u009b2J\u202emoc.live"), "{text}");
+    assert_eq!(
+        lines[1],
+        r"not json \u{1b}[2J\u{1b}]0;owned\u{7}\u{d}decision: allow\u{9b}K"
+    );
+}
+
+#[test]
+fn readable_logs_escape_every_agent_chosen_field() {
+    let state = temp_state_root();
+    let logs = state.path().join("bottle").join("claude").join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let record = serde_json::json!({
+        "time": format!("2025-01-02T03:04:05Z{HOSTILE_MESSAGE}"),
+        "decision": "deny",
+        "method": HOSTILE_REASON,
+        "host": HOSTILE_HOST,
+        "port": 443,
+        "path": format!("/{HOSTILE_MESSAGE}\n{HOSTILE_REASON}"),
+        "status": 403,
+        "reason": format!("host_not_allowed{HOSTILE_MESSAGE}"),
+    });
+    let broken_line = "not json \u{1b}[2J\u{1b}]0;owned\u{7}\rdecision: allow\u{9b}K";
+    std::fs::write(
+        logs.join("audit.jsonl"),
+        format!("{record}\n{broken_line}\n"),
+    )
+    .unwrap();
+    let output = bottle(state.path())
+        .args(["logs", "claude"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert_no_raw(&text);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].contains(r"docs.rs\u{200f}\u{61c}\u{9d}0;t\u{9c}:443"),
+        "{text}"
+    );
+    assert!(
+        lines[0].contains(r"\u{9b}2J\u{202e}moc.live\u{a}\u{1b}]8;;"),
+        "{text}"
+    );
+    assert!(!lines[0].starts_with('{'), "not the JSON form: {text}");
     assert_eq!(
         lines[1],
         r"not json \u{1b}[2J\u{1b}]0;owned\u{7}\u{d}decision: allow\u{9b}K"

@@ -60,6 +60,8 @@ pub struct LaunchSettings {
     pub health_timeout: Duration,
     /// Failure injection.
     pub failpoint: Option<Failpoint>,
+    /// The operator's ^C: checked after every step.
+    pub interrupt: bottle_core::undo::Interrupt,
 }
 
 /// One launch in progress: what it runs on, what it brings up, and what
@@ -225,10 +227,13 @@ impl<D> Launch<'_, D> {
         labels
     }
 
-    /// Ends a step: fails here if the failpoint names it.
+    /// Ends a step: fails here if the operator interrupted the launch or
+    /// the failpoint names it.
     fn step_done(&self, step: Step) -> Result<(), DockerError> {
+        let interrupt = &self.settings.interrupt;
+        interrupt.check(step.name())?;
         match &self.settings.failpoint {
-            Some(failpoint) => failpoint.trip_after(step),
+            Some(failpoint) => failpoint.trip_after(step, interrupt),
             None => Ok(()),
         }
     }

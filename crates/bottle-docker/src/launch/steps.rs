@@ -179,14 +179,19 @@ impl Failpoint {
         Failpoint::parse(&std::env::var(FAILPOINT_ENV).unwrap_or_default())
     }
 
-    /// Ends `step`: fails here if this failpoint names it, after sleeping
-    /// (to be killed) if it says so.
-    pub(super) fn trip_after(&self, step: Step) -> Result<(), DockerError> {
+    /// Ends `step`: fails here if this failpoint names it, after waiting
+    /// (to be killed, or interrupted: then it fails as interrupted) if it
+    /// says so.
+    pub(super) fn trip_after(
+        &self,
+        step: Step,
+        interrupt: &bottle_core::undo::Interrupt,
+    ) -> Result<(), DockerError> {
         if self.step != step {
             return Ok(());
         }
-        if self.sleep {
-            std::thread::sleep(FAILPOINT_SLEEP);
+        if self.sleep && interrupt.wait(FAILPOINT_SLEEP) {
+            interrupt.check(step.name())?;
         }
         Err(DockerError::Failpoint {
             step: step.name().to_string(),
@@ -231,11 +236,28 @@ mod tests {
             step: Step::BundleFiles,
             sleep: false,
         };
-        assert!(failpoint.trip_after(Step::BundleCreate).is_ok());
+        let interrupt = bottle_core::undo::Interrupt::default();
+        assert!(failpoint.trip_after(Step::BundleCreate, &interrupt).is_ok());
         assert!(matches!(
-            failpoint.trip_after(Step::BundleFiles),
+            failpoint.trip_after(Step::BundleFiles, &interrupt),
             Err(DockerError::Failpoint { step }) if step == "bundle-files"
         ));
+    }
+
+    #[test]
+    fn a_sleeping_failpoint_ends_as_interrupted_when_the_operator_interrupts() {
+        let failpoint = Failpoint {
+            step: Step::BundleFiles,
+            sleep: true,
+        };
+        let interrupt = bottle_core::undo::Interrupt::default();
+        let operator = interrupt.clone();
+        let presses = std::thread::spawn(move || operator.request());
+        assert!(matches!(
+            failpoint.trip_after(Step::BundleFiles, &interrupt),
+            Err(DockerError::Interrupted(err)) if err.step == "bundle-files"
+        ));
+        presses.join().unwrap();
     }
 
     #[test]

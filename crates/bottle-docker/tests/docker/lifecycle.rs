@@ -60,6 +60,13 @@ fn start_exec_stop_leaves_nothing() {
     assert_ne!(probe.exit_code, 0);
     assert!(!String::from_utf8_lossy(&probe.stdout).contains("PRIVATE KEY"));
 
+    // A decision for the audit log: a host the manifest does not allow.
+    let denied = sh(
+        &*bottle,
+        "wget -q -O- http://denied.bottle.test/kept-after-stop 2>&1; true",
+    );
+    assert_eq!(denied.exit_code, 0);
+
     let state_dir = fx.state.path().join(&name);
     assert!(state_dir.join("plan.json").is_file());
     assert!(state_dir.join("launched").is_file());
@@ -80,6 +87,27 @@ fn start_exec_stop_leaves_nothing() {
     }
     assert_eq!(resources_of(&fx.backend, &name), Vec::<String>::new());
     assert!(!state_dir.exists());
+    // The audit log outlives the bottle, away from its CA key.
+    let runs = bottle_core::audit_files::retained_runs(fx.state.path(), &name).unwrap();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(
+        report.kept,
+        [format!("audit log {}", runs[0].dir.display())]
+    );
+    let lines = bottle_core::audit_files::AuditLines::new(&runs[0].log())
+        .poll()
+        .unwrap();
+    assert!(
+        lines
+            .iter()
+            .any(|l| String::from_utf8_lossy(l).contains("/kept-after-stop")),
+        "{:?}",
+        lines
+            .iter()
+            .map(|l| String::from_utf8_lossy(l))
+            .collect::<Vec<_>>()
+    );
+    assert!(!runs[0].dir.join("ca").exists());
     // Stopping again removes nothing and is not an error.
     assert!(fx.backend.stop(bottle.name()).unwrap().removed.is_empty());
     drop(guard);

@@ -340,6 +340,8 @@ fn launch_and_check(version: &str) {
         report.removed.contains(&format!("bundle {MACHINE}")),
         "{report:?}"
     );
+    // The audit log the bundle's host kept is reported, not dropped.
+    assert_eq!(report.kept, [format!("audit log of {MACHINE}")]);
     assert_nothing_left(&s);
     assert!(!guest.exists());
     let err = s.backend.stop(MACHINE).unwrap_err();
@@ -643,5 +645,24 @@ fn the_ca_is_installed_as_bottle_core_defines_and_its_problems_are_warnings() {
         "{warnings:?}"
     );
     s.backend.stop(MACHINE).unwrap();
+    assert_nothing_left(&s);
+}
+
+#[test]
+fn an_interrupted_launch_unwinds_what_it_started() {
+    let s = setup("1.9.3", "");
+    let interrupt = bottle_core::undo::Interrupt::default();
+    let backend = s.backend.with_interrupt(interrupt.clone());
+    let s = Setup { backend, ..s };
+    *s.bundles.interrupt_on_start.lock().unwrap() = Some(interrupt);
+    let plan = s.backend.prepare(&s.spec).unwrap();
+    let err = s.backend.launch(&plan).map(drop).unwrap_err();
+    assert_eq!(err.code, "BOT-S007", "{err}");
+    assert!(err.message.contains("after step bundle"), "{err}");
+    assert!(
+        s.bundles.calls().iter().any(|c| c.starts_with("stop ")),
+        "the started bundle was not stopped: {:?}",
+        s.bundles.calls()
+    );
     assert_nothing_left(&s);
 }

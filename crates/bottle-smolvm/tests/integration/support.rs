@@ -285,6 +285,8 @@ pub(crate) struct RecordingBundles {
     pub planned: Mutex<Option<PlannedBundle>>,
     /// What `start` was handed back from the plan.
     pub started_with: Mutex<Option<RecordedBundle>>,
+    /// Interrupted by `start`, as an operator's ^C during it would.
+    pub interrupt_on_start: Mutex<Option<bottle_core::undo::Interrupt>>,
 }
 
 impl RecordingBundles {
@@ -302,6 +304,7 @@ impl RecordingBundles {
             live: Mutex::new(Vec::new()),
             planned: Mutex::new(None),
             started_with: Mutex::new(None),
+            interrupt_on_start: Mutex::new(None),
         })
     }
 
@@ -342,6 +345,9 @@ impl BundleHost for RecordingBundles {
         prepared: &RecordedBundle,
     ) -> Result<BundleEndpoint, BackendError> {
         *self.started_with.lock().unwrap() = Some(prepared.clone());
+        if let Some(interrupt) = &*self.interrupt_on_start.lock().unwrap() {
+            interrupt.request();
+        }
         self.calls
             .lock()
             .unwrap()
@@ -360,6 +366,8 @@ impl BundleHost for RecordingBundles {
         if let Some(i) = live.iter().position(|b| b == bottle) {
             live.remove(i);
             report.removed.push(format!("bundle {bottle}"));
+            // As the real host does with the bundle's audit log.
+            report.kept.push(format!("audit log of {bottle}"));
         }
         Ok(report)
     }

@@ -5,6 +5,8 @@
 //! The control is that the planted text reached the operator's side raw
 //! (in the bottle's state on the host) and that the commands list what was
 //! planted: a clean output that never contained the request proves nothing.
+//! `bottle logs` is read in both its forms, the readable lines it prints by
+//! default and `--json`, each checked to be the form asked for.
 
 use std::path::Path;
 use std::time::Duration;
@@ -18,13 +20,14 @@ impl Gate {
     /// One row per operator command that prints agent text.
     pub(super) fn operator_output(&mut self, phase: &str, bottle: &str) -> anyhow::Result<()> {
         let planted = holds_raw(&self.cli.state_home, HOSTILE_TEXT[0], 64);
-        let commands: [(&str, Vec<&str>); 3] = [
+        let commands: [(&str, Vec<&str>); 4] = [
             ("operator-requests-table", vec!["requests", "--all", bottle]),
             (
                 "operator-requests-json",
                 vec!["requests", "--all", "--json", bottle],
             ),
             ("operator-logs", vec!["logs", bottle]),
+            ("operator-logs-json", vec!["logs", "--json", bottle]),
         ];
         for (probe, args) in commands {
             let out = self
@@ -37,8 +40,13 @@ impl Gate {
                 .map(|c| format!("U+{:04X}", u32::from(*c)))
                 .collect();
             // The logs carry no planted text of their own (supervise audits
-            // the request, not the reason): their control is the planting.
-            let listed = probe == "operator-logs" || printed.contains(HOSTILE_EGRESS_HOST);
+            // the request, not the reason): their control is the planting,
+            // and that the audit lines came out in the form asked for.
+            let listed = match probe {
+                "operator-logs" => logs_form(&out.stdout) == Some(LogsForm::Readable),
+                "operator-logs-json" => logs_form(&out.stdout) == Some(LogsForm::Json),
+                _ => printed.contains(HOSTILE_EGRESS_HOST),
+            };
             let (observed, detail) = if !out.success() {
                 (
                     Observed::Error,
@@ -72,6 +80,32 @@ impl Gate {
     }
 }
 
+/// The form `bottle logs` printed its lines in.
+#[derive(Debug, PartialEq, Eq)]
+enum LogsForm {
+    /// One line of text per decision (the default).
+    Readable,
+    /// The audit log's JSON lines (`--json`).
+    Json,
+}
+
+/// The form of `stdout` when it has lines and all are of one form.
+fn logs_form(stdout: &str) -> Option<LogsForm> {
+    let is_record = |line: &str| {
+        serde_json::from_str::<serde_json::Value>(line).is_ok_and(|value| value.is_object())
+    };
+    let lines: Vec<&str> = stdout.lines().collect();
+    if lines.is_empty() {
+        None
+    } else if lines.iter().all(|line| is_record(line)) {
+        Some(LogsForm::Json)
+    } else if lines.iter().any(|line| is_record(line)) {
+        None
+    } else {
+        Some(LogsForm::Readable)
+    }
+}
+
 /// Whether some file under `dir` (at most `depth` levels down, each at
 /// most 1 MiB) holds `needle` as raw UTF-8.
 fn holds_raw(dir: &Path, needle: &str, depth: usize) -> bool {
@@ -96,6 +130,19 @@ fn holds_raw(dir: &Path, needle: &str, depth: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logs_output_is_told_by_its_form() {
+        let json = r#"{"decision":"deny","host":"a.test"}"#;
+        let text = "2025-01-02 05:04:05  deny  CONNECT a.test:443  403  host_not_allowed";
+        assert_eq!(
+            logs_form(&format!("{json}\n{json}\n")),
+            Some(LogsForm::Json)
+        );
+        assert_eq!(logs_form(&format!("{text}\n")), Some(LogsForm::Readable));
+        assert_eq!(logs_form(&format!("{text}\n{json}\n")), None);
+        assert_eq!(logs_form(""), None);
+    }
 
     #[test]
     fn planted_text_is_found_raw_and_only_raw() {

@@ -1,0 +1,69 @@
+//! ^C and `SIGTERM` while `bottle start` launches a bottle.
+//!
+//! Killed half-way, a launch would leave networks, containers and a state
+//! dir holding the bottle's CA key. So during the launch the first signal
+//! only sets the [`Interrupt`] every backend's launch checks between its
+//! steps: the launch fails there and unwinds, and `start` exits with
+//! [`EXIT_INTERRUPTED`]. A second signal ends the process at once (what it
+//! leaves, `bottle cleanup` removes: its launching process is gone).
+//! Before the launch (nothing is written yet) and after it, the signals do
+//! what they always do.
+
+use std::sync::Arc;
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bottle_core::undo::Interrupt;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::flag;
+
+use crate::failure::{EXIT_INTERRUPTED, Failure};
+
+/// The one interrupt of this process, which the backends are opened with.
+static LAUNCH: LazyLock<Interrupt> = LazyLock::new(Interrupt::default);
+
+/// The interrupt the backends' launches check.
+pub(crate) fn launch() -> Interrupt {
+    LAUNCH.clone()
+}
+
+/// Whether the operator interrupted the launch.
+pub(crate) fn requested() -> bool {
+    LAUNCH.is_requested()
+}
+
+/// The signal handlers of one launch; [`LaunchSignals::ended`] gives the
+/// signals their default action back.
+pub(crate) struct LaunchSignals {
+    ended: Arc<AtomicBool>,
+}
+
+/// Installs the handlers for the launch about to run.
+pub(crate) fn during_launch() -> Result<LaunchSignals, Failure> {
+    let ended = Arc::new(AtomicBool::new(false));
+    let interrupted = LAUNCH.flag();
+    for signal in [SIGINT, SIGTERM] {
+        // Registered in this order: each action runs in turn. Once the
+        // launch ended, the default action (the process ends) comes first;
+        // during it, a second signal ends the process, and the first sets
+        // the flag.
+        flag::register_conditional_default(signal, Arc::clone(&ended))
+            .and_then(|_| {
+                flag::register_conditional_shutdown(
+                    signal,
+                    i32::from(EXIT_INTERRUPTED),
+                    Arc::clone(&interrupted),
+                )
+            })
+            .and_then(|_| flag::register(signal, Arc::clone(&interrupted)))
+            .map_err(|err| anyhow::anyhow!("could not handle ^C during the launch: {err}"))?;
+    }
+    Ok(LaunchSignals { ended })
+}
+
+impl LaunchSignals {
+    /// The launch is over: signals end the process again.
+    pub(crate) fn ended(self) {
+        self.ended.store(true, Ordering::SeqCst);
+    }
+}
