@@ -93,7 +93,9 @@ pub(crate) fn spawn_host(
     let holder = Owner { pid, start: 0 };
     let deadline = Instant::now() + READY_WITHIN;
     loop {
-        if paths.socket().exists() {
+        // An agent that already ran to its end started too: the holder
+        // removed its socket and kept the output and exit code for attach.
+        if paths.socket().exists() || paths.exit_code().exists() {
             return Ok(());
         }
         if !holder.is_alive() {
