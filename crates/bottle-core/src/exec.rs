@@ -236,20 +236,11 @@ impl CommandRunner for SystemRunner {
             .create(true)
             .append(true)
             .open(log)?;
-        #[expect(
-            clippy::disallowed_methods,
-            reason = "this is the one sanctioned place that spawns processes"
-        )]
-        let mut command = std::process::Command::new(&spec.program);
+        let mut command = command_for(spec);
         command
-            .args(&spec.args)
-            .envs(&spec.env)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        if let Some(cwd) = &spec.cwd {
-            command.current_dir(cwd);
-        }
         // Dropping the handle neither kills nor waits for the child; once we
         // exit, init (or the nearest subreaper) reaps it.
         let child = command
@@ -257,6 +248,21 @@ impl CommandRunner for SystemRunner {
             .map_err(|source| ExecError::Spawn { program, source })?;
         Ok(child.id())
     }
+}
+
+/// The process `spec` names, with its arguments, environment and working
+/// directory; the caller sets its streams.
+fn command_for(spec: &CommandSpec) -> std::process::Command {
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "this is the one sanctioned place that spawns processes"
+    )]
+    let mut command = std::process::Command::new(&spec.program);
+    command.args(&spec.args).envs(&spec.env);
+    if let Some(cwd) = &spec.cwd {
+        command.current_dir(cwd);
+    }
+    command
 }
 
 /// How long a killed child's output may take to close before we return what
@@ -284,14 +290,8 @@ impl SystemRunner {
             }
         };
 
-        #[expect(
-            clippy::disallowed_methods,
-            reason = "this is the one sanctioned place that spawns processes"
-        )]
-        let mut command = std::process::Command::new(&spec.program);
+        let mut command = command_for(spec);
         command
-            .args(&spec.args)
-            .envs(&spec.env)
             .stdout(output_stream())
             .stderr(output_stream())
             .stdin(match (&spec.stdin, inherit) {
@@ -299,9 +299,6 @@ impl SystemRunner {
                 (None, true) => Stdio::inherit(),
                 (None, false) => Stdio::null(),
             });
-        if let Some(cwd) = &spec.cwd {
-            command.current_dir(cwd);
-        }
         let mut child = command.spawn().map_err(|source| ExecError::Spawn {
             program: program.clone(),
             source,

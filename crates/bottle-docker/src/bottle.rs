@@ -242,20 +242,7 @@ pub fn download_file(
     container: &str,
     path: &str,
 ) -> Result<Option<(Vec<u8>, u32)>, DockerError> {
-    use bollard::query_parameters::DownloadFromContainerOptionsBuilder;
-    let options = DownloadFromContainerOptionsBuilder::default()
-        .path(path)
-        .build();
-    let result: Result<Vec<u8>, bollard::errors::Error> = engine.block_on(async {
-        let mut stream = engine
-            .docker
-            .download_from_container(container, Some(options));
-        let mut archive = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            archive.extend_from_slice(&chunk?);
-        }
-        Ok(archive)
-    });
+    let result = download_archive(engine, container, path);
     match result {
         Ok(archive) => crate::tarball::first_file(&archive)
             .map_err(DockerError::io(format!("read {path} from"), container)),
@@ -274,9 +261,7 @@ pub fn container_entry(
     container: &str,
     path: &str,
 ) -> Result<bottle_core::ca_install::Entry, DockerError> {
-    use bollard::query_parameters::{
-        ContainerArchiveInfoOptionsBuilder, DownloadFromContainerOptionsBuilder,
-    };
+    use bollard::query_parameters::ContainerArchiveInfoOptionsBuilder;
     use bottle_core::ca_install::Entry;
     /// Go's `os.ModeDir`, as the daemon's stat header reports it.
     const GO_MODE_DIR: u32 = 1 << 31;
@@ -297,19 +282,7 @@ pub fn container_entry(
         // A dangling symlink may fail the stat; the download below tells.
         Err(_) => {}
     }
-    let options = DownloadFromContainerOptionsBuilder::default()
-        .path(path)
-        .build();
-    let result: Result<Vec<u8>, bollard::errors::Error> = engine.block_on(async {
-        let mut stream = engine
-            .docker
-            .download_from_container(container, Some(options));
-        let mut archive = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            archive.extend_from_slice(&chunk?);
-        }
-        Ok(archive)
-    });
+    let result = download_archive(engine, container, path);
     match result {
         Ok(archive) => crate::tarball::first_entry(&archive)
             .map_err(DockerError::io(format!("read {path} from"), container)),
@@ -318,6 +291,28 @@ pub fn container_entry(
             err,
         )),
     }
+}
+
+/// The daemon's tar archive of `path` in the container.
+fn download_archive(
+    engine: &Engine,
+    container: &str,
+    path: &str,
+) -> Result<Vec<u8>, bollard::errors::Error> {
+    use bollard::query_parameters::DownloadFromContainerOptionsBuilder;
+    let options = DownloadFromContainerOptionsBuilder::default()
+        .path(path)
+        .build();
+    engine.block_on(async {
+        let mut stream = engine
+            .docker
+            .download_from_container(container, Some(options));
+        let mut archive = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            archive.extend_from_slice(&chunk?);
+        }
+        Ok(archive)
+    })
 }
 
 /// Uploads an archive and extracts it at `/` in the container, keeping the

@@ -16,7 +16,6 @@ use nix::sys::signal::Signal;
 
 use crate::bottle;
 
-
 /// Docker's containers and networks whose names start with `prefix`.
 fn docker_objects(engine: &Engine, prefix: &str) -> Vec<String> {
     let containers = engine
