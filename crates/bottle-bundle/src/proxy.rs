@@ -466,13 +466,7 @@ impl Proxy {
             rule,
         };
         let this = self.clone();
-        tokio::spawn(async move {
-            match hyper::upgrade::on(req).await {
-                Ok(upgraded) => this.intercept(TokioIo::new(upgraded), target).await,
-                Err(e) => crate::log!("proxy: CONNECT upgrade failed: {e}"),
-            }
-        });
-        Response::new(boxed(http_body_util::Empty::<Bytes>::new()))
+        open_tunnel(req, move |io| this.intercept(io, target))
     }
 
     async fn intercept(
@@ -877,6 +871,22 @@ fn secret_in_name_message(f: &crate::scan::Finding) -> String {
         "bottle: request blocked: the destination name carries what looks like a credential ({})",
         f.reason()
     )
+}
+
+/// Answers a CONNECT `200` and hands the connection, once hyper lets go of
+/// it, to `serve`.
+fn open_tunnel<F, Fut>(req: Request<Incoming>, serve: F) -> Response<BoxBody>
+where
+    F: FnOnce(TokioIo<hyper::upgrade::Upgraded>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(async move {
+        match hyper::upgrade::on(req).await {
+            Ok(upgraded) => serve(TokioIo::new(upgraded)).await,
+            Err(e) => crate::log!("proxy: CONNECT upgrade failed: {e}"),
+        }
+    });
+    Response::new(boxed(http_body_util::Empty::<Bytes>::new()))
 }
 
 fn text(status: StatusCode, message: &str) -> Response<BoxBody> {

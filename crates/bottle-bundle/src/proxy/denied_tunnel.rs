@@ -28,7 +28,7 @@ use tokio::io::AsyncReadExt;
 use super::{Proxy, secret_in_name_message};
 use crate::allowlist::{Denial, Host};
 use crate::audit::Decision;
-use crate::body::{BoxBody, boxed};
+use crate::body::BoxBody;
 use crate::io::Prefixed;
 use crate::scan::Finding;
 
@@ -130,13 +130,7 @@ impl Proxy {
             return refusal;
         }
         let this = self.clone();
-        tokio::spawn(async move {
-            match hyper::upgrade::on(req).await {
-                Ok(upgraded) => this.serve_denied(TokioIo::new(upgraded), tunnel).await,
-                Err(e) => crate::log!("proxy: CONNECT upgrade failed: {e}"),
-            }
-        });
-        Response::new(boxed(http_body_util::Empty::<Bytes>::new()))
+        super::open_tunnel(req, move |io| this.serve_denied(io, tunnel))
     }
 
     /// TLS with a minted leaf if the client starts it, plain HTTP if not.

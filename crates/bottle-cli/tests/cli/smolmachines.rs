@@ -518,22 +518,28 @@ fn agent_environment(world: &World, backend: &str, name: &str) -> Vec<String> {
     env
 }
 
-#[test]
-fn both_backends_give_the_agent_the_same_environment() {
-    let test = "both_backends_give_the_agent_the_same_environment";
-    let Some(_docker) = docker(test) else { return };
+/// The busybox demo agent built as `bottle-demo-agent:<tag>`: a real
+/// image for the docker side (the double runs guest commands on the host).
+fn demo_agent_image(test: &str, tag: &str) -> String {
     let state = tempfile::tempdir().unwrap();
     let builder =
         bottle_docker::DockerBackend::new(bottle_docker::DockerOptions::new(state.path())).unwrap();
-    let image = "bottle-demo-agent:cli-env";
+    let image = format!("bottle-demo-agent:{tag}");
     builder
         .build_demo_agent(
             &repo_root().join("examples/demo-agent"),
             std::path::Path::new("/bin/busybox"),
-            image,
+            &image,
         )
         .unwrap_or_else(|err| panic!("{test}: the demo agent image: {err}"));
-    let world = World::new(image, "env-both");
+    image
+}
+
+#[test]
+fn both_backends_give_the_agent_the_same_environment() {
+    let test = "both_backends_give_the_agent_the_same_environment";
+    let Some(_docker) = docker(test) else { return };
+    let world = World::new(&demo_agent_image(test, "cli-env"), "env-both");
     if !sandbox_available(&world, test) {
         return;
     }
@@ -663,18 +669,7 @@ fn exec_with_stdin(
 fn exec_passes_stdin_through_to_eof_on_both_backends() {
     let test = "exec_passes_stdin_through_to_eof_on_both_backends";
     let Some(_docker) = docker(test) else { return };
-    let state = tempfile::tempdir().unwrap();
-    let builder =
-        bottle_docker::DockerBackend::new(bottle_docker::DockerOptions::new(state.path())).unwrap();
-    let image = "bottle-demo-agent:cli-stdin";
-    builder
-        .build_demo_agent(
-            &repo_root().join("examples/demo-agent"),
-            std::path::Path::new("/bin/busybox"),
-            image,
-        )
-        .unwrap_or_else(|err| panic!("{test}: the demo agent image: {err}"));
-    let world = World::new(image, "stdin");
+    let world = World::new(&demo_agent_image(test, "cli-stdin"), "stdin");
     if !sandbox_available(&world, test) {
         return;
     }
