@@ -163,6 +163,7 @@ pub(crate) fn run() -> anyhow::Result<ExitCode> {
             .arg(&manifest)
             .args(args.iter().copied())
             .env("BOTTLE_BUNDLE_BIN", &binaries.bundle)
+            .env("BOTTLE_TOOLBOX_BIN", &binaries.toolbox)
     };
     let show = |args: &[&str]| -> anyhow::Result<bool> {
         println!("$ bottle {}", args.join(" "));

@@ -23,21 +23,28 @@ pub(crate) struct StaticBinaries {
     /// The sandbox-escape probe (`cargo xtask sandbox-escape` copies it
     /// into bottles and runs it on the host as the positive control).
     pub probe: PathBuf,
+    /// The in-box agent of the sandbox interface.
+    pub toolbox: PathBuf,
 }
 
 /// Builds the static binaries in release mode. With an explicit `--target`,
 /// RUSTFLAGS reach only the target crates, not build scripts or proc macros,
 /// which cannot be linked statically.
 pub(crate) fn run() -> anyhow::Result<StaticBinaries> {
-    let dir = build(&["bottle-bundle", "bottle-probe"])?;
+    let dir = build(&["bottle-bundle", "bottle-probe", "bottle-toolbox"])?;
     let bundle = dir.join("bottle-bundle");
     let probe = dir.join("bottle-probe");
-    for binary in [&bundle, &probe] {
+    let toolbox = dir.join("bottle-toolbox");
+    for binary in [&bundle, &probe, &toolbox] {
         if !binary.is_file() {
             bail!("{} was not produced", binary.display());
         }
     }
-    Ok(StaticBinaries { bundle, probe })
+    Ok(StaticBinaries {
+        bundle,
+        probe,
+        toolbox,
+    })
 }
 
 /// Builds `packages` statically; returns the directory the binaries are in.

@@ -27,6 +27,8 @@ use crate::{demo, dist};
 pub(crate) const BOTTLE_PATH: &str = "bin/bottle";
 /// Where the bundle goes under the prefix: `<bottle's dir>/../lib/bottle`.
 pub(crate) const BUNDLE_PATH: &str = "lib/bottle/bottle-bundle";
+/// Where the in-box agent goes, beside the bundle.
+pub(crate) const TOOLBOX_PATH: &str = "lib/bottle/bottle-toolbox";
 
 const USAGE: &str = "usage: cargo xtask install [--prefix DIR]";
 
@@ -41,11 +43,17 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    let bundle = dist::build(&["bottle-bundle"])?.join("bottle-bundle");
+    let statics = dist::build(&["bottle-bundle", "bottle-toolbox"])?;
     let bottle = dist::build(&["bottle-cli"])?.join("bottle");
-    let installed = install_into(&prefix, &bottle, &bundle)?;
-    println!("installed {}", installed.bottle.display());
-    println!("installed {}", installed.bundle.display());
+    let installed = install_into(
+        &prefix,
+        &bottle,
+        &statics.join("bottle-bundle"),
+        &statics.join("bottle-toolbox"),
+    )?;
+    for path in [&installed.bottle, &installed.bundle, &installed.toolbox] {
+        println!("installed {}", path.display());
+    }
     let bin = installed
         .bottle
         .parent()
@@ -87,6 +95,7 @@ fn default_prefix() -> anyhow::Result<PathBuf> {
 pub(crate) struct Installed {
     pub bottle: PathBuf,
     pub bundle: PathBuf,
+    pub toolbox: PathBuf,
 }
 
 /// Copies the built binaries into the prefix's layout, executable. Each is
@@ -96,13 +105,16 @@ pub(crate) fn install_into(
     prefix: &Path,
     bottle: &Path,
     bundle: &Path,
+    toolbox: &Path,
 ) -> anyhow::Result<Installed> {
     let installed = Installed {
         bottle: prefix.join(BOTTLE_PATH),
         bundle: prefix.join(BUNDLE_PATH),
+        toolbox: prefix.join(TOOLBOX_PATH),
     };
     place(bottle, &installed.bottle)?;
     place(bundle, &installed.bundle)?;
+    place(toolbox, &installed.toolbox)?;
     Ok(installed)
 }
 
@@ -132,14 +144,16 @@ mod tests {
         let built = tempfile::tempdir().unwrap();
         let bottle = built.path().join("bottle");
         let bundle = built.path().join("bottle-bundle");
+        let toolbox = built.path().join("bottle-toolbox");
         std::fs::write(&bottle, b"bottle").unwrap();
         std::fs::write(&bundle, b"bundle").unwrap();
+        std::fs::write(&toolbox, b"toolbox").unwrap();
         let prefix = tempfile::tempdir().unwrap();
-        let installed = install_into(prefix.path(), &bottle, &bundle).unwrap();
+        let installed = install_into(prefix.path(), &bottle, &bundle, &toolbox).unwrap();
 
         assert_eq!(installed.bottle, prefix.path().join("bin/bottle"));
         assert_eq!(std::fs::read(&installed.bundle).unwrap(), b"bundle");
-        for path in [&installed.bottle, &installed.bundle] {
+        for path in [&installed.bottle, &installed.bundle, &installed.toolbox] {
             let mode = std::fs::metadata(path).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o755, "{}", path.display());
         }
@@ -151,6 +165,13 @@ mod tests {
             std::fs::canonicalize(first).unwrap(),
             std::fs::canonicalize(&installed.bundle).unwrap()
         );
+        let first =
+            bottle_core::bundle_binary::toolbox_binary_candidates(None, Some(&installed.bottle))
+                .remove(0);
+        assert_eq!(
+            std::fs::canonicalize(first).unwrap(),
+            std::fs::canonicalize(&installed.toolbox).unwrap()
+        );
     }
 
     #[test]
@@ -161,9 +182,9 @@ mod tests {
         std::fs::write(&bottle, b"old").unwrap();
         std::fs::write(&bundle, b"old").unwrap();
         let prefix = tempfile::tempdir().unwrap();
-        install_into(prefix.path(), &bottle, &bundle).unwrap();
+        install_into(prefix.path(), &bottle, &bundle, &bundle).unwrap();
         std::fs::write(&bottle, b"new").unwrap();
-        let installed = install_into(prefix.path(), &bottle, &bundle).unwrap();
+        let installed = install_into(prefix.path(), &bottle, &bundle, &bundle).unwrap();
 
         assert_eq!(std::fs::read(&installed.bottle).unwrap(), b"new");
         let names: Vec<String> = std::fs::read_dir(prefix.path().join("bin"))

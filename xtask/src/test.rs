@@ -29,6 +29,7 @@ pub(crate) fn run(extra: &[String]) -> anyhow::Result<ExitCode> {
         .args(["test", "--workspace"])
         .args(extra)
         .env("BOTTLE_BUNDLE_BIN", &binaries.bundle)
+        .env("BOTTLE_TOOLBOX_BIN", &binaries.toolbox)
         .env(DEBIAN_IMAGE_ENV, debian_image);
     Ok(if watch(tests)?.success() {
         ExitCode::SUCCESS

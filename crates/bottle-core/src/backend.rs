@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Coded;
 use crate::plan::Plan;
+use crate::sandbox::{ResetReport, SandboxError, ToolCall, ToolResult};
 use crate::spec::BottleSpec;
 
 /// Which backend runs a bottle.
@@ -270,4 +271,26 @@ pub trait Bottle {
 
     /// Copies a host file or directory into the bottle under `guest_dir`.
     fn copy_in(&self, host_path: &Path, guest_dir: &str) -> Result<(), BackendError>;
+
+    /// Runs one tool call through the in-box agent (started on the first
+    /// call and kept), as the agent's user.
+    fn execute(&self, call: &ToolCall) -> Result<ToolResult, SandboxError> {
+        let _ = call;
+        Err(not_available(self.name(), "execute"))
+    }
+
+    /// Returns the box to its golden snapshot and verifies the revert from
+    /// three sources; any divergence halts the bottle.
+    fn reset(&self) -> Result<ResetReport, SandboxError> {
+        Err(not_available(self.name(), "reset"))
+    }
+}
+
+fn not_available(bottle: &str, what: &str) -> SandboxError {
+    SandboxError::NotAvailable {
+        bottle: bottle.to_string(),
+        what: what.to_string(),
+        why: "this backend does not offer it yet".into(),
+        fix: "use the docker backend".into(),
+    }
 }

@@ -1,5 +1,7 @@
-//! Where `bottle` finds the static `bottle-bundle` binary it builds the
-//! bundle image from, and how to tell that a binary is static. The order is
+//! Where `bottle` finds the static binaries it puts into boxes (the
+//! `bottle-bundle` it builds the bundle image from, the `bottle-toolbox`
+//! the sandbox interface runs in each box), and how to tell that a binary
+//! is static. The order is
 //! decided here, without touching the filesystem, so the backend that uses
 //! the binary and the doctor that reports it cannot disagree.
 
@@ -8,6 +10,16 @@ use std::path::{Path, PathBuf};
 
 /// Environment variable naming the static bundle binary.
 pub const BUNDLE_BIN_ENV: &str = "BOTTLE_BUNDLE_BIN";
+
+/// Environment variable naming the static in-box agent binary.
+pub const TOOLBOX_BIN_ENV: &str = "BOTTLE_TOOLBOX_BIN";
+
+/// The in-box agent's places, in the same order as
+/// [`bundle_binary_candidates`] with `bottle-toolbox` for the name and
+/// [`TOOLBOX_BIN_ENV`] for the variable.
+pub fn toolbox_binary_candidates(env: Option<&OsStr>, exe: Option<&Path>) -> Vec<PathBuf> {
+    static_binary_candidates("bottle-toolbox", env, exe)
+}
 
 /// The places the bundle binary may be, most specific first, for a `bottle`
 /// running as `exe` with [`BUNDLE_BIN_ENV`] set to `env`:
@@ -22,14 +34,18 @@ pub const BUNDLE_BIN_ENV: &str = "BOTTLE_BUNDLE_BIN";
 /// 4. `<exe dir>/bottle-bundle`: both binaries in one directory (the static
 ///    target directory `dist` builds into, or a hand-made installation).
 pub fn bundle_binary_candidates(env: Option<&OsStr>, exe: Option<&Path>) -> Vec<PathBuf> {
+    static_binary_candidates("bottle-bundle", env, exe)
+}
+
+fn static_binary_candidates(name: &str, env: Option<&OsStr>, exe: Option<&Path>) -> Vec<PathBuf> {
     let mut candidates = Vec::new();
     if let Some(path) = env.filter(|path| !path.is_empty()) {
         candidates.push(PathBuf::from(path));
     }
     if let Some(dir) = exe.and_then(Path::parent) {
-        candidates.push(dir.join("../lib/bottle/bottle-bundle"));
-        candidates.push(dir.join("../x86_64-unknown-linux-gnu/release/bottle-bundle"));
-        candidates.push(dir.join("bottle-bundle"));
+        candidates.push(dir.join("../lib/bottle").join(name));
+        candidates.push(dir.join("../x86_64-unknown-linux-gnu/release").join(name));
+        candidates.push(dir.join(name));
     }
     candidates
 }
@@ -108,6 +124,17 @@ mod tests {
             [PathBuf::from("/b")]
         );
         assert!(bundle_binary_candidates(None, None).is_empty());
+    }
+
+    #[test]
+    fn the_toolbox_is_looked_for_in_the_same_places() {
+        let exe = Some(Path::new("/usr/local/bin/bottle"));
+        let toolbox: Vec<PathBuf> = toolbox_binary_candidates(None, exe);
+        let bundle: Vec<PathBuf> = bundle_binary_candidates(None, exe)
+            .into_iter()
+            .map(|p| p.with_file_name("bottle-toolbox"))
+            .collect();
+        assert_eq!(toolbox, bundle);
     }
 
     #[test]

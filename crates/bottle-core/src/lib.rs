@@ -30,6 +30,7 @@ pub mod plan;
 pub mod process;
 pub mod requests;
 pub mod requirements;
+pub mod sandbox;
 pub mod slug;
 pub mod spec;
 pub mod state;

@@ -178,10 +178,14 @@ pub(crate) fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> 
     // BOTTLE_ESCAPE_PROBE: a prebuilt probe (for working on the harness
     // itself); the run still builds the bundle it tests.
     let binaries = match std::env::var_os("BOTTLE_ESCAPE_PROBE") {
-        Some(probe) => dist::StaticBinaries {
-            bundle: dist::build(&["bottle-bundle"])?.join("bottle-bundle"),
-            probe: PathBuf::from(probe),
-        },
+        Some(probe) => {
+            let dir = dist::build(&["bottle-bundle", "bottle-toolbox"])?;
+            dist::StaticBinaries {
+                bundle: dir.join("bottle-bundle"),
+                probe: PathBuf::from(probe),
+                toolbox: dir.join("bottle-toolbox"),
+            }
+        }
         None => dist::run()?,
     };
     let bottle_bin = build_cli()?;

@@ -1,0 +1,72 @@
+//! `bottle-toolbox`: the in-box agent of the sandbox interface.
+//!
+//! The host starts it once per bottle, as the agent's user, through the
+//! stream the backend already has (an attached `docker exec`, a `smolvm
+//! machine exec -i`), and speaks `bottle_core::sandbox::wire` with it over
+//! its stdin and stdout. It opens no socket and listens on nothing; it ends
+//! when its stdin ends. Each call runs in its own process group, which is
+//! killed at the call's deadline.
+
+#![expect(
+    clippy::print_stderr,
+    reason = "a broken channel is said on stderr, which the host keeps apart from the frames"
+)]
+
+mod builtin;
+mod fds;
+mod run;
+
+use std::io::{BufReader, BufWriter};
+
+use bottle_core::sandbox::wire::{self, Op, PROTOCOL_VERSION, Reply, Request, Response};
+
+fn main() -> std::process::ExitCode {
+    let stdin = std::io::stdin();
+    let stdout = std::io::stdout();
+    let mut reader = BufReader::new(stdin.lock());
+    let mut writer = BufWriter::new(stdout.lock());
+    loop {
+        let request: Request = match wire::read_frame(&mut reader) {
+            Ok(Some(request)) => request,
+            Ok(None) => return std::process::ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("bottle-toolbox: {err}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
+        let reply = answer(request.op);
+        if let Err(err) = wire::write_frame(
+            &mut writer,
+            &Response {
+                id: request.id,
+                reply,
+            },
+        ) {
+            eprintln!("bottle-toolbox: {err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+}
+
+fn answer(op: Op) -> Reply {
+    match op {
+        Op::Hello => Reply::Hello {
+            version: PROTOCOL_VERSION,
+            pid: std::process::id(),
+        },
+        Op::Exec {
+            command,
+            env,
+            cwd,
+            stdin,
+            deadline_ms,
+        } => run::exec(
+            &command,
+            &env,
+            cwd.as_deref(),
+            stdin,
+            std::time::Duration::from_millis(deadline_ms),
+        ),
+        Op::CountOpenFds => fds::count(std::path::Path::new("/proc"), std::process::id()),
+    }
+}

@@ -1,0 +1,155 @@
+//! The host's end (`bottle_core::sandbox::Toolbox`) driving the real
+//! in-box agent as a child process, over its stdin and stdout: the same
+//! channel a backend opens inside a box.
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "test harness helpers outside #[test] fns: a failure must fail the test loudly"
+)]
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use bottle_core::Coded;
+use bottle_core::sandbox::{SandboxError, ToolCall, Toolbox, ToolboxStream};
+
+fn spawn_agent() -> (Child, ToolboxStream) {
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the test holds the agent's pipes and kills it, as a backend's stream would end"
+    )]
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_bottle-toolbox"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stream = ToolboxStream {
+        to_agent: Box::new(child.stdin.take().unwrap()),
+        from_agent: Box::new(child.stdout.take().unwrap()),
+    };
+    (child, stream)
+}
+
+fn toolbox(log: Option<std::path::PathBuf>) -> (Toolbox, std::sync::Mutex<Vec<Child>>) {
+    (
+        Toolbox::new("bot-bottle-test", log),
+        std::sync::Mutex::new(Vec::new()),
+    )
+}
+
+fn open(
+    children: &std::sync::Mutex<Vec<Child>>,
+) -> impl FnOnce() -> Result<ToolboxStream, SandboxError> + '_ {
+    move || {
+        let (child, stream) = spawn_agent();
+        children.lock().unwrap().push(child);
+        Ok(stream)
+    }
+}
+
+#[test]
+fn calls_run_with_their_stdin_env_and_cwd_and_are_audited() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("audit.jsonl");
+    let (toolbox, children) = toolbox(Some(log.clone()));
+    let mut call = ToolCall::argv([
+        "sh",
+        "-c",
+        "cat; printf ' %s %s' \"$GREETING\" \"$(pwd)\"; echo oops >&2; exit 3",
+    ]);
+    call.stdin = b"\x00binary\xff".to_vec();
+    call.env.insert("GREETING".into(), "hello".into());
+    call.cwd = Some(dir.path().to_str().unwrap().into());
+    let result = toolbox.execute(&call, open(&children)).unwrap();
+    let mut expected = b"\x00binary\xff hello ".to_vec();
+    expected.extend_from_slice(dir.path().to_str().unwrap().as_bytes());
+    assert_eq!(result.stdout, expected);
+    assert_eq!(result.stderr, b"oops\n");
+    assert_eq!(result.exit_code, 3);
+    assert_eq!(
+        result.evidence_hash,
+        bottle_core::sandbox::evidence_hash(&call, 3, &result.stdout, &result.stderr, false)
+    );
+    // The second call reuses the agent.
+    toolbox
+        .execute(&ToolCall::argv(["true"]), open(&children))
+        .unwrap();
+    assert_eq!(children.lock().unwrap().len(), 1);
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["evidence"], result.evidence_hash.as_str());
+    assert_eq!(lines[0]["reason"], "exit_3");
+}
+
+#[test]
+fn a_call_past_its_deadline_is_killed_with_what_it_started() {
+    let (toolbox, children) = toolbox(None);
+    let mut call = ToolCall::argv(["sh", "-c", "sleep 30 & sleep 30"]);
+    call.deadline = Duration::from_millis(300);
+    let started = Instant::now();
+    let err = toolbox.execute(&call, open(&children)).unwrap_err();
+    assert!(matches!(err, SandboxError::ToolTimeout { .. }), "{err}");
+    assert_eq!(err.code(), "BOT-X003");
+    // Bounded by the deadline, not by the background sleep holding stdout.
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The channel still works.
+    let result = toolbox
+        .execute(&ToolCall::argv(["echo", "after"]), open(&children))
+        .unwrap();
+    assert_eq!(result.stdout, b"after\n");
+}
+
+#[test]
+fn bad_calls_are_tool_errors_and_builtins_run_without_a_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let (toolbox, children) = toolbox(None);
+    let missing = toolbox
+        .execute(&ToolCall::argv(["/nonexistent/program"]), open(&children))
+        .unwrap_err();
+    assert_eq!(missing.code(), "BOT-X004");
+    let unknown = toolbox
+        .execute(
+            &ToolCall::tool("format_disk", serde_json::json!({})),
+            open(&children),
+        )
+        .unwrap_err();
+    assert!(
+        unknown.to_string().contains("no built-in tool"),
+        "{unknown}"
+    );
+    let path = dir.path().join("notes.txt");
+    let wrote = toolbox
+        .execute(
+            &ToolCall::tool(
+                "write_file",
+                serde_json::json!({"path": path, "content": "one\n"}),
+            ),
+            open(&children),
+        )
+        .unwrap();
+    assert_eq!(wrote.exit_code, 0);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "one\n");
+    // One agent served all of them.
+    assert_eq!(children.lock().unwrap().len(), 1);
+}
+
+#[test]
+fn the_agent_counts_open_descriptors_and_a_dead_agent_is_replaced() {
+    let (toolbox, children) = toolbox(None);
+    let fds = toolbox.count_open_fds(open(&children)).unwrap();
+    assert!(fds.processes > 0 && fds.count > 0, "{fds:?}");
+    children.lock().unwrap()[0].kill().unwrap();
+    children.lock().unwrap()[0].wait().unwrap();
+    let err = toolbox
+        .execute(&ToolCall::argv(["true"]), open(&children))
+        .unwrap_err();
+    assert_eq!(err.code(), "BOT-X004");
+    toolbox
+        .execute(&ToolCall::argv(["true"]), open(&children))
+        .unwrap();
+    assert_eq!(children.lock().unwrap().len(), 2);
+}
