@@ -118,7 +118,9 @@ pub(crate) fn open(
     })
 }
 
-/// The blocking end of the exec's stdin.
+/// The blocking end of the exec's stdin. Like every blocking call of this
+/// crate, it is used from outside the Engine's runtime (the caller of
+/// `execute`); tokio refuses a blocking send from inside one.
 struct ChunkWriter {
     chunks: mpsc::Sender<Vec<u8>>,
 }

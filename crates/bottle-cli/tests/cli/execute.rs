@@ -1,6 +1,7 @@
 //! `bottle execute` on a docker bottle: the call's outputs and exit code
-//! pass through, `--json` prints the result and exits 0, and a sandbox
-//! error prints its code and fix and exits 1.
+//! pass through, `--json` prints the result and exits 0, a sandbox error
+//! prints its code and fix and exits 1, and the in-box agent a command
+//! started ends with it.
 //!
 //! Needs Docker, `/bin/busybox` (the demo agent image), `BOTTLE_BUNDLE_BIN`
 //! and `BOTTLE_TOOLBOX_BIN`; skips with a line unless
@@ -118,4 +119,20 @@ fn execute_passes_the_calls_exit_code_through_and_prints_json() {
         .assert()
         .code(1)
         .stderr(predicate::str::contains("error[BOT-X003]").and(predicate::str::contains("fix:")));
+
+    // Each `bottle execute` started its own in-box agent; none outlives
+    // the command that started it.
+    bottle_test_support::wait_until(
+        "the in-box agents of finished commands to exit",
+        std::time::Duration::from_secs(20),
+        || {
+            let out = world
+                .bottle()
+                .args(["exec", &world.name, "--", "sh", "-c"])
+                .arg("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done")
+                .output()
+                .unwrap();
+            !String::from_utf8_lossy(&out.stdout).contains("/.bottle/toolbox")
+        },
+    );
 }
