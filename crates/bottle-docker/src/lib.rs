@@ -14,8 +14,8 @@
 //! Module map: [`backend`] (the trait impl, prepare), [`launch`] (steps,
 //! unwinding, failpoints), [`lifecycle`] (list, stop, cleanup),
 //! [`bottle`] (exec, copy-in, tool calls through the in-box agent:
-//! `toolbox` finds and installs it, `toolbox_stream` bridges its exec to
-//! the blocking channel), [`config`] (pure request builders),
+//! `toolbox` finds its binary for the launch and holds the bottle's one
+//! channel to it, `toolbox_stream` bridges its exec to that channel), [`config`] (pure request builders),
 //! [`images`], [`names`] (labels), [`data`] (plan data, state dir),
 //! [`vm_bundle`] (the bundle and the agent image of a microVM bottle,
 //! through bottle-core's `BundleHost` and `ImageStore`).

@@ -63,7 +63,9 @@ impl InBoxAgent {
 }
 
 /// True if the container has the in-box agent (a stat; the binary is not
-/// downloaded).
+/// downloaded). A container that is gone is an error, not a bottle without
+/// the agent: the stat answers both with a bare 404, so the container is
+/// asked for then.
 fn installed(engine: &Engine, container: &str) -> Result<bool, DockerError> {
     let options = ContainerArchiveInfoOptionsBuilder::default()
         .path(TOOLBOX_PATH)
@@ -74,7 +76,12 @@ fn installed(engine: &Engine, container: &str) -> Result<bool, DockerError> {
             .get_container_archive_info(container, Some(options)),
     ) {
         Ok(_) => Ok(true),
-        Err(err) if is_not_found(&err) => Ok(false),
+        Err(err) if is_not_found(&err) => {
+            engine
+                .block_on(engine.docker.inspect_container(container, None))
+                .map_err(DockerError::api(format!("inspect container {container}")))?;
+            Ok(false)
+        }
         Err(err) => Err(DockerError::api(format!(
             "look for {TOOLBOX_PATH} in {container}"
         ))(err)),

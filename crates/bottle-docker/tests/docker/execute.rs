@@ -163,4 +163,12 @@ fn tool_calls_run_through_one_in_box_agent_as_the_agents_user() {
         .unwrap();
     assert_eq!(text(&again.stdout), "again\n");
     assert_eq!(toolbox_processes(&*attached), 1);
+
+    // A bottle whose container is gone cannot start an agent; that is not
+    // a bottle without one (BOT-X001). The first call finds its channel
+    // broken, the next one the container gone.
+    fx.backend.stop(&format!("bot-bottle-{name}")).unwrap();
+    assert!(attached.execute(&ToolCall::argv(["true"])).is_err());
+    let err = attached.execute(&ToolCall::argv(["true"])).unwrap_err();
+    assert_eq!(err.code(), "BOT-X002", "{err}");
 }
