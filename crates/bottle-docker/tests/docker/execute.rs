@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use bottle_core::sandbox::{SandboxError, ToolCall};
-use bottle_core::{BottleBackend, Coded};
+use bottle_core::{Bottle, BottleBackend, Coded};
 
 use crate::support::{self, name, sh};
 
@@ -163,6 +163,28 @@ fn tool_calls_run_through_one_in_box_agent_as_the_agents_user() {
         .unwrap();
     assert_eq!(text(&again.stdout), "again\n");
     assert_eq!(toolbox_processes(&*attached), 1);
+
+    // A bottle without the agent (as one launched without a static
+    // bottle-toolbox) says execute is unavailable and how to install it.
+    let docker_bottle = fx
+        .backend
+        .attach_bottle(&format!("bot-bottle-{name}"))
+        .unwrap();
+    let engine = fx.backend.engine().unwrap();
+    let removed = engine
+        .block_on(bottle_docker::bottle::exec_captured(
+            engine,
+            docker_bottle.container(),
+            &["rm".to_string(), "/.bottle/toolbox".to_string()],
+            Some("0:0"),
+        ))
+        .unwrap();
+    assert_eq!(removed.exit_code, 0, "{}", text(&removed.stderr));
+    let err = docker_bottle
+        .execute(&ToolCall::argv(["true"]))
+        .unwrap_err();
+    assert_eq!(err.code(), "BOT-X001", "{err}");
+    assert!(err.fix().unwrap().contains("BOTTLE_TOOLBOX_BIN"), "{err}");
 
     // A bottle whose container is gone cannot start an agent; that is not
     // a bottle without one (BOT-X001). The first call finds its channel
