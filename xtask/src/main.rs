@@ -1,5 +1,7 @@
 //! `cargo xtask`: project automation. One module per subcommand.
 //!
+//! - `cargo xtask bench [--quick]`: every benchmark against its baseline
+//!   in the same run (see [`bench`]).
 //! - `cargo xtask test`: build the static binaries the tests put into images
 //!   and the Debian agent image, then run every test of the workspace.
 //! - `cargo xtask dist`: build the static binaries only.
@@ -21,6 +23,7 @@
 )]
 
 mod agent_image;
+mod bench;
 mod demo;
 mod dist;
 mod escape;
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
     };
     let result = match task {
         "test" => test::run(rest),
+        "bench" => bench::run(rest),
         "demo" => demo::run(),
         "dist" => dist::run().map(|_| ExitCode::SUCCESS),
         "install" => install::run(rest),
@@ -49,7 +53,7 @@ fn main() -> ExitCode {
         "fuzz" => fuzz::run(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <test|dist|install|agent-image|demo|sandbox-escape|fuzz> [args]"
+                "usage: cargo xtask <test|bench|dist|install|agent-image|demo|sandbox-escape|fuzz> [args]"
             );
             return ExitCode::from(2);
         }

@@ -1,0 +1,209 @@
+//! The sandbox interface against raw Docker, in one run on the real daemon:
+//! a tool call's round trip through the in-box agent's channel vs `docker
+//! exec` (the Engine API's exec, and the `docker` CLI), reset's p50 and
+//! p99, and boot to the first tool call vs `docker run --rm`.
+//!
+//! `cargo xtask bench` runs it with the static binaries; by hand:
+//! `BOTTLE_BUNDLE_BIN=… BOTTLE_TOOLBOX_BIN=… cargo bench -p bottle-docker
+//! --bench sandbox [-- --quick]`. Every loop is bounded in count.
+
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "a bench prints its table and fails loudly"
+)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use bottle_core::sandbox::ToolCall;
+use bottle_core::{BottleBackend, BottleLauncher, BottleSpec};
+use bottle_docker::{DockerBackend, DockerOptions};
+
+const TAG: &str = "bottle-demo-agent:bench";
+
+struct Sizes {
+    boots: usize,
+    calls: usize,
+    baseline_calls: usize,
+    cli_calls: usize,
+    resets: usize,
+}
+
+fn main() {
+    let quick = std::env::args().any(|arg| arg == "--quick");
+    let sizes = if quick {
+        Sizes {
+            boots: 3,
+            calls: 200,
+            baseline_calls: 100,
+            cli_calls: 20,
+            resets: 20,
+        }
+    } else {
+        Sizes {
+            boots: 10,
+            calls: 1000,
+            baseline_calls: 500,
+            cli_calls: 100,
+            resets: 1000,
+        }
+    };
+    let bundle = std::env::var_os("BOTTLE_BUNDLE_BIN")
+        .map(PathBuf::from)
+        .expect("set BOTTLE_BUNDLE_BIN to the static bundle");
+    assert!(
+        std::env::var_os("BOTTLE_TOOLBOX_BIN").is_some(),
+        "set BOTTLE_TOOLBOX_BIN to the static in-box agent"
+    );
+    let state = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = DockerOptions::new(state.path());
+    options.bundle_bin = Some(bundle);
+    let backend = DockerBackend::new(options).unwrap();
+    backend.preflight().unwrap();
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/demo-agent");
+    backend
+        .build_demo_agent(&demo, Path::new("/bin/busybox"), TAG)
+        .unwrap();
+    let manifest = dir.path().join("bottle.toml");
+    std::fs::write(&manifest, format!("[agents.bench]\nimage = \"{TAG}\"\ncommand = [\"/bin/sh\"]\n[agents.bench.egress]\nallow = [\"bench.bottle.test\"]\n")).unwrap();
+    let spec = |name: &str| {
+        let loaded = bottle_core::manifest::load(&manifest).unwrap();
+        BottleSpec::new(&loaded, &manifest, "bench", Some(name), state.path()).unwrap()
+    };
+
+    // Boot to the first tool call, against `docker run --rm IMAGE true`.
+    let mut boots = Vec::new();
+    let mut runs = Vec::new();
+    for i in 0..sizes.boots {
+        let name = format!("bench-boot-{i}");
+        let started = Instant::now();
+        let plan = backend.prepare(&spec(&name)).unwrap();
+        let bottle = backend.launch(&plan).unwrap();
+        let first = bottle.execute(&ToolCall::argv(["true"])).unwrap();
+        assert_eq!(first.exit_code, 0);
+        boots.push(started.elapsed());
+        drop(bottle);
+        backend.stop(&name).unwrap();
+        let started = Instant::now();
+        assert!(docker(&["run", "--rm", TAG, "true"]));
+        runs.push(started.elapsed());
+    }
+
+    let name = "bench-sandbox";
+    let plan = backend.prepare(&spec(name)).unwrap();
+    let bottle = backend.launch(&plan).unwrap();
+    let container = format!("bot-bottle-{name}-agent");
+
+    // Tool call round trip.
+    for _ in 0..20 {
+        bottle.execute(&ToolCall::argv(["true"])).unwrap();
+    }
+    let calls = time(sizes.calls, || {
+        assert_eq!(
+            bottle.execute(&ToolCall::argv(["true"])).unwrap().exit_code,
+            0
+        );
+    });
+    let api_execs = time(sizes.baseline_calls, || {
+        assert_eq!(bottle.exec(&["true".to_string()]).unwrap().exit_code, 0);
+    });
+    let cli_execs = time(sizes.cli_calls, || {
+        assert!(docker(&["exec", &container, "true"]))
+    });
+
+    // Reset, each verified from its three sources.
+    let resets = time(sizes.resets, || {
+        assert!(bottle.reset().unwrap().verified);
+    });
+    let after_reset = Instant::now();
+    bottle.execute(&ToolCall::argv(["true"])).unwrap();
+    let first_call_after_reset = after_reset.elapsed();
+    drop(bottle);
+    backend.stop(name).unwrap();
+
+    println!("| measure | bottle | baseline | ratio |");
+    println!("| --- | --- | --- | --- |");
+    row(
+        "boot to first tool call, p50 (ms)",
+        &boots,
+        "`docker run --rm` (ms)",
+        &runs,
+    );
+    row(
+        "tool call `true` through the in-box agent, p50 (ms)",
+        &calls,
+        "Engine API exec (`docker exec` without the CLI) (ms)",
+        &api_execs,
+    );
+    row(
+        "tool call `true` through the in-box agent, p50 (ms)",
+        &calls,
+        "`docker exec` CLI (ms)",
+        &cli_execs,
+    );
+    println!(
+        "| reset, verified (n={}): p50 {:.1} / p99 {:.1} ms | | | |",
+        resets.len(),
+        ms(percentile(&resets, 50)),
+        ms(percentile(&resets, 99))
+    );
+    println!(
+        "| first tool call after a reset (starts a new in-box agent) | {:.1} ms | | |",
+        ms(first_call_after_reset)
+    );
+    println!(
+        "(n: boots {}, calls {}, API execs {}, CLI execs {})",
+        boots.len(),
+        calls.len(),
+        api_execs.len(),
+        cli_execs.len()
+    );
+}
+
+fn docker(args: &[&str]) -> bool {
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the baseline is the docker CLI itself"
+    )]
+    let status = std::process::Command::new("docker")
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    status.success()
+}
+
+fn time(n: usize, mut f: impl FnMut()) -> Vec<Duration> {
+    (0..n)
+        .map(|_| {
+            let started = Instant::now();
+            f();
+            started.elapsed()
+        })
+        .collect()
+}
+
+fn percentile(samples: &[Duration], p: usize) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn row(what: &str, ours: &[Duration], baseline_name: &str, baseline: &[Duration]) {
+    let (a, b) = (percentile(ours, 50), percentile(baseline, 50));
+    println!(
+        "| {what}: {:.2} (p99 {:.2}) | {baseline_name}: {:.2} (p99 {:.2}) | {:.2} |",
+        ms(a),
+        ms(percentile(ours, 99)),
+        ms(b),
+        ms(percentile(baseline, 99)),
+        a.as_secs_f64() / b.as_secs_f64()
+    );
+}

@@ -1,0 +1,45 @@
+//! `cargo xtask bench [--quick]`: every benchmark, each against its
+//! baseline in the same run, with the static binaries bottle ships. The
+//! tables they print are what `docs/PERF.md` records.
+
+use std::process::ExitCode;
+
+use crate::dist;
+use crate::process::{cargo, watch};
+
+/// The benches, by package and bench target.
+const BENCHES: [(&str, &str); 2] = [("bottle-bundle", "proxy"), ("bottle-docker", "sandbox")];
+
+/// Builds the static binaries, then runs each bench; `--quick` makes every
+/// bench run smaller. Extra arguments are refused.
+pub(crate) fn run(args: &[String]) -> anyhow::Result<ExitCode> {
+    let quick = match args {
+        [] => false,
+        [flag] if flag == "--quick" => true,
+        _ => {
+            eprintln!("usage: cargo xtask bench [--quick]");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let binaries = dist::run()?;
+    let mut failed = Vec::new();
+    for (package, bench) in BENCHES {
+        let mut command = cargo()
+            .args(["bench", "-p", package, "--bench", bench])
+            .env("BOTTLE_BUNDLE_BIN", &binaries.bundle)
+            .env("BOTTLE_TOOLBOX_BIN", &binaries.toolbox);
+        if quick {
+            command = command.args(["--", "--quick"]);
+        }
+        println!("== {package}: {bench}");
+        if !watch(command)?.success() {
+            failed.push(format!("{package}/{bench}"));
+        }
+    }
+    if failed.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("failed: {}", failed.join(", "));
+        Ok(ExitCode::FAILURE)
+    }
+}
