@@ -49,6 +49,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
             &state_root()?,
         ),
         Command::Doctor => doctor(global),
+        Command::Serve(args) => crate::serve::run(global, &args),
         Command::Completions(args) => completions(&args),
     }
 }
