@@ -137,17 +137,24 @@ async fn blocking<T: Send + 'static>(
 async fn read_json<T: serde::de::DeserializeOwned>(
     request: Request<Incoming>,
 ) -> Result<T, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "BOT-C044",
+            format!("the request body is over {} MiB", MAX_BODY >> 20),
+            "send less stdin per call (write a large input as a file in several calls)",
+        )
+    };
+    // A declared length over the limit is refused before any of it is read.
+    if hyper::body::Body::size_hint(request.body()).lower() > MAX_BODY as u64 {
+        return Err(too_large());
+    }
     let body = Limited::new(request.into_body(), MAX_BODY)
         .collect()
         .await
         .map_err(|err| {
             if err.is::<http_body_util::LengthLimitError>() {
-                ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "BOT-C044",
-                    format!("the request body is over {} MiB", MAX_BODY >> 20),
-                    "send less stdin per call (write a large input as a file in several calls)",
-                )
+                too_large()
             } else {
                 ApiError::bad_request(format!("cannot read the body: {err}"))
             }

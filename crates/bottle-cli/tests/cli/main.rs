@@ -13,6 +13,7 @@ mod exit_codes;
 mod interrupted;
 mod real_agent;
 mod requests;
+mod serve;
 mod session;
 mod smolmachines;
 mod terminal;
