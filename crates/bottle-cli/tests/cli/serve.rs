@@ -345,3 +345,47 @@ fn boot_list_and_shutdown_a_docker_bottle() {
     let again = serve.request("DELETE", &format!("/v1/bottles/{name}"), None);
     assert_eq!(again.0, 404, "{}", again.1);
 }
+
+#[test]
+fn the_python_client_demo_runs_against_a_docker_bottle() {
+    let test = "the_python_client_demo_runs_against_a_docker_bottle";
+    let Some(world) = DockerWorld::setup(test) else {
+        return;
+    };
+    if std::env::var_os("BOTTLE_TOOLBOX_BIN").is_none() {
+        bottle_test_support::skip_docker_test(test, "BOTTLE_TOOLBOX_BIN is not set");
+        return;
+    }
+    let serve = Serve::start(&world.state(), world.dir.path(), Some("docker"));
+    let name = format!("serve-py-{}", std::process::id());
+    let _stop = world.stop_on_drop(&name);
+    let out = assert_cmd::Command::new("python3")
+        .arg(repo_root().join("examples/sandbox_client.py"))
+        .arg("--socket")
+        .arg(&serve.socket)
+        .arg("--manifest")
+        .arg(world.manifest())
+        .args(["--agent", "echo", "--name", &name])
+        .timeout(Duration::from_secs(600))
+        .output()
+        .expect("python3 runs (.ci/setup installs it)");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    for step in [
+        "booted",
+        "echo: hello from the bottle",
+        "reset: verified",
+        "is gone",
+        "shut down",
+        "ok",
+    ] {
+        assert!(stdout.contains(step), "no {step:?} in:\n{stdout}");
+    }
+    assert!(
+        !listed(&serve).contains(&format!("bot-bottle-{name}")),
+        "the demo's bottle outlived its shutdown"
+    );
+}
