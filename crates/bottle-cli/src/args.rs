@@ -62,6 +62,8 @@ pub(crate) enum Command {
     Attach(AttachArgs),
     /// Run a command in a bottle.
     Exec(ExecArgs),
+    /// Run one tool call through a bottle's in-box agent.
+    Execute(crate::execute::ExecuteArgs),
     /// Copy a host file or directory into a bottle.
     Cp(CpArgs),
     /// Show a bottle's audit log.

@@ -33,6 +33,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
             crate::session::host::run(global, &args.bottle, &args.command)
         }
         Command::Exec(args) => exec(global, &args),
+        Command::Execute(args) => crate::execute::run(global, &args),
         Command::Cp(args) => cp(global, &args),
         Command::Logs(args) => crate::logs::logs(global, &args, &state_root()?),
         Command::Requests(args) => crate::requests::list(global, &args, &state_root()?),

@@ -7,6 +7,7 @@ mod args;
 mod backends;
 mod commands;
 mod devices;
+mod execute;
 mod failure;
 mod interrupt;
 mod logs;

@@ -27,6 +27,7 @@ use crate::launch::{self, Failpoint, LaunchSettings};
 use crate::lifecycle;
 use crate::names::ResourceNames;
 use crate::pause::pause_elf;
+use crate::toolbox::InBoxAgent;
 
 /// How long `launch` waits for the bundle to answer by default.
 pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(15);
@@ -383,6 +384,7 @@ impl DockerBackend {
                 .map(|a| a.image_ref)
                 .unwrap_or_else(|| inspect.image.unwrap_or_default()),
             warnings: Vec::new(),
+            toolbox: InBoxAgent::new(&names.bottle, &self.options.state_root.join(slug_of(name))),
         })
     }
 

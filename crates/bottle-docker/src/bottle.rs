@@ -1,5 +1,6 @@
-//! A running docker bottle: exec (captured or on the operator's terminal)
-//! and copying files in, all through the Engine API.
+//! A running docker bottle: exec (captured or on the operator's terminal),
+//! tool calls through the in-box agent, and copying files in, all through
+//! the Engine API.
 
 use std::io::Write as _;
 use std::path::Path;
@@ -8,12 +9,14 @@ use std::time::Duration;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::query_parameters::UploadToContainerOptionsBuilder;
 use bottle_core::backend::{BackendError, Bottle, ExecOutput};
+use bottle_core::sandbox::{SandboxError, ToolCall, ToolResult};
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use crate::client::Engine;
 use crate::error::DockerError;
 use crate::tarball::{Ownership, TarBuilder, entry_name};
+use crate::toolbox::InBoxAgent;
 use crate::tty;
 
 /// A running bottle's agent container.
@@ -29,6 +32,8 @@ pub struct DockerBottle {
     pub(crate) user: Option<String>,
     /// What the launch could not do, for the operator (already escaped).
     pub(crate) warnings: Vec<String>,
+    /// The channel to the in-box agent, opened by the first `execute`.
+    pub(crate) toolbox: InBoxAgent,
 }
 
 impl DockerBottle {
@@ -177,6 +182,16 @@ impl Bottle for DockerBottle {
             host_path,
             guest_dir,
         )?)
+    }
+
+    fn execute(&self, call: &ToolCall) -> Result<ToolResult, SandboxError> {
+        self.toolbox.execute(
+            &self.engine,
+            &self.name,
+            &self.container,
+            self.exec_user(),
+            call,
+        )
     }
 }
 

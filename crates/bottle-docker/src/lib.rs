@@ -13,7 +13,9 @@
 //!
 //! Module map: [`backend`] (the trait impl, prepare), [`launch`] (steps,
 //! unwinding, failpoints), [`lifecycle`] (list, stop, cleanup),
-//! [`bottle`] (exec, copy-in), [`config`] (pure request builders),
+//! [`bottle`] (exec, copy-in, tool calls through the in-box agent:
+//! `toolbox` finds and installs it, `toolbox_stream` bridges its exec to
+//! the blocking channel), [`config`] (pure request builders),
 //! [`images`], [`names`] (labels), [`data`] (plan data, state dir),
 //! [`vm_bundle`] (the bundle and the agent image of a microVM bottle,
 //! through bottle-core's `BundleHost` and `ImageStore`).
@@ -34,6 +36,8 @@ pub mod lifecycle;
 pub mod names;
 pub mod pause;
 pub mod tarball;
+mod toolbox;
+mod toolbox_stream;
 mod tty;
 pub mod users;
 pub mod vm_bundle;

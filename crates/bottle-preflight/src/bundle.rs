@@ -59,7 +59,7 @@ pub fn check_bundle(ctx: &Context<'_>) -> Result<Check, PreflightError> {
 
 /// The first candidate that is a file under the context's root: the path
 /// as bottle names it, and where it is read.
-fn first_file(
+pub(crate) fn first_file(
     ctx: &Context<'_>,
     candidates: &[PathBuf],
 ) -> Result<Option<(PathBuf, PathBuf)>, PreflightError> {

@@ -120,6 +120,8 @@ pub struct Context<'a> {
     pub docker_timeout: Duration,
     /// The `BOTTLE_BUNDLE_BIN` value, if set.
     pub bundle_bin: Option<OsString>,
+    /// The `BOTTLE_TOOLBOX_BIN` value, if set.
+    pub toolbox_bin: Option<OsString>,
     /// The running `bottle`, whose directory the bundle is looked up from.
     pub exe: Option<PathBuf>,
 }
@@ -139,6 +141,7 @@ impl<'a> Context<'a> {
             identity: Identity::current(),
             docker_timeout: DOCKER_TIMEOUT,
             bundle_bin: std::env::var_os(bottle_core::bundle_binary::BUNDLE_BIN_ENV),
+            toolbox_bin: std::env::var_os(bottle_core::bundle_binary::TOOLBOX_BIN_ENV),
             exe: std::env::current_exe().ok(),
         }
     }
@@ -161,6 +164,7 @@ impl std::fmt::Debug for Context<'_> {
             .field("identity", &self.identity)
             .field("docker_timeout", &self.docker_timeout)
             .field("bundle_bin", &self.bundle_bin)
+            .field("toolbox_bin", &self.toolbox_bin)
             .field("exe", &self.exe)
             .finish_non_exhaustive()
     }

@@ -1,5 +1,5 @@
 //! `bottle-preflight` owns host checks (platform, KVM, smolvm, Docker,
-//! kernel, the bundle binary) for `bottle doctor` and for each backend's `preflight()`. It only
+//! kernel, the bundle binary, the in-box agent binary) for `bottle doctor` and for each backend's `preflight()`. It only
 //! observes; it never changes the host.
 //!
 //! Every check returns a [`Check`] (stable id, status, message, remediation).
@@ -26,6 +26,7 @@ pub mod kvm_guest;
 pub mod platform;
 pub mod report;
 pub mod smolvm;
+pub mod toolbox;
 
 use bottle_core::{BackendKind, Coded as _};
 
@@ -36,7 +37,7 @@ pub use kernel::kernel_version;
 pub use report::Report;
 
 /// Every check id, in the order [`run_all`] reports them.
-pub const ALL_IDS: [&str; 12] = [
+pub const ALL_IDS: [&str; 13] = [
     platform::ID,
     kernel::ID,
     kvm::DEVICE_ID,
@@ -49,6 +50,7 @@ pub const ALL_IDS: [&str; 12] = [
     docker::ID,
     docker::DISK_QUOTA_ID,
     bundle::ID,
+    toolbox::ID,
 ];
 
 /// What a microVM bottle needs of this host, checked before anything is
@@ -123,6 +125,12 @@ pub fn run_all(ctx: &Context<'_>) -> Vec<Check> {
         daemon,
         disk_quota,
         settle(bundle::ID, bundle::TITLE, true, bundle::check_bundle(ctx)),
+        settle(
+            toolbox::ID,
+            toolbox::TITLE,
+            false,
+            toolbox::check_toolbox(ctx),
+        ),
     ]
 }
 

@@ -23,6 +23,9 @@ pub(crate) struct BottleCli {
     pub state_home: PathBuf,
     /// The static bundle binary (`BOTTLE_BUNDLE_BIN`).
     pub bundle_bin: PathBuf,
+    /// The static in-box agent (`BOTTLE_TOOLBOX_BIN`), so the gate's
+    /// bottles carry what every bottle carries.
+    pub toolbox_bin: PathBuf,
     /// The backend under test.
     pub backend: String,
     /// Runs it.
@@ -43,6 +46,10 @@ impl BottleCli {
             .timeout(timeout)
             .env("XDG_STATE_HOME", &self.state_home.display().to_string())
             .env("BOTTLE_BUNDLE_BIN", &self.bundle_bin.display().to_string())
+            .env(
+                "BOTTLE_TOOLBOX_BIN",
+                &self.toolbox_bin.display().to_string(),
+            )
     }
 
     fn checked<S: AsRef<str>>(&self, args: &[S], timeout: Duration) -> anyhow::Result<String> {
@@ -167,6 +174,7 @@ mod tests {
             manifest: "/m/bottle.toml".into(),
             state_home: "/s".into(),
             bundle_bin: "/b/bottle-bundle".into(),
+            toolbox_bin: "/b/bottle-toolbox".into(),
             backend: "docker".into(),
             sys: Arc::new(RealSys),
         };
@@ -182,6 +190,10 @@ mod tests {
         assert!(
             run.env
                 .contains(&("BOTTLE_BUNDLE_BIN".into(), "/b/bottle-bundle".into()))
+        );
+        assert!(
+            run.env
+                .contains(&("BOTTLE_TOOLBOX_BIN".into(), "/b/bottle-toolbox".into()))
         );
     }
 }

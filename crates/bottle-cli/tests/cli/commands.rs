@@ -167,7 +167,8 @@ fn doctor_reports_every_check_and_exits_by_its_verdict() {
             "smolvm.version",
             "docker.daemon",
             "docker.disk_quota",
-            "bundle.binary"
+            "bundle.binary",
+            "toolbox.binary"
         ]
     );
     let failed = checks.iter().any(|c| c["status"] == "fail");

@@ -9,6 +9,7 @@ mod audit_logs;
 mod catalogue;
 mod commands;
 mod example;
+mod execute;
 mod exit_codes;
 mod interrupted;
 mod real_agent;

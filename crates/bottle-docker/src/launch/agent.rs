@@ -10,6 +10,8 @@ use bollard::query_parameters::{CreateContainerOptionsBuilder, UploadToContainer
 use super::{Launch, Step};
 use bottle_core::agent::AGENT_DIR;
 use bottle_core::ca_install::{self, CaBox, Entry, Refused, ToolRun};
+use bottle_core::display::escape_for_terminal;
+use bottle_core::sandbox::TOOLBOX_PATH;
 
 use crate::bottle::{DockerBottle, container_entry, container_owner, exec_captured, upload};
 use crate::client::Engine;
@@ -19,6 +21,7 @@ use crate::error::DockerError;
 use crate::names::role;
 use crate::pause::{PAUSE_PATH, pause_elf};
 use crate::tarball::{Ownership, TarBuilder, entry_name};
+use crate::toolbox::{self, InBoxAgent};
 
 /// The agent container's steps: a docker bottle's plan only.
 impl<'a> Launch<'a, DockerPlanData> {
@@ -43,6 +46,24 @@ impl<'a> Launch<'a, DockerPlanData> {
         let mut tar = TarBuilder::new();
         tar.dir(&entry_name("/.bottle"), 0o755, Ownership::ROOT)?;
         tar.file(&entry_name(PAUSE_PATH), &pause, 0o755, Ownership::ROOT)?;
+        match toolbox::find_binary() {
+            Ok(binary) => {
+                tar.file(
+                    &entry_name(TOOLBOX_PATH),
+                    &binary.bytes,
+                    0o755,
+                    Ownership::ROOT,
+                )?;
+                self.note(&format!(
+                    "toolbox: {} at {TOOLBOX_PATH}",
+                    binary.path.display()
+                ));
+            }
+            Err(why) => self.note(&format!(
+                "toolbox: not installed, `bottle execute` is unavailable: {}",
+                escape_for_terminal(&why)
+            )),
+        }
         upload(self.engine, agent, tar.finish()?)?;
         self.step_done(Step::AgentFiles)?;
 
@@ -100,6 +121,7 @@ impl<'a> Launch<'a, DockerPlanData> {
             image: data.image_ref.clone(),
             user: (!data.user.is_empty()).then(|| data.user.clone()),
             warnings,
+            toolbox: InBoxAgent::new(&self.plan.bottle, &self.plan.state_dir),
         })
     }
 

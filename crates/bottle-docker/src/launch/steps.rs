@@ -17,7 +17,7 @@ use crate::error::DockerError;
 /// | `bundle-connect` | attach it to the egress network |
 /// | `bundle-files` | write config, CA and credentials into `/run/bottle` |
 /// | `agent-create` | create the agent container pinned at `.3` |
-/// | `agent-files` | write the keep-alive program |
+/// | `agent-files` | write the keep-alive program and the in-box agent (`/.bottle/toolbox`, when one is found) |
 /// | `provision-prompt` | the prompt file |
 /// | `provision-skills` | the skills directories |
 /// | `bundle-start` | start the bundle (together with the agent) |

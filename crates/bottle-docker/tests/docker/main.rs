@@ -11,6 +11,7 @@
 mod ca;
 mod devices;
 mod disk;
+mod execute;
 mod failure;
 mod git;
 mod isolation;

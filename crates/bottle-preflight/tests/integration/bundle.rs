@@ -10,7 +10,7 @@ use crate::support::FakeHost;
 
 /// A minimal x86-64 ELF with one program header of type `segment_type`
 /// (3 is `PT_INTERP`, the dynamic loader; 1 is a loadable segment).
-fn elf(segment_type: u32) -> Vec<u8> {
+pub(crate) fn elf(segment_type: u32) -> Vec<u8> {
     let mut bytes = vec![0u8; 64 + 56];
     bytes[..4].copy_from_slice(b"\x7fELF");
     bytes[4] = 2; // 64-bit
@@ -22,7 +22,7 @@ fn elf(segment_type: u32) -> Vec<u8> {
     bytes
 }
 
-fn write(host: &FakeHost, host_path: &str, bytes: &[u8]) {
+pub(crate) fn write(host: &FakeHost, host_path: &str, bytes: &[u8]) {
     let path = host.path(host_path);
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, bytes).unwrap();

@@ -15,3 +15,4 @@ mod privilege;
 mod real_host;
 mod smolvm;
 mod support;
+mod toolbox;

@@ -75,6 +75,7 @@ impl FakeHost {
             },
             docker_timeout: Duration::from_secs(2),
             bundle_bin: None,
+            toolbox_bin: None,
             exe: None,
         }
     }

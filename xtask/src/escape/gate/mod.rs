@@ -230,6 +230,7 @@ pub(crate) fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> 
             manifest,
             state_home: work.join("state"),
             bundle_bin: binaries.bundle.clone(),
+            toolbox_bin: binaries.toolbox.clone(),
             backend: options.backend.name().into(),
             sys: sys.clone(),
         };

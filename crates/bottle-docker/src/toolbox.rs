@@ -1,0 +1,182 @@
+//! The in-box agent of a docker bottle: the static `bottle-toolbox` a
+//! launch puts at [`TOOLBOX_PATH`], and what `execute` answers in a bottle
+//! that has none.
+//!
+//! A missing binary does not fail the launch: the in-box agent serves the
+//! sandbox interface and isolates nothing, so a bottle without it is as
+//! safe, only unable to `execute`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bollard::query_parameters::ContainerArchiveInfoOptionsBuilder;
+use bottle_core::audit_files::AUDIT_LOG_FILE;
+use bottle_core::bundle_binary::{
+    TOOLBOX_BIN_ENV, elf_needs_interpreter, toolbox_binary_candidates,
+};
+use bottle_core::sandbox::{SandboxError, TOOLBOX_PATH, ToolCall, ToolResult, Toolbox};
+
+use crate::client::Engine;
+use crate::data::StatePaths;
+use crate::error::{DockerError, is_not_found};
+
+/// A docker bottle's channel to its in-box agent, shared by the clones of
+/// the bottle so they reuse one agent process.
+#[derive(Clone)]
+pub(crate) struct InBoxAgent(Arc<Toolbox>);
+
+impl std::fmt::Debug for InBoxAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InBoxAgent")
+    }
+}
+
+impl InBoxAgent {
+    /// The channel of `bottle`, whose calls are recorded in the audit log
+    /// under `state_dir`.
+    pub(crate) fn new(bottle: &str, state_dir: &Path) -> InBoxAgent {
+        let log = StatePaths::new(state_dir).logs().join(AUDIT_LOG_FILE);
+        InBoxAgent(Arc::new(Toolbox::new(bottle, Some(log))))
+    }
+
+    /// Runs `call` over the channel, starting the agent in `container` as
+    /// `user` when there is none yet.
+    pub(crate) fn execute(
+        &self,
+        engine: &Engine,
+        bottle: &str,
+        container: &str,
+        user: &str,
+        call: &ToolCall,
+    ) -> Result<ToolResult, SandboxError> {
+        self.0.execute(call, || {
+            let boot = |err: DockerError| SandboxError::Boot {
+                bottle: bottle.to_string(),
+                why: err.to_string(),
+            };
+            if !installed(engine, container).map_err(boot)? {
+                return Err(not_installed(bottle));
+            }
+            crate::toolbox_stream::open(engine, container, user).map_err(boot)
+        })
+    }
+}
+
+/// True if the container has the in-box agent (a stat; the binary is not
+/// downloaded).
+fn installed(engine: &Engine, container: &str) -> Result<bool, DockerError> {
+    let options = ContainerArchiveInfoOptionsBuilder::default()
+        .path(TOOLBOX_PATH)
+        .build();
+    match engine.block_on(
+        engine
+            .docker
+            .get_container_archive_info(container, Some(options)),
+    ) {
+        Ok(_) => Ok(true),
+        Err(err) if is_not_found(&err) => Ok(false),
+        Err(err) => Err(DockerError::api(format!(
+            "look for {TOOLBOX_PATH} in {container}"
+        ))(err)),
+    }
+}
+
+/// The static in-box agent found on the host.
+#[derive(Debug)]
+pub(crate) struct ToolboxBinary {
+    /// Where it was found.
+    pub path: PathBuf,
+    /// Its bytes, checked to be a static ELF.
+    pub bytes: Vec<u8>,
+}
+
+/// The first file of `candidates` (the places
+/// [`toolbox_binary_candidates`] lists), if it is a static ELF; otherwise
+/// why there is none, a lowercase fragment.
+pub(crate) fn find_binary_in(candidates: &[PathBuf]) -> Result<ToolboxBinary, String> {
+    let Some(path) = candidates.iter().find(|c| c.is_file()) else {
+        let searched: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
+        return Err(format!(
+            "no bottle-toolbox found (searched {})",
+            if searched.is_empty() {
+                "nothing: BOTTLE_TOOLBOX_BIN is unset and this program's path is unknown".into()
+            } else {
+                searched.join(", ")
+            }
+        ));
+    };
+    let bytes =
+        std::fs::read(path).map_err(|err| format!("cannot read {}: {err}", path.display()))?;
+    if elf_needs_interpreter(&bytes) != Some(false) {
+        return Err(format!("{} is not a static ELF binary", path.display()));
+    }
+    Ok(ToolboxBinary {
+        path: path.clone(),
+        bytes,
+    })
+}
+
+/// The in-box agent for this process: [`TOOLBOX_BIN_ENV`], then the places
+/// beside the running `bottle`.
+pub(crate) fn find_binary() -> Result<ToolboxBinary, String> {
+    find_binary_in(&toolbox_binary_candidates(
+        std::env::var_os(TOOLBOX_BIN_ENV).as_deref(),
+        std::env::current_exe().ok().as_deref(),
+    ))
+}
+
+/// `execute` in a bottle launched without the in-box agent.
+pub(crate) fn not_installed(bottle: &str) -> SandboxError {
+    SandboxError::NotAvailable {
+        bottle: bottle.to_string(),
+        what: "execute".into(),
+        why: format!(
+            "the bottle has no in-box agent at {TOOLBOX_PATH} (no static bottle-toolbox was found when it was launched)"
+        ),
+        fix: format!(
+            "install bottle with `cargo xtask install`, or set {TOOLBOX_BIN_ENV} to a static bottle-toolbox (`cargo xtask dist` builds one); `bottle doctor` shows which one is found; then `bottle stop {bottle}` and start it again"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_file_is_taken_and_must_be_static() {
+        let dir = tempfile::tempdir().unwrap();
+        let absent = dir.path().join("absent");
+        let dynamic = dir.path().join("dynamic");
+        let static_one = dir.path().join("static");
+        // The keep-alive program is a static ELF; /proc/self/exe (this test)
+        // is a dynamic one.
+        std::fs::write(&static_one, crate::pause::pause_elf("x86_64").unwrap()).unwrap();
+        std::fs::copy("/proc/self/exe", &dynamic).unwrap();
+
+        let found = find_binary_in(&[absent.clone(), static_one.clone(), dynamic.clone()]).unwrap();
+        assert_eq!(found.path, static_one);
+
+        let why = find_binary_in(&[absent.clone(), dynamic.clone(), static_one]).unwrap_err();
+        assert!(why.contains("is not a static ELF"), "{why}");
+
+        let why = find_binary_in(std::slice::from_ref(&absent)).unwrap_err();
+        assert!(why.contains(&absent.display().to_string()), "{why}");
+        assert!(
+            find_binary_in(&[])
+                .unwrap_err()
+                .contains("BOTTLE_TOOLBOX_BIN")
+        );
+    }
+
+    #[test]
+    fn the_missing_agent_says_how_to_install_it() {
+        let err = not_installed("bot-bottle-x");
+        assert_eq!(bottle_core::Coded::code(&err), "BOT-X001");
+        let fix = bottle_core::Coded::fix(&err).unwrap();
+        assert!(
+            fix.contains("cargo xtask install") && fix.contains("BOTTLE_TOOLBOX_BIN"),
+            "{fix}"
+        );
+    }
+}
