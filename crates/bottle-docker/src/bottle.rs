@@ -2,17 +2,19 @@
 //! and copying files in, all through the Engine API.
 
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::query_parameters::UploadToContainerOptionsBuilder;
 use bottle_core::backend::{BackendError, Bottle, ExecOutput};
+use bottle_core::sandbox::{ResetReport, SandboxError};
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use crate::client::Engine;
 use crate::error::DockerError;
+use crate::reset::DockerResetSubstrate;
 use crate::tarball::{Ownership, TarBuilder, entry_name};
 use crate::tty;
 
@@ -29,6 +31,10 @@ pub struct DockerBottle {
     pub(crate) user: Option<String>,
     /// What the launch could not do, for the operator (already escaped).
     pub(crate) warnings: Vec<String>,
+    /// The bundle container's name (a halted reset stops it too).
+    pub(crate) bundle: String,
+    /// The bottle's state dir (its golden snapshot and baseline).
+    pub(crate) state_dir: PathBuf,
 }
 
 impl DockerBottle {
@@ -53,6 +59,22 @@ impl DockerBottle {
     /// The agent container's name.
     pub fn container(&self) -> &str {
         &self.container
+    }
+
+    /// The bottle's state dir.
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    /// How [`Bottle::reset`] snapshots, reverts and reads this bottle.
+    pub fn reset_substrate(&self) -> DockerResetSubstrate {
+        DockerResetSubstrate::new(
+            self.engine.clone(),
+            &self.name,
+            &self.container,
+            &self.bundle,
+            &self.state_dir,
+        )
     }
 }
 
@@ -177,6 +199,11 @@ impl Bottle for DockerBottle {
             host_path,
             guest_dir,
         )?)
+    }
+
+    fn reset(&self) -> Result<ResetReport, SandboxError> {
+        let substrate = self.reset_substrate();
+        bottle_core::sandbox::reset::reset(&substrate, substrate.files())
     }
 }
 

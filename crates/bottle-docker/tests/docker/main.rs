@@ -15,5 +15,6 @@ mod failure;
 mod git;
 mod isolation;
 mod lifecycle;
+mod reset;
 mod supervise;
 mod support;
