@@ -12,6 +12,7 @@ mod interrupt;
 mod logs;
 mod output;
 mod requests;
+mod reset;
 mod session;
 
 use std::process::ExitCode;

@@ -218,6 +218,8 @@ impl DockerResetSubstrate {
     }
 
     fn revert_inner(&self) -> Result<(), DockerError> {
+        // Two resets of one bottle at once would swap each other's copies.
+        let _one_at_a_time = self.lock()?;
         let upper = self.upper_dir()?;
         let next = sibling(&upper, ".next");
         if !next.is_dir() {
@@ -239,6 +241,20 @@ impl DockerResetSubstrate {
         // partial copy (a partial one never carries the `.next` name).
         remove_tree(&old)?;
         self.prepare_next(&upper)
+    }
+
+    /// Holds the bottle's reset lock (released when the file is closed).
+    fn lock(&self) -> Result<std::fs::File, DockerError> {
+        let path = self.files.golden_dir().join("reset.lock");
+        let file = std::fs::File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(DockerError::io("open", &path))?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|err| DockerError::io("lock", &path)(err.into()))?;
+        Ok(file)
     }
 
     fn snapshot_inner(&self) -> Result<(), DockerError> {

@@ -13,6 +13,7 @@ mod exit_codes;
 mod interrupted;
 mod real_agent;
 mod requests;
+mod reset;
 mod session;
 mod smolmachines;
 mod terminal;
