@@ -66,6 +66,10 @@ pub(crate) enum Command {
     Execute(crate::execute::ExecuteArgs),
     /// Copy a host file or directory into a bottle.
     Cp(CpArgs),
+    /// Return a bottle's agent to its golden snapshot and verify it from
+    /// three sources (filesystem, open descriptors, engine); a divergence
+    /// halts the bottle and exits 5.
+    Reset(BottleArg),
     /// Show a bottle's audit log.
     #[command(visible_alias = "audit")]
     Logs(LogsArgs),

@@ -13,6 +13,7 @@ mod interrupt;
 mod logs;
 mod output;
 mod requests;
+mod reset;
 mod serve;
 mod session;
 
