@@ -9,8 +9,9 @@ demo CI runs against a real bottle:
     python3 examples/sandbox_client.py --socket /tmp/bottle.sock \
         --manifest "$PWD/examples/bottle.toml" --agent demo
 
-It boots a bottle, runs `echo`, writes a file, resets the bottle, checks the
-file is gone, and shuts the bottle down; it exits non-zero on any failure.
+It boots a bottle, runs `echo`, checks a call past its deadline is killed,
+writes a file, resets the bottle, checks the file is gone, and shuts the
+bottle down; it exits non-zero on any failure.
 Every result's evidence hash is recomputed here from the call this client
 sent and the result it got back.
 
@@ -33,6 +34,7 @@ import http.client
 import json
 import socket
 import sys
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,6 +208,11 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
+def _bottle_path(name: str, *rest: str) -> str:
+    """`bottles/<name>/…`, the name quoted so it stays one path segment."""
+    return "/".join(["bottles", urllib.parse.quote(name, safe=""), *rest])
+
+
 class Sandbox:
     """`bottle serve` on the unix socket at `socket_path`."""
 
@@ -298,7 +305,7 @@ class Sandbox:
         # The server answers once the call ended or was killed at its
         # deadline; a little more covers the channel and the box.
         answer = self._request(
-            "POST", f"bottles/{name}/execute", body, timeout=deadline_ms / 1000 + 30
+            "POST", _bottle_path(name, "execute"), body, timeout=deadline_ms / 1000 + 30
         )
         result = ToolResult(
             exit_code=answer["exit_code"],
@@ -324,11 +331,11 @@ class Sandbox:
         """Reverts the bottle to its golden snapshot and verifies it from
         three sources; the `ResetReport`. A divergence raises
         `ResetDivergence` (the bottle is then halted)."""
-        return self._request("POST", f"bottles/{name}/reset", timeout=600)
+        return self._request("POST", _bottle_path(name, "reset"), timeout=600)
 
     def shutdown(self, name: str) -> None:
         """Stops the bottle and removes everything it owns (`bottle stop`)."""
-        self._request("DELETE", f"bottles/{name}", timeout=600)
+        self._request("DELETE", _bottle_path(name), timeout=600)
 
 
 # --- The demo -----------------------------------------------------------------
@@ -370,6 +377,12 @@ def demo(sandbox: Sandbox, manifest: str, agent: str, backend: str | None, name:
             f"echo gave exit {echoed.exit_code}, stdout {shown(echoed.stdout)!r}",
         )
         print(f"echo: {shown(echoed.stdout.strip())} ({echoed.evidence_hash})")
+
+        try:
+            sandbox.execute(bottle, ["sleep", "30"], deadline_ms=300)
+            raise DemoFailure("`sleep 30` with a deadline of 300 ms was not killed")
+        except ToolTimeout as err:
+            print(f"sleep 30: killed at its deadline ({shown(err.code)})")
 
         written = sandbox.execute(
             bottle,

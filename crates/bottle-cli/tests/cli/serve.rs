@@ -377,6 +377,7 @@ fn the_python_client_demo_runs_against_a_docker_bottle() {
     for step in [
         "booted",
         "echo: hello from the bottle",
+        "sleep 30: killed at its deadline (BOT-X003)",
         "reset: verified",
         "is gone",
         "shut down",
