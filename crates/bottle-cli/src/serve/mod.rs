@@ -25,6 +25,9 @@ use crate::args::{Global, ServeArgs};
 use crate::failure::{EXIT_BACKEND, Failure};
 use crate::output::note;
 
+/// How long to wait before accepting again after a failed accept.
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// What every request handler shares.
 pub(crate) struct Server {
     cli: children::BottleCli,
@@ -97,7 +100,12 @@ async fn serve(
             _ = terminate.recv() => return Ok(()),
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
-                Err(_) => continue,
+                // Out of descriptors, say: retrying at once would spin
+                // until a connection closes.
+                Err(_) => {
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
             },
         };
         // The socket is owner-only; a peer of another uid could only have
