@@ -16,7 +16,7 @@ pub(crate) struct Cli {
 }
 
 /// Options every command accepts.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub(crate) struct Global {
     /// The backend: docker (default) or smolmachines.
     #[arg(long, global = true, env = "BOT_BOTTLE_BACKEND", value_name = "NAME")]
@@ -66,6 +66,10 @@ pub(crate) enum Command {
     Execute(crate::execute::ExecuteArgs),
     /// Copy a host file or directory into a bottle.
     Cp(CpArgs),
+    /// Return a bottle's agent to its golden snapshot and verify it from
+    /// three sources (filesystem, open descriptors, engine); a divergence
+    /// halts the bottle and exits 5.
+    Reset(BottleArg),
     /// Show a bottle's audit log.
     #[command(visible_alias = "audit")]
     Logs(LogsArgs),
@@ -77,6 +81,9 @@ pub(crate) enum Command {
     Deny(DecideArgs),
     /// Check this host for every backend.
     Doctor,
+    /// Serve the sandbox interface (boot, execute, reset, shutdown, list)
+    /// as JSON over HTTP on an owner-only unix socket.
+    Serve(ServeArgs),
     /// Print shell completions.
     Completions(CompletionsArgs),
     /// Holds a detached bottle's agent session (run by `start --detach`).
@@ -223,6 +230,18 @@ pub(crate) struct DecideArgs {
     /// Why (shown to the agent).
     #[arg(long)]
     pub reason: Option<String>,
+}
+
+/// `bottle serve`.
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// The unix socket to serve on (default: `serve.sock` in the state
+    /// directory).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// One line per request on stderr.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
 }
 
 /// `bottle completions`.

@@ -35,6 +35,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Exec(args) => exec(global, &args),
         Command::Execute(args) => crate::execute::run(global, &args),
         Command::Cp(args) => cp(global, &args),
+        Command::Reset(args) => crate::reset::reset(global, &args.bottle),
         Command::Logs(args) => crate::logs::logs(global, &args, &state_root()?),
         Command::Requests(args) => crate::requests::list(global, &args, &state_root()?),
         Command::Approve(args) => crate::requests::decide(
@@ -50,6 +51,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
             &state_root()?,
         ),
         Command::Doctor => doctor(global),
+        Command::Serve(args) => crate::serve::run(global, &args),
         Command::Completions(args) => completions(&args),
     }
 }

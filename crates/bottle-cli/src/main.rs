@@ -13,6 +13,8 @@ mod interrupt;
 mod logs;
 mod output;
 mod requests;
+mod reset;
+mod serve;
 mod session;
 
 use std::process::ExitCode;

@@ -356,16 +356,27 @@ impl DockerBackend {
                 name: names.bottle.clone(),
             });
         }
+        let state_dir = PathBuf::from(
+            labels
+                .get(crate::names::LABEL_STATE_DIR)
+                .map(String::as_str)
+                .unwrap_or_default(),
+        );
         let state = inspect.state.unwrap_or_default();
         if state.running != Some(true) {
+            let halted = bottle_core::sandbox::reset::halted(
+                &bottle_core::sandbox::ResetFiles::new(&state_dir),
+            );
             return Err(DockerError::NotRunning {
                 name: names.bottle.clone(),
-                state: state.status.map(|s| s.to_string()).unwrap_or_default(),
+                state: match halted {
+                    Some(halt) => format!("halted: {}", halt.reason),
+                    None => state.status.map(|s| s.to_string()).unwrap_or_default(),
+                },
             });
         }
-        let agent = labels
-            .get(crate::names::LABEL_STATE_DIR)
-            .and_then(|dir| data::read_plan(&StatePaths::new(dir)).ok())
+        let agent = data::read_plan(&StatePaths::new(&state_dir))
+            .ok()
             .map(|plan| plan.backend_data.agent);
         let user = labels
             .get(crate::names::LABEL_AGENT_USER)
@@ -385,6 +396,8 @@ impl DockerBackend {
                 .unwrap_or_else(|| inspect.image.unwrap_or_default()),
             warnings: Vec::new(),
             toolbox: InBoxAgent::new(&names.bottle, &self.options.state_root.join(slug_of(name))),
+            bundle: names.bundle.clone(),
+            state_dir,
         })
     }
 

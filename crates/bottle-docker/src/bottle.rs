@@ -3,18 +3,19 @@
 //! the Engine API.
 
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::query_parameters::UploadToContainerOptionsBuilder;
 use bottle_core::backend::{BackendError, Bottle, ExecOutput};
-use bottle_core::sandbox::{SandboxError, ToolCall, ToolResult};
+use bottle_core::sandbox::{ResetReport, SandboxError, ToolCall, ToolResult};
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use crate::client::Engine;
 use crate::error::DockerError;
+use crate::reset::DockerResetSubstrate;
 use crate::tarball::{Ownership, TarBuilder, entry_name};
 use crate::toolbox::InBoxAgent;
 use crate::tty;
@@ -34,6 +35,10 @@ pub struct DockerBottle {
     pub(crate) warnings: Vec<String>,
     /// The channel to the in-box agent, opened by the first `execute`.
     pub(crate) toolbox: InBoxAgent,
+    /// The bundle container's name (a halted reset stops it too).
+    pub(crate) bundle: String,
+    /// The bottle's state dir (its golden snapshot and baseline).
+    pub(crate) state_dir: PathBuf,
 }
 
 impl DockerBottle {
@@ -58,6 +63,22 @@ impl DockerBottle {
     /// The agent container's name.
     pub fn container(&self) -> &str {
         &self.container
+    }
+
+    /// The bottle's state dir.
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    /// How [`Bottle::reset`] snapshots, reverts and reads this bottle.
+    pub fn reset_substrate(&self) -> DockerResetSubstrate {
+        DockerResetSubstrate::new(
+            self.engine.clone(),
+            &self.name,
+            &self.container,
+            &self.bundle,
+            &self.state_dir,
+        )
     }
 }
 
@@ -192,6 +213,13 @@ impl Bottle for DockerBottle {
             self.exec_user(),
             call,
         )
+    }
+
+    fn reset(&self) -> Result<ResetReport, SandboxError> {
+        // The revert ends the in-box agent with every process of the box.
+        self.toolbox.forget();
+        let substrate = self.reset_substrate();
+        bottle_core::sandbox::reset::reset(&substrate, substrate.files())
     }
 }
 

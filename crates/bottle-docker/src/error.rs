@@ -224,6 +224,35 @@ pub enum DockerError {
         /// What is wrong with it.
         detail: String,
     },
+    /// The host cannot snapshot the agent's writable layer, so the bottle
+    /// has no reset.
+    #[error("{why}")]
+    ResetUnavailable {
+        /// Why, a lowercase fragment.
+        why: String,
+    },
+    /// The agent's layer stayed mounted after its container was killed.
+    #[error("the agent's layer {} is still mounted after its container was killed", upper.display())]
+    ResetMounted {
+        /// The layer's upper directory.
+        upper: PathBuf,
+    },
+    /// Copying the golden snapshot failed.
+    #[error("could not copy {} to {}: {detail}", from.display(), to.display())]
+    ResetCopy {
+        /// The tree copied.
+        from: PathBuf,
+        /// Where to.
+        to: PathBuf,
+        /// What `cp` said.
+        detail: String,
+    },
+    /// The agent container is not in the state a reset needs.
+    #[error("{what}")]
+    ResetState {
+        /// What is wrong, a lowercase fragment.
+        what: String,
+    },
     /// Neither the command given nor the image has a command to run.
     #[error("no command given and image {image} has no entrypoint or cmd")]
     NoCommand {
@@ -277,9 +306,9 @@ impl DockerError {
             DockerError::NotFound { .. } | DockerError::ImageNotFound { .. } => {
                 BackendErrorKind::NotFound
             }
-            DockerError::UnsupportedArch { .. } | DockerError::DiskCapUnsupported { .. } => {
-                BackendErrorKind::Unsupported
-            }
+            DockerError::UnsupportedArch { .. }
+            | DockerError::DiskCapUnsupported { .. }
+            | DockerError::ResetUnavailable { .. } => BackendErrorKind::Unsupported,
             DockerError::IsolationUnconfirmed { .. } | DockerError::BundleUnhealthy { .. } => {
                 BackendErrorKind::IsolationUnconfirmed
             }
@@ -343,6 +372,10 @@ impl Coded for DockerError {
             DockerError::DiskCapUnsupported { .. } => "BOT-D080",
             DockerError::NoSystemTrustStore { .. } => "BOT-D081",
             DockerError::UpstreamCa { .. } => "BOT-D082",
+            DockerError::ResetUnavailable { .. } => "BOT-D100",
+            DockerError::ResetMounted { .. } => "BOT-D101",
+            DockerError::ResetCopy { .. } => "BOT-D102",
+            DockerError::ResetState { .. } => "BOT-D103",
         }
     }
 
@@ -379,6 +412,9 @@ impl Coded for DockerError {
             DockerError::DiskCapUnsupported { .. } => "remove `disk` from the agent's [agents.<name>.limits] to run with the writable layer uncapped, or put Docker's data root (/var/lib/docker) on xfs mounted with `pquota` (or use the btrfs or zfs storage driver)".into(),
             DockerError::NoSystemTrustStore { .. } => "install the distribution's CA bundle (Debian: `apt-get install ca-certificates`), or set egress.upstream_trust = \"web\" and name your network's CA in egress.upstream_ca".into(),
             DockerError::UpstreamCa { .. } => "make egress.upstream_ca name a readable PEM file holding the CA certificate (`bottle check` says which)".into(),
+            DockerError::ResetUnavailable { .. } => "run bottle as root on the daemon's host with the overlay2 storage driver (`docker info`), then stop the bottle and start it again".into(),
+            DockerError::ResetMounted { .. } | DockerError::ResetState { .. } => "read `docker inspect` of the agent container and the daemon's log; stop the bottle and start a new one".into(),
+            DockerError::ResetCopy { .. } => "check the free space and the permissions under the state dir and /var/lib/docker; stop the bottle and start a new one".into(),
             DockerError::NoCommand { .. } => "set `command` for the agent in the manifest, or pass the command to run".into(),
             DockerError::BadOption { .. } => "correct or unset the option".into(),
             DockerError::Runtime(_) => "check the process limits (threads, file descriptors)".into(),
@@ -475,6 +511,14 @@ mod tests {
                 storage: text(),
                 engine_said: Some(text()),
             },
+            DockerError::ResetUnavailable { why: text() },
+            DockerError::ResetMounted { upper: "/x".into() },
+            DockerError::ResetCopy {
+                from: "/x".into(),
+                to: "/y".into(),
+                detail: text(),
+            },
+            DockerError::ResetState { what: text() },
             DockerError::NoCommand { image: text() },
             DockerError::BadOption {
                 option: text(),

@@ -2,7 +2,8 @@
 //! [`bottle_core::BottleBackend`] over the Docker Engine API (bollard). It
 //! never shells out to the `docker` CLI; the only host programs it runs are
 //! `git --exec-path` and `ldd`, when a bottle has git repositories, to
-//! collect the git runtime the bundle image carries for git-gate.
+//! collect the git runtime the bundle image carries for git-gate, and
+//! `cp -a`, to copy the agent's writable layer for [`reset`].
 //!
 //! A bottle is a per-bottle internal bridge `bot-bottle-<slug>` whose host
 //! side has no address, the bundle container `bot-bottle-<slug>-bundle`
@@ -15,7 +16,9 @@
 //! unwinding, failpoints), [`lifecycle`] (list, stop, cleanup),
 //! [`bottle`] (exec, copy-in, tool calls through the in-box agent:
 //! `toolbox` finds its binary for the launch and holds the bottle's one
-//! channel to it, `toolbox_stream` bridges its exec to that channel), [`config`] (pure request builders),
+//! channel to it, `toolbox_stream` bridges its exec to that channel),
+//! [`reset`] (the verified reset's snapshot, revert and sources),
+//! [`config`] (pure request builders),
 //! [`images`], [`names`] (labels), [`data`] (plan data, state dir),
 //! [`vm_bundle`] (the bundle and the agent image of a microVM bottle,
 //! through bottle-core's `BundleHost` and `ImageStore`).
@@ -35,6 +38,7 @@ pub mod launch;
 pub mod lifecycle;
 pub mod names;
 pub mod pause;
+pub mod reset;
 pub mod tarball;
 mod toolbox;
 mod toolbox_stream;

@@ -303,6 +303,16 @@ fn bottles_with_containers(engine: &Engine) -> Result<Vec<BottleInfo>, DockerErr
                 (None, Some(b)) => format!("incomplete (bundle {})", b.state),
                 (None, None) => any.state.clone(),
             };
+            // A reset that halted the bottle stopped both containers and
+            // left them for inspection; say why they are stopped.
+            let halted = any.labels.get(LABEL_STATE_DIR).and_then(|dir| {
+                bottle_core::sandbox::reset::halted(&bottle_core::sandbox::ResetFiles::new(dir))
+            });
+            let state = if halted.is_some() {
+                "halted".to_string()
+            } else {
+                state
+            };
             BottleInfo {
                 name,
                 agent: any.labels.get(LABEL_AGENT).cloned().unwrap_or_default(),

@@ -39,6 +39,12 @@ impl InBoxAgent {
         InBoxAgent(Arc::new(Toolbox::new(bottle, Some(log))))
     }
 
+    /// Drops the channel: a reset ends the agent's process with the box,
+    /// so the next call starts a new one.
+    pub(crate) fn forget(&self) {
+        self.0.forget();
+    }
+
     /// Runs `call` over the channel, starting the agent in `container` as
     /// `user` when there is none yet.
     pub(crate) fn execute(

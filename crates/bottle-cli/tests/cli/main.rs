@@ -14,6 +14,8 @@ mod exit_codes;
 mod interrupted;
 mod real_agent;
 mod requests;
+mod reset;
+mod serve;
 mod session;
 mod smolmachines;
 mod terminal;

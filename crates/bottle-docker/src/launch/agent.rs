@@ -2,8 +2,8 @@
 //! container's. The agent is created pinned at `.3` on the bottle network
 //! alone, given its keep-alive, prompt and skills, started together
 //! with the bundle, and verified isolated before its CA is installed (the
-//! image's trust tool runs through an exec), the MCP config is written and
-//! the launch is marked complete; nothing of the agent runs until then.
+//! image's trust tool runs through an exec), the MCP config is written, the
+//! golden snapshot for reset is taken and the launch is marked complete; nothing of the agent runs until then.
 
 use bollard::query_parameters::{CreateContainerOptionsBuilder, UploadToContainerOptionsBuilder};
 
@@ -12,6 +12,7 @@ use bottle_core::agent::AGENT_DIR;
 use bottle_core::ca_install::{self, CaBox, Entry, Refused, ToolRun};
 use bottle_core::display::escape_for_terminal;
 use bottle_core::sandbox::TOOLBOX_PATH;
+use bottle_core::sandbox::{SandboxError, reset};
 
 use crate::bottle::{DockerBottle, container_entry, container_owner, exec_captured, upload};
 use crate::client::Engine;
@@ -20,6 +21,7 @@ use crate::data::{self, AgentData, DockerPlanData};
 use crate::error::DockerError;
 use crate::names::role;
 use crate::pause::{PAUSE_PATH, pause_elf};
+use crate::reset::DockerResetSubstrate;
 use crate::tarball::{Ownership, TarBuilder, entry_name};
 use crate::toolbox::{self, InBoxAgent};
 
@@ -91,7 +93,7 @@ impl<'a> Launch<'a, DockerPlanData> {
         self.step_done(Step::AgentVerify)?;
 
         // After the start: the image's trust tool runs through an exec.
-        let warnings = self.provision_ca(agent)?;
+        let mut warnings = self.provision_ca(agent)?;
         self.step_done(Step::ProvisionCa)?;
 
         if self.bundle.git.is_empty() {
@@ -110,6 +112,24 @@ impl<'a> Launch<'a, DockerPlanData> {
         self.provision_supervise(agent)?;
         self.step_done(Step::ProvisionSupervise)?;
 
+        let substrate = DockerResetSubstrate::new(
+            self.engine.clone(),
+            &self.plan.bottle,
+            agent,
+            &bundle,
+            &self.paths.root,
+        );
+        // A bottle without reset still runs: the operator is told, and a
+        // reset later halts it with "none recorded" rather than pass.
+        match reset::record_golden(&substrate, substrate.files()) {
+            Ok(_) => self.note("reset: golden snapshot taken"),
+            Err(SandboxError::NotAvailable { why, .. }) => {
+                warnings.push(format!("reset is unavailable: {why}"));
+            }
+            Err(err) => warnings.push(format!("reset is unavailable: {err}")),
+        }
+        self.step_done(Step::Snapshot)?;
+
         data::write_file(&self.paths.launched(), b"1\n", 0o600)?;
         self.step_done(Step::Complete)?;
 
@@ -122,6 +142,8 @@ impl<'a> Launch<'a, DockerPlanData> {
             user: (!data.user.is_empty()).then(|| data.user.clone()),
             warnings,
             toolbox: InBoxAgent::new(&self.plan.bottle, &self.plan.state_dir),
+            bundle,
+            state_dir: self.paths.root.clone(),
         })
     }
 

@@ -28,6 +28,7 @@ use crate::error::DockerError;
 /// | `provision-ca` | the CA as `bottle_core::ca_install` defines: `/etc/bottle/ca.pem`, the anchors, the image's trust tool (an exec as root, so after the start), the system bundles, the hashed directory |
 /// | `provision-git` | git repositories: served by the bundle's git-gate (mounts and mirrors are set up with the bundle); this step reports them |
 /// | `provision-supervise` | the MCP config naming supervise (`/etc/bottle/mcp.json`) |
+/// | `snapshot` | the golden snapshot of the agent's writable layer and the baseline of its three reset sources (`crate::reset`); a host that cannot take it gets a warning and a bottle without reset |
 /// | `complete` | mark the launch complete in the state dir |
 ///
 /// Both containers are created and filled first and started together
@@ -71,13 +72,15 @@ pub enum Step {
     ProvisionGit,
     /// `provision-supervise`.
     ProvisionSupervise,
+    /// `snapshot`.
+    Snapshot,
     /// `complete`.
     Complete,
 }
 
 impl Step {
     /// Every step, in launch order.
-    pub const ALL: [Step; 18] = [
+    pub const ALL: [Step; 19] = [
         Step::Network,
         Step::EgressNetwork,
         Step::BundleCreate,
@@ -95,6 +98,7 @@ impl Step {
         Step::ProvisionCa,
         Step::ProvisionGit,
         Step::ProvisionSupervise,
+        Step::Snapshot,
         Step::Complete,
     ];
 
@@ -118,6 +122,7 @@ impl Step {
             Step::AgentVerify => "agent-verify",
             Step::ProvisionGit => "provision-git",
             Step::ProvisionSupervise => "provision-supervise",
+            Step::Snapshot => "snapshot",
             Step::Complete => "complete",
         }
     }

@@ -16,5 +16,6 @@ mod failure;
 mod git;
 mod isolation;
 mod lifecycle;
+mod reset;
 mod supervise;
 mod support;

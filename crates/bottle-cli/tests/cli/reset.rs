@@ -1,0 +1,186 @@
+//! `bottle reset` through the real binary on the docker backend: a reset
+//! reverts what the agent wrote and prints the three sources' verdicts
+//! (text and `--json`); an Engine state changed behind bottle's back halts
+//! the bottle, exits 5 and names the source and the fact; the halted
+//! bottle is listed as halted, is not reset again, and `stop` removes it.
+//!
+//! Needs Docker, `/bin/busybox` (the demo agent image) and
+//! `BOTTLE_BUNDLE_BIN`; skips with a line unless `BOTTLE_REQUIRE_DOCKER=1`.
+
+use std::path::{Path, PathBuf};
+
+use bottle_docker::client::Engine;
+use serde_json::Value;
+
+use crate::bottle;
+
+const IMAGE: &str = "bottle-demo-agent:cli-reset";
+
+struct World {
+    dir: tempfile::TempDir,
+    name: String,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+impl World {
+    fn bottle(&self) -> assert_cmd::Command {
+        let mut cmd = bottle(&self.dir.path().join("state"));
+        cmd.arg("--manifest")
+            .arg(self.dir.path().join("bottle.toml"))
+            .args(["--backend", "docker"]);
+        cmd
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state/bottle").join(&self.name)
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let _ = self.bottle().args(["stop", &self.name]).output();
+    }
+}
+
+fn setup(test: &str) -> Option<(World, Engine)> {
+    let serial = crate::one_launch_at_a_time();
+    let skip = |why: String| {
+        bottle_test_support::skip_docker_test(test, why);
+        None
+    };
+    if std::env::var_os("BOTTLE_BUNDLE_BIN").is_none() {
+        return skip("BOTTLE_BUNDLE_BIN is not set".into());
+    }
+    let busybox = Path::new("/bin/busybox");
+    if !busybox.is_file() {
+        return skip("/bin/busybox is missing (apt-get install busybox-static)".into());
+    }
+    let engine = match Engine::connect(None) {
+        Ok(engine) => engine,
+        Err(err) => return skip(format!("Docker is not reachable: {err}")),
+    };
+    if let Err(err) = engine.block_on(engine.docker.ping()) {
+        return skip(format!("Docker is not reachable: {err}"));
+    }
+    let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/demo-agent");
+    bottle_docker::images::build_demo_agent(&engine, &demo, busybox, IMAGE, None)
+        .unwrap_or_else(|err| panic!("the demo agent image: {err}"));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("state")).unwrap();
+    std::fs::write(
+        dir.path().join("bottle.toml"),
+        format!(
+            "[agents.demo]\nimage = \"{IMAGE}\"\ncommand = [\"/bin/sh\"]\n\n[agents.demo.limits]\nmemory = \"256m\"\n"
+        ),
+    )
+    .unwrap();
+    let world = World {
+        dir,
+        name: format!("reset-{}", std::process::id()),
+        _serial: serial,
+    };
+    Some((world, engine))
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn reset_reverts_reports_and_halts_on_a_changed_engine_state() {
+    let Some((world, engine)) = setup("reset_reverts_reports_and_halts_on_a_changed_engine_state")
+    else {
+        return;
+    };
+    let name = world.name.clone();
+    let started = world
+        .bottle()
+        .args(["--yes", "start", "demo", "--name", &name, "--detach"])
+        .output()
+        .unwrap();
+    assert!(started.status.success(), "{}", stderr(&started));
+    assert!(!stderr(&started).contains("reset is unavailable"));
+
+    let wrote = world
+        .bottle()
+        .args([
+            "exec",
+            &name,
+            "--",
+            "sh",
+            "-c",
+            "echo mine > /home/agent/left",
+        ])
+        .output()
+        .unwrap();
+    assert!(wrote.status.success(), "{}", stderr(&wrote));
+
+    let reset = world.bottle().args(["reset", &name]).output().unwrap();
+    assert!(reset.status.success(), "{}", stderr(&reset));
+    let text = stdout(&reset);
+    for source in ["filesystem", "open_fds", "engine"] {
+        let row = text
+            .lines()
+            .find(|line| line.starts_with(source))
+            .unwrap_or_else(|| panic!("no {source} row: {text}"));
+        assert!(row.ends_with('✓'), "{row}");
+    }
+    assert!(text.contains("reset verified (revert "), "{text}");
+    let gone = world
+        .bottle()
+        .args(["exec", &name, "--", "test", "-e", "/home/agent/left"])
+        .output()
+        .unwrap();
+    assert_eq!(gone.status.code(), Some(1), "{}", stderr(&gone));
+
+    let json = world
+        .bottle()
+        .args(["--json", "reset", &name])
+        .output()
+        .unwrap();
+    assert!(json.status.success(), "{}", stderr(&json));
+    let report: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(report["verified"], true);
+    assert_eq!(report["checks"].as_array().unwrap().len(), 3);
+
+    // The Engine's view changed behind bottle's back: halted, exit 5.
+    let agent = format!("bot-bottle-{name}-agent");
+    engine
+        .block_on(engine.docker.update_container(
+            &agent,
+            bollard::models::ContainerUpdateBody {
+                memory: Some(200 * 1024 * 1024),
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    let halted = world.bottle().args(["reset", &name]).output().unwrap();
+    assert_eq!(halted.status.code(), Some(5), "{}", stderr(&halted));
+    let said = stderr(&halted);
+    assert!(said.contains("error[BOT-X006]"), "{said}");
+    assert!(said.contains("engine: expected memory=268435456"), "{said}");
+    assert!(said.contains("observed memory=209715200"), "{said}");
+    assert!(stdout(&halted).contains('✗'));
+
+    let listed = world.bottle().args(["--json", "list"]).output().unwrap();
+    let all: Vec<Value> = serde_json::from_slice(&listed.stdout).unwrap();
+    let this = all
+        .iter()
+        .find(|b| b["name"] == format!("bot-bottle-{name}").as_str())
+        .unwrap();
+    assert_eq!(this["state"], "halted");
+
+    let again = world.bottle().args(["reset", &name]).output().unwrap();
+    assert!(!again.status.success());
+    assert!(stderr(&again).contains("halted"), "{}", stderr(&again));
+
+    let stopped = world.bottle().args(["stop", &name]).output().unwrap();
+    assert!(stopped.status.success(), "{}", stderr(&stopped));
+    assert!(!world.state_dir().exists());
+    let inspect = engine.block_on(engine.docker.inspect_container(&agent, None));
+    assert!(inspect.is_err(), "{agent} is left");
+}

@@ -1,0 +1,367 @@
+//! The verified reset: a reset really reverts the box, and each of its
+//! three sources lying on purpose halts the bottle (none is a soft pass).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bollard::exec::{CreateExecOptions, StartExecOptions};
+use bottle_core::backend::BackendError;
+use bottle_core::sandbox::reset::{self, halted};
+use bottle_core::sandbox::{ResetSubstrate, SandboxError, Source};
+use bottle_core::{Bottle, BottleBackend, BottleLauncher, Coded};
+use bottle_docker::DockerBottle;
+use bottle_docker::reset::DockerResetSubstrate;
+
+use crate::support::{self, Fixture, Guard, name, sh};
+
+/// Launches `name` and returns the concrete bottle.
+fn start<'a>(fx: &'a Fixture, name: &str) -> (Guard<'a>, DockerBottle) {
+    let spec = fx.spec(name);
+    let guard = Guard {
+        backend: &fx.backend,
+        name: spec.name.clone(),
+    };
+    let plan = fx.backend.prepare(&spec).unwrap();
+    let bottle = fx.backend.launch_bottle(&plan).unwrap();
+    assert!(
+        bottle
+            .launch_warnings()
+            .iter()
+            .all(|w| !w.contains("reset")),
+        "{:?}",
+        bottle.launch_warnings()
+    );
+    (guard, bottle)
+}
+
+/// Runs `script` as root in the agent container: what an agent whose
+/// image runs it as root could do.
+fn sh_as_root(fx: &Fixture, bottle: &DockerBottle, script: &str) -> String {
+    let engine = fx.backend.engine().unwrap();
+    let argv = ["sh".into(), "-c".into(), script.into()];
+    let out = engine
+        .block_on(bottle_docker::bottle::exec_captured(
+            engine,
+            bottle.container(),
+            &argv,
+            Some("0:0"),
+        ))
+        .unwrap();
+    assert_eq!(
+        out.exit_code,
+        0,
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn text(bottle: &DockerBottle, script: &str) -> String {
+    let out = sh(bottle, script);
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// What the box holds that an agent may change: a listing of its writable
+/// places with contents, its processes, and its environment.
+fn box_state(bottle: &DockerBottle) -> String {
+    text(
+        bottle,
+        "find /home/agent /tmp /etc | sort; cat /etc/passwd /etc/group /home/agent/.profile; \
+         ps -o user,args; env | sort",
+    )
+}
+
+#[test]
+fn a_reset_reverts_files_processes_and_environment() {
+    let Some(fx) = support::setup("a_reset_reverts_files_processes_and_environment") else {
+        return;
+    };
+    let name = name("reset");
+    let (guard, bottle) = start(&fx, &name);
+    let before = box_state(&bottle);
+    assert!(before.contains("/.bottle/pause"), "{before}");
+
+    let mut timings = Vec::new();
+    for round in 0..3 {
+        // Files created (in $HOME, /tmp and a new dir), modified and
+        // deleted (an image file too), a process left running, and an
+        // environment change for the next login shell.
+        let agent = sh(
+            &bottle,
+            "echo mine > /home/agent/new.txt && mkdir -p /tmp/newdir && echo x > /tmp/newdir/f \
+             && echo 'export LEFT_BEHIND=1' >> /home/agent/.profile \
+             && (setsid sleep 1000 >/dev/null 2>&1 &)",
+        );
+        assert_eq!(
+            agent.exit_code,
+            0,
+            "{}",
+            String::from_utf8_lossy(&agent.stderr)
+        );
+        sh_as_root(
+            &fx,
+            &bottle,
+            "rm /etc/group && echo 'intruder:x:0:0::/:/bin/sh' >> /etc/passwd && touch /etc/new",
+        );
+        let dirty = box_state(&bottle);
+        assert!(dirty.contains("sleep 1000"), "{dirty}");
+        assert!(
+            dirty.contains("new.txt") && dirty.contains("intruder"),
+            "{dirty}"
+        );
+        assert_ne!(dirty, before);
+
+        let report = bottle
+            .reset()
+            .unwrap_or_else(|err| panic!("round {round}: {err}"));
+        assert!(report.verified);
+        assert!(report.checks.iter().all(|c| c.matched), "{report:?}");
+        timings.push(report.revert + report.verify);
+
+        assert_eq!(box_state(&bottle), before, "round {round}");
+        assert_eq!(
+            text(&bottle, "sh -lc 'echo ${LEFT_BEHIND:-unset}'"),
+            "unset\n"
+        );
+    }
+    timings.sort();
+    eprintln!("reset times (revert + verify): {timings:?}");
+    assert!(halted(bottle.reset_substrate().files()).is_none());
+    drop(guard);
+}
+
+/// Makes one lie, runs resets until the bottle halts (at most `resets`),
+/// and checks the halt: X006 naming `source` alone, the agent stopped, the
+/// bottle listed as halted, no second reset, and a stop that leaves
+/// nothing (the golden copies included).
+fn assert_lie_halts(
+    fx: &Fixture,
+    bottle: &DockerBottle,
+    substrate: &dyn ResetSubstrate,
+    source: Source,
+    resets: usize,
+) {
+    let files = bottle.reset_substrate().files().clone();
+    let upper = bottle.reset_substrate().upper_dir().unwrap();
+    let layer = upper.parent().unwrap().to_path_buf();
+    let mut outcome = None;
+    for _ in 0..resets {
+        match reset::reset(substrate, &files) {
+            Ok(report) => assert!(report.verified),
+            Err(err) => {
+                outcome = Some(err);
+                break;
+            }
+        }
+    }
+    let err = outcome.expect("the lie was never caught");
+    assert_eq!(err.code(), "BOT-X006", "{err}");
+    assert_eq!(err.exit_code(), 5);
+    let SandboxError::ResetDivergence { report } = &err else {
+        panic!("{err}")
+    };
+    let diverged: Vec<Source> = report
+        .checks
+        .iter()
+        .filter(|c| !c.matched)
+        .map(|c| c.source)
+        .collect();
+    assert_eq!(diverged, [source], "{report:?}");
+
+    // Halted: both containers stopped and kept, listed as halted.
+    for container in [
+        bottle.container().to_string(),
+        format!("{}-bundle", bottle.name()),
+    ] {
+        let state = support::inspect(&fx.backend, &container).state.unwrap();
+        assert_eq!(state.running, Some(false), "{container}");
+    }
+    let listed = fx.backend.list_active().unwrap();
+    let this = listed.iter().find(|b| b.name == bottle.name()).unwrap();
+    assert_eq!(this.state, "halted");
+    assert!(halted(&files).unwrap().reason.contains(source.as_str()));
+
+    // Never reset again.
+    let again = bottle.reset().unwrap_err();
+    assert_eq!(again.code(), "BOT-X005", "{again}");
+
+    // Stop removes everything, the snapshot's copies too.
+    let report = fx.backend.stop(bottle.name()).unwrap();
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert!(support::resources_of(&fx.backend, bottle.name()).is_empty());
+    assert!(!files.state_dir.exists());
+    for leftover in [
+        layer.clone(),
+        sibling(&upper, ".next"),
+        sibling(&upper, ".old"),
+    ] {
+        assert!(!leftover.exists(), "{} is left", leftover.display());
+    }
+}
+
+fn sibling(path: &std::path::Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+#[test]
+fn a_file_planted_in_the_golden_snapshot_halts_the_bottle() {
+    let Some(fx) = support::setup("a_file_planted_in_the_golden_snapshot_halts_the_bottle") else {
+        return;
+    };
+    let name = name("plant");
+    let (_guard, bottle) = start(&fx, &name);
+    let substrate = bottle.reset_substrate();
+    std::fs::write(substrate.golden_upper().join("planted"), "from the host").unwrap();
+    // The copy the next reset swaps in was prepared at launch; the planted
+    // file reaches the box through the copy prepared after that reset, so
+    // it is caught at the second reset at the latest.
+    assert_lie_halts(&fx, &bottle, &substrate, Source::Filesystem, 2);
+}
+
+/// The real substrate, whose revert leaves a process holding a descriptor
+/// open: a revert that did not end everything.
+struct LeavesAProcess {
+    real: DockerResetSubstrate,
+    engine: bottle_docker::client::Engine,
+    container: String,
+}
+
+impl LeavesAProcess {
+    /// Starts `sh -c 'exec 3</etc/hostname; sleep 100'` detached and waits
+    /// until it holds descriptor 3.
+    fn leave_process(&self) {
+        let docker = &self.engine.docker;
+        let exec = self
+            .engine
+            .block_on(docker.create_exec(
+                &self.container,
+                CreateExecOptions::<String> {
+                    cmd: Some(vec![
+                        "sh".into(),
+                        "-c".into(),
+                        "exec 3</etc/hostname; sleep 100".into(),
+                    ]),
+                    ..CreateExecOptions::default()
+                },
+            ))
+            .unwrap();
+        self.engine
+            .block_on(docker.start_exec(
+                &exec.id,
+                Some(StartExecOptions {
+                    detach: true,
+                    ..StartExecOptions::default()
+                }),
+            ))
+            .unwrap();
+        bottle_test_support::wait_until(
+            "the process to hold fd 3",
+            Duration::from_secs(10),
+            || {
+                let pid = self
+                    .engine
+                    .block_on(docker.inspect_exec(&exec.id))
+                    .ok()
+                    .and_then(|i| i.pid);
+                pid.is_some_and(|pid| PathBuf::from(format!("/proc/{pid}/fd/3")).exists())
+            },
+        );
+    }
+}
+
+impl ResetSubstrate for LeavesAProcess {
+    fn bottle(&self) -> &str {
+        self.real.bottle()
+    }
+    fn snapshot(&self) -> Result<(), BackendError> {
+        self.real.snapshot()
+    }
+    fn revert(&self) -> Result<(), BackendError> {
+        self.real.revert()?;
+        self.leave_process();
+        Ok(())
+    }
+    fn read_fs_hash(&self) -> Result<String, BackendError> {
+        self.real.read_fs_hash()
+    }
+    fn read_open_fds(&self) -> Result<u64, BackendError> {
+        self.real.read_open_fds()
+    }
+    fn read_engine(&self) -> Result<BTreeMap<String, String>, BackendError> {
+        self.real.read_engine()
+    }
+    fn halt(&self) -> Result<(), BackendError> {
+        self.real.halt()
+    }
+}
+
+#[test]
+fn a_descriptor_held_past_the_revert_halts_the_bottle() {
+    let Some(fx) = support::setup("a_descriptor_held_past_the_revert_halts_the_bottle") else {
+        return;
+    };
+    let name = name("fds");
+    let (_guard, bottle) = start(&fx, &name);
+    let substrate = LeavesAProcess {
+        real: bottle.reset_substrate(),
+        engine: fx.backend.engine().unwrap().clone(),
+        container: bottle.container().to_string(),
+    };
+    assert_lie_halts(&fx, &bottle, &substrate, Source::OpenFds, 1);
+}
+
+#[test]
+fn an_engine_state_changed_behind_bottles_back_halts_the_bottle() {
+    let Some(fx) = support::setup("an_engine_state_changed_behind_bottles_back_halts_the_bottle")
+    else {
+        return;
+    };
+    let name = name("engine");
+    let (_guard, bottle) = start(&fx, &name);
+    let engine = fx.backend.engine().unwrap();
+    engine
+        .block_on(engine.docker.update_container(
+            bottle.container(),
+            bollard::models::ContainerUpdateBody {
+                memory: Some(200 * 1024 * 1024),
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    let substrate = bottle.reset_substrate();
+    assert_lie_halts(&fx, &bottle, &substrate, Source::Engine, 1);
+}
+
+#[test]
+fn a_baseline_never_recorded_is_not_a_pass() {
+    let Some(fx) = support::setup("a_baseline_never_recorded_is_not_a_pass") else {
+        return;
+    };
+    let name = name("nobase");
+    let (_guard, bottle) = start(&fx, &name);
+    let substrate = bottle.reset_substrate();
+    std::fs::remove_file(substrate.files().baseline()).unwrap();
+    let err = bottle.reset().unwrap_err();
+    assert_eq!(err.code(), "BOT-X006", "{err}");
+    let SandboxError::ResetDivergence { report } = err else {
+        panic!("not a divergence")
+    };
+    assert!(
+        report
+            .checks
+            .iter()
+            .all(|c| !c.matched && c.expected == "none recorded"),
+        "{report:?}"
+    );
+    assert!(halted(substrate.files()).is_some());
+    assert!(
+        !support::inspect(&fx.backend, bottle.container())
+            .state
+            .unwrap()
+            .running
+            .unwrap()
+    );
+}
