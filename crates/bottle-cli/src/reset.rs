@@ -12,8 +12,9 @@ use crate::args::Global;
 use crate::failure::Failure;
 use crate::output;
 
-/// The widest value a row of the table shows; `--json` has them whole.
-const SHOWN_VALUE_CHARS: usize = 64;
+/// The widest value a row of the table shows (a whole `sha256:<hex>`);
+/// `--json` has every value whole.
+const SHOWN_VALUE_CHARS: usize = 71;
 
 /// Runs `bottle reset`.
 pub(crate) fn reset(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
@@ -113,7 +114,8 @@ mod tests {
         let text = render(&report("6"));
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[1].starts_with("filesystem") && lines[1].ends_with('✓'));
-        assert!(lines[3].contains(&format!("{}…", "x".repeat(64))));
+        assert!(lines[1].contains("sha256:ab  "));
+        assert!(lines[3].contains(&format!(" {}…", "x".repeat(71))));
         assert_eq!(
             lines[4],
             "bot-bottle-demo: reset verified (revert 310 ms, verify 12 ms)"
