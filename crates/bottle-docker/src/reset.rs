@@ -293,9 +293,23 @@ impl ResetSubstrate for DockerResetSubstrate {
         Ok(self.revert_inner()?)
     }
 
+    /// The live layer's hash, which must also be the hash of the copy the
+    /// next reset will swap in: that copy was made from the golden
+    /// snapshot after this revert, so a snapshot changed behind bottle's
+    /// back shows here, at this reset, not only at the next one.
     fn read_fs_hash(&self) -> Result<String, BackendError> {
         let upper = self.upper_dir()?;
-        Ok(tree_hash(&upper)?)
+        let live = tree_hash(&upper)?;
+        let next = sibling(&upper, ".next");
+        if next.is_dir() {
+            let prepared = tree_hash(&next)?;
+            if prepared != live {
+                return Ok(format!(
+                    "{live}, but the golden snapshot now copies as {prepared}"
+                ));
+            }
+        }
+        Ok(live)
     }
 
     fn read_open_fds(&self) -> Result<u64, BackendError> {
