@@ -680,7 +680,9 @@ mod tests {
 
     #[test]
     fn a_piped_child_answers_over_its_streams_and_dies_with_its_handle() {
-        let mut child = SystemRunner.spawn_piped(&sh("read x; echo got:$x; cat")).unwrap();
+        let mut child = SystemRunner
+            .spawn_piped(&sh("read x; echo got:$x; cat"))
+            .unwrap();
         child.stdin.write_all(b"one\n").unwrap();
         let mut line = [0u8; 7];
         child.stdout.read_exact(&mut line).unwrap();
