@@ -87,14 +87,19 @@ pub(crate) fn create(
 }
 
 /// What a boot does to the disks: each one's mount count goes up. Then
-/// the guest root is rebuilt from the overlay disk.
+/// the guest root is rebuilt from the overlay disk, except at the first
+/// boot: what a test put in the guest root before it stands for the
+/// image's files, and the first stop writes them to the disk.
 pub(crate) fn boot(dir: &Path, root: &Path) -> Result<()> {
+    let (mounts, payload) = read_disk(&dir.join(OVERLAY))?;
     for disk in [STORAGE, OVERLAY] {
         let path = dir.join(disk);
         let (count, payload) = read_disk(&path)?;
         write_disk(&path, count + 1, &payload)?;
     }
-    let (_, payload) = read_disk(&dir.join(OVERLAY))?;
+    if mounts == 0 {
+        return std::fs::create_dir_all(root).map_err(|e| io("create", root, &e));
+    }
     clear_root(root)?;
     unpack(&payload, root)
 }
