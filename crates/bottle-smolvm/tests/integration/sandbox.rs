@@ -11,7 +11,7 @@ use bottle_core::backend::{Bottle, BottleBackend as _, BottleLauncher as _};
 use bottle_core::sandbox::reset::halted;
 use bottle_core::sandbox::{ResetFiles, SandboxError, Source, ToolCall};
 
-use crate::backend::{MACHINE, Setup, setup};
+use crate::backend::{MACHINE, Setup, assert_nothing_left, setup};
 use crate::support::sandbox_available;
 
 /// The static in-box agent (`cargo xtask test` builds it and sets
@@ -62,6 +62,15 @@ fn files(s: &Setup) -> ResetFiles {
     ResetFiles::new(s.world.state_root().join("coder"))
 }
 
+/// Stops the bottle: nothing of its reset may be left.
+fn stopped_clean(s: &Setup) {
+    s.backend.stop(MACHINE).unwrap();
+    let files = files(s);
+    assert!(!files.golden_dir().exists(), "golden disks left");
+    assert!(!files.halted().exists(), "halt record left");
+    assert_nothing_left(s);
+}
+
 fn listed_state(s: &Setup) -> String {
     s.backend
         .list_active()
@@ -93,7 +102,7 @@ fn tool_calls_run_through_the_in_box_agent() {
     assert_eq!(err.code(), "BOT-X003", "{err}");
     // The channel outlives a timed-out call.
     assert_eq!(sh(bottle.as_ref(), "echo still"), "still\n");
-    s.backend.stop(MACHINE).unwrap();
+    stopped_clean(&s);
 }
 
 #[test]
@@ -115,7 +124,7 @@ fn without_the_in_box_agent_execute_is_not_available_and_reset_never_passes() {
     assert!(err.to_string().contains("no golden snapshot"), "{err}");
     assert!(halted(&files(&s)).is_some());
     assert_eq!(listed_state(&s), "halted");
-    s.backend.stop(MACHINE).unwrap();
+    stopped_clean(&s);
 }
 
 #[test]
@@ -147,7 +156,7 @@ fn a_reset_reverts_the_agents_files_and_processes_and_verifies() {
     }
     assert!(halted(&files(&s)).is_none());
     assert_eq!(listed_state(&s), "running");
-    s.backend.stop(MACHINE).unwrap();
+    stopped_clean(&s);
 }
 
 #[test]
@@ -169,7 +178,7 @@ fn a_baseline_never_recorded_is_not_a_pass() {
     );
     assert!(halted(&files(&s)).is_some());
     assert_eq!(listed_state(&s), "halted");
-    s.backend.stop(MACHINE).unwrap();
+    stopped_clean(&s);
 }
 
 /// Resets `bottle`, which must halt with exactly the sources `diverged`
@@ -231,7 +240,7 @@ fn a_file_planted_in_the_golden_disk_halts_the_reset() {
         Source::Filesystem,
     );
     assert!(check.observed.starts_with("sha256:"), "{check:?}");
-    s.backend.stop(MACHINE).unwrap();
+    stopped_clean(&s);
 }
 
 #[test]
@@ -245,7 +254,7 @@ fn a_process_that_survives_the_revert_halts_the_reset() {
         check.observed.parse::<u64>().unwrap() > check.expected.parse::<u64>().unwrap(),
         "{check:?}"
     );
-    s.backend.stop(MACHINE).unwrap();
+    stopped_clean(&s);
 }
 
 #[test]
@@ -281,5 +290,5 @@ fn a_record_changed_behind_bottles_back_halts_the_reset_and_is_never_started() {
             .is_some_and(|b| b["allowed_cidrs"] == serde_json::json!(["192.168.77.2/32"])),
         "the widened record was never booted"
     );
-    s.backend.stop(MACHINE).unwrap();
+    stopped_clean(&s);
 }
