@@ -219,6 +219,58 @@ pub trait CommandRunner: Send + Sync {
     /// holds nothing of ours (no terminal, no pipe) and outlives us. Its
     /// [`CommandSpec::stdin`], streams and time bound do not apply.
     fn spawn_detached(&self, spec: &CommandSpec, log: &Path) -> io::Result<u32>;
+
+    /// Starts `spec` with its stdin and stdout piped to us and its stderr
+    /// discarded, for a long-lived child we talk to over those two streams
+    /// (the sandbox's in-box agent behind `smolvm machine exec -i`). Its
+    /// [`CommandSpec::stdin`], streams and time bound do not apply.
+    fn spawn_piped(&self, spec: &CommandSpec) -> io::Result<PipedChild>;
+}
+
+/// A child started by [`CommandRunner::spawn_piped`]: its two streams, and
+/// a way to end it. Dropping it kills the child.
+pub struct PipedChild {
+    /// The child's stdin.
+    pub stdin: Box<dyn io::Write + Send>,
+    /// The child's stdout.
+    pub stdout: Box<dyn Read + Send>,
+    child: Option<std::process::Child>,
+}
+
+impl PipedChild {
+    /// A child made of two given streams and no process (a test double's).
+    pub fn from_streams(
+        stdin: Box<dyn io::Write + Send>,
+        stdout: Box<dyn Read + Send>,
+    ) -> PipedChild {
+        PipedChild {
+            stdin,
+            stdout,
+            child: None,
+        }
+    }
+
+    /// Kills the child and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for PipedChild {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl std::fmt::Debug for PipedChild {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PipedChild")
+            .field("pid", &self.child.as_ref().map(std::process::Child::id))
+            .finish_non_exhaustive()
+    }
 }
 
 /// The real runner: spawns host processes.
@@ -247,6 +299,26 @@ impl CommandRunner for SystemRunner {
             .spawn()
             .map_err(|source| ExecError::Spawn { program, source })?;
         Ok(child.id())
+    }
+
+    fn spawn_piped(&self, spec: &CommandSpec) -> io::Result<PipedChild> {
+        let program = spec.program_name();
+        let mut child = command_for(spec)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|source| ExecError::Spawn { program, source })?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(io::Error::other("the child's pipes were not created"));
+        };
+        Ok(PipedChild {
+            stdin: Box::new(stdin),
+            stdout: Box::new(stdout),
+            child: Some(child),
+        })
     }
 }
 
@@ -604,6 +676,23 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_piped_child_answers_over_its_streams_and_dies_with_its_handle() {
+        let mut child = SystemRunner
+            .spawn_piped(&sh("read x; echo got:$x; cat"))
+            .unwrap();
+        child.stdin.write_all(b"one\n").unwrap();
+        let mut line = [0u8; 7];
+        child.stdout.read_exact(&mut line).unwrap();
+        assert_eq!(&line, b"got:one");
+        let pid = child.child.as_ref().unwrap().id();
+        drop(child);
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "dropping the handle must kill and reap the child"
+        );
     }
 
     #[test]

@@ -22,7 +22,7 @@ use bottle_core::plan::Plan;
 use bottle_core::slug::{RESOURCE_PREFIX, bottle_name, slug_of};
 use bottle_core::spec::BottleSpec;
 
-use crate::bottle::SmolvmBottle;
+use crate::bottle::{SandboxPlace, SmolvmBottle};
 use crate::bundle_address::validate_bundle_address;
 use crate::cli::{MachineEntry, Smolvm};
 pub use crate::data::PlanData;
@@ -31,7 +31,7 @@ use crate::error::{SmolvmError, io_err};
 use crate::interactive::{InteractiveRunner, TerminalRunner};
 use crate::pack::SmolmachineCache;
 use crate::provision::ProvisionInputs;
-use crate::statedb::{self, DataPlatform};
+use crate::statedb::{self, DataPlatform, EgressPolicy};
 use crate::version::require_enforced;
 
 /// Runs a host check (KVM and platform) and says why it failed.
@@ -49,6 +49,9 @@ pub struct SmolvmBackend<H> {
     pub(crate) interactive: Arc<dyn InteractiveRunner>,
     /// The operator's ^C: a launch checks it between its steps.
     pub(crate) interrupt: bottle_core::undo::Interrupt,
+    /// The static in-box agent put into every machine (`None`: not found;
+    /// the bottle then runs without the sandbox interface).
+    pub(crate) toolbox_binary: Option<PathBuf>,
 }
 
 impl<H> std::fmt::Debug for SmolvmBackend<H> {
@@ -92,7 +95,32 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             }),
             interactive: Arc::new(TerminalRunner),
             interrupt: bottle_core::undo::Interrupt::default(),
+            toolbox_binary: crate::provision::find_toolbox(),
         }
+    }
+
+    /// Puts this in-box agent into every machine (`None`: none), instead of
+    /// the one found where `bottle` looks for it.
+    pub fn with_toolbox_binary(mut self, binary: Option<PathBuf>) -> SmolvmBackend<H> {
+        self.toolbox_binary = binary;
+        self
+    }
+
+    /// Where the sandbox state of the bottle whose state is `state` lives.
+    pub(crate) fn sandbox_place(&self, state: &BottleState) -> Result<SandboxPlace, SmolvmError> {
+        let policy = match state.bundle_address.as_deref().map(str::parse) {
+            Some(Ok(address)) => EgressPolicy::one_address(address),
+            // No known bundle: no allowlist is the right one, so no start.
+            _ => EgressPolicy {
+                allowed_cidrs: Vec::new(),
+                dns_filter_hosts: Some(Vec::new()),
+            },
+        };
+        Ok(SandboxPlace {
+            state_dir: self.state_dir(&state.machine),
+            db: self.db_path()?,
+            policy,
+        })
     }
 
     /// Lets `interrupt` stop a launch between its steps, unwinding it (the
@@ -293,6 +321,7 @@ impl<H: BundleHost + 'static> BottleBackend for SmolvmBackend<H> {
             Some(entry) if entry.state() == "running" => Ok(Box::new(SmolvmBottle::new(
                 machine,
                 Arc::clone(&self.smolvm),
+                self.sandbox_place(&state)?,
                 state.env,
                 state.default_command,
                 Arc::clone(&self.interactive),

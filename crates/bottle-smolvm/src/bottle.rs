@@ -1,19 +1,47 @@
 //! A running microVM bottle: exec (captured or on the operator's terminal)
-//! and copying files in, all through `smolvm machine exec`/`cp`.
+//! and copying files in, all through `smolvm machine exec`/`cp`; tool calls
+//! through the in-box agent, behind one long-lived `machine exec -i`; and
+//! the verified reset ([`crate::reset`]).
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use bottle_core::backend::{BackendError, BackendErrorKind, Bottle, ExecOutput};
+use bottle_core::exec::PipedChild;
+use bottle_core::sandbox::reset::ResetFiles;
+use bottle_core::sandbox::{
+    ResetReport, SandboxError, TOOLBOX_PATH, ToolCall, ToolResult, Toolbox, ToolboxStream,
+};
 
 use crate::cli::Smolvm;
 use crate::error::SmolvmError;
 use crate::interactive::{InteractiveRunner, stdin_is_tty};
+use crate::reset::VmReset;
+use crate::statedb::EgressPolicy;
+
+/// Where a microVM bottle's sandbox state is: its state dir (golden disks,
+/// baseline, halt record, audit log), smolvm's state database, and the
+/// egress policy every start must find in it.
+#[derive(Debug, Clone)]
+pub struct SandboxPlace {
+    /// The bottle's state dir.
+    pub state_dir: PathBuf,
+    /// smolvm's state database.
+    pub db: PathBuf,
+    /// The bundle's `/32`, the only allowlist a start accepts.
+    pub policy: EgressPolicy,
+}
 
 /// A running microVM bottle.
 pub struct SmolvmBottle {
-    machine: String,
-    smolvm: Arc<Smolvm>,
+    pub(crate) machine: String,
+    pub(crate) smolvm: Arc<Smolvm>,
+    pub(crate) db: PathBuf,
+    pub(crate) policy: EgressPolicy,
+    state_dir: PathBuf,
+    pub(crate) toolbox: Toolbox,
+    /// The `machine exec -i` the in-box agent runs behind, while it runs.
+    toolbox_child: Mutex<Option<PipedChild>>,
     env: Vec<(String, String)>,
     default_command: Vec<String>,
     interactive: Arc<dyn InteractiveRunner>,
@@ -35,13 +63,20 @@ impl SmolvmBottle {
     pub(crate) fn new(
         machine: String,
         smolvm: Arc<Smolvm>,
+        place: SandboxPlace,
         env: Vec<(String, String)>,
         default_command: Vec<String>,
         interactive: Arc<dyn InteractiveRunner>,
     ) -> SmolvmBottle {
+        let files = ResetFiles::new(&place.state_dir);
         SmolvmBottle {
+            toolbox: Toolbox::new(machine.clone(), Some(files.audit_log())),
+            toolbox_child: Mutex::new(None),
             machine,
             smolvm,
+            db: place.db,
+            policy: place.policy,
+            state_dir: place.state_dir,
             env,
             default_command,
             interactive,
@@ -62,6 +97,70 @@ impl SmolvmBottle {
 }
 
 impl SmolvmBottle {
+    /// The bottle's reset records.
+    pub fn reset_files(&self) -> ResetFiles {
+        ResetFiles::new(&self.state_dir)
+    }
+
+    /// Starts the in-box agent behind `machine exec -i`, keeping the child
+    /// to end it later; the channel is its stdin and stdout.
+    pub(crate) fn open_toolbox(&self) -> Result<ToolboxStream, SandboxError> {
+        let present = self.smolvm.exec(
+            &self.machine,
+            &[
+                "test".to_string(),
+                "-x".to_string(),
+                TOOLBOX_PATH.to_string(),
+            ],
+            &self.env,
+        );
+        let boot = |why: String| SandboxError::Boot {
+            bottle: self.machine.clone(),
+            why,
+        };
+        match present {
+            Ok(out) if out.exit_code == 0 => {}
+            Ok(_) => {
+                return Err(SandboxError::NotAvailable {
+                    bottle: self.machine.clone(),
+                    what: "execute".into(),
+                    why: format!("the in-box agent {TOOLBOX_PATH} is not in the bottle"),
+                    fix: "install `bottle-toolbox` where bottle finds it (`cargo xtask install`, or set BOTTLE_TOOLBOX_BIN to the static binary), then `bottle stop` this bottle and start a new one".into(),
+                });
+            }
+            Err(err) => return Err(boot(err.to_string())),
+        }
+        let mut child = self
+            .smolvm
+            .spawn_toolbox(&self.machine, &self.env)
+            .map_err(|err| boot(err.to_string()))?;
+        let to_agent = std::mem::replace(&mut child.stdin, Box::new(std::io::sink()));
+        let from_agent = std::mem::replace(&mut child.stdout, Box::new(std::io::empty()));
+        // Replacing a previous child kills it.
+        *self
+            .toolbox_child
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(child);
+        Ok(ToolboxStream {
+            to_agent,
+            from_agent,
+        })
+    }
+
+    /// Ends the in-box agent's `machine exec` and forgets its channel (the
+    /// guest agent kills a command whose client is gone).
+    pub(crate) fn end_toolbox(&self) {
+        self.toolbox.forget();
+        if let Some(mut child) = self
+            .toolbox_child
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            child.kill();
+        }
+    }
+
     /// Runs `argv` (or the agent's default command) with this process's
     /// stdio, as `machine exec -i`, with `-t` when `tty`.
     fn attached(&self, argv: &[String], tty: bool) -> Result<i32, BackendError> {
@@ -131,5 +230,15 @@ impl Bottle for SmolvmBottle {
             })?;
         let guest = format!("{}/{name}", guest_dir.trim_end_matches('/'));
         Ok(self.smolvm.copy_in(&self.machine, host_path, &guest)?)
+    }
+
+    fn execute(&self, call: &ToolCall) -> Result<ToolResult, SandboxError> {
+        self.toolbox.execute(call, || self.open_toolbox())
+    }
+
+    fn reset(&self) -> Result<ResetReport, SandboxError> {
+        let files = self.reset_files();
+        let substrate = VmReset::new(self, files.golden_dir());
+        bottle_core::sandbox::reset::reset(&substrate, &files)
     }
 }

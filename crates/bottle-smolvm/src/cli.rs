@@ -27,7 +27,8 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use bottle_core::exec::{CommandOutput, CommandRunner, CommandSpec};
+use bottle_core::exec::{CommandOutput, CommandRunner, CommandSpec, PipedChild};
+use bottle_core::sandbox::TOOLBOX_PATH;
 use serde::Deserialize;
 
 use crate::error::SmolvmError;
@@ -102,6 +103,12 @@ pub enum SmolvmCommand {
     },
     /// `smolvm machine ls --json`.
     List,
+    /// `smolvm machine data-dir -n NAME` (since 0.5.15): where the
+    /// machine's disks are.
+    DataDir {
+        /// The machine name.
+        name: String,
+    },
     /// `smolvm pack create --image REF -o OUT`: writes `OUT` (a launcher
     /// stub) and `OUT.smolmachine` (the sidecar `machine create --from`
     /// takes).
@@ -210,6 +217,11 @@ impl SmolvmCommand {
             }
             SmolvmCommand::List => {
                 for a in ["machine", "ls", "--json"] {
+                    push(&a);
+                }
+            }
+            SmolvmCommand::DataDir { name } => {
+                for a in ["machine", "data-dir", "-n", name] {
                     push(&a);
                 }
             }
@@ -437,6 +449,58 @@ impl Smolvm {
                 .argv(),
             detail,
         })
+    }
+
+    /// `machine data-dir`: the directory holding the machine's disks.
+    pub fn data_dir(&self, name: &str) -> Result<PathBuf, SmolvmError> {
+        let command = SmolvmCommand::DataDir { name: name.into() };
+        let out = self.run(&command)?;
+        let text = out.stdout_text();
+        let dir = PathBuf::from(text.trim());
+        if dir.is_absolute() {
+            Ok(dir)
+        } else {
+            Err(SmolvmError::BadOutput {
+                argv: self.spec(&command, self.version()?).argv(),
+                detail: format!("{:?} is not an absolute path", text.trim()),
+            })
+        }
+    }
+
+    /// The invocation that starts the in-box agent: `machine exec -i` of
+    /// [`TOOLBOX_PATH`] with the bottle's environment, its stdin and
+    /// stdout the agent's channel. No wrapper: nothing but frames may
+    /// cross that channel.
+    pub fn toolbox_spec(
+        &self,
+        name: &str,
+        env: &[(String, String)],
+    ) -> Result<CommandSpec, SmolvmError> {
+        let command = SmolvmCommand::Exec {
+            name: name.into(),
+            argv: vec![TOOLBOX_PATH.to_string()],
+            env: env.to_vec(),
+            workdir: None,
+            interactive: true,
+            tty: false,
+        };
+        Ok(self.spec(&command, self.version()?))
+    }
+
+    /// Starts the in-box agent ([`Smolvm::toolbox_spec`]) as a long-lived
+    /// child whose stdin and stdout are piped to us.
+    pub fn spawn_toolbox(
+        &self,
+        name: &str,
+        env: &[(String, String)],
+    ) -> Result<PipedChild, SmolvmError> {
+        let spec = self.toolbox_spec(name, env)?;
+        self.runner
+            .spawn_piped(&spec)
+            .map_err(|source| SmolvmError::NotInstalled {
+                program: self.program.to_string_lossy().into_owned(),
+                source,
+            })
     }
 
     /// `pack create`; returns the `.smolmachine` sidecar it wrote.
@@ -756,6 +820,10 @@ mod tests {
             );
             assert_eq!(argv(&SmolvmCommand::List, v), ["machine", "ls", "--json"]);
             assert_eq!(
+                argv(&SmolvmCommand::DataDir { name: "m".into() }, v),
+                ["machine", "data-dir", "-n", "m"]
+            );
+            assert_eq!(
                 argv(
                     &SmolvmCommand::CopyIn {
                         name: "m".into(),
@@ -814,6 +882,33 @@ mod tests {
                 "echo",
                 "--name",
                 "x"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_in_box_agent_runs_under_exec_i_without_a_wrapper_or_a_terminal() {
+        use bottle_test_support::RecordingRunner;
+        let runner = Arc::new(RecordingRunner::printing("smolvm 1.9.3\n"));
+        let smolvm = Smolvm::with_program("smolvm", runner.clone());
+        let env = [(
+            "HTTPS_PROXY".to_string(),
+            "http://192.168.7.2:8888".to_string(),
+        )];
+        smolvm.spawn_toolbox("bot-bottle-a", &env).unwrap();
+        assert_eq!(
+            runner.calls().last().unwrap(),
+            &[
+                "smolvm",
+                "machine",
+                "exec",
+                "--name",
+                "bot-bottle-a",
+                "-e",
+                "HTTPS_PROXY=http://192.168.7.2:8888",
+                "-i",
+                "--",
+                "/.bottle/toolbox"
             ]
         );
     }

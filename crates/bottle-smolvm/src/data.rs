@@ -8,6 +8,7 @@ use std::path::Path;
 use bottle_core::bundle_host::PreparedBundle;
 use bottle_core::images::AgentImage;
 use bottle_core::process::Owner;
+use bottle_core::sandbox::ResetFiles;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{SmolvmError, io_err};
@@ -155,6 +156,20 @@ pub(crate) fn remove_own_files(dir: &Path) -> Result<(), String> {
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
             Err(err) => failures.push(format!("{}: {err}", path.display())),
         }
+    }
+    // The reset's records: the golden disks and baseline, a halt.
+    let reset = ResetFiles::new(dir);
+    let golden = reset.golden_dir();
+    if let Err(err) = std::fs::remove_dir_all(&golden)
+        && err.kind() != std::io::ErrorKind::NotFound
+    {
+        failures.push(format!("{}: {err}", golden.display()));
+    }
+    let halted = reset.halted();
+    if let Err(err) = std::fs::remove_file(&halted)
+        && err.kind() != std::io::ErrorKind::NotFound
+    {
+        failures.push(format!("{}: {err}", halted.display()));
     }
     // The dir goes too if nothing else lives there; otherwise it is the CLI's.
     let _ = std::fs::remove_dir(dir);

@@ -15,7 +15,10 @@
 //!    DNS names, confirmed by reading it back, else the launch is refused;
 //! 7. `machine start`, and the record read back again (the policy smolvm
 //!    booted with must still be the one confirmed);
-//! 8. provisioning through `machine cp` and `machine exec`.
+//! 8. provisioning through `machine cp` and `machine exec`, the in-box
+//!    agent included;
+//! 9. the golden snapshot a reset returns to ([`crate::reset`]): the
+//!    machine stopped, its disks copied, started again.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -34,6 +37,7 @@ use crate::data::{
 };
 use crate::error::{SmolvmError, io_err};
 use crate::provision;
+use crate::reset::VmReset;
 use crate::statedb::{self, EgressPolicy};
 use crate::version::require_enforced;
 
@@ -193,7 +197,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         statedb::verify(&db, &machine, &policy)?;
         self.interrupted("machine-start")?;
 
-        let warnings = provision::provision(
+        let mut warnings = provision::provision(
             &self.smolvm,
             &machine,
             &data.inputs,
@@ -201,19 +205,49 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             &env,
             &state_dir,
         )?;
+        let toolbox = match &self.toolbox_binary {
+            Some(binary) => {
+                provision::install_toolbox(&self.smolvm, &machine, binary, &env, &state_dir)?;
+                true
+            }
+            None => false,
+        };
         self.interrupted("provision")?;
+
+        let bottle = SmolvmBottle::new(
+            machine,
+            Arc::clone(&self.smolvm),
+            self.sandbox_place(&state)?,
+            env,
+            state.default_command.clone(),
+            Arc::clone(&self.interactive),
+        );
+        // The golden snapshot: what `reset` returns to. Without it the
+        // bottle still runs, and a reset halts it (no baseline is no pass);
+        // without the in-box agent, `execute` says how to get one.
+        if toolbox && let Err(err) = record_golden(&bottle, &bottle.reset_files()) {
+            warnings.push(
+                bottle_core::display::escape_for_terminal(&format!(
+                    "reset is not available: {err}"
+                ))
+                .into_owned(),
+            );
+        }
+        self.interrupted("golden snapshot")?;
 
         state.phase = Phase::Running;
         write_state_file(&state_path, &state)?;
-        Ok(SmolvmBottle::new(
-            machine,
-            Arc::clone(&self.smolvm),
-            env,
-            state.default_command,
-            Arc::clone(&self.interactive),
-        )
-        .with_warnings(warnings))
+        Ok(bottle.with_warnings(warnings))
     }
+}
+
+/// Takes `bottle`'s golden snapshot and records its baseline.
+fn record_golden(
+    bottle: &SmolvmBottle,
+    files: &bottle_core::sandbox::ResetFiles,
+) -> Result<(), bottle_core::sandbox::SandboxError> {
+    let substrate = VmReset::new(bottle, files.golden_dir());
+    bottle_core::sandbox::reset::record_golden(&substrate, files).map(drop)
 }
 
 fn unix_now() -> u64 {

@@ -19,6 +19,8 @@
 //!   bottle-docker: [`launch`] (the ordered steps and their unwinding),
 //!   [`lifecycle`] (list, stop, cleanup), [`bottle`] (exec, copy-in),
 //!   [`data`] (plan data, the state file);
+//! - [`reset`] and [`sparse`]: the verified reset, by restoring the
+//!   machine's sparse disks from golden copies taken at launch;
 //! - [`bundle_address`]: why the bundle's address is what it is; the
 //!   bundle itself runs on a [`bottle_core::bundle_host::BundleHost`];
 //! - [`host`]: KVM and real-smolvm availability.
@@ -40,6 +42,8 @@ pub mod lifecycle;
 pub mod pack;
 pub mod provision;
 pub mod registry;
+pub mod reset;
+pub mod sparse;
 pub mod statedb;
 pub mod version;
 

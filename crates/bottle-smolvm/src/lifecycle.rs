@@ -7,6 +7,7 @@
 
 use bottle_core::backend::{BackendError, BackendKind, BottleInfo, CleanupReport};
 use bottle_core::bundle_host::BundleHost;
+use bottle_core::sandbox::ResetFiles;
 use bottle_core::slug::{bottle_name, slug_of};
 
 use crate::backend::SmolvmBackend;
@@ -23,6 +24,10 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         let mut out = Vec::new();
         for machine in &machines {
             let state = states.iter().find(|s| s.machine == machine.name);
+            let halted = bottle_core::sandbox::reset::halted(&ResetFiles::new(
+                self.state_dir(&machine.name),
+            ))
+            .is_some();
             out.push(BottleInfo {
                 name: machine.name.clone(),
                 agent: state.map_or_else(|| "?".into(), |s| s.agent.clone()),
@@ -31,6 +36,8 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
                     Some(s) if s.abandoned() => {
                         format!("{} (abandoned launch)", machine.state())
                     }
+                    // A reset found it diverged: kept stopped for inspection.
+                    Some(_) if halted => "halted".to_string(),
                     Some(_) => machine.state().to_string(),
                     None => format!("{} (orphaned: no bottle state)", machine.state()),
                 },

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use bottle_core::agent::{AGENT_DIR, AGENT_MCP_CONFIG, AGENT_PROMPT_PATH, AGENT_SKILLS_DIR};
 use bottle_core::bundle_host::BundleEndpoint;
+use bottle_core::sandbox::TOOLBOX_PATH;
 use bottle_core::spec::BottleSpec;
 use serde::{Deserialize, Serialize};
 
@@ -129,6 +130,62 @@ pub fn provision(
         "printf '. /etc/bottle/env\\n' > /etc/profile.d/bottle.sh",
     )?;
     Ok(report.warnings)
+}
+
+/// The static in-box agent where `bottle` looks for it
+/// (`bottle_core::bundle_binary::toolbox_binary_candidates`), if any.
+pub fn find_toolbox() -> Option<PathBuf> {
+    let env = std::env::var_os(bottle_core::bundle_binary::TOOLBOX_BIN_ENV);
+    let exe = std::env::current_exe().ok();
+    bottle_core::bundle_binary::toolbox_binary_candidates(env.as_deref(), exe.as_deref())
+        .into_iter()
+        .find(|path| path.is_file())
+}
+
+/// Puts the in-box agent `binary` at [`TOOLBOX_PATH`], root-owned and
+/// 0755: the agent may run it, not change it.
+pub fn install_toolbox(
+    smolvm: &Smolvm,
+    machine: &str,
+    binary: &Path,
+    env: &[(String, String)],
+    scratch: &Path,
+) -> Result<(), SmolvmError> {
+    let dir = TOOLBOX_PATH.rsplit_once('/').map_or("/", |(dir, _)| dir);
+    let prepare = smolvm.exec(
+        machine,
+        &["mkdir".to_string(), "-p".to_string(), dir.to_string()],
+        env,
+    )?;
+    if prepare.exit_code != 0 {
+        return Err(SmolvmError::Provision {
+            step: format!("create {dir}"),
+            detail: String::from_utf8_lossy(&prepare.stderr).into_owned(),
+        });
+    }
+    // `machine cp` names the guest file after the host one.
+    let staged = scratch.join("toolbox");
+    std::fs::copy(binary, &staged).map_err(|e| io_err("copy", binary, e))?;
+    let copied = smolvm.copy_in(machine, &staged, TOOLBOX_PATH);
+    std::fs::remove_file(&staged).map_err(|e| io_err("remove", &staged, e))?;
+    copied?;
+    let out = smolvm.exec(
+        machine,
+        &[
+            "/bin/sh".to_string(),
+            "-c".to_string(),
+            format!("chown 0:0 {TOOLBOX_PATH} && chmod 0755 {TOOLBOX_PATH} {dir}"),
+        ],
+        env,
+    )?;
+    if out.exit_code == 0 {
+        Ok(())
+    } else {
+        Err(SmolvmError::Provision {
+            step: "make the in-box agent root-owned and 0755".into(),
+            detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
 }
 
 fn ca_cert(endpoint: &BundleEndpoint) -> Result<Vec<u8>, SmolvmError> {

@@ -26,7 +26,7 @@ use std::io;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use bottle_core::exec::{CommandOutput, CommandRunner, CommandSpec};
+use bottle_core::exec::{CommandOutput, CommandRunner, CommandSpec, PipedChild};
 
 /// How often a bounded wait checks its condition.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
@@ -241,6 +241,17 @@ impl CommandRunner for RecordingRunner {
     /// returned, anything else reads as started with PID 1 (never ours).
     fn spawn_detached(&self, spec: &CommandSpec, _log: &std::path::Path) -> io::Result<u32> {
         self.run(spec).map(|_| 1)
+    }
+
+    /// Records `spec` like [`CommandRunner::run`]; a scripted failure is
+    /// returned, anything else is a child whose stdout is what the script
+    /// printed and whose stdin goes nowhere.
+    fn spawn_piped(&self, spec: &CommandSpec) -> io::Result<PipedChild> {
+        let out = self.run(spec)?;
+        Ok(PipedChild::from_streams(
+            Box::new(io::sink()),
+            Box::new(io::Cursor::new(out.stdout)),
+        ))
     }
 }
 

@@ -4,10 +4,13 @@
 
 mod sandbox;
 
+pub(crate) use sandbox::furnish;
+
 use std::io::Write as _;
 use std::path::{Component, Path, PathBuf};
 use std::process::ExitCode;
 
+use bottle_core::exec::{CommandSpec, SystemRunner};
 use clap::Args;
 
 use crate::machine::require_running;
@@ -64,15 +67,76 @@ pub(crate) struct CpArgs {
 /// the VM that follows the caller's. What a command can tell apart: under
 /// smolvm `-t` always gives it a terminal and `-i` alone pipes; here it has
 /// whatever the caller has.
+///
+/// This process enters the VM's namespaces, then starts [`GUEST_VERB`] on
+/// its own stdio: the first process inside the VM's pid namespace, which
+/// (unlike this one, whose threads may not cross into it) can run the
+/// command with its output captured.
 pub(crate) fn exec(fake: &Fake, args: ExecArgs) -> Result<ExitCode> {
     require_running(fake, &args.name)?;
-    let io = if args.interactive || args.tty {
+    let vm = crate::vm::running(fake, &args.name)
+        .ok_or_else(|| error(format!("machine '{}' is unreachable", args.name)))?;
+    let exe = std::env::current_exe().map_err(|e| error(format!("own executable: {e}")))?;
+    crate::vm::enter(vm).map_err(|reason| {
+        error(format!(
+            "fake-smolvm cannot sandbox guest commands here: {reason}"
+        ))
+    })?;
+    let mut spec = CommandSpec::new(exe)
+        .arg(GUEST_VERB)
+        .arg(fake.guest_root(&args.name));
+    if let Some(dir) = &args.workdir {
+        spec = spec.arg("--workdir").arg(dir);
+    }
+    if args.interactive || args.tty {
+        spec = spec.arg("--attached");
+    }
+    for (key, value) in &args.env {
+        spec = spec.arg("-e").arg(format!("{key}={value}"));
+    }
+    let spec = spec.arg("--").args(&args.command).inherit_streams();
+    let (status, _) = SystemRunner
+        .run_to_status(&spec)
+        .map_err(|e| error(format!("run in the VM: {e}")))?;
+    let code = status
+        .code()
+        .or_else(|| std::os::unix::process::ExitStatusExt::signal(&status).map(|s| 128 + s))
+        .unwrap_or(1);
+    Ok(ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1)))
+}
+
+/// The hidden verb that runs a guest command inside the VM's pid namespace.
+pub(crate) const GUEST_VERB: &str = "__vm-exec";
+
+/// [`GUEST_VERB`]'s arguments.
+#[derive(Args)]
+pub(crate) struct GuestRunArgs {
+    /// The guest root.
+    root: PathBuf,
+    /// The command's working directory in the guest.
+    #[arg(long)]
+    workdir: Option<String>,
+    /// Stream on this process's stdio instead of buffering.
+    #[arg(long)]
+    attached: bool,
+    /// An environment variable for the command.
+    #[arg(short, long = "env", value_parser = key_value)]
+    env: Vec<(String, String)>,
+    /// The command and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<String>,
+}
+
+/// Inside the VM: runs the command in the guest root and prints what it
+/// wrote, buffered or streamed.
+pub(crate) fn run(args: GuestRunArgs) -> Result<ExitCode> {
+    let io = if args.attached {
         sandbox::GuestIo::Attached
     } else {
         sandbox::GuestIo::Buffered
     };
     let out = sandbox::run_in_guest(
-        &fake.guest_root(&args.name),
+        &args.root,
         &args.command,
         &args.env,
         args.workdir.as_deref(),

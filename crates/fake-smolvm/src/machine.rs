@@ -33,7 +33,12 @@ pub(crate) struct CreateArgs {
     overlay: Option<u64>,
 }
 
-/// `machine start` and `machine stop`.
+/// smolvm's default disk sizes (`DEFAULT_STORAGE_SIZE_GIB`,
+/// `DEFAULT_OVERLAY_SIZE_GIB`).
+const DEFAULT_STORAGE_GIB: u64 = 20;
+const DEFAULT_OVERLAY_GIB: u64 = 10;
+
+/// `machine start`, `machine stop` and `machine data-dir`.
 #[derive(Args)]
 pub(crate) struct NameArgs {
     /// The machine's name.
@@ -124,6 +129,13 @@ pub(crate) fn create(fake: &Fake, args: CreateArgs) -> Result<ExitCode> {
         "network_backend": null,
         "dns_filter_hosts": null,
     });
+    crate::disk::create(
+        &crate::disk::data_dir(fake.version, &name)?,
+        &name,
+        artifact["image"].as_str().unwrap_or_default(),
+        storage.unwrap_or(DEFAULT_STORAGE_GIB),
+        overlay.unwrap_or(DEFAULT_OVERLAY_GIB),
+    )?;
     if !fake.mode("no-row") {
         db.put(&name, &record)?;
     }
@@ -149,9 +161,14 @@ pub(crate) fn start(fake: &Fake, args: NameArgs) -> Result<ExitCode> {
     });
     std::fs::write(started_dir.join(format!("{name}.json")), booted.to_string())
         .map_err(|e| error(e.to_string()))?;
-    std::fs::create_dir_all(fake.guest_root(&name)).map_err(|e| error(e.to_string()))?;
+    crate::disk::boot(
+        &crate::disk::data_dir(fake.version, &name)?,
+        &fake.guest_root(&name),
+    )?;
+    // Last: it leaves this process in the VM's namespaces.
+    let vm = crate::vm::boot(fake, &name)?;
     record["state"] = json!("running");
-    record["pid"] = json!(std::process::id());
+    record["pid"] = json!(vm);
     if fake.mode("start-clears-cidrs") {
         record["allowed_cidrs"] = Value::Null;
     }
@@ -164,6 +181,13 @@ pub(crate) fn stop(fake: &Fake, args: NameArgs) -> Result<ExitCode> {
     let name = args.name;
     let db = fake.open_db()?;
     let mut record = db.require(&name)?;
+    crate::vm::halt(fake, &name)?;
+    if record["state"] == "running" {
+        crate::disk::flush(
+            &crate::disk::data_dir(fake.version, &name)?,
+            &fake.guest_root(&name),
+        )?;
+    }
     record["state"] = json!("stopped");
     record["pid"] = Value::Null;
     db.put(&name, &record)?;
@@ -178,10 +202,23 @@ pub(crate) fn delete(fake: &Fake, args: DeleteArgs) -> Result<ExitCode> {
     }
     let db = fake.open_db()?;
     db.require(&name)?;
+    crate::vm::halt(fake, &name)?;
     db.remove(&name)?;
     let _ = std::fs::remove_dir_all(fake.guest_root(&name));
+    let _ = std::fs::remove_dir_all(crate::disk::data_dir(fake.version, &name)?);
     let _ = std::fs::remove_file(fake.fake_dir.join("started").join(format!("{name}.json")));
     println!("Deleted machine: {name}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `machine data-dir`: where the machine's disks are; smolvm's "not
+/// found" error for an unknown machine.
+pub(crate) fn data_dir(fake: &Fake, args: NameArgs) -> Result<ExitCode> {
+    fake.open_db()?.require(&args.name)?;
+    println!(
+        "{}",
+        crate::disk::data_dir(fake.version, &args.name)?.display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 

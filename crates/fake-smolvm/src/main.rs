@@ -20,15 +20,20 @@
 //!   (`allowed_cidrs`, `dns_filter_hosts`, `network`) to
 //!   `<data>/smolvm/fake/started/<name>.json` for the test to check;
 //! - `machine exec` runs the command on the host, confined to a per-machine
-//!   "guest root" (`<data>/smolvm/fake/guests/<name>`): a user and mount
-//!   namespace, the host's `/usr`, `/bin`, `/lib*` bound read-only, then
-//!   `chroot`. Absolute guest paths therefore land in the guest root and the
+//!   "guest root" (`<data>/smolvm/fake/guests/<name>`): the machine's user,
+//!   mount and pid namespaces (the host's `/usr`, `/bin`, `/lib*` bound
+//!   read-only, the guest's own `/proc`), then `chroot`. Absolute guest paths therefore land in the guest root and the
 //!   host is never written. Output is buffered like smolvm's: stdout, then
 //!   stderr, then the command's exit code; with `-i` or `-t` it streams both
 //!   ways while the command runs, which gets the caller's own stdio (with
 //!   `-t`, the caller's terminal). smolvm's own errors print `Error: …` and
 //!   exit 1;
 //! - `machine cp` copies into (or out of) the guest root;
+//! - a machine has a data directory (`machine data-dir`) with its two
+//!   sparse disks, and the guest's files live on `overlay.raw` while it is
+//!   stopped: a disk restored from a copy restores them (`disk`); each
+//!   `start` runs an init in namespaces of its own which every `exec` joins
+//!   and `stop` kills, ending every guest process (`vm`);
 //! - `pack create --image HOST:PORT/NAME:TAG -o OUT` fetches the manifest
 //!   and every blob over real HTTP, checks their digests and sizes, and
 //!   writes `OUT` and `OUT.smolmachine` (a JSON description, not a VM);
@@ -51,7 +56,10 @@
 //!   record, so a patch of the allowlist does not take;
 //! - `no-row`: `machine create` succeeds without writing a record;
 //! - `start-clears-cidrs`: `machine start` boots, then resets the record's
-//!   `allowed_cidrs` to null.
+//!   `allowed_cidrs` to null;
+//! - `keep-guest-processes`: `machine stop` leaves the guest's processes
+//!   running and the next `start` keeps them (a process surviving a
+//!   restart).
 //!
 //! Every invocation is appended to `<data>/smolvm/fake/calls.jsonl`.
 //!
@@ -66,9 +74,11 @@
 )]
 
 mod db;
+mod disk;
 mod guest;
 mod machine;
 mod pack;
+mod vm;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -97,6 +107,15 @@ enum Verb {
     /// Package images.
     #[command(subcommand)]
     Pack(PackVerb),
+    /// The fake's own: a guest command inside the VM (see `guest::exec`).
+    #[command(name = "__vm-exec", hide = true)]
+    VmExec(guest::GuestRunArgs),
+    /// The fake's own: a running machine's init (see `vm`).
+    #[command(name = "__vm-init", hide = true)]
+    VmInit {
+        /// The guest root.
+        root: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -117,6 +136,8 @@ enum MachineVerb {
     Exec(guest::ExecArgs),
     /// Copy a file or directory into or out of a running machine.
     Cp(guest::CpArgs),
+    /// Print the machine's data directory (its disks).
+    DataDir(machine::NameArgs),
 }
 
 #[derive(Subcommand)]
@@ -176,7 +197,10 @@ fn main() -> ExitCode {
         Ok(fake) => fake,
         Err(failure) => return report(failure),
     };
-    fake.log_call(&args);
+    // The fake's own processes (`__vm-…`) are no smolvm calls.
+    if !args.first().is_some_and(|verb| verb.starts_with("__")) {
+        fake.log_call(&args);
+    }
     let parsed = command_line(fake.version)
         .try_get_matches_from(std::iter::once("smolvm".to_string()).chain(args))
         .and_then(|matches| Cli::from_arg_matches(&matches));
@@ -258,7 +282,10 @@ impl Fake {
                 MachineVerb::Ls(args) => machine::ls(self, args),
                 MachineVerb::Exec(args) => guest::exec(self, args),
                 MachineVerb::Cp(args) => guest::cp(self, args),
+                MachineVerb::DataDir(args) => machine::data_dir(self, args),
             },
+            Verb::VmInit { root } => vm::init(&root),
+            Verb::VmExec(args) => guest::run(args),
             Verb::Pack(PackVerb::Create(args)) => pack::create(args),
         }
     }

@@ -47,6 +47,13 @@ impl CommandRunner for SysRunner {
             format!("the escape gate does not detach {}", spec.argv().join(" ")),
         ))
     }
+
+    fn spawn_piped(&self, spec: &CommandSpec) -> io::Result<bottle_core::exec::PipedChild> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("the escape gate does not pipe {}", spec.argv().join(" ")),
+        ))
+    }
 }
 
 /// Names the `smolvm` program the CLI runs (as `bottle-cli` reads it).

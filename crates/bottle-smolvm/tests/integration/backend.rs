@@ -15,16 +15,16 @@ use serde_json::json;
 use crate::support::{ArchiveImages, RecordingBundles, World, sandbox_available};
 
 const BUNDLE: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 2);
-const MACHINE: &str = "bot-bottle-coder";
+pub(crate) const MACHINE: &str = "bot-bottle-coder";
 
-struct Setup {
-    world: World,
-    backend: SmolvmBackend<RecordingBundles>,
-    bundles: Arc<RecordingBundles>,
-    spec: BottleSpec,
+pub(crate) struct Setup {
+    pub(crate) world: World,
+    pub(crate) backend: SmolvmBackend<RecordingBundles>,
+    pub(crate) bundles: Arc<RecordingBundles>,
+    pub(crate) spec: BottleSpec,
 }
 
-fn setup(version: &str, mode: &str) -> Setup {
+pub(crate) fn setup(version: &str, mode: &str) -> Setup {
     setup_with(version, mode, |smolvm| smolvm)
 }
 
@@ -98,7 +98,7 @@ fn state_file(s: &Setup) -> PathBuf {
 
 /// Nothing a refused launch created is left: no machine, no bundle, no
 /// state file.
-fn assert_nothing_left(s: &Setup) {
+pub(crate) fn assert_nothing_left(s: &Setup) {
     assert!(machines(s).is_empty(), "machines left: {:?}", machines(s));
     assert!(
         s.bundles.live().is_empty(),

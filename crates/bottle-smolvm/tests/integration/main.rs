@@ -10,5 +10,6 @@
 mod backend;
 mod cli;
 mod registry;
+mod sandbox;
 mod statedb;
 mod support;

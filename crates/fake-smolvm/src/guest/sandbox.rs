@@ -1,6 +1,6 @@
-//! Guest commands, confined to a guest root: a user and mount namespace,
-//! the host's system directories bound read-only, a few devices, then
-//! `chroot`. Absolute guest paths land in the guest root and the host is
+//! Guest commands, confined to a guest root: the VM's user, mount and pid
+//! namespaces (made at `machine start`, with the host's system directories
+//! bound read-only and a few devices), then `chroot`. Absolute guest paths land in the guest root and the host is
 //! never written.
 
 use std::os::unix::process::ExitStatusExt as _;
@@ -8,13 +8,12 @@ use std::path::Path;
 
 use bottle_core::exec::{CommandOutput, CommandSpec, SystemRunner};
 use nix::mount::{MsFlags, mount};
-use nix::sched::{CloneFlags, unshare};
 
 const SYSTEM_DIRS: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 const DEVICES: [&str; 4] = ["null", "zero", "random", "urandom"];
 
 /// How a guest command's stdio is wired.
-pub(super) enum GuestIo {
+pub(crate) enum GuestIo {
     /// Empty stdin; stdout and stderr captured for the caller to print.
     Buffered,
     /// This process's own stdin, stdout and stderr: nothing is captured,
@@ -22,28 +21,10 @@ pub(super) enum GuestIo {
     Attached,
 }
 
-/// Runs `argv` with `root` as `/`; its exit code is the shell's (128 +
-/// signal when one ended it), as smolvm reports it. Called only from a
-/// single-threaded process (a user namespace cannot be entered otherwise).
-pub(super) fn run_in_guest(
-    root: &Path,
-    argv: &[String],
-    env: &[(String, String)],
-    workdir: Option<&str>,
-    io: GuestIo,
-) -> Result<CommandOutput, String> {
-    let root = root
-        .canonicalize()
-        .map_err(|e| format!("guest root {}: {e}", root.display()))?;
-    let uid = nix::unistd::getuid();
-    let gid = nix::unistd::getgid();
-    unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS)
-        .map_err(|e| format!("unshare user and mount namespaces: {e}"))?;
-    std::fs::write("/proc/self/setgroups", "deny").map_err(|e| format!("setgroups: {e}"))?;
-    std::fs::write("/proc/self/uid_map", format!("0 {uid} 1"))
-        .map_err(|e| format!("uid_map: {e}"))?;
-    std::fs::write("/proc/self/gid_map", format!("0 {gid} 1"))
-        .map_err(|e| format!("gid_map: {e}"))?;
+/// Gives the VM's mount namespace (which the caller has just unshared,
+/// with its user namespace) the guest's system directories and devices
+/// under `root`, and the directories every guest has.
+pub(crate) fn furnish(root: &Path) -> Result<(), String> {
     mount(
         None::<&str>,
         "/",
@@ -95,10 +76,25 @@ pub(super) fn run_in_guest(
         )
         .map_err(|e| format!("bind {}: {e}", host.display()))?;
     }
-    for dir in ["tmp", "root"] {
+    for dir in ["tmp", "root", "proc"] {
         std::fs::create_dir_all(root.join(dir)).map_err(|e| format!("{dir}: {e}"))?;
     }
+    Ok(())
+}
 
+/// Runs `argv` with `root` as `/`; its exit code is the shell's (128 +
+/// signal when one ended it), as smolvm reports it. The caller is already
+/// in the VM's namespaces (see `guest::exec`).
+pub(crate) fn run_in_guest(
+    root: &Path,
+    argv: &[String],
+    env: &[(String, String)],
+    workdir: Option<&str>,
+    io: GuestIo,
+) -> Result<CommandOutput, String> {
+    let root = root
+        .canonicalize()
+        .map_err(|e| format!("guest root {}: {e}", root.display()))?;
     nix::unistd::chroot(&root).map_err(|e| format!("chroot {}: {e}", root.display()))?;
     std::env::set_current_dir(workdir.unwrap_or("/")).map_err(|e| format!("chdir: {e}"))?;
 

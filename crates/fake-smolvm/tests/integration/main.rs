@@ -8,6 +8,7 @@
     reason = "test helpers panic on setup failure, as tests do"
 )]
 
+mod disks;
 mod exec;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,294 @@
+//! The sandbox interface on a microVM bottle, against the fake: tool calls
+//! through the in-box agent, and the verified reset, which reverts the
+//! guest's files and processes and halts the bottle when any one of its
+//! three sources is made to lie.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bottle_core::Coded as _;
+use bottle_core::backend::{Bottle, BottleBackend as _, BottleLauncher as _};
+use bottle_core::sandbox::reset::halted;
+use bottle_core::sandbox::{ResetFiles, SandboxError, Source, ToolCall};
+
+use crate::backend::{MACHINE, Setup, assert_nothing_left, setup};
+use crate::support::sandbox_available;
+
+/// The static in-box agent (`cargo xtask test` builds it and sets
+/// `BOTTLE_TOOLBOX_BIN`).
+fn toolbox() -> PathBuf {
+    let path = std::env::var_os(bottle_core::bundle_binary::TOOLBOX_BIN_ENV)
+        .map(PathBuf::from)
+        .filter(|path| path.is_file());
+    path.unwrap_or_else(|| {
+        panic!("set BOTTLE_TOOLBOX_BIN to the static bottle-toolbox (`cargo xtask test` does)")
+    })
+}
+
+/// A running bottle with the in-box agent, the fake in fault `mode`;
+/// `None` (with a skip line) where the fake cannot confine guests.
+fn launched(mode: &str) -> Option<(Setup, Box<dyn Bottle>)> {
+    let s = setup("1.9.3", mode);
+    if !sandbox_available(&s.world) {
+        return None;
+    }
+    let backend = s.backend.with_toolbox_binary(Some(toolbox()));
+    let s = Setup { backend, ..s };
+    let plan = s.backend.prepare(&s.spec).unwrap();
+    let bottle = s.backend.launch(&plan).unwrap();
+    // (The fake's image has no trust store: the CA's warnings are expected.)
+    let warnings = bottle.launch_warnings();
+    assert!(
+        warnings.iter().all(|w| w.starts_with("ca: ")),
+        "{warnings:?}"
+    );
+    Some((s, bottle))
+}
+
+fn sh(bottle: &dyn Bottle, script: &str) -> String {
+    let result = bottle
+        .execute(&ToolCall::argv(["sh", "-c", script]))
+        .unwrap();
+    assert_eq!(
+        result.exit_code,
+        0,
+        "{script}: {}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    String::from_utf8(result.stdout).unwrap()
+}
+
+fn files(s: &Setup) -> ResetFiles {
+    ResetFiles::new(s.world.state_root().join("coder"))
+}
+
+/// Stops the bottle: nothing of its reset may be left.
+fn stopped_clean(s: &Setup) {
+    s.backend.stop(MACHINE).unwrap();
+    let files = files(s);
+    assert!(!files.golden_dir().exists(), "golden disks left");
+    assert!(!files.halted().exists(), "halt record left");
+    assert_nothing_left(s);
+}
+
+fn listed_state(s: &Setup) -> String {
+    s.backend
+        .list_active()
+        .unwrap()
+        .into_iter()
+        .find(|b| b.name == MACHINE)
+        .map(|b| b.state)
+        .unwrap()
+}
+
+#[test]
+fn tool_calls_run_through_the_in_box_agent() {
+    let Some((s, bottle)) = launched("") else {
+        return;
+    };
+    let mut call = ToolCall::argv(["sh", "-c", "cat; echo err >&2; exit 3"]);
+    call.stdin = b"from stdin".to_vec();
+    let result = bottle.execute(&call).unwrap();
+    assert_eq!(result.exit_code, 3);
+    assert_eq!(result.stdout, b"from stdin");
+    assert_eq!(result.stderr, b"err\n");
+    assert!(result.evidence_hash.starts_with("sha256:"));
+    // The agent's environment reaches the calls, over the same channel.
+    assert_eq!(sh(bottle.as_ref(), "echo $EDITOR"), "vi\n");
+
+    let mut slow = ToolCall::argv(["sleep", "30"]);
+    slow.deadline = Duration::from_millis(300);
+    let err = bottle.execute(&slow).unwrap_err();
+    assert_eq!(err.code(), "BOT-X003", "{err}");
+    // The channel outlives a timed-out call.
+    assert_eq!(sh(bottle.as_ref(), "echo still"), "still\n");
+    stopped_clean(&s);
+}
+
+#[test]
+fn without_the_in_box_agent_execute_is_not_available_and_reset_never_passes() {
+    let s = setup("1.9.3", "");
+    if !sandbox_available(&s.world) {
+        return;
+    }
+    let backend = s.backend.with_toolbox_binary(None);
+    let s = Setup { backend, ..s };
+    let plan = s.backend.prepare(&s.spec).unwrap();
+    let bottle = s.backend.launch(&plan).unwrap();
+    let err = bottle.execute(&ToolCall::argv(["true"])).unwrap_err();
+    assert_eq!(err.code(), "BOT-X001", "{err}");
+    assert!(err.fix().unwrap().contains("BOTTLE_TOOLBOX_BIN"));
+    // No golden snapshot was taken: nothing to revert to, and no pass.
+    let err = bottle.reset().unwrap_err();
+    assert_eq!(err.code(), "BOT-X005", "{err}");
+    assert!(err.to_string().contains("no golden snapshot"), "{err}");
+    assert!(halted(&files(&s)).is_some());
+    assert_eq!(listed_state(&s), "halted");
+    stopped_clean(&s);
+}
+
+#[test]
+fn a_reset_reverts_the_agents_files_and_processes_and_verifies() {
+    let Some((s, bottle)) = launched("") else {
+        return;
+    };
+    let bottle = bottle.as_ref();
+    let provisioned = sh(bottle, "cat /etc/bottle/env");
+    sh(
+        bottle,
+        "echo new > /root/created; echo changed >> /etc/bottle/env; rm /etc/bottle/prompt.md",
+    );
+    sh(bottle, "sleep 1000 </dev/null >/dev/null 2>&1 &");
+    let processes = "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '";
+    assert!(sh(bottle, processes).contains("sleep 1000"));
+
+    for round in 0..2 {
+        let report = bottle.reset().unwrap();
+        assert!(report.verified, "round {round}: {report:?}");
+        assert_eq!(sh(bottle, "cat /etc/bottle/env"), provisioned);
+        assert_eq!(sh(bottle, "cat /etc/bottle/prompt.md"), "do the thing\n");
+        assert_eq!(
+            sh(bottle, "ls /root/created 2>/dev/null || echo gone"),
+            "gone\n"
+        );
+        assert!(!sh(bottle, processes).contains("sleep 1000"));
+        sh(bottle, "echo again > /root/created");
+    }
+    assert!(halted(&files(&s)).is_none());
+    assert_eq!(listed_state(&s), "running");
+    stopped_clean(&s);
+}
+
+#[test]
+fn a_baseline_never_recorded_is_not_a_pass() {
+    let Some((s, bottle)) = launched("") else {
+        return;
+    };
+    std::fs::remove_file(files(&s).baseline()).unwrap();
+    let err = bottle.reset().unwrap_err();
+    let SandboxError::ResetDivergence { report } = &err else {
+        panic!("not a divergence: {err}")
+    };
+    assert!(
+        report
+            .checks
+            .iter()
+            .all(|c| !c.matched && c.expected == "none recorded"),
+        "{report:?}"
+    );
+    assert!(halted(&files(&s)).is_some());
+    assert_eq!(listed_state(&s), "halted");
+    stopped_clean(&s);
+}
+
+/// Resets `bottle`, which must halt with exactly the sources `diverged`
+/// disagreeing; returns the check of `shown`.
+fn assert_halts(
+    s: &Setup,
+    bottle: &dyn Bottle,
+    diverged: &[Source],
+    shown: Source,
+) -> bottle_core::sandbox::SourceCheck {
+    let err = bottle.reset().unwrap_err();
+    assert_eq!(err.code(), "BOT-X006", "{err}");
+    assert_eq!(err.exit_code(), 5);
+    let SandboxError::ResetDivergence { report } = err else {
+        unreachable!()
+    };
+    let disagreeing: Vec<Source> = report
+        .checks
+        .iter()
+        .filter(|c| !c.matched)
+        .map(|c| c.source)
+        .collect();
+    assert_eq!(disagreeing, diverged, "{report:?}");
+    let check = report
+        .checks
+        .iter()
+        .find(|c| c.source == shown)
+        .unwrap()
+        .clone();
+    assert!(halted(&files(s)).is_some(), "the halt is recorded");
+    assert_eq!(listed_state(s), "halted");
+    let machine = s
+        .backend
+        .smolvm()
+        .list()
+        .unwrap()
+        .into_iter()
+        .find(|m| m.name == MACHINE)
+        .unwrap();
+    assert_eq!(machine.state(), "stopped", "a halted bottle is stopped");
+    check
+}
+
+#[test]
+fn a_file_planted_in_the_golden_disk_halts_the_reset() {
+    let Some((s, bottle)) = launched("") else {
+        return;
+    };
+    let golden = files(&s).golden_dir().join("overlay.raw");
+    let disk = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&golden)
+        .unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&disk, b"planted", 7 << 20).unwrap();
+    let check = assert_halts(
+        &s,
+        bottle.as_ref(),
+        &[Source::Filesystem],
+        Source::Filesystem,
+    );
+    assert!(check.observed.starts_with("sha256:"), "{check:?}");
+    stopped_clean(&s);
+}
+
+#[test]
+fn a_process_that_survives_the_revert_halts_the_reset() {
+    let Some((s, bottle)) = launched("keep-guest-processes") else {
+        return;
+    };
+    sh(bottle.as_ref(), "sleep 1000 </dev/null >/dev/null 2>&1 &");
+    let check = assert_halts(&s, bottle.as_ref(), &[Source::OpenFds], Source::OpenFds);
+    assert!(
+        check.observed.parse::<u64>().unwrap() > check.expected.parse::<u64>().unwrap(),
+        "{check:?}"
+    );
+    stopped_clean(&s);
+}
+
+#[test]
+fn a_record_changed_behind_bottles_back_halts_the_reset_and_is_never_started() {
+    let Some((s, bottle)) = launched("") else {
+        return;
+    };
+    let db = rusqlite::Connection::open(s.world.db()).unwrap();
+    let data: Vec<u8> = db
+        .query_row("SELECT data FROM vms WHERE name = ?1", [MACHINE], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    let mut record: serde_json::Value = serde_json::from_slice(&data).unwrap();
+    record["allowed_cidrs"] = serde_json::json!(["192.168.77.2/32", "0.0.0.0/0"]);
+    db.execute(
+        "UPDATE vms SET data = ?1 WHERE name = ?2",
+        rusqlite::params![serde_json::to_vec(&record).unwrap(), MACHINE],
+    )
+    .unwrap();
+    // Never started with that record, the machine has no in-box agent to
+    // count its descriptors either.
+    let check = assert_halts(
+        &s,
+        bottle.as_ref(),
+        &[Source::OpenFds, Source::Engine],
+        Source::Engine,
+    );
+    assert!(check.observed.contains("0.0.0.0/0"), "{check:?}");
+    assert!(
+        s.world
+            .booted(MACHINE)
+            .is_some_and(|b| b["allowed_cidrs"] == serde_json::json!(["192.168.77.2/32"])),
+        "the widened record was never booted"
+    );
+    stopped_clean(&s);
+}
