@@ -274,23 +274,9 @@ pub trait Bottle {
 
     /// Runs one tool call through the in-box agent (started on the first
     /// call and kept), as the agent's user.
-    fn execute(&self, call: &ToolCall) -> Result<ToolResult, SandboxError> {
-        let _ = call;
-        Err(not_available(self.name(), "execute"))
-    }
+    fn execute(&self, call: &ToolCall) -> Result<ToolResult, SandboxError>;
 
     /// Returns the box to its golden snapshot and verifies the revert from
     /// three sources; any divergence halts the bottle.
-    fn reset(&self) -> Result<ResetReport, SandboxError> {
-        Err(not_available(self.name(), "reset"))
-    }
-}
-
-fn not_available(bottle: &str, what: &str) -> SandboxError {
-    SandboxError::NotAvailable {
-        bottle: bottle.to_string(),
-        what: what.to_string(),
-        why: "this backend does not offer it yet".into(),
-        fix: "use the docker backend".into(),
-    }
+    fn reset(&self) -> Result<ResetReport, SandboxError>;
 }

@@ -284,6 +284,11 @@ mod tests {
                 evidence_hash: String::new(),
             })
         }
+        fn reset(
+            &self,
+        ) -> Result<bottle_core::sandbox::ResetReport, bottle_core::sandbox::SandboxError> {
+            unreachable!("the worker tests run calls only")
+        }
     }
 
     fn bottles(state_root: &Path) -> (Arc<Bottles>, Arc<Log>) {
