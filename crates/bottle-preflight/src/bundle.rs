@@ -24,14 +24,57 @@ const INSTALL: &str = "install bottle with its bundle: `cargo xtask install` fro
 /// or dynamic one fails.
 pub fn check_bundle(ctx: &Context<'_>) -> Result<Check, PreflightError> {
     let candidates = bundle_binary_candidates(ctx.bundle_bin.as_deref(), ctx.exe.as_deref());
-    let Some((shown, path)) = first_file(ctx, &candidates)? else {
+    check_static_binary(
+        ctx,
+        &candidates,
+        &StaticBinary {
+            id: ID,
+            title: TITLE,
+            env: BUNDLE_BIN_ENV,
+            install: INSTALL,
+            short: Status::Fail,
+            dynamic: "the bundle image has no libc to load it",
+            not_elf: "",
+        },
+    )
+}
+
+/// How to judge one static binary bottle puts into boxes.
+pub(crate) struct StaticBinary {
+    pub id: &'static str,
+    pub title: &'static str,
+    /// The variable that names it.
+    pub env: &'static str,
+    /// The remediation when it is missing or not static.
+    pub install: &'static str,
+    /// The status when it is missing or not static.
+    pub short: Status,
+    /// Why a dynamic one is not good enough.
+    pub dynamic: &'static str,
+    /// Appended to "is not an x86-64 ELF executable" (e.g. what follows).
+    pub not_elf: &'static str,
+}
+
+/// The first of `candidates` that exists, judged as `binary` says: `Ok`
+/// when it is a static ELF, `binary.short` otherwise.
+pub(crate) fn check_static_binary(
+    ctx: &Context<'_>,
+    candidates: &[PathBuf],
+    binary: &StaticBinary,
+) -> Result<Check, PreflightError> {
+    let short = |message: String| {
+        Check::new(binary.id, binary.title, binary.short, message).with_remediation(binary.install)
+    };
+    let Some((shown, path)) = first_file(ctx, candidates)? else {
         let searched: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
-        let message = if searched.is_empty() {
-            format!("not found: {BUNDLE_BIN_ENV} is not set and bottle's own path is unknown")
+        return Ok(short(if searched.is_empty() {
+            format!(
+                "not found: {} is not set and bottle's own path is unknown",
+                binary.env
+            )
         } else {
             format!("not found (looked at: {})", searched.join(", "))
-        };
-        return Ok(Check::new(ID, TITLE, Status::Fail, message).with_remediation(INSTALL));
+        }));
     };
     let bytes = std::fs::read(&path).map_err(|source| PreflightError::Read {
         path: path.clone(),
@@ -39,21 +82,17 @@ pub fn check_bundle(ctx: &Context<'_>) -> Result<Check, PreflightError> {
     })?;
     let shown = shown.display();
     Ok(match elf_needs_interpreter(&bytes) {
-        Some(false) => Check::new(ID, TITLE, Status::Ok, format!("{shown} (static)")),
-        Some(true) => Check::new(
-            ID,
-            TITLE,
-            Status::Fail,
-            format!("{shown} is dynamically linked; the bundle image has no libc to load it"),
-        )
-        .with_remediation(INSTALL),
-        None => Check::new(
-            ID,
-            TITLE,
-            Status::Fail,
-            format!("{shown} is not an x86-64 ELF executable"),
-        )
-        .with_remediation(INSTALL),
+        Some(false) => Check::new(
+            binary.id,
+            binary.title,
+            Status::Ok,
+            format!("{shown} (static)"),
+        ),
+        Some(true) => short(format!("{shown} is dynamically linked; {}", binary.dynamic)),
+        None => short(format!(
+            "{shown} is not an x86-64 ELF executable{}",
+            binary.not_elf
+        )),
     })
 }
 

@@ -4,11 +4,9 @@
 //! any image, with or without a libc). A missing one only warns: a bottle
 //! launches without it, as safe, and only `execute` is unavailable.
 
-use bottle_core::bundle_binary::{
-    TOOLBOX_BIN_ENV, elf_needs_interpreter, toolbox_binary_candidates,
-};
+use bottle_core::bundle_binary::{TOOLBOX_BIN_ENV, toolbox_binary_candidates};
 
-use crate::bundle::first_file;
+use crate::bundle::{StaticBinary, check_static_binary};
 use crate::check::{Check, Status};
 use crate::error::PreflightError;
 use crate::host::Context;
@@ -25,35 +23,17 @@ const INSTALL: &str = "install bottle with its in-box agent: `cargo xtask instal
 /// short of a static ELF is a warning.
 pub fn check_toolbox(ctx: &Context<'_>) -> Result<Check, PreflightError> {
     let candidates = toolbox_binary_candidates(ctx.toolbox_bin.as_deref(), ctx.exe.as_deref());
-    let Some((shown, path)) = first_file(ctx, &candidates)? else {
-        let searched: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
-        let message = if searched.is_empty() {
-            format!("not found: {TOOLBOX_BIN_ENV} is not set and bottle's own path is unknown")
-        } else {
-            format!("not found (looked at: {})", searched.join(", "))
-        };
-        return Ok(Check::new(ID, TITLE, Status::Warn, message).with_remediation(INSTALL));
-    };
-    let bytes = std::fs::read(&path).map_err(|source| PreflightError::Read {
-        path: path.clone(),
-        source,
-    })?;
-    let shown = shown.display();
-    Ok(match elf_needs_interpreter(&bytes) {
-        Some(false) => Check::new(ID, TITLE, Status::Ok, format!("{shown} (static)")),
-        Some(true) => Check::new(
-            ID,
-            TITLE,
-            Status::Warn,
-            format!("{shown} is dynamically linked; a launch leaves it out"),
-        )
-        .with_remediation(INSTALL),
-        None => Check::new(
-            ID,
-            TITLE,
-            Status::Warn,
-            format!("{shown} is not an x86-64 ELF executable; a launch leaves it out"),
-        )
-        .with_remediation(INSTALL),
-    })
+    check_static_binary(
+        ctx,
+        &candidates,
+        &StaticBinary {
+            id: ID,
+            title: TITLE,
+            env: TOOLBOX_BIN_ENV,
+            install: INSTALL,
+            short: Status::Warn,
+            dynamic: "a launch leaves it out",
+            not_elf: "; a launch leaves it out",
+        },
+    )
 }

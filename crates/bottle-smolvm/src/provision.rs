@@ -69,25 +69,7 @@ pub fn provision(
     env: &[(String, String)],
     scratch: &Path,
 ) -> Result<Vec<String>, SmolvmError> {
-    let run = |step: &str, script: &str| -> Result<(), SmolvmError> {
-        let out = smolvm.exec(
-            machine,
-            &["/bin/sh".to_string(), "-c".to_string(), script.to_string()],
-            env,
-        )?;
-        if out.exit_code == 0 {
-            Ok(())
-        } else {
-            Err(SmolvmError::Provision {
-                step: step.into(),
-                detail: format!(
-                    "exit {}: {}",
-                    out.exit_code,
-                    String::from_utf8_lossy(&out.stderr)
-                ),
-            })
-        }
-    };
+    let run = |step: &str, script: &str| run_script(smolvm, machine, env, step, script);
     let write = |name: &str, contents: &str| -> Result<PathBuf, SmolvmError> {
         let path = scratch.join(name);
         std::fs::write(&path, contents).map_err(|e| io_err("write", &path, e))?;
@@ -152,38 +134,52 @@ pub fn install_toolbox(
     scratch: &Path,
 ) -> Result<(), SmolvmError> {
     let dir = TOOLBOX_PATH.rsplit_once('/').map_or("/", |(dir, _)| dir);
-    let prepare = smolvm.exec(
+    run_script(
+        smolvm,
         machine,
-        &["mkdir".to_string(), "-p".to_string(), dir.to_string()],
         env,
+        &format!("create {dir}"),
+        &format!("mkdir -p {dir}"),
     )?;
-    if prepare.exit_code != 0 {
-        return Err(SmolvmError::Provision {
-            step: format!("create {dir}"),
-            detail: String::from_utf8_lossy(&prepare.stderr).into_owned(),
-        });
-    }
     // `machine cp` names the guest file after the host one.
     let staged = scratch.join("toolbox");
     std::fs::copy(binary, &staged).map_err(|e| io_err("copy", binary, e))?;
     let copied = smolvm.copy_in(machine, &staged, TOOLBOX_PATH);
     std::fs::remove_file(&staged).map_err(|e| io_err("remove", &staged, e))?;
     copied?;
+    run_script(
+        smolvm,
+        machine,
+        env,
+        "make the in-box agent root-owned and 0755",
+        &format!("chown 0:0 {TOOLBOX_PATH} && chmod 0755 {TOOLBOX_PATH} {dir}"),
+    )
+}
+
+/// Runs `script` with `/bin/sh -c` in `machine`; a non-zero exit is a
+/// failed provisioning `step`.
+fn run_script(
+    smolvm: &Smolvm,
+    machine: &str,
+    env: &[(String, String)],
+    step: &str,
+    script: &str,
+) -> Result<(), SmolvmError> {
     let out = smolvm.exec(
         machine,
-        &[
-            "/bin/sh".to_string(),
-            "-c".to_string(),
-            format!("chown 0:0 {TOOLBOX_PATH} && chmod 0755 {TOOLBOX_PATH} {dir}"),
-        ],
+        &["/bin/sh".to_string(), "-c".to_string(), script.to_string()],
         env,
     )?;
     if out.exit_code == 0 {
         Ok(())
     } else {
         Err(SmolvmError::Provision {
-            step: "make the in-box agent root-owned and 0755".into(),
-            detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+            step: step.into(),
+            detail: format!(
+                "exit {}: {}",
+                out.exit_code,
+                String::from_utf8_lossy(&out.stderr)
+            ),
         })
     }
 }
