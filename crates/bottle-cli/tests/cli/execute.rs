@@ -7,9 +7,8 @@
 //! and `BOTTLE_TOOLBOX_BIN`; skips with a line unless
 //! `BOTTLE_REQUIRE_DOCKER=1`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use bottle_docker::client::Engine;
 use predicates::prelude::*;
 
 use crate::bottle;
@@ -43,23 +42,11 @@ impl Drop for Stopper {
 fn execute_passes_the_calls_exit_code_through_and_prints_json() {
     let test = "execute_passes_the_calls_exit_code_through_and_prints_json";
     let _serial = crate::one_launch_at_a_time();
-    let skip = |why: &str| bottle_test_support::skip_docker_test(test, why);
-    for var in ["BOTTLE_BUNDLE_BIN", "BOTTLE_TOOLBOX_BIN"] {
-        if std::env::var_os(var).is_none() {
-            return skip(&format!("{var} is not set"));
-        }
-    }
-    let busybox = Path::new("/bin/busybox");
-    if !busybox.is_file() {
-        return skip("/bin/busybox is missing (apt-get install busybox-static)");
-    }
-    let engine = match Engine::connect(None) {
-        Ok(engine) if engine.block_on(engine.docker.ping()).is_ok() => engine,
-        _ => return skip("Docker is not reachable"),
+    let Some(_engine) =
+        crate::docker_with_demo_image(test, IMAGE, &["BOTTLE_BUNDLE_BIN", "BOTTLE_TOOLBOX_BIN"])
+    else {
+        return;
     };
-    let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/demo-agent");
-    bottle_docker::images::build_demo_agent(&engine, &demo, busybox, IMAGE, None)
-        .unwrap_or_else(|err| panic!("the demo agent image: {err}"));
     let dir = tempfile::tempdir().unwrap();
     let manifest = dir.path().join("bottle.toml");
     std::fs::write(

@@ -20,8 +20,10 @@ mod session;
 mod smolmachines;
 mod terminal;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
+
+use bottle_docker::client::Engine;
 
 /// Launches choose subnets, and the Docker-backed cases assert on their
 /// own bottles' resources: every test module that starts bottles takes
@@ -31,6 +33,36 @@ static LAUNCHES: Mutex<()> = Mutex::new(());
 /// Holds [`LAUNCHES`] (a failed test's poison is not this test's problem).
 fn one_launch_at_a_time() -> MutexGuard<'static, ()> {
     LAUNCHES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The Docker Engine with the demo agent image built as `image`, once the
+/// environment names every static binary in `binaries`; or a printed skip
+/// (a failure under `BOTTLE_REQUIRE_DOCKER=1`) saying what is missing.
+fn docker_with_demo_image(test: &str, image: &str, binaries: &[&str]) -> Option<Engine> {
+    let skip = |why: String| {
+        bottle_test_support::skip_docker_test(test, why);
+        None
+    };
+    for var in binaries {
+        if std::env::var_os(var).is_none() {
+            return skip(format!("{var} is not set"));
+        }
+    }
+    let busybox = Path::new("/bin/busybox");
+    if !busybox.is_file() {
+        return skip("/bin/busybox is missing (apt-get install busybox-static)".into());
+    }
+    let engine = match Engine::connect(None) {
+        Ok(engine) => engine,
+        Err(err) => return skip(format!("Docker is not reachable: {err}")),
+    };
+    if let Err(err) = engine.block_on(engine.docker.ping()) {
+        return skip(format!("Docker is not reachable: {err}"));
+    }
+    let demo = repo_root().join("examples/demo-agent");
+    bottle_docker::images::build_demo_agent(&engine, &demo, busybox, image, None)
+        .unwrap_or_else(|err| panic!("the demo agent image: {err}"));
+    Some(engine)
 }
 
 /// The repository root.

@@ -7,7 +7,7 @@
 //! Needs Docker, `/bin/busybox` (the demo agent image) and
 //! `BOTTLE_BUNDLE_BIN`; skips with a line unless `BOTTLE_REQUIRE_DOCKER=1`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use bottle_docker::client::Engine;
 use serde_json::Value;
@@ -44,27 +44,7 @@ impl Drop for World {
 
 fn setup(test: &str) -> Option<(World, Engine)> {
     let serial = crate::one_launch_at_a_time();
-    let skip = |why: String| {
-        bottle_test_support::skip_docker_test(test, why);
-        None
-    };
-    if std::env::var_os("BOTTLE_BUNDLE_BIN").is_none() {
-        return skip("BOTTLE_BUNDLE_BIN is not set".into());
-    }
-    let busybox = Path::new("/bin/busybox");
-    if !busybox.is_file() {
-        return skip("/bin/busybox is missing (apt-get install busybox-static)".into());
-    }
-    let engine = match Engine::connect(None) {
-        Ok(engine) => engine,
-        Err(err) => return skip(format!("Docker is not reachable: {err}")),
-    };
-    if let Err(err) = engine.block_on(engine.docker.ping()) {
-        return skip(format!("Docker is not reachable: {err}"));
-    }
-    let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/demo-agent");
-    bottle_docker::images::build_demo_agent(&engine, &demo, busybox, IMAGE, None)
-        .unwrap_or_else(|err| panic!("the demo agent image: {err}"));
+    let engine = crate::docker_with_demo_image(test, IMAGE, &["BOTTLE_BUNDLE_BIN"])?;
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("state")).unwrap();
     std::fs::write(

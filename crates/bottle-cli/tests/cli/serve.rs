@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use assert_cmd::cargo::CommandCargoExt as _;
 use bottle_core::sandbox::ToolCall;
-use bottle_docker::client::Engine;
 use serde_json::{Value, json};
 
 use crate::{bottle, repo_root};
@@ -247,25 +246,7 @@ const IMAGE: &str = "bottle-demo-agent:cli-serve";
 impl DockerWorld {
     fn setup(test: &str) -> Option<DockerWorld> {
         let serial = crate::one_launch_at_a_time();
-        if std::env::var_os("BOTTLE_BUNDLE_BIN").is_none() {
-            bottle_test_support::skip_docker_test(test, "BOTTLE_BUNDLE_BIN is not set");
-            return None;
-        }
-        let busybox = Path::new("/bin/busybox");
-        if !busybox.is_file() {
-            bottle_test_support::skip_docker_test(test, "/bin/busybox is missing");
-            return None;
-        }
-        let engine = bottle_test_support::require_docker(test, Engine::connect(None))?;
-        bottle_test_support::require_docker(test, engine.block_on(engine.docker.ping()))?;
-        bottle_docker::images::build_demo_agent(
-            &engine,
-            &repo_root().join("examples/demo-agent"),
-            busybox,
-            IMAGE,
-            None,
-        )
-        .unwrap_or_else(|err| panic!("the demo agent image: {err}"));
+        crate::docker_with_demo_image(test, IMAGE, &["BOTTLE_BUNDLE_BIN", "BOTTLE_TOOLBOX_BIN"])?;
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(
             dir.path().join("bottle.toml"),

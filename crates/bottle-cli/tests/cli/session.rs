@@ -10,13 +10,12 @@
 //! The smolmachines runs set up `fake-smolvm` as `smolmachines.rs` does.
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use assert_cmd::cargo::CommandCargoExt as _;
-use bottle_docker::client::Engine;
 use bottle_test_support::{wait_for, wait_until};
 use predicates::prelude::*;
 use serde_json::Value;
@@ -110,27 +109,7 @@ impl World {
 /// `fake-smolvm` when `fake_smolvm`; or a printed skip.
 fn setup(test: &str, prefix: &str, fake_smolvm: bool) -> Option<World> {
     let serial = crate::one_launch_at_a_time();
-    let skip = |why: String| {
-        bottle_test_support::skip_docker_test(test, why);
-        None
-    };
-    if std::env::var_os("BOTTLE_BUNDLE_BIN").is_none() {
-        return skip("BOTTLE_BUNDLE_BIN is not set".into());
-    }
-    let busybox = Path::new("/bin/busybox");
-    if !busybox.is_file() {
-        return skip("/bin/busybox is missing (apt-get install busybox-static)".into());
-    }
-    let engine = match Engine::connect(None) {
-        Ok(engine) => engine,
-        Err(err) => return skip(format!("Docker is not reachable: {err}")),
-    };
-    if let Err(err) = engine.block_on(engine.docker.ping()) {
-        return skip(format!("Docker is not reachable: {err}"));
-    }
-    let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/demo-agent");
-    bottle_docker::images::build_demo_agent(&engine, &demo, busybox, IMAGE, None)
-        .unwrap_or_else(|err| panic!("the demo agent image: {err}"));
+    crate::docker_with_demo_image(test, IMAGE, &["BOTTLE_BUNDLE_BIN"])?;
     let dir = tempfile::tempdir().unwrap();
     for sub in ["state", "home", "cache", "smolvm"] {
         std::fs::create_dir_all(dir.path().join(sub)).unwrap();
