@@ -20,7 +20,7 @@ use crate::{bottle, repo_root};
 const WAIT: Duration = Duration::from_secs(30);
 
 /// A `bottle serve` child, ended with SIGTERM when dropped.
-struct Serve {
+pub(crate) struct Serve {
     child: Child,
     socket: PathBuf,
 }
@@ -29,6 +29,17 @@ impl Serve {
     /// `bottle serve --socket <dir>/serve.sock` with `state` as its state
     /// root, once its socket answers.
     fn start(state: &Path, dir: &Path, backend: Option<&str>) -> Serve {
+        Serve::start_with(state, dir, backend, |_| {})
+    }
+
+    /// Like [`Serve::start`], with `adjust` run on the command first (the
+    /// environment of a backend's double).
+    pub(crate) fn start_with(
+        state: &Path,
+        dir: &Path,
+        backend: Option<&str>,
+        adjust: impl FnOnce(&mut std::process::Command),
+    ) -> Serve {
         let socket = dir.join("run/serve.sock");
         let mut cmd = std::process::Command::cargo_bin("bottle").unwrap();
         cmd.env("XDG_STATE_HOME", state)
@@ -42,6 +53,7 @@ impl Serve {
         if let Some(backend) = backend {
             cmd.args(["--backend", backend]);
         }
+        adjust(&mut cmd);
         let child = cmd.spawn().unwrap();
         let serve = Serve { child, socket };
         bottle_test_support::wait_until("bottle serve answers", WAIT, || {
@@ -327,26 +339,16 @@ fn boot_list_and_shutdown_a_docker_bottle() {
     assert_eq!(again.0, 404, "{}", again.1);
 }
 
-#[test]
-fn the_python_client_demo_runs_against_a_docker_bottle() {
-    let test = "the_python_client_demo_runs_against_a_docker_bottle";
-    let Some(world) = DockerWorld::setup(test) else {
-        return;
-    };
-    if std::env::var_os("BOTTLE_TOOLBOX_BIN").is_none() {
-        bottle_test_support::skip_docker_test(test, "BOTTLE_TOOLBOX_BIN is not set");
-        return;
-    }
-    let serve = Serve::start(&world.state(), world.dir.path(), Some("docker"));
-    let name = format!("serve-py-{}", std::process::id());
-    let _stop = world.stop_on_drop(&name);
+/// Runs `examples/sandbox_client.py`'s demo against `serve`, booting agent
+/// `agent` of `manifest` as bottle `name`, and checks every step passed.
+pub(crate) fn run_python_demo(serve: &Serve, manifest: &Path, agent: &str, name: &str) {
     let out = assert_cmd::Command::new("python3")
         .arg(repo_root().join("examples/sandbox_client.py"))
         .arg("--socket")
         .arg(&serve.socket)
         .arg("--manifest")
-        .arg(world.manifest())
-        .args(["--agent", "echo", "--name", &name])
+        .arg(manifest)
+        .args(["--agent", agent, "--name", name])
         .timeout(Duration::from_secs(600))
         .output()
         .expect("python3 runs (.ci/setup installs it)");
@@ -366,6 +368,22 @@ fn the_python_client_demo_runs_against_a_docker_bottle() {
     ] {
         assert!(stdout.contains(step), "no {step:?} in:\n{stdout}");
     }
+}
+
+#[test]
+fn the_python_client_demo_runs_against_a_docker_bottle() {
+    let test = "the_python_client_demo_runs_against_a_docker_bottle";
+    let Some(world) = DockerWorld::setup(test) else {
+        return;
+    };
+    if std::env::var_os("BOTTLE_TOOLBOX_BIN").is_none() {
+        bottle_test_support::skip_docker_test(test, "BOTTLE_TOOLBOX_BIN is not set");
+        return;
+    }
+    let serve = Serve::start(&world.state(), world.dir.path(), Some("docker"));
+    let name = format!("serve-py-{}", std::process::id());
+    let _stop = world.stop_on_drop(&name);
+    run_python_demo(&serve, &world.manifest(), "echo", &name);
     assert!(
         !listed(&serve).contains(&format!("bot-bottle-{name}")),
         "the demo's bottle outlived its shutdown"

@@ -77,17 +77,25 @@ impl World {
     fn bottle(&self, version: &str, mode: &str) -> assert_cmd::Command {
         let root = self.dir.path();
         let mut cmd = bottle(&root.join("state"));
-        cmd.env("HOME", root.join("home"))
-            .env("XDG_CACHE_HOME", root.join("cache"))
-            .env("SMOLVM_DATA_DIR", root.join("smolvm"))
+        cmd.envs(self.double_env(version, mode))
             .env_remove("XDG_DATA_HOME")
-            .env("BOTTLE_SMOLVM", &self.fake)
-            .env("BOTTLE_TEST_FAKE_SMOLVM_NO_KVM", "1")
-            .env("FAKE_SMOLVM_VERSION", version)
-            .env("FAKE_SMOLVM_MODE", mode)
             .arg("--manifest")
             .arg(root.join("project/bottle.toml"));
         cmd
+    }
+
+    /// The environment that points `bottle` at the double.
+    fn double_env(&self, version: &str, mode: &str) -> Vec<(&'static str, std::ffi::OsString)> {
+        let root = self.dir.path();
+        vec![
+            ("HOME", root.join("home").into()),
+            ("XDG_CACHE_HOME", root.join("cache").into()),
+            ("SMOLVM_DATA_DIR", root.join("smolvm").into()),
+            ("BOTTLE_SMOLVM", self.fake.clone().into()),
+            ("BOTTLE_TEST_FAKE_SMOLVM_NO_KVM", "1".into()),
+            ("FAKE_SMOLVM_VERSION", version.into()),
+            ("FAKE_SMOLVM_MODE", mode.into()),
+        ]
     }
 
     /// Where the double keeps smolvm's state database.
@@ -778,5 +786,37 @@ fn what_the_ca_install_could_not_do_reaches_stderr_with_detach_escaped() {
         .args(["--backend", "smolmachines", "stop", &world.name()])
         .assert()
         .success();
+    assert_nothing_left(&world, &docker.engine);
+}
+
+#[test]
+fn the_python_client_demo_runs_against_a_microvm_bottle() {
+    let test = "the_python_client_demo_runs_against_a_microvm_bottle";
+    let Some(docker) = docker(test) else { return };
+    if std::env::var_os("BOTTLE_TOOLBOX_BIN").is_none() {
+        bottle_test_support::skip_docker_test(test, "BOTTLE_TOOLBOX_BIN is not set");
+        return;
+    }
+    let world = World::new(&demo_agent_image(test, "cli-serve-vm"), "serve-vm");
+    if !sandbox_available(&world, test) {
+        return;
+    }
+    let root = world.dir.path();
+    let serve =
+        crate::serve::Serve::start_with(&root.join("state"), root, Some("smolmachines"), |cmd| {
+            cmd.envs(world.double_env("1.9.3", ""))
+                .env_remove("XDG_DATA_HOME");
+        });
+    crate::serve::run_python_demo(
+        &serve,
+        &root.join("project/bottle.toml"),
+        "coder",
+        &world.name(),
+    );
+    drop(serve);
+    assert!(
+        !world.has_record(),
+        "the demo's microVM outlived its shutdown"
+    );
     assert_nothing_left(&world, &docker.engine);
 }
