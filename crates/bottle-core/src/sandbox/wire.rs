@@ -118,8 +118,12 @@ pub fn write_frame<W: Write, T: Serialize>(writer: &mut W, message: &T) -> io::R
         .ok()
         .filter(|len| *len <= MAX_FRAME)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "frame too large"))?;
-    writer.write_all(&len.to_be_bytes())?;
-    writer.write_all(&body)?;
+    // One write per frame: a stream that forwards each write (an exec's
+    // stdin through the Engine) then carries a call in one piece.
+    let mut frame = Vec::with_capacity(body.len() + 4);
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.extend_from_slice(&body);
+    writer.write_all(&frame)?;
     writer.flush()
 }
 
