@@ -9,13 +9,16 @@ use thiserror::Error;
 /// Everything that can go wrong while choosing a subnet.
 #[derive(Debug, Error)]
 pub enum NetError {
-    /// Every candidate `192.168.X.0/24` overlaps something already there.
+    /// Every `/24` of the bottle subnet pool overlaps something already
+    /// there: the pool is full.
     #[error(
-        "no free bottle subnet: all {candidates} candidates 192.168.1.0/24-192.168.254.0/24 (192.168.17.0/24 is never used) overlap a docker network or a host route"
+        "no free bottle subnet: the pool {pool} is full, all {candidates} of its /24s are in use by a docker network (one per running bottle) or a host route"
     )]
     SubnetsExhausted {
-        /// How many subnets were tried.
+        /// How many subnets the pool holds; every one was tried.
         candidates: usize,
+        /// The pool's range.
+        pool: crate::Ipv4Net,
     },
 
     /// A CIDR string or prefix length is not valid.
@@ -63,7 +66,7 @@ impl Coded for NetError {
     fn fix(&self) -> Option<String> {
         let fix = match self {
             NetError::SubnetsExhausted { .. } => {
-                "remove bottles you no longer need with `bottle stop NAME` or `bottle cleanup`, then unused networks with `docker network prune`"
+                "stop bottles you no longer need (`bottle list`, `bottle stop NAME`, `bottle cleanup`) and remove unused networks (`docker network prune`), or widen the pool: set BOTTLE_SUBNET_POOL to a larger free range, e.g. 10.213.0.0/16 (65536 addresses, 256 bottles)"
             }
             NetError::InvalidNet { .. } => "write it as a.b.c.d/len with len between 0 and 32",
             NetError::RouteRead { .. } => {
@@ -85,7 +88,10 @@ mod tests {
     fn codes_are_unique() {
         let io = || io::Error::other("x");
         let errors = [
-            NetError::SubnetsExhausted { candidates: 1 },
+            NetError::SubnetsExhausted {
+                candidates: 1,
+                pool: crate::SubnetPool::default().range(),
+            },
             NetError::InvalidNet {
                 input: String::new(),
                 reason: String::new(),

@@ -11,4 +11,7 @@ pub mod subnet;
 
 pub use error::NetError;
 pub use routes::{HostRoute, HostRoutes};
-pub use subnet::{BottleSubnet, Ipv4Net, SKIPPED_OCTET, bottle_subnet, preferred_octet};
+pub use subnet::{
+    BottleSubnet, DEFAULT_SUBNET_POOL, Ipv4Net, SKIPPED_OCTET, SubnetPool, bottle_subnet,
+    preferred_octet,
+};

@@ -181,16 +181,18 @@ impl BottleSubnet {
         }
     }
 
-    fn for_octet(octet: u8) -> BottleSubnet {
-        let network = Ipv4Net {
-            network: Ipv4Addr::new(192, 168, octet, 0),
-            prefix: 24,
-        };
+    /// The `/24` whose network address is `index << 8`, with its fixed
+    /// addresses.
+    fn for_index(index: u32) -> BottleSubnet {
+        let base = index << 8;
         BottleSubnet {
-            network,
-            gateway: Ipv4Addr::new(192, 168, octet, 1),
-            bundle_ip: Ipv4Addr::new(192, 168, octet, 2),
-            agent_ip: Ipv4Addr::new(192, 168, octet, 3),
+            network: Ipv4Net {
+                network: Ipv4Addr::from(base),
+                prefix: 24,
+            },
+            gateway: Ipv4Addr::from(base + 1),
+            bundle_ip: Ipv4Addr::from(base + 2),
+            agent_ip: Ipv4Addr::from(base + 3),
         }
     }
 }
@@ -200,44 +202,151 @@ impl BottleSubnet {
 /// neither `192.168.0.0/24` (the most common home LAN) nor `.255` is asked
 /// for. May be [`SKIPPED_OCTET`]; [`bottle_subnet`] then moves on.
 pub fn preferred_octet(slug: &str) -> u8 {
-    let digest = Sha256::digest(slug.as_bytes());
-    let rem = digest
-        .iter()
-        .fold(0u32, |acc, &byte| (acc * 256 + u32::from(byte)) % 254);
-    // rem < 254, so rem + 1 fits in a u8.
-    u8::try_from(rem + 1).unwrap_or(1)
+    // digest mod 254 < 254, so + 1 fits in a u8.
+    u8::try_from(digest_mod(slug, 254) + 1).unwrap_or(1)
 }
 
-/// Chooses the bottle's subnet: the slug's [`preferred_octet`], or the next
-/// one up (wrapping from 254 to 1) whose `/24` `in_use` says is free,
-/// never [`SKIPPED_OCTET`].
-///
-/// `in_use` should answer true for a network that overlaps any existing
-/// Docker network or host route, e.g.
-/// `&|net| docker_has(net) || routes.overlaps(net)`.
+/// SHA-256 of `slug`, read as one big-endian 256-bit number, mod `n`
+/// (`n` > 0).
+fn digest_mod(slug: &str, n: u32) -> u32 {
+    let n = u64::from(n.max(1));
+    let rem = Sha256::digest(slug.as_bytes())
+        .iter()
+        .fold(0u64, |acc, &byte| (acc * 256 + u64::from(byte)) % n);
+    // rem < n <= u32::MAX.
+    u32::try_from(rem).unwrap_or(0)
+}
+
+/// Chooses the bottle's subnet from the default pool, `192.168.0.0/16`:
+/// see [`SubnetPool::choose`].
 pub fn bottle_subnet(
     slug: &str,
     in_use: &dyn Fn(Ipv4Net) -> bool,
 ) -> Result<BottleSubnet, NetError> {
-    let start = preferred_octet(slug);
-    candidate_octets(start)
-        .map(BottleSubnet::for_octet)
-        .find(|subnet| !in_use(subnet.network))
-        .ok_or(NetError::SubnetsExhausted {
-            candidates: SUBNET_CANDIDATES,
-        })
+    SubnetPool::default().choose(slug, in_use)
 }
 
-/// Every usable octet once, starting at `start` and wrapping 254 → 1.
-fn candidate_octets(start: u8) -> impl Iterator<Item = u8> {
-    let start = start.clamp(1, 254);
-    (0..254u16)
-        .map(move |i| {
-            let zero_based = (u16::from(start) - 1 + i) % 254;
-            // zero_based < 254, so + 1 fits in a u8.
-            u8::try_from(zero_based + 1).unwrap_or(1)
-        })
-        .filter(|&octet| octet != SKIPPED_OCTET)
+/// Where bottle subnets come from: every `/24` of a range, except
+/// `192.168.0.0/24` (the most common home LAN), `192.168.255.0/24` and
+/// `192.168.17.0/24` ([`SKIPPED_OCTET`]) when the range holds them. The
+/// default, `192.168.0.0/16`, gives [`SUBNET_CANDIDATES`]; an operator who
+/// runs more bottles at once, or whose LAN sits there, names another range
+/// (the docker backend reads it from `BOTTLE_SUBNET_POOL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubnetPool {
+    range: Ipv4Net,
+}
+
+/// The range [`SubnetPool::default`] hands out `/24`s from.
+pub const DEFAULT_SUBNET_POOL: &str = "192.168.0.0/16";
+
+impl Default for SubnetPool {
+    fn default() -> SubnetPool {
+        SubnetPool {
+            range: Ipv4Net {
+                network: Ipv4Addr::new(192, 168, 0, 0),
+                prefix: 16,
+            },
+        }
+    }
+}
+
+impl SubnetPool {
+    /// A pool over `range`, which must be a `/24` or larger (a `/8` at
+    /// most) and hold at least one usable `/24`.
+    pub fn new(range: Ipv4Net) -> Result<SubnetPool, NetError> {
+        let invalid = |reason: &str| NetError::InvalidNet {
+            input: range.to_string(),
+            reason: reason.to_string(),
+        };
+        if !(8..=24).contains(&range.prefix) {
+            return Err(invalid(
+                "a bottle subnet pool is a range of /24s: give a prefix length between 8 and 24",
+            ));
+        }
+        let pool = SubnetPool { range };
+        if pool.candidates().next().is_none() {
+            return Err(invalid(
+                "it holds no usable /24 (192.168.0.0/24, 192.168.17.0/24 and 192.168.255.0/24 are never handed out)",
+            ));
+        }
+        Ok(pool)
+    }
+
+    /// The range the pool hands `/24`s out of.
+    pub fn range(&self) -> Ipv4Net {
+        self.range
+    }
+
+    /// How many `/24`s the pool can hand out, [`SKIPPED_OCTET`]'s aside.
+    pub fn len(&self) -> usize {
+        self.candidates().count()
+    }
+
+    /// Whether the pool has no `/24` to hand out ([`SubnetPool::new`]
+    /// refuses such a pool).
+    pub fn is_empty(&self) -> bool {
+        self.candidates().next().is_none()
+    }
+
+    /// Chooses the bottle's subnet: the `/24` the slug's digest picks
+    /// (for the default pool, [`preferred_octet`]), or the next one up,
+    /// wrapping, that `in_use` says is free.
+    ///
+    /// `in_use` should answer true for a network that overlaps any existing
+    /// Docker network or host route, e.g.
+    /// `&|net| docker_has(net) || routes.overlaps(net)`.
+    pub fn choose(
+        &self,
+        slug: &str,
+        in_use: &dyn Fn(Ipv4Net) -> bool,
+    ) -> Result<BottleSubnet, NetError> {
+        let (first, count) = self.span();
+        let start = digest_mod(slug, count);
+        (0..count)
+            .map(|i| first + (start + i) % count)
+            .map(BottleSubnet::for_index)
+            .filter(|subnet| !is_skipped(subnet.network))
+            .find(|subnet| !in_use(subnet.network))
+            .ok_or(NetError::SubnetsExhausted {
+                candidates: self.len(),
+                pool: self.range,
+            })
+    }
+
+    /// The first `/24` (as an address >> 8) and how many follow it, the
+    /// home LAN's `192.168.0.0/24` and `192.168.255.0/24` cut off the ends
+    /// of the range (the only places an aligned range can hold them).
+    fn span(&self) -> (u32, u32) {
+        let mut first = u32::from(self.range.network) >> 8;
+        let mut last = u32::from(self.range.broadcast()) >> 8;
+        if first == u32::from(Ipv4Addr::new(192, 168, 0, 0)) >> 8 {
+            first += 1;
+        }
+        if last == u32::from(Ipv4Addr::new(192, 168, 255, 0)) >> 8 {
+            last = last.saturating_sub(1);
+        }
+        (first, (last + 1).saturating_sub(first))
+    }
+
+    fn candidates(&self) -> impl Iterator<Item = BottleSubnet> {
+        let (first, count) = self.span();
+        (first..first + count)
+            .map(BottleSubnet::for_index)
+            .filter(|subnet| !is_skipped(subnet.network))
+    }
+}
+
+fn is_skipped(network: Ipv4Net) -> bool {
+    network.network == Ipv4Addr::new(192, 168, SKIPPED_OCTET, 0)
+}
+
+impl FromStr for SubnetPool {
+    type Err = NetError;
+
+    fn from_str(input: &str) -> Result<SubnetPool, NetError> {
+        SubnetPool::new(input.trim().parse()?)
+    }
 }
 
 #[cfg(test)]
@@ -323,7 +432,7 @@ mod tests {
         .unwrap_err();
         assert!(matches!(
             err,
-            NetError::SubnetsExhausted { candidates: 253 }
+            NetError::SubnetsExhausted { candidates: 253, pool } if pool.to_string() == "192.168.0.0/16"
         ));
         assert!(bottle_core::Coded::fix(&err).is_some_and(|fix| fix.contains("bottle cleanup")));
         let mut asked = asked.into_inner();
@@ -397,7 +506,54 @@ mod tests {
         assert!(BottleSubnet::from_network(net("10.5.0.0/30")).is_err());
         assert_eq!(
             BottleSubnet::from_network(net("192.168.9.0/24")).unwrap(),
-            BottleSubnet::for_octet(9)
+            BottleSubnet::for_index(u32::from(Ipv4Addr::new(192, 168, 9, 0)) >> 8)
         );
+    }
+
+    #[test]
+    fn a_small_pool_says_it_is_full() {
+        let pool: SubnetPool = "10.77.4.0/23".parse().unwrap();
+        assert_eq!(pool.len(), 2);
+        let first = pool.choose("a", &|_| false).unwrap();
+        assert!(pool.range().contains(first.bundle_ip));
+        let second = pool.choose("b", &|n| n == first.network).unwrap();
+        assert_ne!(first.network, second.network);
+        assert!(pool.range().contains(second.agent_ip));
+        let err = pool
+            .choose("c", &|n| n == first.network || n == second.network)
+            .unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains("all 2 "), "{message}");
+        assert!(message.contains("10.77.4.0/23"), "{message}");
+        let fix = bottle_core::Coded::fix(&err).unwrap();
+        assert!(fix.contains("BOTTLE_SUBNET_POOL"), "{fix}");
+        assert!(fix.contains("bottle stop"), "{fix}");
+    }
+
+    #[test]
+    fn the_default_pool_is_the_slug_octet_scheme() {
+        let pool = SubnetPool::default();
+        assert_eq!(pool.len(), SUBNET_CANDIDATES);
+        assert_eq!(pool.range().to_string(), DEFAULT_SUBNET_POOL);
+        for slug in ["claude", "a", "bench-7", &slug_preferring(17)] {
+            let chosen = pool.choose(slug, &|_| false).unwrap();
+            let octet = preferred_octet(slug);
+            let want = if octet == SKIPPED_OCTET { 18 } else { octet };
+            assert_eq!(chosen.network, net(&format!("192.168.{want}.0/24")));
+        }
+    }
+
+    #[test]
+    fn pools_that_hand_out_nothing_are_refused() {
+        for bad in [
+            "192.168.0.0/24",
+            "192.168.17.0/24",
+            "10.0.0.0/25",
+            "10.0.0.0/7",
+        ] {
+            assert!(bad.parse::<SubnetPool>().is_err(), "{bad}");
+        }
+        assert_eq!("192.168.0.0/23".parse::<SubnetPool>().unwrap().len(), 1);
+        assert_eq!("10.0.0.0/16".parse::<SubnetPool>().unwrap().len(), 256);
     }
 }
