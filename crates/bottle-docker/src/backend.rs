@@ -13,7 +13,7 @@ use bottle_core::disk::{LayerCap, format_size};
 use bottle_core::manifest::{self, CredentialSource};
 use bottle_core::slug::slug_of;
 use bottle_core::{BottleSpec, Plan};
-use bottle_net::{HostRoutes, Ipv4Net};
+use bottle_net::{HostRoutes, Ipv4Net, SubnetPool};
 
 use crate::bottle::DockerBottle;
 use crate::client::Engine;
@@ -65,7 +65,15 @@ pub struct DockerOptions {
     /// Set when the operator interrupts the launch (the CLI's ^C handler):
     /// the launch fails after the step it is in and unwinds.
     pub interrupt: bottle_core::undo::Interrupt,
+    /// Where bottle subnets come from. `None`: [`SUBNET_POOL_ENV`], then
+    /// `192.168.0.0/16`.
+    pub subnet_pool: Option<SubnetPool>,
 }
+
+/// The environment variable naming the range bottle subnets come from
+/// (`a.b.c.d/len`, a `/24` to a `/8`), when [`DockerOptions::subnet_pool`]
+/// does not.
+pub const SUBNET_POOL_ENV: &str = "BOTTLE_SUBNET_POOL";
 
 impl DockerOptions {
     /// Defaults for a state root: quiet, attached, local daemon, 15 s.
@@ -80,6 +88,7 @@ impl DockerOptions {
             failpoint: None,
             dns_upstream: None,
             interrupt: bottle_core::undo::Interrupt::default(),
+            subnet_pool: None,
         }
     }
 }
@@ -116,7 +125,7 @@ impl std::fmt::Debug for DockerBackend {
 impl DockerBackend {
     /// A backend with `options`. Does not contact the daemon yet
     /// ([`BottleBackend::preflight`] does).
-    pub fn new(options: DockerOptions) -> Result<DockerBackend, BackendError> {
+    pub fn new(mut options: DockerOptions) -> Result<DockerBackend, BackendError> {
         if options.state_root.as_os_str().is_empty() || !options.state_root.is_absolute() {
             return Err(DockerError::BadOption {
                 option: "state_root".into(),
@@ -135,6 +144,19 @@ impl DockerBackend {
         }
         if let Some(value) = &options.failpoint {
             Failpoint::parse(value)?;
+        }
+        if options.subnet_pool.is_none()
+            && let Some(value) = std::env::var_os(SUBNET_POOL_ENV)
+        {
+            let pool = value
+                .to_str()
+                .ok_or_else(|| "it is not UTF-8".to_string())
+                .and_then(|text| text.parse::<SubnetPool>().map_err(|e| e.to_string()))
+                .map_err(|detail| DockerError::BadOption {
+                    option: SUBNET_POOL_ENV.into(),
+                    detail: format!("{value:?}: {detail}"),
+                })?;
+            options.subnet_pool = Some(pool);
         }
         Ok(DockerBackend {
             options,
@@ -270,7 +292,8 @@ impl DockerBackend {
             &git_files,
             self.options.progress.as_ref(),
         )?;
-        let subnet = choose_subnet(engine, &spec.slug)?;
+        let pool = self.options.subnet_pool.unwrap_or_default();
+        let subnet = choose_subnet(engine, &pool, &spec.slug)?;
         let bundle = BundleData {
             version: STATE_LAYOUT_VERSION,
             network: names.network.clone(),
@@ -426,10 +449,11 @@ impl DockerBackend {
     }
 }
 
-/// The slug's subnet, skipping every subnet an existing Docker network or a
-/// host route overlaps.
+/// The slug's subnet from `pool`, skipping every subnet an existing Docker
+/// network or a host route overlaps.
 pub(crate) fn choose_subnet(
     engine: &Engine,
+    pool: &SubnetPool,
     slug: &str,
 ) -> Result<bottle_net::BottleSubnet, DockerError> {
     let networks = engine
@@ -443,7 +467,7 @@ pub(crate) fn choose_subnet(
         .filter_map(parse_cidr)
         .collect();
     let routes = HostRoutes::read(Path::new("/"))?;
-    Ok(bottle_net::bottle_subnet(slug, &|net| {
+    Ok(pool.choose(slug, &|net| {
         taken.iter().any(|t| t.overlaps(&net)) || routes.overlaps(net)
     })?)
 }

@@ -270,6 +270,50 @@ pub enum DockerError {
     /// The async runtime could not be started.
     #[error("could not start the async runtime: {0}")]
     Runtime(#[source] io::Error),
+    /// The plan's subnet was free when it was made and is not any more:
+    /// another launch (or anyone) created a network overlapping it since.
+    #[error(
+        "subnet {subnet} of network {network} was taken after the plan was made, by a launch running at the same time or a network created meanwhile"
+    )]
+    SubnetTaken {
+        /// The planned subnet.
+        subnet: String,
+        /// The bottle network that could not be created.
+        network: String,
+    },
+    /// The shared egress network has no address left for another bundle.
+    #[error(
+        "the egress network {network} ({subnets}) has no free address for another bundle: {bundles} bundles hold one"
+    )]
+    EgressAddressesExhausted {
+        /// The network's name.
+        network: String,
+        /// Its subnets, comma separated.
+        subnets: String,
+        /// How many containers are on it.
+        bundles: usize,
+    },
+}
+
+/// Whether the daemon refused a network because its subnet overlaps one in
+/// use (dockerd: 403 "Pool overlaps with other one on this address space").
+pub(crate) fn is_pool_overlap(err: &bollard::errors::Error) -> bool {
+    matches!(
+        err,
+        bollard::errors::Error::DockerResponseServerError { message, .. }
+            if message.contains("Pool overlaps")
+    )
+}
+
+/// Whether the daemon could not give a container an address on a network
+/// because its pool is used up (dockerd: "no available IPv4 addresses on
+/// this network's address pools").
+pub(crate) fn is_address_pool_full(err: &bollard::errors::Error) -> bool {
+    matches!(
+        err,
+        bollard::errors::Error::DockerResponseServerError { message, .. }
+            if message.contains("no available IPv4 addresses")
+    )
 }
 
 /// How to build the static bundle binary.
@@ -376,6 +420,8 @@ impl Coded for DockerError {
             DockerError::ResetMounted { .. } => "BOT-D101",
             DockerError::ResetCopy { .. } => "BOT-D102",
             DockerError::ResetState { .. } => "BOT-D103",
+            DockerError::SubnetTaken { .. } => "BOT-D150",
+            DockerError::EgressAddressesExhausted { .. } => "BOT-D151",
         }
     }
 
@@ -417,6 +463,10 @@ impl Coded for DockerError {
             DockerError::ResetCopy { .. } => "check the free space and the permissions under the state dir and /var/lib/docker; stop the bottle and start a new one".into(),
             DockerError::NoCommand { .. } => "set `command` for the agent in the manifest, or pass the command to run".into(),
             DockerError::BadOption { .. } => "correct or unset the option".into(),
+            DockerError::SubnetTaken { .. } => "start the bottle again: a new plan picks a free subnet (`bottle start -y` re-plans by itself); if it keeps happening, widen the pool with BOTTLE_SUBNET_POOL (e.g. 10.213.0.0/16)".into(),
+            DockerError::EgressAddressesExhausted { network, .. } => format!(
+                "stop bottles you no longer need (`bottle list`, `bottle stop NAME`); or, with no bottle running, remove {network} (`docker network rm {network}`) after giving dockerd larger `default-address-pools` in /etc/docker/daemon.json, so the next launch creates it from them"
+            ),
             DockerError::Runtime(_) => "check the process limits (threads, file descriptors)".into(),
         };
         Some(fix)
@@ -486,7 +536,10 @@ mod tests {
                 name: text(),
                 detail: text(),
             },
-            DockerError::Subnet(bottle_net::NetError::SubnetsExhausted { candidates: 1 }),
+            DockerError::Subnet(bottle_net::NetError::SubnetsExhausted {
+                candidates: 1,
+                pool: bottle_net::SubnetPool::default().range(),
+            }),
             DockerError::Interrupted(bottle_core::undo::Interrupted { step: text() }),
             DockerError::RetainedLogs(bottle_core::audit_files::RetainedLogsError {
                 action: "keep the audit log in",
@@ -525,6 +578,15 @@ mod tests {
                 detail: text(),
             },
             DockerError::Runtime(io()),
+            DockerError::SubnetTaken {
+                subnet: text(),
+                network: text(),
+            },
+            DockerError::EgressAddressesExhausted {
+                network: text(),
+                subnets: text(),
+                bundles: 1,
+            },
         ]
     }
 
@@ -559,5 +621,23 @@ mod tests {
         };
         assert_eq!(err.kind(), BackendErrorKind::IsolationUnconfirmed);
         assert!(err.to_string().contains("boom"));
+    }
+
+    #[test]
+    fn full_pools_are_told_apart_from_other_refusals() {
+        let refusal =
+            |status_code, message: &str| bollard::errors::Error::DockerResponseServerError {
+                status_code,
+                message: message.into(),
+            };
+        let overlap = refusal(403, "Pool overlaps with other one on this address space");
+        let full = refusal(
+            500,
+            "no available IPv4 addresses on this network's address pools: bot-bottle-egress (abc)",
+        );
+        let other = refusal(500, "something else");
+        assert!(is_pool_overlap(&overlap) && !is_pool_overlap(&full) && !is_pool_overlap(&other));
+        assert!(is_address_pool_full(&full) && !is_address_pool_full(&overlap));
+        assert!(!is_address_pool_full(&other));
     }
 }

@@ -46,7 +46,7 @@ mod tty;
 pub mod users;
 pub mod vm_bundle;
 
-pub use backend::{DEFAULT_HEALTH_TIMEOUT, DockerBackend, DockerOptions};
+pub use backend::{DEFAULT_HEALTH_TIMEOUT, DockerBackend, DockerOptions, SUBNET_POOL_ENV};
 pub use bottle::DockerBottle;
 pub use error::{BUNDLE_BUILD_HINT, DockerError};
 pub use images::{BUNDLE_BIN_ENV, Progress};

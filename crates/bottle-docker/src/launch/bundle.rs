@@ -23,7 +23,7 @@ use crate::config::{
     OPT_INHIBIT_IPV4,
 };
 use crate::data::{self, CredentialRef};
-use crate::error::{DockerError, is_not_found};
+use crate::error::{DockerError, is_address_pool_full, is_not_found, is_pool_overlap};
 use crate::lifecycle;
 use crate::names::{EGRESS_NETWORK, role};
 use crate::tarball::{Ownership, TarBuilder, entry_name};
@@ -83,18 +83,20 @@ impl<'a, D> Launch<'a, D> {
         self.create_bundle(bundle)?;
         self.step_done(Step::BundleCreate)?;
 
-        self.block("connect the bundle to the egress network", async {
-            self.engine
-                .docker
-                .connect_network(
-                    EGRESS_NETWORK,
-                    NetworkConnectRequest {
-                        container: bundle.clone(),
-                        endpoint_config: None,
-                    },
-                )
-                .await
-        })?;
+        let connected = self.engine.block_on(self.engine.docker.connect_network(
+            EGRESS_NETWORK,
+            NetworkConnectRequest {
+                container: bundle.clone(),
+                endpoint_config: None,
+            },
+        ));
+        match connected {
+            Ok(()) => {}
+            Err(err) if is_address_pool_full(&err) => return Err(self.egress_full()),
+            Err(err) => {
+                return Err(DockerError::api("connect the bundle to the egress network")(err));
+            }
+        }
         self.step_done(Step::BundleConnect)?;
 
         self.write_bundle_files(bundle)?;
@@ -144,9 +146,19 @@ impl<'a, D> Launch<'a, D> {
                 config::vm_bundle_network(network, &self.bundle.subnet, self.bundle.gateway, labels)
             }
         };
-        self.block(&format!("create network {network}"), async {
-            self.engine.docker.create_network(request).await
-        })?;
+        let created = self
+            .engine
+            .block_on(self.engine.docker.create_network(request));
+        match created {
+            Ok(_) => {}
+            Err(err) if is_pool_overlap(&err) => {
+                return Err(DockerError::SubnetTaken {
+                    subnet: self.bundle.subnet.clone(),
+                    network: network.to_string(),
+                });
+            }
+            Err(err) => return Err(DockerError::api(format!("create network {network}"))(err)),
+        }
         let (engine, name) = (self.engine, network.to_string());
         self.undo.push("the bottle network", move || {
             lifecycle::remove_network(engine, &name)
@@ -199,6 +211,35 @@ impl<'a, D> Launch<'a, D> {
             ));
         }
         Ok(())
+    }
+
+    /// The egress network's pool is used up: says how full, as far as the
+    /// daemon tells (an inspect that fails still names the network).
+    fn egress_full(&self) -> DockerError {
+        let inspect = self
+            .engine
+            .block_on(self.engine.docker.inspect_network(EGRESS_NETWORK, None))
+            .ok();
+        let subnets = inspect
+            .as_ref()
+            .and_then(|n| n.ipam.as_ref()?.config.as_ref())
+            .map(|configs| {
+                configs
+                    .iter()
+                    .filter_map(|c| c.subnet.clone())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_else(|| "subnet unknown".into());
+        let bundles = inspect
+            .as_ref()
+            .and_then(|n| n.containers.as_ref())
+            .map_or(0, std::collections::HashMap::len);
+        DockerError::EgressAddressesExhausted {
+            network: EGRESS_NETWORK.to_string(),
+            subnets,
+            bundles,
+        }
     }
 
     fn ensure_egress_network(&mut self) -> Result<(), DockerError> {

@@ -16,6 +16,7 @@ mod failure;
 mod git;
 mod isolation;
 mod lifecycle;
+mod pools;
 mod reset;
 mod supervise;
 mod support;
