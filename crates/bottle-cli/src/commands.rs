@@ -170,16 +170,22 @@ fn start_on<B: BottleLauncher>(
     resolved: &bottle_core::devices::ResolvedDevices,
 ) -> Result<ExitCode, Failure> {
     let kind = backend.kind();
-    let mut plan = backend.prepare(spec)?;
-    resolved.fill_plan(&mut plan, Path::new("/"));
+    let plan_for = |spec: &BottleSpec| -> Result<Plan<B::PlanData>, Failure> {
+        let mut plan = backend.prepare(spec)?;
+        resolved.fill_plan(&mut plan, Path::new("/"));
+        if !kind.supports_devices() {
+            plan.devices.clear();
+        }
+        Ok(plan)
+    };
+    let mut plan = plan_for(spec)?;
     for warning in &resolved.warnings {
         note(global.quiet, &format!("warning: {warning}"));
     }
-    if !kind.supports_devices() {
-        if let Some(warning) = bottle_core::devices::unsupported_warning(kind, resolved) {
-            note(global.quiet, &format!("warning: {warning}"));
-        }
-        plan.devices.clear();
+    if !kind.supports_devices()
+        && let Some(warning) = bottle_core::devices::unsupported_warning(kind, resolved)
+    {
+        note(global.quiet, &format!("warning: {warning}"));
     }
     if !global.quiet || !global.yes {
         output::err(&format!("{}\n{}", plan.bottle, plan.render()));
@@ -188,7 +194,24 @@ fn start_on<B: BottleLauncher>(
         note(global.quiet, "not started");
         return Ok(ExitCode::from(EXIT_DECLINED));
     }
-    let bottle = launch_interruptibly(backend, &plan)?;
+    let mut launched = launch_interruptibly(backend, &plan);
+    // Bottles started at the same time can plan the same free subnet; the
+    // later launch finds it taken before it creates anything. Under `-y`
+    // a fresh plan is what starting again would run, so plan again.
+    for _ in 0..SUBNET_TAKEN_REPLANS {
+        match &launched {
+            Err(failure) if global.yes && failure.code == Some(SUBNET_TAKEN) => {
+                note(
+                    global.quiet,
+                    "the planned subnet was taken by a launch running at the same time: planning again",
+                );
+                plan = plan_for(spec)?;
+                launched = launch_interruptibly(backend, &plan);
+            }
+            _ => break,
+        }
+    }
+    let bottle = launched?;
     for warning in bottle.launch_warnings() {
         note(global.quiet, &format!("warning: {warning}"));
     }
@@ -220,6 +243,15 @@ fn start_on<B: BottleLauncher>(
     stopped?;
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
 }
+
+/// The docker backend's code for a planned subnet that another launch took
+/// first (`BOT-D150`).
+const SUBNET_TAKEN: &str = "BOT-D150";
+
+/// How many times `start -y` plans again after [`SUBNET_TAKEN`]; each new
+/// plan skips every network that exists by then, so a few suffice even
+/// for dozens of simultaneous starts.
+const SUBNET_TAKEN_REPLANS: usize = 8;
 
 /// `backend.launch`, which the operator's ^C (or `SIGTERM`) makes fail
 /// and unwind rather than end the process half-way ([`crate::interrupt`]).
