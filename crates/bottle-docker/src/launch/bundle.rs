@@ -59,7 +59,8 @@ impl<'a, D> Launch<'a, D> {
     }
 
     /// Up to `bundle-files`: the networks and the bundle container, created
-    /// and filled but not started. Leaves the egress lock held.
+    /// and filled but not started. Holds the egress lock from ensuring the
+    /// egress network until the bundle is connected to it.
     pub(super) fn prepare_bundle(&mut self) -> Result<(), DockerError> {
         data::write_owner(&self.paths, self.labels.owner)?;
         self.write_stage()?;
@@ -97,6 +98,11 @@ impl<'a, D> Launch<'a, D> {
                 return Err(DockerError::api("connect the bundle to the egress network")(err));
             }
         }
+        // The bundle now uses the egress network (created containers count
+        // for `remove_egress_if_unused`), so no stop can remove it: let the
+        // next launch in. Held to the start, it made launches at once queue
+        // through every upload (50 at once: a minute for the last).
+        self.egress_lock = None;
         self.step_done(Step::BundleConnect)?;
 
         self.write_bundle_files(bundle)?;
