@@ -145,18 +145,8 @@ impl DockerBackend {
         if let Some(value) = &options.failpoint {
             Failpoint::parse(value)?;
         }
-        if options.subnet_pool.is_none()
-            && let Some(value) = std::env::var_os(SUBNET_POOL_ENV)
-        {
-            let pool = value
-                .to_str()
-                .ok_or_else(|| "it is not UTF-8".to_string())
-                .and_then(|text| text.parse::<SubnetPool>().map_err(|e| e.to_string()))
-                .map_err(|detail| DockerError::BadOption {
-                    option: SUBNET_POOL_ENV.into(),
-                    detail: format!("{value:?}: {detail}"),
-                })?;
-            options.subnet_pool = Some(pool);
+        if options.subnet_pool.is_none() {
+            options.subnet_pool = subnet_pool_from_env(std::env::var_os(SUBNET_POOL_ENV))?;
         }
         Ok(DockerBackend {
             options,
@@ -449,6 +439,24 @@ impl DockerBackend {
     }
 }
 
+/// The subnet pool [`SUBNET_POOL_ENV`] names, if it is set.
+fn subnet_pool_from_env(
+    value: Option<std::ffi::OsString>,
+) -> Result<Option<SubnetPool>, DockerError> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .ok_or_else(|| "it is not UTF-8".to_string())
+        .and_then(|text| text.parse::<SubnetPool>().map_err(|e| e.to_string()))
+        .map(Some)
+        .map_err(|detail| DockerError::BadOption {
+            option: SUBNET_POOL_ENV.into(),
+            detail: format!("{value:?}: {detail}"),
+        })
+}
+
 /// The slug's subnet from `pool`, skipping every subnet an existing Docker
 /// network or a host route overlaps.
 pub(crate) fn choose_subnet(
@@ -682,6 +690,20 @@ impl BottleBackend for DockerBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_subnet_pool_variable_is_a_range_or_a_bad_option() {
+        assert_eq!(subnet_pool_from_env(None).unwrap(), None);
+        let pool = subnet_pool_from_env(Some("10.213.0.0/16".into())).unwrap();
+        assert_eq!(pool.map(|p| p.len()), Some(256));
+        for bad in ["10.213.0.0", "10.213.0.0/25", "192.168.17.0/24", "nonsense"] {
+            let err = subnet_pool_from_env(Some(bad.into())).unwrap_err();
+            assert_eq!(bottle_core::Coded::code(&err), "BOT-D005", "{bad}");
+            let message = err.to_string();
+            assert!(message.contains(SUBNET_POOL_ENV), "{message}");
+            assert!(message.contains(bad), "{message}");
+        }
+    }
 
     #[test]
     fn upstream_cas_resolve_next_to_the_manifest_and_the_system_store_follows() {
