@@ -305,14 +305,15 @@ pub(crate) fn is_pool_overlap(err: &bollard::errors::Error) -> bool {
     )
 }
 
-/// Whether the daemon could not give a container an address on a network
-/// because its pool is used up (dockerd: "no available IPv4 addresses on
-/// this network's address pools").
-pub(crate) fn is_address_pool_full(err: &bollard::errors::Error) -> bool {
+/// Whether the daemon could not give a container an address on `network`
+/// because its pool is used up (dockerd, at the start: "no available IPv4
+/// addresses on this network's address pools: NAME (ID)").
+pub(crate) fn is_address_pool_full(err: &bollard::errors::Error, network: &str) -> bool {
     matches!(
         err,
         bollard::errors::Error::DockerResponseServerError { message, .. }
             if message.contains("no available IPv4 addresses")
+                && message.contains(&format!(": {network} ("))
     )
 }
 
@@ -637,7 +638,9 @@ mod tests {
         );
         let other = refusal(500, "something else");
         assert!(is_pool_overlap(&overlap) && !is_pool_overlap(&full) && !is_pool_overlap(&other));
-        assert!(is_address_pool_full(&full) && !is_address_pool_full(&overlap));
-        assert!(!is_address_pool_full(&other));
+        assert!(is_address_pool_full(&full, "bot-bottle-egress"));
+        assert!(!is_address_pool_full(&full, "bot-bottle-x"));
+        assert!(!is_address_pool_full(&overlap, "bot-bottle-egress"));
+        assert!(!is_address_pool_full(&other, "bot-bottle-egress"));
     }
 }

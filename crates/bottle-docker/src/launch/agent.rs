@@ -81,7 +81,7 @@ impl<'a> Launch<'a, DockerPlanData> {
                 self.engine.docker.start_container(agent, None)
             )
         });
-        bundle_started.map_err(DockerError::api(format!("start {bundle}")))?;
+        bundle_started.map_err(|err| self.bundle_start_failed(err))?;
         self.egress_lock = None;
         self.step_done(Step::BundleStart)?;
         agent_started.map_err(DockerError::api(format!("start {agent}")))?;

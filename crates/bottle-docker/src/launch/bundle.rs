@@ -34,9 +34,9 @@ impl<'a, D> Launch<'a, D> {
     pub(super) fn run_bundle(&mut self) -> Result<(), DockerError> {
         self.prepare_bundle()?;
         let bundle = self.bundle.container.clone();
-        self.block(&format!("start {bundle}"), async {
-            self.engine.docker.start_container(&bundle, None).await
-        })?;
+        self.engine
+            .block_on(self.engine.docker.start_container(&bundle, None))
+            .map_err(|err| self.bundle_start_failed(err))?;
         self.egress_lock = None;
         self.step_done(Step::BundleStart)?;
         self.check_bundle()
@@ -84,20 +84,18 @@ impl<'a, D> Launch<'a, D> {
         self.create_bundle(bundle)?;
         self.step_done(Step::BundleCreate)?;
 
-        let connected = self.engine.block_on(self.engine.docker.connect_network(
-            EGRESS_NETWORK,
-            NetworkConnectRequest {
-                container: bundle.clone(),
-                endpoint_config: None,
-            },
-        ));
-        match connected {
-            Ok(()) => {}
-            Err(err) if is_address_pool_full(&err) => return Err(self.egress_full()),
-            Err(err) => {
-                return Err(DockerError::api("connect the bundle to the egress network")(err));
-            }
-        }
+        self.block("connect the bundle to the egress network", async {
+            self.engine
+                .docker
+                .connect_network(
+                    EGRESS_NETWORK,
+                    NetworkConnectRequest {
+                        container: bundle.clone(),
+                        endpoint_config: None,
+                    },
+                )
+                .await
+        })?;
         // The bundle now uses the egress network (created containers count
         // for `remove_egress_if_unused`), so no stop can remove it: let the
         // next launch in. Held to the start, it made launches at once queue
@@ -217,6 +215,16 @@ impl<'a, D> Launch<'a, D> {
             ));
         }
         Ok(())
+    }
+
+    /// Why the bundle did not start: the egress network's address pool is
+    /// used up (the daemon gives a connected container its address at the
+    /// start), or the Engine's own error.
+    pub(super) fn bundle_start_failed(&self, err: bollard::errors::Error) -> DockerError {
+        if is_address_pool_full(&err, EGRESS_NETWORK) {
+            return self.egress_full();
+        }
+        DockerError::api(format!("start {}", self.bundle.container))(err)
     }
 
     /// The egress network's pool is used up: says how full, as far as the
