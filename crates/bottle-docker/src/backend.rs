@@ -147,6 +147,11 @@ impl DockerBackend {
         &self.options
     }
 
+    /// How long a launch waits for the bundle's health check.
+    pub(crate) fn health_timeout(&self) -> Duration {
+        self.options.health_timeout
+    }
+
     /// The connection, made on first use.
     pub fn engine(&self) -> Result<&Engine, DockerError> {
         if let Some(engine) = self.engine.get() {
@@ -292,7 +297,7 @@ impl DockerBackend {
         Ok((bundle, subnet))
     }
 
-    fn agent_image(
+    pub(crate) fn agent_image(
         &self,
         engine: &Engine,
         spec: &BottleSpec,
@@ -640,7 +645,11 @@ impl BottleBackend for DockerBackend {
 
     fn cleanup_orphans(&self) -> Result<CleanupReport, BackendError> {
         let engine = self.engine()?;
-        let mut report = lifecycle::cleanup_orphans(engine, &self.options.state_root)?;
+        let mut report = crate::pool::cleanup_broken(engine, &self.options.state_root)?;
+        let orphans = lifecycle::cleanup_orphans(engine, &self.options.state_root)?;
+        report.removed.extend(orphans.removed);
+        report.failed.extend(orphans.failed);
+        report.kept.extend(orphans.kept);
         // Without the current binary there is no telling which image is
         // still wanted; then nothing is pruned.
         if let Ok(current) = images::find_bundle_binary(self.options.bundle_bin.as_deref()) {
