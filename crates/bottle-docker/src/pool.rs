@@ -315,8 +315,7 @@ impl DockerBackend {
                 continue;
             }
             let name = bottle_name(&dir.file_name().unwrap_or_default().to_string_lossy());
-            let checked = recheck(engine, &dir, &record, fingerprint, self.health_timeout())
-                .and_then(|()| data::read_plan(&StatePaths::new(&dir)).map_err(|e| e.to_string()));
+            let checked = recheck(engine, &dir, &record, fingerprint, self.health_timeout());
             let plan = match checked {
                 Ok(plan) => plan,
                 Err(why) => {
@@ -481,14 +480,15 @@ fn lives_as_filled(
     Ok(())
 }
 
-/// The claim's checks of one entry, each failing with why.
+/// The claim's checks of one entry, each failing with why; its plan when
+/// every one passed.
 fn recheck(
     engine: &Engine,
     dir: &Path,
     record: &PoolRecord,
     fingerprint: &str,
     health_timeout: std::time::Duration,
-) -> Result<(), String> {
+) -> Result<DockerPlan, String> {
     if record.version != POOL_LAYOUT_VERSION {
         return Err(format!("its layout version is {}", record.version));
     }
@@ -506,11 +506,19 @@ fn recheck(
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default();
     let names = ResourceNames::for_slug(&slug);
+    let plan = data::read_plan(&StatePaths::new(dir)).map_err(|e| e.to_string())?;
+    if plan.backend != BackendKind::Docker || plan.slug != slug {
+        return Err("its plan is not this docker bottle's".into());
+    }
     let (agent, bundle) = inspect_both(engine, &names).map_err(|e| e.to_string())?;
+    let network = engine
+        .block_on(engine.docker.inspect_network(&names.network, None))
+        .map_err(|err| format!("cannot inspect network {}: {err}", names.network))?;
     lives_as_filled(record, &agent, &bundle)?;
     if engine_facts(&bundle) != record.bundle_engine {
         return Err("the bundle's networks, addresses or settings changed".into());
     }
+    isolated_as_launched(&plan, &names.network, &network, &agent, &bundle)?;
     let substrate = DockerResetSubstrate::new(
         engine.clone(),
         &names.bottle,
@@ -534,7 +542,108 @@ fn recheck(
             diverged.join("; ")
         ));
     }
-    bundle_answers(engine, &names.bundle, dir, health_timeout)
+    bundle_answers(engine, &names.bundle, &plan, health_timeout)?;
+    Ok(plan)
+}
+
+/// The checks a launch makes before the agent runs, made again on what
+/// the Engine says now: the bottle network internal, giving the host no
+/// address, of the planned subnet; the bundle at its pinned address there
+/// and on the egress network; the agent at its pinned address on the
+/// bottle network only, running, every capability dropped, no new
+/// privileges, not privileged.
+fn isolated_as_launched(
+    plan: &DockerPlan,
+    network_name: &str,
+    network: &bollard::models::NetworkInspect,
+    agent: &ContainerInspectResponse,
+    bundle: &ContainerInspectResponse,
+) -> Result<(), String> {
+    let data = &plan.backend_data;
+    if network.internal != Some(true) {
+        return Err(format!("network {network_name} is not internal"));
+    }
+    let inhibit = network
+        .options
+        .as_ref()
+        .and_then(|o| o.get(crate::config::OPT_INHIBIT_IPV4))
+        .map(String::as_str);
+    if inhibit != Some("true") {
+        return Err(format!(
+            "network {network_name} gives the host an address on the bridge"
+        ));
+    }
+    let subnets: Vec<String> = network
+        .ipam
+        .as_ref()
+        .and_then(|i| i.config.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|c| c.subnet)
+        .collect();
+    if subnets != [data.bundle.subnet.clone()] {
+        return Err(format!(
+            "network {network_name} has subnets {subnets:?}, planned {}",
+            data.bundle.subnet
+        ));
+    }
+    let endpoints = |inspect: &ContainerInspectResponse| {
+        inspect
+            .network_settings
+            .as_ref()
+            .and_then(|n| n.networks.clone())
+            .unwrap_or_default()
+    };
+    let bundle_networks = endpoints(bundle);
+    let bundle_ip = bundle_networks
+        .get(network_name)
+        .and_then(|e| e.ip_address.clone());
+    if bundle_ip.as_deref() != Some(&data.bundle.ip.to_string()) {
+        return Err(format!(
+            "the bundle is at {}, not at the pinned {}",
+            bundle_ip.unwrap_or_default(),
+            data.bundle.ip
+        ));
+    }
+    if !bundle_networks.contains_key(crate::names::EGRESS_NETWORK) {
+        return Err(format!(
+            "the bundle is not on {}",
+            crate::names::EGRESS_NETWORK
+        ));
+    }
+    let agent_networks = endpoints(agent);
+    let names: Vec<&String> = agent_networks.keys().collect();
+    if names != [network_name] {
+        return Err(format!(
+            "the agent is on networks {names:?}, not only {network_name}"
+        ));
+    }
+    let agent_ip = agent_networks
+        .get(network_name)
+        .and_then(|e| e.ip_address.clone());
+    if agent_ip.as_deref() != Some(&data.agent.ip.to_string()) {
+        return Err(format!(
+            "the agent is at {}, not at the pinned {}",
+            agent_ip.unwrap_or_default(),
+            data.agent.ip
+        ));
+    }
+    let host = agent.host_config.clone().unwrap_or_default();
+    if !host.cap_drop.unwrap_or_default().iter().any(|c| c == "ALL") {
+        return Err("the agent keeps capabilities".into());
+    }
+    if !host
+        .security_opt
+        .unwrap_or_default()
+        .iter()
+        .any(|o| o.starts_with("no-new-privileges"))
+    {
+        return Err("the agent may gain privileges".into());
+    }
+    if host.privileged == Some(true) {
+        return Err("the agent is privileged".into());
+    }
+    Ok(())
 }
 
 /// One health probe of the bundle's proxy, from inside the bundle, at the
@@ -542,13 +651,9 @@ fn recheck(
 fn bundle_answers(
     engine: &Engine,
     bundle: &str,
-    dir: &Path,
+    plan: &DockerPlan,
     timeout: std::time::Duration,
 ) -> Result<(), String> {
-    let plan = data::read_plan(&StatePaths::new(dir)).map_err(|e| e.to_string())?;
-    if plan.backend != BackendKind::Docker {
-        return Err("its plan is not a docker plan".into());
-    }
     let addr = format!(
         "{}:{}",
         plan.backend_data.bundle.ip,
@@ -727,6 +832,125 @@ mod tests {
             lives_as_filled(&record, &stopped, &same)
                 .unwrap_err()
                 .contains("not running")
+        );
+    }
+
+    /// The bottle network, bundle and agent of `config::tests::sample_plan`
+    /// as a launch leaves them.
+    fn launched() -> (
+        bollard::models::NetworkInspect,
+        ContainerInspectResponse,
+        ContainerInspectResponse,
+    ) {
+        use bollard::models::{EndpointSettings, HostConfig, Ipam, IpamConfig, NetworkSettings};
+        let network = bollard::models::NetworkInspect {
+            internal: Some(true),
+            options: Some(std::collections::HashMap::from([(
+                crate::config::OPT_INHIBIT_IPV4.to_string(),
+                "true".to_string(),
+            )])),
+            ipam: Some(Ipam {
+                config: Some(vec![IpamConfig {
+                    subnet: Some("192.168.40.0/24".into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let on = |pairs: &[(&str, &str)]| {
+            Some(NetworkSettings {
+                networks: Some(
+                    pairs
+                        .iter()
+                        .map(|(name, ip)| {
+                            (
+                                name.to_string(),
+                                EndpointSettings {
+                                    ip_address: Some(ip.to_string()),
+                                    ..Default::default()
+                                },
+                            )
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            })
+        };
+        let bundle = ContainerInspectResponse {
+            network_settings: on(&[
+                ("bot-bottle-demo", "192.168.40.2"),
+                (crate::names::EGRESS_NETWORK, "172.30.0.5"),
+            ]),
+            ..Default::default()
+        };
+        let agent = ContainerInspectResponse {
+            network_settings: on(&[("bot-bottle-demo", "192.168.40.3")]),
+            host_config: Some(HostConfig {
+                cap_drop: Some(vec!["ALL".into()]),
+                security_opt: Some(vec!["no-new-privileges".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        (network, agent, bundle)
+    }
+
+    #[test]
+    fn a_claim_refuses_what_a_launch_would_refuse() {
+        let plan = crate::config::tests::sample_plan();
+        let check = |network: &bollard::models::NetworkInspect,
+                     agent: &ContainerInspectResponse,
+                     bundle: &ContainerInspectResponse| {
+            isolated_as_launched(&plan, "bot-bottle-demo", network, agent, bundle)
+        };
+        let (network, agent, bundle) = launched();
+        assert_eq!(check(&network, &agent, &bundle), Ok(()));
+
+        let mut open = network.clone();
+        open.internal = Some(false);
+        assert!(
+            check(&open, &agent, &bundle)
+                .unwrap_err()
+                .contains("not internal")
+        );
+
+        let mut moved = agent.clone();
+        if let Some(networks) = moved
+            .network_settings
+            .as_mut()
+            .and_then(|n| n.networks.as_mut())
+        {
+            networks.insert(crate::names::EGRESS_NETWORK.into(), Default::default());
+        }
+        assert!(
+            check(&network, &moved, &bundle)
+                .unwrap_err()
+                .contains("not only")
+        );
+
+        let mut privileged = agent.clone();
+        if let Some(host) = privileged.host_config.as_mut() {
+            host.cap_drop = Some(vec![]);
+        }
+        assert!(
+            check(&network, &privileged, &bundle)
+                .unwrap_err()
+                .contains("capabilities")
+        );
+
+        let (_, _, mut cut_off) = launched();
+        if let Some(networks) = cut_off
+            .network_settings
+            .as_mut()
+            .and_then(|n| n.networks.as_mut())
+        {
+            networks.remove(crate::names::EGRESS_NETWORK);
+        }
+        assert!(
+            check(&network, &agent, &cut_off)
+                .unwrap_err()
+                .contains("egress")
         );
     }
 

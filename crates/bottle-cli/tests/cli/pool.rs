@@ -1,7 +1,8 @@
 //! The warm pool on docker: `pool fill` prepares bottles, `start` claims
 //! one (concurrent starts get different ones), a claimed bottle denies
-//! what a cold one denies, an entry made from another manifest or image
-//! is removed instead of claimed, and `pool drain` leaves nothing behind.
+//! what a cold one denies, an entry made from another manifest or image,
+//! or changed while it waited, is removed instead of claimed, `cleanup`
+//! removes a broken one, and `pool drain` leaves nothing behind.
 //!
 //! Needs Docker, `/bin/busybox` (the demo agent image), `BOTTLE_BUNDLE_BIN`
 //! and `BOTTLE_TOOLBOX_BIN`; skips with a line unless
@@ -80,9 +81,8 @@ impl World {
             .collect()
     }
 
-    /// What a plain HTTP request for a host the manifest does not allow
-    /// gets from the bottle's own proxy, asked from inside the bottle (a
-    /// denied CONNECT is answered inside the tunnel, after TLS).
+    /// What fetching a host the manifest does not allow says, from inside
+    /// the bottle (through its proxy, as every tool's traffic goes).
     fn denied_answer(&self, name: &str) -> String {
         let (stdout, _) = self.run(&[
             "exec",
@@ -90,9 +90,7 @@ impl World {
             "--",
             "sh",
             "-c",
-            "p=${HTTPS_PROXY#http://}; h=${p%:*}; \
-             printf 'GET http://evil.example/ HTTP/1.1\\r\\nHost: evil.example\\r\\nConnection: close\\r\\n\\r\\n' \
-             | timeout 5 nc -w 3 \"$h\" 8888 | head -n 1",
+            "timeout 10 wget -q -O- http://evil.example/ 2>&1; echo exit=$?",
         ]);
         stdout
     }
@@ -280,6 +278,32 @@ fn a_pool_is_claimed_checked_refused_when_changed_and_drained() {
     assert!(stderr.contains("refused and removed"), "{stderr}");
     assert_eq!(stdout.trim(), "bot-bottle-pooled");
     world.run(&["stop", "pooled"]);
+
+    // A box changed while it waited: its filesystem no longer hashes as
+    // its golden snapshot, so the claim refuses it.
+    world.run(&["pool", "fill", "pooled", "1"]);
+    let entry = world.ready().pop().unwrap();
+    world.run(&["exec", &entry, "--", "touch", "/tmp/planted"]);
+    let (stdout, stderr) = world.run(&["start", "pooled", "--detach"]);
+    assert!(
+        stderr.contains("refused and removed") && stderr.contains("filesystem"),
+        "{stderr}"
+    );
+    assert_eq!(stdout.trim(), "bot-bottle-pooled");
+    world.run(&["stop", "pooled"]);
+
+    // An entry whose agent container was restarted is broken: `cleanup`
+    // removes it.
+    world.run(&["pool", "fill", "pooled", "1"]);
+    let entry = world.ready().pop().unwrap();
+    engine
+        .block_on(engine.docker.restart_container(
+            &format!("{entry}-agent"),
+            None::<bollard::query_parameters::RestartContainerOptions>,
+        ))
+        .unwrap();
+    world.run(&["cleanup"]);
+    assert!(world.pool().is_empty(), "{:?}", world.pool());
 
     // Drain leaves nothing: containers, networks, state dirs.
     world.run(&["pool", "fill", "pooled", "2"]);
