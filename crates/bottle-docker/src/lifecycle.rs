@@ -574,6 +574,25 @@ mod tests {
         std::fs::write(dir.path().join("launched"), "1\n").unwrap();
         assert!(!is_orphan(&labels(dead, true, dir.path())));
         assert!(is_orphan(&HashMap::new()));
+        // A pooled bottle (launched detached) claimed by an attached
+        // `start` is that start's: an orphan once it died.
+        let claim = |pid: u32| {
+            let owner = bottle_core::process::Owner {
+                pid,
+                start: bottle_core::process::Owner::current().start,
+            };
+            let record = serde_json::json!({
+                "claimed": "2026-11-24T11:00:00Z",
+                "owner": owner,
+                "detached": false,
+                "verify_ms": 1,
+            });
+            std::fs::write(dir.path().join("pool-claimed"), record.to_string()).unwrap();
+        };
+        claim(me);
+        assert!(!is_orphan(&labels(dead, true, dir.path())));
+        claim(dead);
+        assert!(is_orphan(&labels(dead, true, dir.path())));
     }
 
     #[test]

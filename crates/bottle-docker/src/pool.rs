@@ -10,11 +10,12 @@
 //! - `pool.json` ([`PoolRecord`]): the fingerprint of everything the
 //!   bottle was made from, and what the Engine said of both containers
 //!   when it was filled;
-//! - `pool-ready`: present while the entry waits. Claiming renames it to
-//!   `pool-claimed`, so of two `start`s racing for one entry exactly one
-//!   wins, and the other moves on;
-//! - `pool-claimed` ([`ClaimRecord`]): who took it, attached or detached,
-//!   and how long the re-check took.
+//! - `pool-ready`: present while the entry waits;
+//! - `pool-claimed` ([`ClaimRecord`]): who took it (a `start`, attached or
+//!   detached, or a `drain`/`cleanup`) and how long the re-check took. It
+//!   is hard-linked into place, which fails when it exists, so of two
+//!   `start`s racing for one entry exactly one wins and the other moves
+//!   on; a taker that dies right after is an owner `cleanup` can judge.
 //!
 //! A claim is refused, and the entry removed, when the fingerprint differs
 //! (the manifest, an image, a binary or a credential changed), when either
@@ -149,7 +150,38 @@ pub fn entry_name(agent: &str) -> Result<String, BackendError> {
 /// Whether the bottle whose state dir is `state_dir` is a pool entry
 /// waiting to be claimed.
 pub fn is_ready(state_dir: &Path) -> bool {
-    state_dir.join(READY).exists()
+    state_dir.join(READY).exists() && !state_dir.join(CLAIMED).exists()
+}
+
+/// Takes the entry in `dir` for this process: its claim record is linked
+/// into place, which fails if another process took it first, so of two
+/// racing takers exactly one wins; the record names this process from the
+/// first instant, so a taker that dies is an owner `cleanup` can judge.
+/// `detached`: the taker's bottle outlives it.
+fn take(dir: &Path, detached: bool) -> bool {
+    if !is_ready(dir) {
+        return false;
+    }
+    let owner = Owner::current();
+    let record = ClaimRecord {
+        claimed: bottle_core::time::now_rfc3339_millis(),
+        owner,
+        detached,
+        verify_ms: 0,
+    };
+    let Ok(json) = serde_json::to_vec_pretty(&record) else {
+        return false;
+    };
+    let temp = dir.join(format!("{CLAIMED}.{}.tmp", owner.pid));
+    if data::write_file(&temp, &json, 0o600).is_err() {
+        return false;
+    }
+    let won = std::fs::hard_link(&temp, dir.join(CLAIMED)).is_ok();
+    let _ = std::fs::remove_file(&temp);
+    if won {
+        let _ = std::fs::remove_file(dir.join(READY));
+    }
+    won
 }
 
 /// The claim record of the bottle whose state dir is `state_dir`, if it
@@ -310,8 +342,7 @@ impl DockerBackend {
         let mut claim = Claim::default();
         for (dir, record) in ready_entries(state_root, Some(agent)) {
             let started = Instant::now();
-            // The rename is the claim: of two racing `start`s one wins.
-            if std::fs::rename(dir.join(READY), dir.join(CLAIMED)).is_err() {
+            if !take(&dir, detached) {
                 continue;
             }
             let name = bottle_name(&dir.file_name().unwrap_or_default().to_string_lossy());
@@ -338,6 +369,7 @@ impl DockerBackend {
                 detached,
                 verify_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             };
+            // The same owner and mode as taken; the check's time added.
             let json =
                 serde_json::to_vec_pretty(&record).map_err(|err| DockerError::PoolRecord {
                     path: dir.join(CLAIMED),
@@ -407,7 +439,7 @@ pub fn drain(
 ) -> Result<CleanupReport, BackendError> {
     let mut report = CleanupReport::default();
     for (dir, _) in ready_entries(state_root, agent) {
-        if std::fs::rename(dir.join(READY), dir.join(CLAIMED)).is_err() {
+        if !take(&dir, false) {
             continue;
         }
         let name = bottle_name(&dir.file_name().unwrap_or_default().to_string_lossy());
@@ -445,7 +477,7 @@ pub fn cleanup_broken(engine: &Engine, state_root: &Path) -> Result<CleanupRepor
                 }
             }
         };
-        if broken.is_none() || std::fs::rename(dir.join(READY), dir.join(CLAIMED)).is_err() {
+        if broken.is_none() || !take(&dir, false) {
             continue;
         }
         merge(
@@ -952,6 +984,31 @@ mod tests {
                 .unwrap_err()
                 .contains("egress")
         );
+    }
+
+    #[test]
+    fn of_two_takers_one_wins_and_is_named_in_the_record() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!take(dir.path(), true), "nothing waits yet");
+        data::write_file(&dir.path().join(READY), b"", 0o600).unwrap();
+        assert!(is_ready(dir.path()));
+        assert!(take(dir.path(), true));
+        assert!(!take(dir.path(), false), "taken twice");
+        assert!(!is_ready(dir.path()));
+        let record = claim_record(dir.path()).unwrap();
+        assert_eq!(record.owner, Owner::current());
+        assert!(record.detached);
+        // A taker that died between the link and removing the marker left
+        // both: the entry is taken all the same.
+        data::write_file(&dir.path().join(READY), b"", 0o600).unwrap();
+        assert!(!is_ready(dir.path()));
+        assert!(!take(dir.path(), false));
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
     }
 
     #[test]
