@@ -316,3 +316,32 @@ fn a_pool_is_claimed_checked_refused_when_changed_and_drained() {
         state_dirs(&world.state())
     );
 }
+
+/// What `bottle pool fill` refuses before it touches any backend: another
+/// backend than docker, no count, too many.
+#[test]
+fn pool_fill_refuses_other_backends_no_count_and_too_many() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("bottle.toml");
+    std::fs::write(&manifest, format!("[agents.pooled]\nimage = \"{IMAGE}\"\n")).unwrap();
+    let refused = |args: &[&str], code: &str| {
+        let out = bottle(&dir.path().join("state"))
+            .arg("--manifest")
+            .arg(&manifest)
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("error[{code}]")) && stderr.contains("fix:"),
+            "{args:?}: {stderr}"
+        );
+    };
+    refused(
+        &["--backend", "smolmachines", "pool", "fill", "pooled", "1"],
+        "BOT-C060",
+    );
+    refused(&["pool", "fill", "pooled"], "BOT-C061");
+    refused(&["pool", "fill", "pooled", "65"], "BOT-C062");
+}
