@@ -311,7 +311,12 @@ impl DockerBackend {
             });
         };
         let context_dir = spec.resolve(&build.context);
-        let tag = format!("bottle-agent-{}:latest", spec.slug);
+        // Tagged after the agent, not the bottle: every bottle of an agent
+        // (a warm pool's entries, `--name`d ones) shares one build and one
+        // tag, so none leaves a tag of its own behind.
+        let agent =
+            bottle_core::slug::slugify(&spec.agent_name).unwrap_or_else(|_| spec.slug.clone());
+        let tag = format!("bottle-agent-{agent}:latest");
         self.progress(&format!(
             "building agent image {tag} from {}",
             context_dir.display()
