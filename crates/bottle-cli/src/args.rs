@@ -84,6 +84,10 @@ pub(crate) enum Command {
     /// Serve the sandbox interface (boot, execute, reset, shutdown, list)
     /// as JSON over HTTP on an owner-only unix socket.
     Serve(ServeArgs),
+    /// Keep bottles of an agent prepared, so `start` claims one instead
+    /// of launching (docker backend).
+    #[command(subcommand)]
+    Pool(PoolCommand),
     /// Print shell completions.
     Completions(CompletionsArgs),
     /// Holds a detached bottle's agent session (run by `start --detach`).
@@ -242,6 +246,36 @@ pub(crate) struct ServeArgs {
     /// One line per request on stderr.
     #[arg(long, short = 'v')]
     pub verbose: bool,
+}
+
+/// `bottle pool`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum PoolCommand {
+    /// Launch bottles of an agent until N wait ready (default: the
+    /// agent's `pool` in the manifest).
+    Fill(PoolFillArgs),
+    /// List the pool's entries, waiting or claimed.
+    #[command(alias = "ls")]
+    List,
+    /// Remove the waiting entries of an agent (of every agent without
+    /// one).
+    Drain(PoolDrainArgs),
+}
+
+/// `bottle pool fill`.
+#[derive(Debug, Args)]
+pub(crate) struct PoolFillArgs {
+    /// The agent (a key under `[agents]` in the manifest).
+    pub agent: String,
+    /// How many bottles to keep ready.
+    pub count: Option<u32>,
+}
+
+/// `bottle pool drain`.
+#[derive(Debug, Args)]
+pub(crate) struct PoolDrainArgs {
+    /// The agent whose entries to remove.
+    pub agent: Option<String>,
 }
 
 /// `bottle completions`.

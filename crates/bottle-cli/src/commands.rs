@@ -52,11 +52,12 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         ),
         Command::Doctor => doctor(global),
         Command::Serve(args) => crate::serve::run(global, &args),
+        Command::Pool(args) => crate::pool::run(global, &args),
         Command::Completions(args) => completions(&args),
     }
 }
 
-fn load_manifest(global: &Global) -> Result<Manifest, Failure> {
+pub(crate) fn load_manifest(global: &Global) -> Result<Manifest, Failure> {
     Ok(manifest::load(&global.manifest)?)
 }
 
@@ -122,7 +123,7 @@ fn plan(global: &Global, args: &PlanArgs) -> Result<ExitCode, Failure> {
 }
 
 /// Asks y/N on the terminal; anything but y/yes declines.
-fn confirm(question: &str) -> Result<bool, Failure> {
+pub(crate) fn confirm(question: &str) -> Result<bool, Failure> {
     if !output::interactive() {
         return Err(
             Failure::new("BOT-C003", EXIT_USAGE, "no terminal to confirm the plan on")
@@ -155,6 +156,14 @@ fn start(global: &Global, args: &StartArgs) -> Result<ExitCode, Failure> {
         },
     )?;
     backend.preflight()?;
+    // A bottle named by the operator is always started cold: a pool
+    // entry's name cannot change.
+    if let backends::AnyBackend::Docker(b) = &backend
+        && args.name.is_none()
+        && let Some(code) = crate::pool::start_claimed(b, global, args, &spec, &resolved)?
+    {
+        return Ok(code);
+    }
     match &backend {
         backends::AnyBackend::Docker(b) => start_on(b, global, args, &spec, &resolved),
         backends::AnyBackend::Smolmachines(b) => start_on(b, global, args, &spec, &resolved),
@@ -215,6 +224,20 @@ fn start_on<B: BottleLauncher>(
     for warning in bottle.launch_warnings() {
         note(global.quiet, &format!("warning: {warning}"));
     }
+    run_agent(backend, global, args, bottle, &plan.command)
+}
+
+/// The end of `start` for a launched (or claimed) bottle: hand the agent's
+/// `command` to a detached session and print the name, or run it attached
+/// and stop the bottle when it ends.
+pub(crate) fn run_agent(
+    backend: &dyn bottle_core::BottleBackend,
+    global: &Global,
+    args: &StartArgs,
+    bottle: Box<dyn bottle_core::Bottle>,
+    command: &[String],
+) -> Result<ExitCode, Failure> {
+    let kind = backend.kind();
     if args.detach {
         let name = bottle.name().to_string();
         drop(bottle);
@@ -224,7 +247,7 @@ fn start_on<B: BottleLauncher>(
             &paths,
             kind,
             &name,
-            &plan.command,
+            command,
         )?;
         out(&format!("{name}\n"));
         note(
@@ -235,7 +258,7 @@ fn start_on<B: BottleLauncher>(
         );
         return Ok(ExitCode::SUCCESS);
     }
-    let code = bottle.exec_interactive(&plan.command);
+    let code = bottle.exec_interactive(command);
     let name = bottle.name().to_string();
     drop(bottle);
     let stopped = backend.stop(&name);
@@ -255,7 +278,7 @@ const SUBNET_TAKEN_REPLANS: usize = 8;
 
 /// `backend.launch`, which the operator's ^C (or `SIGTERM`) makes fail
 /// and unwind rather than end the process half-way ([`crate::interrupt`]).
-fn launch_interruptibly<B: BottleLauncher>(
+pub(crate) fn launch_interruptibly<B: BottleLauncher>(
     backend: &B,
     plan: &Plan<B::PlanData>,
 ) -> Result<Box<dyn bottle_core::Bottle>, Failure> {

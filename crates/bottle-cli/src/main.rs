@@ -12,6 +12,7 @@ mod failure;
 mod interrupt;
 mod logs;
 mod output;
+mod pool;
 mod requests;
 mod reset;
 mod serve;

@@ -159,6 +159,11 @@ impl DockerBackend {
         &self.options
     }
 
+    /// How long a launch waits for the bundle's health check.
+    pub(crate) fn health_timeout(&self) -> Duration {
+        self.options.health_timeout
+    }
+
     /// The connection, made on first use.
     pub fn engine(&self) -> Result<&Engine, DockerError> {
         if let Some(engine) = self.engine.get() {
@@ -305,7 +310,7 @@ impl DockerBackend {
         Ok((bundle, subnet))
     }
 
-    fn agent_image(
+    pub(crate) fn agent_image(
         &self,
         engine: &Engine,
         spec: &BottleSpec,
@@ -319,7 +324,12 @@ impl DockerBackend {
             });
         };
         let context_dir = spec.resolve(&build.context);
-        let tag = format!("bottle-agent-{}:latest", spec.slug);
+        // Tagged after the agent, not the bottle: every bottle of an agent
+        // (a warm pool's entries, `--name`d ones) shares one build and one
+        // tag, so none leaves a tag of its own behind.
+        let agent =
+            bottle_core::slug::slugify(&spec.agent_name).unwrap_or_else(|_| spec.slug.clone());
+        let tag = format!("bottle-agent-{agent}:latest");
         self.progress(&format!(
             "building agent image {tag} from {}",
             context_dir.display()
@@ -672,7 +682,11 @@ impl BottleBackend for DockerBackend {
 
     fn cleanup_orphans(&self) -> Result<CleanupReport, BackendError> {
         let engine = self.engine()?;
-        let mut report = lifecycle::cleanup_orphans(engine, &self.options.state_root)?;
+        let mut report = crate::pool::cleanup_broken(engine, &self.options.state_root)?;
+        let orphans = lifecycle::cleanup_orphans(engine, &self.options.state_root)?;
+        report.removed.extend(orphans.removed);
+        report.failed.extend(orphans.failed);
+        report.kept.extend(orphans.kept);
         // Without the current binary there is no telling which image is
         // still wanted; then nothing is pruned.
         if let Ok(current) = images::find_bundle_binary(self.options.bundle_bin.as_deref()) {

@@ -267,6 +267,21 @@ pub enum DockerError {
         /// Why it is refused.
         detail: String,
     },
+    /// A warm pool entry's record cannot be read or written.
+    #[error("the pool record {} cannot be used: {detail}", path.display())]
+    PoolRecord {
+        /// The record.
+        path: PathBuf,
+        /// Why.
+        detail: String,
+    },
+    /// A bottle without a golden snapshot cannot wait in the pool: its
+    /// claim could not check the box's three sources.
+    #[error("{bottle} has no golden snapshot, so it cannot be checked again when claimed")]
+    PoolNeedsReset {
+        /// The bottle.
+        bottle: String,
+    },
     /// The async runtime could not be started.
     #[error("could not start the async runtime: {0}")]
     Runtime(#[source] io::Error),
@@ -353,7 +368,8 @@ impl DockerError {
             }
             DockerError::UnsupportedArch { .. }
             | DockerError::DiskCapUnsupported { .. }
-            | DockerError::ResetUnavailable { .. } => BackendErrorKind::Unsupported,
+            | DockerError::ResetUnavailable { .. }
+            | DockerError::PoolNeedsReset { .. } => BackendErrorKind::Unsupported,
             DockerError::IsolationUnconfirmed { .. } | DockerError::BundleUnhealthy { .. } => {
                 BackendErrorKind::IsolationUnconfirmed
             }
@@ -423,6 +439,8 @@ impl Coded for DockerError {
             DockerError::ResetState { .. } => "BOT-D103",
             DockerError::SubnetTaken { .. } => "BOT-D150",
             DockerError::EgressAddressesExhausted { .. } => "BOT-D151",
+            DockerError::PoolRecord { .. } => "BOT-D130",
+            DockerError::PoolNeedsReset { .. } => "BOT-D131",
         }
     }
 
@@ -462,6 +480,8 @@ impl Coded for DockerError {
             DockerError::ResetUnavailable { .. } => "run bottle as root on the daemon's host with the overlay2 storage driver (`docker info`), then stop the bottle and start it again".into(),
             DockerError::ResetMounted { .. } | DockerError::ResetState { .. } => "read `docker inspect` of the agent container and the daemon's log; stop the bottle and start a new one".into(),
             DockerError::ResetCopy { .. } => "check the free space and the permissions under the state dir and /var/lib/docker; stop the bottle and start a new one".into(),
+            DockerError::PoolRecord { .. } => "run `bottle pool drain <agent>` (or `bottle cleanup`) and fill the pool again".into(),
+            DockerError::PoolNeedsReset { .. } => "the pool needs reset's golden snapshot: run bottle as root on the daemon's host with the overlay2 storage driver (`bottle doctor`), or start bottles cold".into(),
             DockerError::NoCommand { .. } => "set `command` for the agent in the manifest, or pass the command to run".into(),
             DockerError::BadOption { .. } => "correct or unset the option".into(),
             DockerError::SubnetTaken { .. } => "start the bottle again: a new plan picks a free subnet (`bottle start -y` re-plans by itself); if it keeps happening, widen the pool with BOTTLE_SUBNET_POOL (e.g. 10.213.0.0/16)".into(),
@@ -573,6 +593,11 @@ mod tests {
                 detail: text(),
             },
             DockerError::ResetState { what: text() },
+            DockerError::PoolRecord {
+                path: "/x".into(),
+                detail: text(),
+            },
+            DockerError::PoolNeedsReset { bottle: text() },
             DockerError::NoCommand { image: text() },
             DockerError::BadOption {
                 option: text(),

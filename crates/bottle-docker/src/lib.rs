@@ -38,6 +38,7 @@ pub mod launch;
 pub mod lifecycle;
 pub mod names;
 pub mod pause;
+pub mod pool;
 pub mod reset;
 pub mod tarball;
 mod toolbox;

@@ -308,8 +308,15 @@ fn bottles_with_containers(engine: &Engine) -> Result<Vec<BottleInfo>, DockerErr
             let halted = any.labels.get(LABEL_STATE_DIR).and_then(|dir| {
                 bottle_core::sandbox::reset::halted(&bottle_core::sandbox::ResetFiles::new(dir))
             });
+            let pooled = any
+                .labels
+                .get(LABEL_STATE_DIR)
+                .is_some_and(|dir| crate::pool::is_ready(Path::new(dir)));
             let state = if halted.is_some() {
                 "halted".to_string()
+            } else if pooled && state == "running" {
+                // A warm pool's entry: prepared, nothing of the agent runs.
+                "pooled".to_string()
             } else {
                 state
             };
@@ -459,6 +466,16 @@ fn is_orphan(labels: &HashMap<String, String>) -> bool {
     let completed = labels
         .get(LABEL_STATE_DIR)
         .is_some_and(|dir| StatePaths::new(dir).launched().exists());
+    // A pool entry is launched detached; the `start` that claimed it
+    // decides whether it still is, and owns it if not.
+    let claim = labels
+        .get(LABEL_STATE_DIR)
+        .and_then(|dir| crate::pool::claim_record(Path::new(dir)));
+    if let Some(claim) = claim
+        && !claim.detached
+    {
+        return !claim.owner.is_alive();
+    }
     !(detached && completed)
 }
 
@@ -557,6 +574,25 @@ mod tests {
         std::fs::write(dir.path().join("launched"), "1\n").unwrap();
         assert!(!is_orphan(&labels(dead, true, dir.path())));
         assert!(is_orphan(&HashMap::new()));
+        // A pooled bottle (launched detached) claimed by an attached
+        // `start` is that start's: an orphan once it died.
+        let claim = |pid: u32| {
+            let owner = bottle_core::process::Owner {
+                pid,
+                start: bottle_core::process::Owner::current().start,
+            };
+            let record = serde_json::json!({
+                "claimed": "2026-11-24T11:00:00Z",
+                "owner": owner,
+                "detached": false,
+                "verify_ms": 1,
+            });
+            std::fs::write(dir.path().join("pool-claimed"), record.to_string()).unwrap();
+        };
+        claim(me);
+        assert!(!is_orphan(&labels(dead, true, dir.path())));
+        claim(dead);
+        assert!(is_orphan(&labels(dead, true, dir.path())));
     }
 
     #[test]

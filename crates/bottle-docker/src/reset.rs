@@ -504,7 +504,7 @@ fn hex(bytes: &[u8]) -> String {
 
 /// The Engine's view of the agent container that a reset must leave as it
 /// was: running, image, layer, networks, limits, privileges, mounts, user.
-fn engine_facts(inspect: &ContainerInspectResponse) -> BTreeMap<String, String> {
+pub(crate) fn engine_facts(inspect: &ContainerInspectResponse) -> BTreeMap<String, String> {
     let state = inspect.state.clone().unwrap_or_default();
     let host = inspect.host_config.clone().unwrap_or_default();
     let number = |n: Option<i64>| n.map_or_else(|| "none".to_string(), |n| n.to_string());

@@ -71,6 +71,34 @@ impl BottleCli {
         name.with_context(|| format!("`bottle start {agent}` printed no bottle name: {out:?}"))
     }
 
+    /// `bottle pool fill AGENT 1 --yes`: one pooled bottle waits.
+    pub(crate) fn fill_pool(&self, agent: &str) -> anyhow::Result<()> {
+        self.checked(
+            &["pool", "fill", agent, "1", "--yes"],
+            Duration::from_secs(300),
+        )
+        .map(drop)
+    }
+
+    /// `bottle pool drain`: no pooled bottle waits.
+    pub(crate) fn drain_pool(&self) -> anyhow::Result<()> {
+        self.checked(&["pool", "drain"], Duration::from_secs(120))
+            .map(drop)
+    }
+
+    /// The pool's state of bottle `name` (`ready`, `claimed`), from `bottle
+    /// pool list --json`; `None` if it is no pool entry.
+    pub(crate) fn pool_state(&self, name: &str) -> anyhow::Result<Option<String>> {
+        let out = self.checked(&["pool", "list", "--json"], Duration::from_secs(60))?;
+        let entries: Vec<Value> = serde_json::from_str(&out)
+            .with_context(|| format!("`bottle pool list --json` printed {out:?}"))?;
+        Ok(entries
+            .iter()
+            .find(|e| e["name"].as_str() == Some(name))
+            .and_then(|e| e["state"].as_str())
+            .map(str::to_string))
+    }
+
     /// `bottle list --json`.
     pub(crate) fn list(&self) -> anyhow::Result<Vec<Value>> {
         let out = self.checked(&["list", "--json"], Duration::from_secs(60))?;
@@ -153,6 +181,32 @@ impl BottleGuard {
             bail!("`bottle start {agent}` named the bottle {name}, expected {expected}");
         }
         Ok(guard)
+    }
+}
+
+impl BottleGuard {
+    /// Fills a pool of one bottle of `agent`, then starts `agent`, which
+    /// claims it (or starts cold if the claim refused it: the caller
+    /// checks [`BottleCli::pool_state`]), and guards the bottle.
+    pub(crate) fn claim_pooled(cli: &BottleCli, agent: &str) -> anyhow::Result<BottleGuard> {
+        let drainer = cli.clone();
+        let drain_id = teardown::register("drain the pool", move || {
+            if let Err(err) = drainer.drain_pool() {
+                eprintln!("sandbox-escape: {err:#}");
+            }
+        });
+        cli.fill_pool(agent)?;
+        let started = cli.start(agent);
+        teardown::run(drain_id);
+        let name = started?;
+        let stopper = cli.clone();
+        let stop_name = name.clone();
+        let teardown_id = teardown::register("stop a bottle", move || {
+            if let Err(err) = stopper.stop(&stop_name) {
+                eprintln!("sandbox-escape: {err:#}");
+            }
+        });
+        Ok(BottleGuard { name, teardown_id })
     }
 }
 

@@ -12,6 +12,7 @@ mod example;
 mod execute;
 mod exit_codes;
 mod interrupted;
+mod pool;
 mod real_agent;
 mod requests;
 mod reset;

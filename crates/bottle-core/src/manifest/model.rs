@@ -62,6 +62,9 @@ pub struct Agent {
     /// Resource limits.
     #[serde(default)]
     pub limits: Limits,
+    /// How many prepared bottles `bottle pool fill <agent>` keeps ready
+    /// when it is given no count.
+    pub pool: Option<u32>,
 }
 
 /// A Dockerfile build context.

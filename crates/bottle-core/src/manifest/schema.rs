@@ -51,6 +51,7 @@ const AGENT: Shape = Shape::Table(&[
     ("devices", Shape::Free),
     ("devices_blacklist", Shape::Free),
     ("limits", LIMITS),
+    ("pool", Shape::Free),
 ]);
 
 const BUILD: Shape = Shape::Table(&[
@@ -110,6 +111,7 @@ const AGENT_KEYS: &[&str] = &[
     "devices",
     "devices_blacklist",
     "limits",
+    "pool",
 ];
 
 /// Keys of the agent's sub-tables that people write one level too high.
@@ -291,6 +293,7 @@ mod tests {
                 disk: Some("1g".into()),
                 audit_log: Some("64m".into()),
             },
+            pool: Some(2),
         };
         Manifest {
             version: 1,

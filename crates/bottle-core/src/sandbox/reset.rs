@@ -310,6 +310,17 @@ pub fn reset(
     Ok(report)
 }
 
+/// Reads the three sources of a box that was not reverted and compares
+/// each with the baseline recorded at its golden snapshot, without
+/// halting anything: a warm pool's entry is checked this way before it is
+/// handed out, and discarded by its caller if any check fails.
+pub fn check_against_baseline(
+    substrate: &dyn ResetSubstrate,
+    files: &ResetFiles,
+) -> Vec<SourceCheck> {
+    verify(substrate, load_baseline(files).as_ref())
+}
+
 /// Reads each source and compares it with the baseline. A missing baseline
 /// or an unreadable source is a divergence, never a pass.
 fn verify(substrate: &dyn ResetSubstrate, baseline: Option<&Baseline>) -> Vec<SourceCheck> {

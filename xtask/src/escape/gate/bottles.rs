@@ -28,6 +28,42 @@ impl Gate {
         Ok(bottles)
     }
 
+    /// Starts `cold` as [`Gate::launch_each`] does, then `pooled` from a
+    /// warm pool: filled, then claimed by `bottle start`, so every probe,
+    /// control and fault that runs against the second bottle runs against
+    /// a pooled one. That it was claimed is itself a control (a claim the
+    /// pool refused would start it cold and prove nothing of the pool).
+    pub(super) fn launch_cold_and_pooled(
+        &mut self,
+        cold: &str,
+        pooled: &str,
+    ) -> anyhow::Result<Vec<Bottle>> {
+        let guard = BottleGuard::start(&self.cli, cold)?;
+        let first = self.describe(guard, cold)?;
+        self.set_rebind_bundle(&first);
+        let guard = BottleGuard::claim_pooled(&self.cli, pooled)?;
+        let state = self.cli.pool_state(&guard.name)?;
+        let claimed = state.as_deref() == Some("claimed");
+        self.report.rows.push(Row::control(
+            "bottle B",
+            "control-pool-claimed",
+            claimed,
+            format!(
+                "`bottle start {}` {} the pooled bottle {}",
+                fixture::short(pooled),
+                if claimed { "claimed" } else { "did not claim" },
+                guard.name
+            ),
+        ));
+        if !claimed {
+            bail!("`bottle start {pooled}` did not claim its pooled bottle ({state:?})");
+        }
+        let second = self.describe(guard, pooled)?;
+        self.set_rebind_bundle(&second);
+        self.refresh_egress()?;
+        Ok(vec![first, second])
+    }
+
     /// Starts `keys` at once (parallel `bottle start`s, racing for the
     /// shared egress network when none exists yet) and reads back their
     /// addresses.

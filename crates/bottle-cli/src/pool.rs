@@ -1,0 +1,230 @@
+//! `bottle pool fill|list|drain`, and `start`'s claim of a pooled bottle
+//! (`bottle_docker::pool` holds the entries and their checks).
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use bottle_core::display::escape_for_terminal;
+use bottle_core::{BackendKind, BottleLauncher as _, BottleSpec, Plan};
+use bottle_docker::DockerBackend;
+
+use crate::args::{Global, PoolCommand, StartArgs};
+use crate::backends::{self, AnyBackend};
+use crate::commands::{confirm, launch_interruptibly, load_manifest, run_agent, state_root};
+use crate::failure::{EXIT_DECLINED, EXIT_USAGE, Failure};
+use crate::output::{self, note, out};
+
+/// The most entries one agent's pool holds: each is a running bottle.
+const MAX_POOL: u32 = 64;
+
+/// Runs `bottle pool <command>`.
+pub(crate) fn run(global: &Global, command: &PoolCommand) -> Result<ExitCode, Failure> {
+    match command {
+        PoolCommand::Fill(args) => fill(global, &args.agent, args.count),
+        PoolCommand::List => list(global),
+        PoolCommand::Drain(args) => drain(global, args.agent.as_deref()),
+    }
+}
+
+/// The docker backend, set up for bottles that outlive this process.
+fn docker(global: &Global) -> Result<DockerBackend, Failure> {
+    let kind = backends::selected(global)?;
+    if kind != BackendKind::Docker {
+        return Err(Failure::new(
+            "BOT-C060",
+            EXIT_USAGE,
+            format!("the warm pool runs on the docker backend only, not {kind}"),
+        )
+        .with_fix("use --backend docker for pooled bottles, or start smolmachines bottles cold with `bottle start`"));
+    }
+    let backend = backends::open(kind, global, backends::Mode { detach: true })?;
+    backend.preflight()?;
+    match backend {
+        AnyBackend::Docker(docker) => Ok(docker),
+        AnyBackend::Smolmachines(_) => {
+            Err(anyhow::anyhow!("the docker backend was asked for").into())
+        }
+    }
+}
+
+fn fill(global: &Global, agent: &str, count: Option<u32>) -> Result<ExitCode, Failure> {
+    let manifest = load_manifest(global)?;
+    let configured = manifest.agents.get(agent).and_then(|a| a.pool);
+    let Some(count) = count.or(configured) else {
+        return Err(Failure::new(
+            "BOT-C061",
+            EXIT_USAGE,
+            format!("no pool size for agent {agent}"),
+        )
+        .with_fix(format!(
+            "give one (`bottle pool fill {agent} 2`), or set `pool = 2` under [agents.{agent}] in the manifest"
+        )));
+    };
+    if count > MAX_POOL {
+        return Err(Failure::new(
+            "BOT-C062",
+            EXIT_USAGE,
+            format!("a pool of {count} bottles is over the limit of {MAX_POOL}"),
+        )
+        .with_fix(format!("ask for at most {MAX_POOL}")));
+    }
+    let backend = docker(global)?;
+    let root = state_root()?;
+    let waiting = bottle_docker::pool::list(&root)
+        .into_iter()
+        .filter(|e| e.agent == agent && e.state == "ready")
+        .count();
+    let missing = (count as usize).saturating_sub(waiting);
+    if missing == 0 {
+        out(&format!("pool {agent}: {waiting} ready\n"));
+        return Ok(ExitCode::SUCCESS);
+    }
+    for made in 0..missing {
+        let name = bottle_docker::pool::entry_name(agent)?;
+        let spec = BottleSpec::new(&manifest, &global.manifest, agent, Some(&name), &root)?;
+        let resolved = crate::devices::resolve(&spec)?;
+        let mut plan = backend.prepare(&spec)?;
+        resolved.fill_plan(&mut plan, Path::new("/"));
+        if made == 0 {
+            for warning in &resolved.warnings {
+                note(global.quiet, &format!("warning: {warning}"));
+            }
+            if !global.quiet || !global.yes {
+                output::err(&format!(
+                    "{} (and {} more like it)\n{}",
+                    plan.bottle,
+                    missing - 1,
+                    plan.render()
+                ));
+            }
+            if !global.yes && !confirm(&format!("fill the pool of {agent} with {missing}?"))? {
+                note(global.quiet, "not filled");
+                return Ok(ExitCode::from(EXIT_DECLINED));
+            }
+        }
+        let fingerprint = backend.pool_fingerprint(&spec, &plan.devices)?;
+        let bottle = launch_interruptibly(&backend, &plan)?;
+        for warning in bottle.launch_warnings() {
+            note(global.quiet, &format!("warning: {warning}"));
+        }
+        drop(bottle);
+        if let Err(err) = backend.mark_pooled(&plan, &fingerprint) {
+            let _ = bottle_core::BottleBackend::stop(&backend, &plan.bottle);
+            return Err(err.into());
+        }
+        out(&format!("{}\n", plan.bottle));
+    }
+    note(
+        global.quiet,
+        &format!("pool {agent}: {count} ready; `bottle start {agent}` claims one"),
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn list(global: &Global) -> Result<ExitCode, Failure> {
+    let entries = bottle_docker::pool::list(&state_root()?);
+    if global.json {
+        output::json(&entries)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if entries.is_empty() {
+        note(global.quiet, "no pooled bottles");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rows: Vec<Vec<String>> = entries
+        .into_iter()
+        .map(|e| vec![e.name, e.agent, e.state, e.filled])
+        .collect();
+    out(&output::table(&["NAME", "AGENT", "STATE", "FILLED"], &rows));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn drain(global: &Global, agent: Option<&str>) -> Result<ExitCode, Failure> {
+    let backend = docker(global)?;
+    let engine = backend
+        .engine()
+        .map_err(bottle_core::backend::BackendError::from)?;
+    let report = bottle_docker::pool::drain(engine, &state_root()?, agent)?;
+    for line in &report.removed {
+        note(global.quiet, &format!("removed {line}"));
+    }
+    for line in &report.failed {
+        note(false, &format!("could not remove {line}"));
+    }
+    if !report.failed.is_empty() {
+        return Err(Failure::new(
+            "BOT-C063",
+            crate::failure::EXIT_BACKEND,
+            "the pool was drained but some of its resources remain",
+        )
+        .with_fix("run `bottle cleanup`, then check `bottle list`"));
+    }
+    out(&format!(
+        "drained: removed {} resource(s)\n",
+        report.removed.len()
+    ));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `start` of a pooled bottle: claims a ready entry of the agent made
+/// from what a cold start would use, shows its plan and asks as `start`
+/// does, then runs the agent. `None` when no entry passed the claim's
+/// checks: the caller starts cold (each refused entry is named and was
+/// removed).
+pub(crate) fn start_claimed(
+    backend: &DockerBackend,
+    global: &Global,
+    args: &StartArgs,
+    spec: &BottleSpec,
+    resolved: &bottle_core::devices::ResolvedDevices,
+) -> Result<Option<ExitCode>, Failure> {
+    let root = state_root()?;
+    let any_ready = bottle_docker::pool::list(&root)
+        .iter()
+        .any(|e| e.agent == spec.agent_name && e.state == "ready");
+    if !any_ready {
+        return Ok(None);
+    }
+    let mut devices = Plan::from_spec(spec, BackendKind::Docker, spec.agent.memory_bytes());
+    resolved.fill_plan(&mut devices, Path::new("/"));
+    let fingerprint = backend.pool_fingerprint(spec, &devices.devices)?;
+    let claim = backend.claim_pooled(&spec.agent_name, &fingerprint, args.detach)?;
+    for (name, why) in &claim.refused {
+        note(
+            global.quiet,
+            &format!(
+                "warning: pooled bottle {name} refused and removed: {}",
+                escape_for_terminal(why)
+            ),
+        );
+    }
+    let Some((bottle, plan)) = claim.bottle else {
+        if !claim.refused.is_empty() {
+            note(
+                global.quiet,
+                "no pooled bottle passed its checks: starting cold",
+            );
+        }
+        return Ok(None);
+    };
+    if !global.quiet || !global.yes {
+        output::err(&format!("{}\n{}", plan.bottle, plan.render()));
+    }
+    if !global.yes && !confirm("start this bottle?")? {
+        drop(bottle);
+        let _ = bottle_core::BottleBackend::stop(backend, &plan.bottle);
+        note(global.quiet, "not started (the pooled bottle was removed)");
+        return Ok(Some(ExitCode::from(EXIT_DECLINED)));
+    }
+    note(
+        global.quiet,
+        &format!("claimed pooled bottle {}", plan.bottle),
+    );
+    Ok(Some(run_agent(
+        backend,
+        global,
+        args,
+        Box::new(bottle),
+        &plan.command,
+    )?))
+}

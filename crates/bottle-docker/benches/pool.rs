@@ -1,0 +1,185 @@
+//! The warm pool against raw Docker, in one run on the real daemon:
+//! `bottle start --yes` of an agent with a pooled bottle waiting (claim,
+//! re-check, run a command that prints) until its first output, against
+//! `docker run --rm IMAGE true` of the same image, interleaved; a cold
+//! `bottle start` of the same agent is the third column's reference. The
+//! refill between iterations (`bottle pool fill`) is not timed, nor is
+//! the stop after the first output.
+//!
+//! It drives the real `bottle` binary: `BOTTLE_CLI_BIN`, else the `bottle`
+//! built beside this bench (`cargo build -p bottle-cli` first). `cargo
+//! xtask bench` runs it with the static binaries; by hand:
+//! `BOTTLE_BUNDLE_BIN=… BOTTLE_TOOLBOX_BIN=… cargo bench --profile dev -p
+//! bottle-docker --bench pool [-- --quick]`. Every loop is bounded in
+//! count.
+
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "a bench prints its table and fails loudly"
+)]
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use bottle_core::BottleBackend as _;
+use bottle_docker::{DockerBackend, DockerOptions};
+
+const TAG: &str = "bottle-demo-agent:bench";
+
+fn main() {
+    let quick = std::env::args().any(|arg| arg == "--quick");
+    let rounds = if quick { 3 } else { 10 };
+    let bundle = std::env::var_os("BOTTLE_BUNDLE_BIN")
+        .map(PathBuf::from)
+        .expect("set BOTTLE_BUNDLE_BIN to the static bundle");
+    assert!(
+        std::env::var_os("BOTTLE_TOOLBOX_BIN").is_some(),
+        "set BOTTLE_TOOLBOX_BIN to the static in-box agent"
+    );
+    let cli = cli_binary();
+    let state = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = DockerOptions::new(state.path().join("bottle"));
+    options.bundle_bin = Some(bundle);
+    let backend = DockerBackend::new(options).unwrap();
+    backend.preflight().unwrap();
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/demo-agent");
+    backend
+        .build_demo_agent(&demo, Path::new("/bin/busybox"), TAG)
+        .unwrap();
+    let manifest = dir.path().join("bottle.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "[agents.bench]\nimage = \"{TAG}\"\ncommand = [\"/bin/echo\", \"first-output\"]\n[agents.bench.egress]\nallow = [\"bench.bottle.test\"]\n"
+        ),
+    )
+    .unwrap();
+    let bottle = |args: &[&str]| {
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "the bench drives the real `bottle` binary and times its first output"
+        )]
+        let mut command = std::process::Command::new(&cli);
+        command
+            .env("XDG_STATE_HOME", state.path())
+            .arg("--manifest")
+            .arg(&manifest)
+            .args(["--backend", "docker", "--yes", "--quiet"])
+            .args(args);
+        command
+    };
+    let _drain = Drain(bottle(&["pool", "drain"]));
+
+    let (mut claims, mut colds, mut raws) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let filled = bottle(&["pool", "fill", "bench", "1"])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(filled.success(), "bottle pool fill failed");
+        claims.push(first_output(bottle(&["start", "bench"])));
+        colds.push(first_output(bottle(&["start", "bench", "--name", "cold"])));
+        raws.push(time(|| {
+            assert!(docker(&["run", "--rm", TAG, "true"]));
+        }));
+    }
+    println!("| measure | bottle p50 (p99) ms | baseline | baseline p50 (p99) ms | ratio |");
+    println!("| --- | --- | --- | --- | --- |");
+    row(
+        "start of a pooled bottle, create → first output (claim, re-check, exec)",
+        &claims,
+        "`docker run --rm IMAGE true`",
+        &raws,
+    );
+    row(
+        "cold start, create → first output (the same CLI, no pool)",
+        &colds,
+        "`docker run --rm IMAGE true`",
+        &raws,
+    );
+    println!("\nn: {rounds} of each, interleaved");
+}
+
+/// Drains the bench's pool however the bench ends.
+struct Drain(std::process::Command);
+
+impl Drop for Drain {
+    fn drop(&mut self) {
+        let _ = self.0.stdout(Stdio::null()).stderr(Stdio::null()).status();
+    }
+}
+
+/// `BOTTLE_CLI_BIN`, else the `bottle` in this bench's target directory.
+fn cli_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("BOTTLE_CLI_BIN") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().unwrap();
+    let beside = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|profile| profile.join("bottle"))
+        .filter(|path| path.is_file());
+    beside.expect("set BOTTLE_CLI_BIN, or build the CLI first: cargo build -p bottle-cli")
+}
+
+/// How long `command` takes to write its first byte to stdout; then waits
+/// for it to end (not timed) and requires it succeeded.
+fn first_output(mut command: std::process::Command) -> Duration {
+    let started = Instant::now();
+    let mut child = command.stdout(Stdio::piped()).spawn().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut byte = [0u8; 1];
+    stdout.read_exact(&mut byte).unwrap();
+    let elapsed = started.elapsed();
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    assert!(child.wait().unwrap().success(), "bottle start failed");
+    elapsed
+}
+
+fn docker(args: &[&str]) -> bool {
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the baseline is the docker CLI itself"
+    )]
+    let status = std::process::Command::new("docker")
+        .args(args)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    status.success()
+}
+
+fn time(f: impl FnOnce()) -> Duration {
+    let started = Instant::now();
+    f();
+    started.elapsed()
+}
+
+fn percentile(samples: &[Duration], p: usize) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn row(what: &str, ours: &[Duration], baseline_name: &str, baseline: &[Duration]) {
+    let (a, b) = (percentile(ours, 50), percentile(baseline, 50));
+    println!(
+        "| {what} | {:.1} ({:.1}) | {baseline_name} | {:.1} ({:.1}) | {:.2} |",
+        ms(a),
+        ms(percentile(ours, 99)),
+        ms(b),
+        ms(percentile(baseline, 99)),
+        a.as_secs_f64() / b.as_secs_f64()
+    );
+}
