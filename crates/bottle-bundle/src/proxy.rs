@@ -38,7 +38,7 @@ use crate::body::{AuditGuard, BoxBody, FindingSlot, MeteredBody, ScanBody, boxed
 use crate::ca::LeafMinter;
 use crate::egress::{Destination, Egress, Outcome, Scheme};
 use crate::encoding::{self, Refusal};
-use crate::io::{IdleIo, Prefixed};
+use crate::io::{IdleIo, Prefixed, ReadBuffered};
 use crate::scan::Scanner;
 
 mod denied_tunnel;
@@ -478,7 +478,8 @@ impl Proxy {
         if n == 0 {
             return;
         }
-        let io = Prefixed::new(Bytes::copy_from_slice(&first[..n]), io);
+        // rustls reads 4 KiB at a time; an upload reads through a buffer.
+        let io = ReadBuffered::new(Prefixed::new(Bytes::copy_from_slice(&first[..n]), io));
         if first[0] != 0x16 {
             if TLS_PORTS.contains(&target.port) {
                 // Plain bytes to a TLS port: whatever they are, they are not
