@@ -188,7 +188,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
 /// How much [`ReadBuffered`] asks of the stream per read.
 const READ_BUFFER: usize = 64 * 1024;
 
-/// Reads `inner` up to [`READ_BUFFER`] bytes at a time and hands them out
+/// Reads `inner` up to 64 KiB at a time and hands the bytes out
 /// in whatever pieces the reader asks for.
 ///
 /// rustls asks its socket for 4 KiB per read, so a 16 KiB record costs

@@ -288,6 +288,10 @@ impl Egress {
             }
         };
         strip_hop_by_hop(&mut parts.headers);
+        // What hyper's server attached to the agent's request (an upgrade
+        // handle, HTTP/2's extended-CONNECT protocol) is not for the
+        // upstream's client to act on.
+        parts.extensions = http::Extensions::new();
         if let Ok(v) = HeaderValue::from_str(&authority) {
             parts.headers.insert(header::HOST, v);
         }
