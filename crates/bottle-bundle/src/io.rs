@@ -209,11 +209,6 @@ impl<T> ReadBuffered<T> {
             buf: BytesMut::new(),
         }
     }
-
-    /// The wrapped stream.
-    pub fn get_ref(&self) -> &T {
-        &self.inner
-    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for ReadBuffered<T> {
