@@ -92,7 +92,8 @@ pub struct Destination<'a> {
 pub enum Outcome {
     /// Sent upstream; the response is the upstream's.
     Forwarded,
-    /// Answered by egress itself (already audited as `daemon: egress`).
+    /// Answered by egress itself, and audited as `daemon: egress` (unless
+    /// the audit log is down, which is why it refused).
     Refused {
         /// The audit decision.
         decision: Decision,
