@@ -11,8 +11,17 @@
 //! - tinyproxy: client → `CONNECT` tunnel → upstream (TLS end to end; the
 //!   proxy only copies bytes).
 //! - bundle: client → `CONNECT` → TLS terminated by the bundle with the
-//!   bottle CA → scanning → egress over loopback → new TLS to the upstream.
+//!   bottle CA → scanning → egress (in-process) → new TLS to the upstream.
 //!   There is no pass-through mode: every allowed tunnel is intercepted.
+//!
+//! Every leg speaks HTTP/1.1 (the upstream offers no ALPN), except the
+//! HTTP/2 row: there the client offers `h2` and a second upstream listener
+//! answers HTTP/2 only, so each path is HTTP/2 end to end.
+//!
+//! The bulk rows also give the CPU seconds per GB moved of the proxy's
+//! process (the bundle, tinyproxy) and of this process (the client and the
+//! upstream), from `/proc/<pid>/stat`: on a machine with few cores the
+//! three share them, which bounds what any proxy can reach.
 
 #![expect(clippy::print_stdout, reason = "a benchmark prints its table")]
 #![expect(
@@ -116,24 +125,60 @@ where
 struct Upstream {
     http: SocketAddr,
     https: SocketAddr,
+    /// HTTPS with ALPN `h2`, answering HTTP/2 only.
+    https_h2: SocketAddr,
     root_pem: String,
 }
+
+async fn serve_upstream_h2<I>(io: I, chunk: Bytes)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper::service::service_fn(move |req| upstream_handler(req, chunk.clone()));
+    let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .initial_stream_window_size(H2_WINDOW)
+        .initial_connection_window_size(H2_WINDOW)
+        .serve_connection(TokioIo::new(io), svc)
+        .await;
+}
+
+/// The HTTP/2 flow-control windows of the bench's own HTTP/2 ends, the
+/// size the bundle uses, so no leg is held to the 64 KiB default.
+const H2_WINDOW: u32 = 8 * 1024 * 1024;
 
 async fn start_upstream(dir: &Path) -> Upstream {
     let ca = bottle_bundle::generate_ca("bench-upstream").unwrap();
     std::fs::write(dir.join("upstream-root.pem"), &ca.cert_pem).unwrap();
     let minter = LeafMinter::new(&ca.cert_pem, &ca.key_pem).unwrap();
     let mut cfg = (*minter.server_config(&Host::Name(HOST.into())).unwrap()).clone();
+    let mut cfg_h2 = cfg.clone();
     cfg.alpn_protocols.clear();
+    cfg_h2.alpn_protocols = vec![b"h2".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let acceptor_h2 = tokio_rustls::TlsAcceptor::from(Arc::new(cfg_h2));
     let chunk = filler(64 * 1024);
     let http_l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let https_l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let https_h2_l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let up = Upstream {
         http: http_l.local_addr().unwrap(),
         https: https_l.local_addr().unwrap(),
+        https_h2: https_h2_l.local_addr().unwrap(),
         root_pem: ca.cert_pem,
     };
+    let c2 = chunk.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = https_h2_l.accept().await {
+            let _ = s.set_nodelay(true);
+            let acceptor = acceptor_h2.clone();
+            let chunk = c2.clone();
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(s).await {
+                    serve_upstream_h2(tls, chunk).await;
+                }
+            });
+        }
+    });
     let c1 = chunk.clone();
     tokio::spawn(async move {
         while let Ok((s, _)) = http_l.accept().await {
@@ -156,7 +201,7 @@ async fn start_upstream(dir: &Path) -> Upstream {
     up
 }
 
-fn tls_connector(root_pem: &str) -> tokio_rustls::TlsConnector {
+fn tls_connector(root_pem: &str, alpn: &[&[u8]]) -> tokio_rustls::TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
     roots
         .add(CertificateDer::from_pem_slice(root_pem.as_bytes()).unwrap())
@@ -168,6 +213,8 @@ fn tls_connector(root_pem: &str) -> tokio_rustls::TlsConnector {
     .unwrap()
     .with_root_certificates(roots)
     .with_no_client_auth();
+    let mut cfg = cfg;
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     tokio_rustls::TlsConnector::from(Arc::new(cfg))
 }
 
@@ -192,6 +239,9 @@ struct Ctx {
     up: Upstream,
     upstream_tls: tokio_rustls::TlsConnector,
     bottle_tls: tokio_rustls::TlsConnector,
+    /// The same trust, offering ALPN `h2`.
+    upstream_tls_h2: tokio_rustls::TlsConnector,
+    bottle_tls_h2: tokio_rustls::TlsConnector,
 }
 
 type Tls = tokio_rustls::client::TlsStream<TcpStream>;
@@ -219,20 +269,31 @@ async fn connect_tunnel(proxy: SocketAddr, authority: &str) -> std::io::Result<T
 }
 
 async fn open_https(ctx: &Ctx, via: Via) -> std::io::Result<Tls> {
-    let port = ctx.up.https.port();
+    open_tls(ctx, via, false).await
+}
+
+/// A TLS connection to the upstream through `via`; `h2`: to the HTTP/2
+/// listener, offering ALPN `h2`.
+async fn open_tls(ctx: &Ctx, via: Via, h2: bool) -> std::io::Result<Tls> {
+    let (addr, upstream_tls, bottle_tls) = if h2 {
+        (ctx.up.https_h2, &ctx.upstream_tls_h2, &ctx.bottle_tls_h2)
+    } else {
+        (ctx.up.https, &ctx.upstream_tls, &ctx.bottle_tls)
+    };
+    let port = addr.port();
     let (tcp, connector) = match via {
         Via::Direct => {
-            let s = TcpStream::connect(ctx.up.https).await?;
+            let s = TcpStream::connect(addr).await?;
             s.set_nodelay(true)?;
-            (s, &ctx.upstream_tls)
+            (s, upstream_tls)
         }
         Via::Tinyproxy(p) => (
             connect_tunnel(p, &format!("127.0.0.1:{port}")).await?,
-            &ctx.upstream_tls,
+            upstream_tls,
         ),
         Via::Bundle(p) => (
             connect_tunnel(p, &format!("{HOST}:{port}")).await?,
-            &ctx.bottle_tls,
+            bottle_tls,
         ),
     };
     let name = ServerName::try_from(HOST.to_string()).map_err(std::io::Error::other)?;
@@ -345,6 +406,46 @@ async fn bulk_download(ctx: &Ctx, via: Via, tls: bool, size: u64, reps: u32) -> 
     total as f64 / start.elapsed().as_secs_f64() / 1e6
 }
 
+/// Bulk download over HTTP/2: `reps` downloads of `size` bytes, one stream
+/// at a time on one connection.
+async fn bulk_download_h2(ctx: &Ctx, via: Via, size: u64, reps: u32) -> f64 {
+    use http_body_util::BodyExt;
+    let tls = open_tls(ctx, via, true).await.unwrap();
+    assert_eq!(
+        tls.get_ref().1.alpn_protocol(),
+        Some(&b"h2"[..]),
+        "{} did not settle HTTP/2",
+        via.name()
+    );
+    let (mut send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(H2_WINDOW)
+            .initial_connection_window_size(H2_WINDOW)
+            .handshake::<_, http_body_util::Empty<Bytes>>(TokioIo::new(tls))
+            .await
+            .unwrap();
+    let driver = tokio::spawn(conn);
+    let start = Instant::now();
+    let mut total = 0u64;
+    for _ in 0..reps {
+        let req = Request::get(format!("https://{HOST}/bytes/{size}"))
+            .body(http_body_util::Empty::new())
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        assert!(resp.status().is_success(), "{}", resp.status());
+        let mut body = resp.into_body();
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame.unwrap().into_data() {
+                total += data.len() as u64;
+            }
+        }
+    }
+    let mbps = total as f64 / start.elapsed().as_secs_f64() / 1e6;
+    drop(send);
+    driver.abort();
+    mbps
+}
+
 /// Bulk upload over TLS (the bundle scans every byte for secrets).
 async fn bulk_upload(ctx: &Ctx, via: Via, size: u64, reps: u32) -> f64 {
     let chunk = filler(256 * 1024);
@@ -452,6 +553,46 @@ fn rss_kib(pid: u32) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
+/// CPU seconds (user + system) `pid` has used so far; `None`: the self
+/// process. `/proc/<pid>/stat` counts in USER_HZ, 100 per second on Linux.
+fn cpu_seconds(pid: Option<u32>) -> f64 {
+    let path = pid.map_or_else(
+        || "/proc/self/stat".to_string(),
+        |p| format!("/proc/{p}/stat"),
+    );
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
+    // The command name (field 2) may hold spaces; fields after its `)`
+    // start at field 3, so utime (14) and stime (15) are at 11 and 12.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (ticks(11) + ticks(12)) as f64 / 100.0
+}
+
+/// Runs `work` (which returns MB/s after moving `bytes`) and returns its
+/// result with the CPU seconds per GB of the proxy's process `proxy_pid`
+/// (none for the direct path) and of this process.
+async fn with_cpu<F: std::future::Future<Output = f64>>(
+    proxy_pid: Option<u32>,
+    bytes: u64,
+    work: F,
+) -> (f64, Option<f64>, f64) {
+    let proxy_before = proxy_pid.map(|p| cpu_seconds(Some(p)));
+    let own_before = cpu_seconds(None);
+    let mbps = work.await;
+    let gb = bytes as f64 / 1e9;
+    let proxy = proxy_pid
+        .zip(proxy_before)
+        .map(|(p, before)| (cpu_seconds(Some(p)) - before) / gb);
+    let own = (cpu_seconds(None) - own_before) / gb;
+    (mbps, proxy, own)
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -502,7 +643,7 @@ fn start_bundle(dir: &Path, up: &Upstream) -> (Killed, SocketAddr, String) {
         "proxy_listen": proxy.to_string(),
         "egress_listen": "127.0.0.1:0",
         "allow": [HOST],
-        "ports": [up.http.port(), up.https.port()],
+        "ports": [up.http.port(), up.https.port(), up.https_h2.port()],
         "credentials": [],
         "ca_cert": dir.join("ca.pem"),
         "ca_key": dir.join("ca.key"),
@@ -529,8 +670,9 @@ fn start_tinyproxy(dir: &Path, up: &Upstream) -> Option<(Killed, SocketAddr)> {
     let port = free_port();
     let conf = format!(
         "Port {port}\nListen 127.0.0.1\nTimeout 600\nMaxClients 2000\nAllow 127.0.0.1\n\
-         ConnectPort {}\nDisableViaHeader Yes\nLogLevel Critical\nLogFile \"{}\"\n",
+         ConnectPort {}\nConnectPort {}\nDisableViaHeader Yes\nLogLevel Critical\nLogFile \"{}\"\n",
         up.https.port(),
+        up.https_h2.port(),
         dir.join("tinyproxy.log").display()
     );
     let conf_path = dir.join("tinyproxy.conf");
@@ -570,8 +712,10 @@ async fn run(quick: bool) {
         assert!(wait_listening(*addr).await, "tinyproxy did not start");
     }
     let ctx = Arc::new(Ctx {
-        upstream_tls: tls_connector(&up.root_pem),
-        bottle_tls: tls_connector(&bottle_ca),
+        upstream_tls: tls_connector(&up.root_pem, &[]),
+        bottle_tls: tls_connector(&bottle_ca, &[]),
+        upstream_tls_h2: tls_connector(&up.root_pem, &[b"h2"]),
+        bottle_tls_h2: tls_connector(&bottle_ca, &[b"h2"]),
         up,
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -595,8 +739,26 @@ async fn run(quick: bool) {
         "bulk: {reps} x {} MiB per path, one connection; latency: small (100 B) GETs\n",
         size >> 20
     );
-    println!("| workload | path | result | vs direct |");
-    println!("| --- | --- | --- | --- |");
+    println!(
+        "bulk rows: CPU s/GB is the proxy's process (bundle, tinyproxy) and this process (client and upstream)\n"
+    );
+    println!(
+        "| workload | path | result | vs direct | proxy CPU s/GB | client+upstream CPU s/GB |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- |");
+    let proxy_pid = |via: Via| match via {
+        Via::Bundle(_) => Some(bundle_pid),
+        Via::Tinyproxy(_) => tiny_pid,
+        Via::Direct => None,
+    };
+    let row = |label: &str, via: Via, (mbps, proxy, own): (f64, Option<f64>, f64), direct: f64| {
+        println!(
+            "| {label} | {} | {mbps:.0} | {:.2} | {} | {own:.2} |",
+            via.name(),
+            mbps / direct,
+            proxy.map_or_else(|| "-".to_string(), |c| format!("{c:.2}"))
+        );
+    };
     for (label, tls) in [
         ("bulk download, HTTPS (MB/s)", true),
         ("bulk download, plain HTTP (MB/s)", false),
@@ -608,32 +770,61 @@ async fn run(quick: bool) {
             }
             // Warm-up (pools, leaf cache), then the measured run.
             let _ = bulk_download(&ctx, *via, tls, 1 << 20, 1).await;
-            let mbps = bulk_download(&ctx, *via, tls, size, reps).await;
+            let measured = with_cpu(
+                proxy_pid(*via),
+                size * u64::from(reps),
+                bulk_download(&ctx, *via, tls, size, reps),
+            )
+            .await;
             if *via == Via::Direct {
-                direct = mbps;
+                direct = measured.0;
             }
-            println!(
-                "| {label} | {} | {mbps:.0} | {:.2} |",
-                via.name(),
-                mbps / direct
-            );
+            row(label, *via, measured, direct);
         }
     }
     {
+        let label = "bulk download, HTTPS, HTTP/2 (MB/s)";
         let mut direct = f64::NAN;
         for via in &vias {
-            let _ = bulk_upload(&ctx, *via, 1 << 20, 1).await;
-            let mbps = bulk_upload(&ctx, *via, size / 2, reps).await;
-            if *via == Via::Direct {
-                direct = mbps;
+            if Instant::now() > total_limit {
+                break;
             }
-            println!(
-                "| bulk upload, HTTPS (MB/s) | {} | {mbps:.0} | {:.2} |",
-                via.name(),
-                mbps / direct
-            );
+            let _ = bulk_download_h2(&ctx, *via, 1 << 20, 1).await;
+            let measured = with_cpu(
+                proxy_pid(*via),
+                size * u64::from(reps),
+                bulk_download_h2(&ctx, *via, size, reps),
+            )
+            .await;
+            if *via == Via::Direct {
+                direct = measured.0;
+            }
+            row(label, *via, measured, direct);
         }
     }
+    {
+        let label = "bulk upload, HTTPS (MB/s)";
+        let mut direct = f64::NAN;
+        for via in &vias {
+            if Instant::now() > total_limit {
+                break;
+            }
+            let _ = bulk_upload(&ctx, *via, 1 << 20, 1).await;
+            let measured = with_cpu(
+                proxy_pid(*via),
+                size / 2 * u64::from(reps),
+                bulk_upload(&ctx, *via, size / 2, reps),
+            )
+            .await;
+            if *via == Via::Direct {
+                direct = measured.0;
+            }
+            row(label, *via, measured, direct);
+        }
+    }
+    println!();
+    println!("| workload | path | result | vs direct |");
+    println!("| --- | --- | --- | --- |");
     let (n_keep, n_fresh) = if quick { (300, 60) } else { (2000, 300) };
     for (label, fresh, n) in [
         ("HTTPS request, kept-alive connection (ms)", false, n_keep),

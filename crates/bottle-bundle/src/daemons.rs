@@ -22,7 +22,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use crate::BundleError;
 use crate::audit::AuditLog;
-use crate::egress::{Egress, check_egress_listen};
+use crate::egress::Egress;
 use crate::proxy::Proxy;
 
 /// Reads and checks the config file.
@@ -197,8 +197,6 @@ pub async fn keep_up(daemons: Vec<Daemon>, policy: RestartPolicy) -> Result<(), 
 pub struct RunningBundle {
     /// Where the proxy listens.
     pub proxy_addr: SocketAddr,
-    /// Where egress listens.
-    pub egress_addr: SocketAddr,
     /// Where git-gate listens (`None`: not configured).
     pub git_gate_addr: Option<SocketAddr>,
     /// Where supervise listens (`None`: not configured).
@@ -240,7 +238,7 @@ pub(crate) fn listen_addr(daemon: &'static str, raw: &str) -> Result<SocketAddr,
     })
 }
 
-/// Builds both daemons, binds their ports and starts the supervisor.
+/// Builds the daemons, binds their ports and starts the supervisor.
 /// Fails (without starting anything) if the config, CA, credentials or a
 /// port are not usable.
 pub async fn start(config: BundleConfig) -> Result<RunningBundle, BundleError> {
@@ -253,8 +251,6 @@ pub async fn start(config: BundleConfig) -> Result<RunningBundle, BundleError> {
             ),
         });
     }
-    let egress_addr = listen_addr("egress", &config.egress_listen)?;
-    check_egress_listen(&egress_addr)?;
     let proxy_addr = listen_addr("proxy", &config.proxy_listen)?;
     let audit = AuditLog::open(
         Path::new(&config.audit_log),
@@ -265,22 +261,16 @@ pub async fn start(config: BundleConfig) -> Result<RunningBundle, BundleError> {
     // Operator approvals (supervise) reach the proxy and egress through
     // this one shared list.
     let runtime_rules = crate::allowlist::RuntimeRules::default();
+    // Egress has no listener: the proxy calls it in-process, so nothing
+    // else in the bundle's network namespace can reach it.
     let mut egress = Egress::new(&config, audit.clone())?;
     egress.share_runtime_rules(runtime_rules.clone());
     let egress = Arc::new(egress);
-    let egress_listener = bind("egress", egress_addr)?;
-    let egress_addr = egress_listener
-        .local_addr()
-        .map_err(|source| BundleError::Bind {
-            daemon: "egress",
-            addr: egress_addr.to_string(),
-            source,
-        })?;
     // Push approvals reach git-gate the same way.
     let push_rules = crate::gitgate::push_rules::RuntimePushRules::default();
     let git_gate = crate::gitgate::daemon(&config, &audit, &push_rules)?;
     let supervise_daemon = crate::supervise::daemon(&config, &audit, &runtime_rules, &push_rules)?;
-    let mut proxy = Proxy::new(&config, audit.clone(), egress_addr)?;
+    let mut proxy = Proxy::new(&config, audit.clone(), egress)?;
     proxy.share_runtime_rules(runtime_rules);
     let proxy = Arc::new(proxy);
     let proxy_listener = bind("proxy", proxy_addr)?;
@@ -292,20 +282,12 @@ pub async fn start(config: BundleConfig) -> Result<RunningBundle, BundleError> {
             source,
         })?;
 
-    let mut daemons = vec![
-        Daemon {
-            name: "egress",
-            addr: egress_addr,
-            listener: egress_listener,
-            serve: Arc::new(move |l| Box::pin(egress.clone().serve(l))),
-        },
-        Daemon {
-            name: "proxy",
-            addr: proxy_addr,
-            listener: proxy_listener,
-            serve: Arc::new(move |l| Box::pin(proxy.clone().serve(l))),
-        },
-    ];
+    let mut daemons = vec![Daemon {
+        name: "proxy",
+        addr: proxy_addr,
+        listener: proxy_listener,
+        serve: Arc::new(move |l| Box::pin(proxy.clone().serve(l))),
+    }];
     let git_gate_addr = git_gate.as_ref().map(|d| d.addr);
     daemons.extend(git_gate);
     let supervise_addr = supervise_daemon.as_ref().map(|d| d.addr);
@@ -313,7 +295,6 @@ pub async fn start(config: BundleConfig) -> Result<RunningBundle, BundleError> {
     let task = tokio::spawn(keep_up(daemons, RestartPolicy::from_limits(&config.limits)));
     Ok(RunningBundle {
         proxy_addr,
-        egress_addr,
         git_gate_addr,
         supervise_addr,
         task: Some(task),

@@ -49,12 +49,6 @@ pub enum BundleError {
         #[source]
         source: std::io::Error,
     },
-    /// The egress daemon was asked to listen on a non-loopback address.
-    #[error("egress_listen {addr} is not a loopback address")]
-    EgressNotLoopback {
-        /// The address.
-        addr: String,
-    },
     /// The certificate authority could not be made or loaded.
     #[error("certificate authority: {detail}")]
     Ca {
@@ -148,7 +142,6 @@ impl Coded for BundleError {
             Self::Rule { .. } => "BOT-B003",
             Self::ListenAddr { .. } => "BOT-B004",
             Self::Bind { .. } => "BOT-B005",
-            Self::EgressNotLoopback { .. } => "BOT-B006",
             Self::Ca { .. } => "BOT-B007",
             Self::Credential { .. } => "BOT-B008",
             Self::Tls { .. } => "BOT-B009",
@@ -170,11 +163,8 @@ impl Coded for BundleError {
             Self::Rule { .. } => {
                 "use an exact host (api.example.com), a suffix rule (*.example.com) or an IP literal"
             }
-            Self::ListenAddr { .. } => "use an address like 127.0.0.1:9099",
+            Self::ListenAddr { .. } => "use an address like 0.0.0.0:8888",
             Self::Bind { .. } => "free the port or change the daemon's listen address",
-            Self::EgressNotLoopback { .. } => {
-                "bind egress to 127.0.0.1 so that only the proxy can reach it"
-            }
             Self::Ca { .. } => "regenerate the bottle's CA with bottle_bundle::generate_ca",
             Self::Credential { .. } => "check that the backend copied the secret into the bundle",
             Self::Tls { .. } => "check the PEM files named in the bundle config",

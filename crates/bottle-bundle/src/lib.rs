@@ -1,6 +1,6 @@
 //! `bottle-bundle` is the per-bottle sidecar bundle: the agent-facing proxy,
-//! the loopback-only egress daemon, the audit log, and the supervisor that
-//! keeps them up (or exits non-zero so the bottle fails closed).
+//! egress (the only code that dials out, called by the proxy in-process),
+//! the audit log, and the supervisor that keeps the daemons up (or exits non-zero so the bottle fails closed).
 //!
 //! Entry points: [`start`] (library, used by the binary and the tests),
 //! [`read_audit`] / [`AuditFollower`] (`bottle logs`), [`supervise`] (the

@@ -31,7 +31,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the proxy and egress daemons.
+    /// Run the bundle's daemons.
     Run {
         /// The bundle config (JSON).
         #[arg(long, default_value = bottle_core::bundle::BUNDLE_CONFIG_PATH)]
@@ -103,10 +103,7 @@ fn run(config: &std::path::Path) -> ExitCode {
             Ok(r) => r,
             Err(e) => return fail(&e),
         };
-        eprintln!(
-            "bottle-bundle: proxy on {}, egress on {}",
-            running.proxy_addr, running.egress_addr
-        );
+        eprintln!("bottle-bundle: proxy on {}", running.proxy_addr);
         if let Some(addr) = running.git_gate_addr {
             eprintln!("bottle-bundle: git-gate on {addr}");
         }

@@ -12,12 +12,11 @@
 //!
 //! Every forwarded request is scanned for secrets (target, headers, the body
 //! as it streams behind a hold-back window, or decoded first when it has a
-//! `Content-Encoding`) and then handed to the egress daemon over loopback
-//! (HTTP/2 requests as cleartext HTTP/2, so that trailers and two-way
-//! streaming cross the hop); the proxy itself never dials anything else.
-//! One audit line per decision, that is one per HTTP/2 stream.
+//! `Content-Encoding`) and then handed to [`Egress`] in-process, as a
+//! request and a streaming body (HTTP/2 trailers and two-way streaming pass
+//! through as sent); the proxy itself never dials anything. One audit line
+//! per decision, that is one per HTTP/2 stream.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -27,8 +26,6 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -39,11 +36,9 @@ use crate::allowlist::{Denial, Host, Policy, Verdict, normalize_host, parse_auth
 use crate::audit::{AuditLog, AuditRecord, Decision, redact_path};
 use crate::body::{AuditGuard, BoxBody, FindingSlot, MeteredBody, ScanBody, boxed, full};
 use crate::ca::LeafMinter;
-use crate::egress::{
-    DECISION_HEADER, REASON_HEADER, RULE_HEADER, SCHEME_HEADER, TARGET_HEADER, strip_hop_by_hop,
-};
+use crate::egress::{Destination, Egress, Outcome, Scheme};
 use crate::encoding::{self, Refusal};
-use crate::io::{IdleIo, Prefixed};
+use crate::io::{IdleIo, Prefixed, ReadBuffered};
 use crate::scan::Scanner;
 
 mod denied_tunnel;
@@ -59,10 +54,7 @@ pub struct Proxy {
     scanner: Scanner,
     minter: LeafMinter,
     audit: AuditLog,
-    egress: SocketAddr,
-    client: Client<HttpConnector, BoxBody>,
-    /// The hop for HTTP/2 requests: cleartext HTTP/2 with prior knowledge.
-    h2_client: Client<HttpConnector, BoxBody>,
+    egress: Arc<Egress>,
     limits: BundleLimits,
 }
 
@@ -70,7 +62,6 @@ impl std::fmt::Debug for Proxy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Proxy")
             .field("bottle", &self.bottle)
-            .field("egress", &self.egress)
             .finish_non_exhaustive()
     }
 }
@@ -104,36 +95,21 @@ enum TunnelProtocol {
 /// Where a request is going, after normalisation.
 #[derive(Debug, Clone)]
 struct Target {
-    scheme: &'static str,
+    scheme: Scheme,
     host: Host,
     port: u16,
     rule: String,
 }
 
 impl Proxy {
-    /// Builds the proxy; `egress` is the egress daemon's bound address.
+    /// Builds the proxy; every request it lets through goes to `egress`.
     pub fn new(
         config: &BundleConfig,
         audit: AuditLog,
-        egress: SocketAddr,
+        egress: Arc<Egress>,
     ) -> Result<Self, BundleError> {
         let policy = Policy::new(&config.allow, &config.ports)?.for_agent(&config.agent);
         let minter = LeafMinter::from_files(&config.ca_cert, &config.ca_key)?;
-        let mut http = HttpConnector::new();
-        http.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(http.clone());
-        let h2_client = Client::builder(TokioExecutor::new())
-            .http2_only(true)
-            .http2_initial_stream_window_size(H2_STREAM_WINDOW)
-            .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(http);
         Ok(Self {
             bottle: config.bottle.clone(),
             policy,
@@ -141,8 +117,6 @@ impl Proxy {
             minter,
             audit,
             egress,
-            client,
-            h2_client,
             limits: config.limits.clone(),
         })
     }
@@ -311,8 +285,8 @@ impl Proxy {
             );
         };
         let (scheme, default_port) = match uri.scheme_str() {
-            Some("http") => ("http", 80),
-            Some("https") => ("https", 443),
+            Some("http") => (Scheme::Http, 80),
+            Some("https") => (Scheme::Https, 443),
             other => {
                 let rec = self.record(
                     Decision::Deny,
@@ -460,7 +434,7 @@ impl Proxy {
             return refusal;
         }
         let target = Target {
-            scheme: "https",
+            scheme: Scheme::Https,
             host,
             port,
             rule,
@@ -504,7 +478,8 @@ impl Proxy {
         if n == 0 {
             return;
         }
-        let io = Prefixed::new(Bytes::copy_from_slice(&first[..n]), io);
+        // rustls reads 4 KiB at a time; an upload reads through a buffer.
+        let io = ReadBuffered::new(Prefixed::new(Bytes::copy_from_slice(&first[..n]), io));
         if first[0] != 0x16 {
             if TLS_PORTS.contains(&target.port) {
                 // Plain bytes to a TLS port: whatever they are, they are not
@@ -521,7 +496,7 @@ impl Proxy {
                 return;
             }
             // Not a TLS handshake record: plain HTTP inside the tunnel.
-            target.scheme = "http";
+            target.scheme = Scheme::Http;
             self.serve_tunnel(io, target, TunnelProtocol::Http1).await;
             return;
         }
@@ -739,51 +714,7 @@ impl Proxy {
             Ok(c) => c,
             Err(refusal) => return self.unscannable(&refusal, &target, &method, &pq, start),
         };
-        let (mut parts, body) = req.into_parts();
-        strip_hop_by_hop(&mut parts.headers);
-        let authority = match (target.scheme, target.port) {
-            ("https", 443) | ("http", 80) => target.host.authority_form(),
-            _ => format!("{}:{}", target.host.authority_form(), target.port),
-        };
-        if let Ok(v) = HeaderValue::from_str(&authority) {
-            parts.headers.insert(header::HOST, v);
-        }
-        if let Ok(v) =
-            HeaderValue::from_str(&format!("{}:{}", target.host.authority_form(), target.port))
-        {
-            parts.headers.insert(TARGET_HEADER, v);
-        }
-        parts
-            .headers
-            .insert(SCHEME_HEADER, HeaderValue::from_static(target.scheme));
-        parts.uri = match format!("http://{}{}", self.egress, pq).parse() {
-            Ok(u) => u,
-            Err(_) => {
-                let rec = self.record(
-                    Decision::Deny,
-                    &host_s,
-                    target.port,
-                    &method,
-                    &pq,
-                    "bad_uri",
-                    &target.rule,
-                );
-                return self.refuse(
-                    StatusCode::BAD_REQUEST,
-                    rec,
-                    start,
-                    "bottle: request target is not a valid URI",
-                );
-            }
-        };
-        // An HTTP/2 request crosses the hop as HTTP/2, so that its trailers
-        // and a body streaming both ways at once (gRPC) reach egress as sent.
-        let client = if parts.version == http::Version::HTTP_2 {
-            &self.h2_client
-        } else {
-            parts.version = http::Version::HTTP_11;
-            &self.client
-        };
+        let (parts, body) = req.into_parts();
         let up = Arc::new(AtomicU64::new(0));
         let finding: FindingSlot = Arc::default();
         let client_failed = Arc::new(AtomicBool::new(false));
@@ -805,31 +736,22 @@ impl Proxy {
                 Err(refusal) => return self.unscannable(&refusal, &target, &method, &pq, start),
             }
         };
-        let egress_req = Request::from_parts(parts, body);
-        match client.request(egress_req).await {
-            Ok(resp) => {
-                let (mut parts, body) = resp.into_parts();
-                let take = |h: &mut http::HeaderMap, n: &str| {
-                    h.remove(n)
-                        .and_then(|v| v.to_str().ok().map(str::to_string))
-                };
-                let decision = match take(&mut parts.headers, DECISION_HEADER).as_deref() {
-                    Some("deny") => Decision::Deny,
-                    Some("error") => Decision::Error,
-                    _ => Decision::Allow,
-                };
-                let reason =
-                    take(&mut parts.headers, REASON_HEADER).unwrap_or_else(|| "allowed".into());
-                let rule =
-                    take(&mut parts.headers, RULE_HEADER).unwrap_or_else(|| target.rule.clone());
-                strip_hop_by_hop(&mut parts.headers);
-                let mut rec =
-                    self.record(decision, &host_s, target.port, &method, &pq, &reason, &rule);
-                rec.status = parts.status.as_u16();
-                let guard = AuditGuard::new(self.audit.clone(), rec, start, up, finding);
-                Response::from_parts(parts, boxed(MeteredBody::new(body, guard)))
-            }
-            Err(e) => {
+        let to = Destination {
+            scheme: target.scheme,
+            host: &target.host,
+            port: target.port,
+        };
+        let answer = self.egress.send(parts, body, to).await;
+        let (decision, reason, rule) = match answer.outcome {
+            Outcome::Forwarded => (Decision::Allow, "allowed", target.rule.clone()),
+            Outcome::Refused {
+                decision,
+                reason,
+                rule,
+            } => {
+                // The upstream request fails when the body the proxy feeds
+                // it stops: a secret found mid-stream, or the agent's own
+                // body broken. Those are the proxy's to name.
                 if let Some(f) = finding.lock().ok().and_then(|s| *s) {
                     return blocked(f.reason());
                 }
@@ -845,24 +767,14 @@ impl Proxy {
                     );
                     return self.refuse(StatusCode::BAD_REQUEST, rec, start, "bottle: the request body could not be read (malformed chunked encoding or the client went away)");
                 }
-                let rec = self.record(
-                    Decision::Error,
-                    &host_s,
-                    target.port,
-                    &method,
-                    &pq,
-                    "egress_unreachable",
-                    &target.rule,
-                );
-                crate::log!("proxy: egress request failed: {e}");
-                self.refuse(
-                    StatusCode::BAD_GATEWAY,
-                    rec,
-                    start,
-                    "bottle: the egress daemon did not answer",
-                )
+                (decision, reason, rule)
             }
-        }
+        };
+        let (parts, body) = answer.response.into_parts();
+        let mut rec = self.record(decision, &host_s, target.port, &method, &pq, reason, &rule);
+        rec.status = parts.status.as_u16();
+        let guard = AuditGuard::new(self.audit.clone(), rec, start, up, finding);
+        Response::from_parts(parts, boxed(MeteredBody::new(body, guard)))
     }
 }
 

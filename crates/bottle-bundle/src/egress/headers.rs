@@ -1,19 +1,6 @@
-//! The headers of the proxy-to-egress hop: the destination the proxy
-//! hands egress, the decision egress reports back, and the headers that
-//! never cross a hop.
+//! The headers that never cross to an upstream or back to the agent.
 
 use http::header::{self, HeaderMap, HeaderName};
-
-/// Header carrying the destination `host:port` from proxy to egress.
-pub const TARGET_HEADER: &str = "x-bottle-target";
-/// Header carrying the destination scheme (`http` / `https`).
-pub const SCHEME_HEADER: &str = "x-bottle-scheme";
-/// Set by egress on responses it generated itself (`deny` / `error`).
-pub const DECISION_HEADER: &str = "x-bottle-decision";
-/// Reason for a generated response.
-pub const REASON_HEADER: &str = "x-bottle-reason";
-/// Rule for a generated response.
-pub const RULE_HEADER: &str = "x-bottle-rule";
 
 /// Hop-by-hop headers, never forwarded in either direction.
 pub(crate) const HOP_BY_HOP: &[&str] = &[
@@ -29,8 +16,7 @@ pub(crate) const HOP_BY_HOP: &[&str] = &[
     "expect",
 ];
 
-/// Removes hop-by-hop headers, including those named in `Connection`, and
-/// every `x-bottle-*` header (only the bundle itself may set those).
+/// Removes hop-by-hop headers, including those named in `Connection`.
 ///
 /// `TE: trailers` alone survives, as `te: trailers`: it is the one `TE`
 /// that HTTP/2 allows, and gRPC servers refuse a request without it.
@@ -58,14 +44,6 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for n in HOP_BY_HOP {
         headers.remove(*n);
     }
-    let internal: Vec<HeaderName> = headers
-        .keys()
-        .filter(|k| k.as_str().starts_with("x-bottle-"))
-        .cloned()
-        .collect();
-    for n in internal {
-        headers.remove(n);
-    }
     if accepts_trailers {
         headers.insert(header::TE, header::HeaderValue::from_static("trailers"));
     }
@@ -77,14 +55,13 @@ mod tests {
     use http::header::HeaderValue;
 
     #[test]
-    fn hop_by_hop_and_internal_headers_are_stripped() {
+    fn hop_by_hop_headers_are_stripped() {
         let mut h = HeaderMap::new();
         h.insert(
             "connection",
             HeaderValue::from_static("keep-alive, x-secret-hop"),
         );
         h.insert("x-secret-hop", HeaderValue::from_static("1"));
-        h.insert("x-bottle-target", HeaderValue::from_static("evil:443"));
         h.insert("proxy-authorization", HeaderValue::from_static("basic x"));
         h.insert("accept", HeaderValue::from_static("*/*"));
         strip_hop_by_hop(&mut h);

@@ -1,13 +1,16 @@
-//! The egress daemon: the proxy's internal upstream and the only code in the
-//! bottle that dials the internet.
+//! Egress: the only code in the bottle that dials the internet, called by
+//! the proxy in-process.
 //!
-//! It listens on loopback only (it refuses any other address), takes each
-//! already-decrypted request from the proxy with its destination in
-//! [`TARGET_HEADER`] / [`SCHEME_HEADER`], re-checks the allowlist (defence in
-//! depth), resolves the name (config `resolve` overrides first, then DNS),
-//! refuses to dial an address it must never reach, injects the configured
-//! credential, and streams the response back with any injected secret
-//! masked out.
+//! The proxy holds the [`Egress`] value and hands it each request it has
+//! scanned, with the destination it checked ([`Destination`]). There is no
+//! socket between them, so no other process in the bundle (git-gate's git
+//! subprocesses included) can use egress as a credential-injecting relay.
+//! Egress does not trust the proxy's checks: it re-checks the allowlist
+//! (defence in depth), resolves the name (config `resolve` overrides first,
+//! then DNS), refuses to dial an address it must never reach, injects the
+//! configured credential, and streams the response back with any injected
+//! secret masked out. What it refused it audits itself and reports to the
+//! proxy as a typed [`Outcome`].
 //!
 //! **Which addresses are refused.** Loopback, unspecified, link-local (cloud
 //! metadata at 169.254.169.254 included), private (RFC 1918, CGNAT, IPv6
@@ -19,42 +22,97 @@
 //! `resolve` map (the operator wrote that mapping; the agent cannot). Tests
 //! use exactly that second path to reach servers on 127.0.0.1.
 //!
-//! Here: the daemon and its request service. `resolve`: the guarded
-//! resolver and the address refusal; `credentials`: injection and masking;
-//! `upstream`: the client, its TLS roots, and what a failed dial answers;
-//! `headers`: the headers of the proxy-to-egress hop.
+//! Here: the request path. `resolve`: the guarded resolver and the address
+//! refusal; `credentials`: injection and masking; `upstream`: the client,
+//! its TLS roots, and what a failed dial answers; `headers`: the headers
+//! that never cross to an upstream.
 
 mod credentials;
 mod headers;
 mod resolve;
 mod upstream;
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bottle_core::bundle::BundleConfig;
 use http::header::{self, HeaderValue};
+use http::request::Parts;
 use http::{Request, Response, StatusCode, Uri};
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 
 use self::credentials::Credentials;
 pub(crate) use self::headers::strip_hop_by_hop;
-pub use self::headers::{
-    DECISION_HEADER, REASON_HEADER, RULE_HEADER, SCHEME_HEADER, TARGET_HEADER,
-};
 pub use self::resolve::{DialRefused, GuardedResolver, ResolveFailed, is_forbidden_address};
 pub use self::upstream::upstream_tls;
 use self::upstream::{UpstreamClient, classify_upstream_error};
 use crate::BundleError;
-use crate::allowlist::{Host, Policy, Verdict, parse_authority};
+use crate::allowlist::{Host, Policy, Verdict};
 use crate::audit::{AuditLog, AuditRecord, Decision, redact_path};
-use crate::body::{BoxBody, boxed, full};
-use crate::io::IdleIo;
-use crate::proxy::{H2_CONNECTION_WINDOW, H2_STREAM_WINDOW};
+use crate::body::{BoxBody, full};
+
+/// The scheme of the upstream leg.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    /// Plain HTTP (absolute-form requests, plain bytes in a tunnel).
+    Http,
+    /// HTTPS: egress opens its own TLS to the upstream and verifies it.
+    Https,
+}
+
+impl Scheme {
+    /// The URI scheme.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Http => "http",
+            Self::Https => "https",
+        }
+    }
+
+    /// The port a URI leaves out for this scheme.
+    fn default_port(self) -> u16 {
+        match self {
+            Self::Http => 80,
+            Self::Https => 443,
+        }
+    }
+}
+
+/// Where the proxy asks egress to send a request.
+#[derive(Debug, Clone, Copy)]
+pub struct Destination<'a> {
+    /// The upstream leg's scheme.
+    pub scheme: Scheme,
+    /// The host the proxy allowed.
+    pub host: &'a Host,
+    /// Its port.
+    pub port: u16,
+}
+
+/// What egress did with a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Sent upstream; the response is the upstream's.
+    Forwarded,
+    /// Answered by egress itself, and audited as `daemon: egress` (unless
+    /// the audit log is down, which is why it refused).
+    Refused {
+        /// The audit decision.
+        decision: Decision,
+        /// The machine-readable reason.
+        reason: &'static str,
+        /// The rule that would allow it, or the one that allowed the host.
+        rule: String,
+    },
+}
+
+/// Egress's answer to one request: the response for the agent and what
+/// happened, for the proxy's audit line.
+#[derive(Debug)]
+pub struct Answer {
+    /// The response, streaming, with any injected credential masked out.
+    pub response: Response<BoxBody>,
+    /// Forwarded or refused, and why.
+    pub outcome: Outcome,
+}
 
 /// What egress saw of a request, for the audit line of its answer.
 struct Seen<'a> {
@@ -65,14 +123,13 @@ struct Seen<'a> {
     start: Instant,
 }
 
-/// Everything the egress daemon needs, built once at start.
+/// Everything egress needs, built once at start.
 pub struct Egress {
     bottle: String,
     policy: Policy,
     audit: AuditLog,
     client: UpstreamClient,
     credentials: Credentials,
-    limits: bottle_core::bundle::BundleLimits,
 }
 
 impl std::fmt::Debug for Egress {
@@ -83,21 +140,10 @@ impl std::fmt::Debug for Egress {
     }
 }
 
-/// Checks that egress may listen on `addr` (loopback only).
-pub fn check_egress_listen(addr: &SocketAddr) -> Result<(), BundleError> {
-    if addr.ip().is_loopback() {
-        Ok(())
-    } else {
-        Err(BundleError::EgressNotLoopback {
-            addr: addr.to_string(),
-        })
-    }
-}
-
 impl Egress {
-    /// Builds the daemon's state: policy, credentials (read now, so a
-    /// missing secret stops the bundle instead of failing later), TLS roots
-    /// and the resolver.
+    /// Builds egress: policy, credentials (read now, so a missing secret
+    /// stops the bundle instead of failing later), TLS roots and the
+    /// resolver.
     pub fn new(config: &BundleConfig, audit: AuditLog) -> Result<Self, BundleError> {
         let policy = Policy::new(&config.allow, &config.ports)?.for_agent(&config.agent);
         let credentials = Credentials::load(&config.credentials)?;
@@ -108,7 +154,6 @@ impl Egress {
             audit,
             client,
             credentials,
-            limits: config.limits.clone(),
         })
     }
 
@@ -118,83 +163,6 @@ impl Egress {
         self.policy.share_runtime(rules);
     }
 
-    /// Serves connections from `listener` until it fails.
-    pub async fn serve(self: Arc<Self>, listener: TcpListener) -> Result<(), BundleError> {
-        let local = listener.local_addr().map_err(|e| BundleError::Daemon {
-            daemon: "egress".into(),
-            detail: e.to_string(),
-        })?;
-        check_egress_listen(&local)?;
-        let slots = Arc::new(Semaphore::new(self.limits.max_connections.max(1)));
-        loop {
-            let (stream, peer, permit) =
-                crate::accept::next_connection(&listener, &slots, "egress").await?;
-            if !peer.ip().is_loopback() {
-                continue;
-            }
-            let this = self.clone();
-            tokio::spawn(async move {
-                let io = TokioIo::new(IdleIo::new(
-                    stream,
-                    Duration::from_millis(this.limits.idle_timeout_ms),
-                ));
-                let svc = hyper::service::service_fn(move |req| {
-                    let this = this.clone();
-                    async move { Ok::<_, std::convert::Infallible>(this.handle(req).await) }
-                });
-                // The proxy sends HTTP/1.1, or HTTP/2 with prior knowledge
-                // for the requests the agent made over HTTP/2.
-                let mut server = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                server
-                    .http1()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(Duration::from_millis(90_000));
-                server
-                    .http2()
-                    .timer(TokioTimer::new())
-                    .initial_stream_window_size(H2_STREAM_WINDOW)
-                    .initial_connection_window_size(H2_CONNECTION_WINDOW);
-                let _ = server.serve_connection(io, svc).await;
-                drop(permit);
-            });
-        }
-    }
-
-    fn generated(
-        &self,
-        status: StatusCode,
-        decision: Decision,
-        reason: &str,
-        rule: &str,
-        message: String,
-    ) -> Response<BoxBody> {
-        let mut resp = Response::new(full(format!("{message}\n")));
-        *resp.status_mut() = status;
-        if let Some(phrase) = upstream::tls_reason_phrase(reason) {
-            resp.extensions_mut()
-                .insert(hyper::ext::ReasonPhrase::from_static(phrase));
-        }
-        let h = resp.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        let dec = match decision {
-            Decision::Allow => "allow",
-            Decision::Deny => "deny",
-            Decision::BlockedSecret => "blocked_secret",
-            Decision::Error => "error",
-        };
-        h.insert(DECISION_HEADER, HeaderValue::from_static(dec));
-        if let Ok(v) = HeaderValue::from_str(reason) {
-            h.insert(REASON_HEADER, v);
-        }
-        if let Ok(v) = HeaderValue::from_str(rule) {
-            h.insert(RULE_HEADER, v);
-        }
-        resp
-    }
-
     /// Answers a request egress does not forward (`message` is the body the
     /// agent reads) and writes its audit line: every such answer is audited.
     fn refuse(
@@ -202,10 +170,10 @@ impl Egress {
         seen: &Seen<'_>,
         status: StatusCode,
         decision: Decision,
-        reason: &str,
-        rule: &str,
+        reason: &'static str,
+        rule: String,
         message: String,
-    ) -> Response<BoxBody> {
+    ) -> Answer {
         self.audit.write(&AuditRecord {
             v: crate::audit::AUDIT_VERSION,
             time: bottle_core::time::now_rfc3339_millis(),
@@ -221,69 +189,58 @@ impl Egress {
             bytes_down: 0,
             duration_ms: u64::try_from(seen.start.elapsed().as_millis()).unwrap_or(u64::MAX),
             reason: reason.into(),
-            rule: rule.into(),
+            rule: rule.clone(),
             count: 1,
             truncated: false,
         });
-        self.generated(status, decision, reason, rule, message)
+        Answer {
+            response: generated(status, reason, message),
+            outcome: Outcome::Refused {
+                decision,
+                reason,
+                rule,
+            },
+        }
     }
 
-    /// Handles one request from the proxy.
-    pub async fn handle(&self, req: Request<Incoming>) -> Response<BoxBody> {
-        if self.audit.is_degraded() {
-            // Nothing is let through unaudited.
-            return self.generated(
-                StatusCode::SERVICE_UNAVAILABLE,
-                Decision::Error,
-                crate::audit::AUDIT_UNAVAILABLE,
-                "",
-                crate::audit::AUDIT_UNAVAILABLE_MESSAGE.to_string(),
-            );
-        }
+    /// Sends one request the proxy has checked and scanned to `to`, and
+    /// returns the upstream's response (or egress's own refusal).
+    ///
+    /// `parts` are the request as the agent sent it: egress removes the
+    /// hop-by-hop headers, sets `Host` and the URI from `to`, and injects
+    /// the credential; `body` streams as the proxy's scan lets it.
+    pub async fn send(&self, mut parts: Parts, body: BoxBody, to: Destination<'_>) -> Answer {
         let start = Instant::now();
-        let method = req.method().to_string();
-        let pq = req
-            .uri()
+        let host_s = to.host.to_string();
+        let method = parts.method.as_str().to_string();
+        let pq = parts
+            .uri
             .path_and_query()
             .map_or("/", |p| p.as_str())
             .to_string();
-        let target = req
-            .headers()
-            .get(TARGET_HEADER)
-            .and_then(|v| v.to_str().ok());
-        let scheme = req
-            .headers()
-            .get(SCHEME_HEADER)
-            .and_then(|v| v.to_str().ok());
-        let (host, port, scheme) = match (target.map(|t| parse_authority(t, None)), scheme) {
-            (Some(Ok((h, p))), Some(s @ ("http" | "https"))) => (h, p, s.to_string()),
-            _ => {
-                let msg = "bottle: egress takes requests from the bottle proxy only".to_string();
-                return self.refuse(
-                    &Seen {
-                        host: "",
-                        port: 0,
-                        method: &method,
-                        path: &pq,
-                        start,
-                    },
-                    StatusCode::BAD_REQUEST,
-                    Decision::Deny,
-                    "not_from_proxy",
-                    "",
-                    msg,
-                );
-            }
-        };
-        let host_s = host.to_string();
         let seen = Seen {
             host: &host_s,
-            port,
+            port: to.port,
             method: &method,
             path: &pq,
             start,
         };
-        let rule = match self.policy.check(&host, port) {
+        if self.audit.is_degraded() {
+            // Nothing is let through unaudited.
+            return Answer {
+                response: generated(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    crate::audit::AUDIT_UNAVAILABLE,
+                    crate::audit::AUDIT_UNAVAILABLE_MESSAGE.to_string(),
+                ),
+                outcome: Outcome::Refused {
+                    decision: Decision::Error,
+                    reason: crate::audit::AUDIT_UNAVAILABLE,
+                    rule: String::new(),
+                },
+            };
+        }
+        let rule = match self.policy.check(to.host, to.port) {
             Verdict::Allow { rule } => rule,
             Verdict::Deny(d) => {
                 return self.refuse(
@@ -291,32 +248,34 @@ impl Egress {
                     StatusCode::FORBIDDEN,
                     Decision::Deny,
                     d.reason,
-                    &d.rule,
+                    d.rule,
                     d.message,
                 );
             }
         };
-        if scheme != "https" && self.credentials.has(&host_s) {
+        if to.scheme != Scheme::Https && self.credentials.has(&host_s) {
             // The agent cannot see the credential, but it would decide that
             // it travels in the clear: a credential goes only on a TLS leg
             // whose certificate egress verifies.
+            let message = format!(
+                "bottle: the bundle adds a credential for {host_s} and sends it only over TLS; use https://{} instead of plain HTTP",
+                to.host.authority_form()
+            );
             return self.refuse(
                 &seen,
                 StatusCode::FORBIDDEN,
                 Decision::Deny,
                 "credential_needs_tls",
-                &rule,
-                format!(
-                    "bottle: the bundle adds a credential for {host_s} and sends it only over TLS; use https://{} instead of plain HTTP",
-                    host.authority_form()
-                ),
+                rule,
+                message,
             );
         }
-        let authority = match (scheme.as_str(), port) {
-            ("https", 443) | ("http", 80) => host.authority_form(),
-            _ => format!("{}:{port}", host.authority_form()),
+        let authority = if to.port == to.scheme.default_port() {
+            to.host.authority_form()
+        } else {
+            format!("{}:{}", to.host.authority_form(), to.port)
         };
-        let uri: Uri = match format!("{scheme}://{authority}{pq}").parse() {
+        let uri: Uri = match format!("{}://{authority}{pq}", to.scheme.as_str()).parse() {
             Ok(u) => u,
             Err(_) => {
                 return self.refuse(
@@ -324,32 +283,37 @@ impl Egress {
                     StatusCode::BAD_REQUEST,
                     Decision::Error,
                     "bad_uri",
-                    &rule,
+                    rule,
                     "bottle: request target is not a valid URI".into(),
                 );
             }
         };
-        let (mut parts, body) = req.into_parts();
         strip_hop_by_hop(&mut parts.headers);
+        // What hyper's server attached to the agent's request (an upgrade
+        // handle, HTTP/2's extended-CONNECT protocol) is not for the
+        // upstream's client to act on.
+        parts.extensions = http::Extensions::new();
         if let Ok(v) = HeaderValue::from_str(&authority) {
             parts.headers.insert(header::HOST, v);
         }
         self.credentials.inject(&host_s, &mut parts.headers);
         parts.uri = uri;
         // The upstream connection's ALPN picks HTTP/2 or HTTP/1.1, whatever
-        // the hop spoke.
+        // the agent spoke.
         parts.version = http::Version::HTTP_11;
-        let upstream_req = Request::from_parts(parts, boxed(body));
-        match self.client.request(upstream_req).await {
+        match self.client.request(Request::from_parts(parts, body)).await {
             Ok(resp) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
                 let body = self.credentials.mask(&host_s, &mut parts.headers, body);
-                Response::from_parts(parts, body)
+                Answer {
+                    response: Response::from_parts(parts, body),
+                    outcome: Outcome::Forwarded,
+                }
             }
             Err(e) => {
                 let (status, decision, reason, message) = classify_upstream_error(&e, &host_s);
-                self.refuse(&seen, status, decision, reason, &rule, message)
+                self.refuse(&seen, status, decision, reason, rule, message)
             }
         }
     }
@@ -360,16 +324,18 @@ impl Egress {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn egress_listen_must_be_loopback() {
-        assert!(check_egress_listen(&"127.0.0.1:9099".parse().unwrap()).is_ok());
-        assert!(check_egress_listen(&"[::1]:9099".parse().unwrap()).is_ok());
-        let e = check_egress_listen(&"0.0.0.0:9099".parse().unwrap()).unwrap_err();
-        use bottle_core::Coded;
-        assert_eq!(e.code(), "BOT-B006");
+/// A response egress makes itself: `message` as plain text, with the TLS
+/// failure's reason phrase when `reason` names one.
+fn generated(status: StatusCode, reason: &str, message: String) -> Response<BoxBody> {
+    let mut resp = Response::new(full(format!("{message}\n")));
+    *resp.status_mut() = status;
+    if let Some(phrase) = upstream::tls_reason_phrase(reason) {
+        resp.extensions_mut()
+            .insert(hyper::ext::ReasonPhrase::from_static(phrase));
     }
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
 }

@@ -1,24 +1,53 @@
 //! The client egress dials upstreams with: TLS roots, the guarded
 //! resolver, timeouts, and what a failed dial tells the agent.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bottle_core::bundle::BundleConfig;
-use http::StatusCode;
+use http::{StatusCode, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
 
 use super::resolve::{DialRefused, GuardedResolver, ResolveFailed};
 use crate::BundleError;
 use crate::audit::Decision;
 use crate::body::BoxBody;
+use crate::io::ReadBuffered;
 use crate::proxy::{H2_CONNECTION_WINDOW, H2_STREAM_WINDOW};
 
 /// The HTTP(S) client every upstream request goes through.
 pub(super) type UpstreamClient =
-    Client<hyper_rustls::HttpsConnector<HttpConnector<GuardedResolver>>, BoxBody>;
+    Client<hyper_rustls::HttpsConnector<ReadBufferedConnector>, BoxBody>;
+
+/// The TCP connector under the upstream TLS: each connection read through
+/// a [`ReadBuffered`] buffer, so that rustls's 4 KiB reads of a download
+/// cost no system call each.
+#[derive(Clone)]
+pub(super) struct ReadBufferedConnector(HttpConnector<GuardedResolver>);
+
+impl tower_service::Service<Uri> for ReadBufferedConnector {
+    type Response = TokioIo<ReadBuffered<TcpStream>>;
+    type Error = <HttpConnector<GuardedResolver> as tower_service::Service<Uri>>::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.0.call(uri);
+        Box::pin(async move {
+            let tcp = connecting.await?.into_inner();
+            Ok(TokioIo::new(ReadBuffered::new(tcp)))
+        })
+    }
+}
 
 /// The client for `config`: its TLS roots, its resolver and its connect
 /// timeout.
@@ -35,7 +64,7 @@ pub(super) fn client(config: &BundleConfig) -> Result<UpstreamClient, BundleErro
         .with_tls_config(tls)
         .https_or_http()
         .enable_all_versions()
-        .wrap_connector(http);
+        .wrap_connector(ReadBufferedConnector(http));
     // ALPN offers h2 and http/1.1 to TLS upstreams; plain HTTP stays 1.1.
     Ok(Client::builder(TokioExecutor::new())
         .http2_initial_stream_window_size(H2_STREAM_WINDOW)

@@ -176,8 +176,39 @@ fn binary_serves_health_until_killed() {
         SystemRunner.run(&health).unwrap().success()
     });
     let still_running = child.try_wait().unwrap().is_none();
+    let listening = listening_ports(child.id());
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(healthy, "bottle-bundle health never succeeded");
     assert!(still_running);
+    // The proxy is the only socket the bundle listens on: egress is called
+    // in-process, so no other process in the bundle can use it as a relay.
+    assert_eq!(listening, vec![addr.port()]);
+}
+
+/// The local ports of the TCP sockets `pid` listens on (from `/proc`).
+fn listening_ports(pid: u32) -> Vec<u16> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let mut ports = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            // local_address is column 1 (`ADDR:PORT` in hex), st column 3
+            // (`0A` is LISTEN), inode column 9.
+            if cols.len() > 9 && cols[3] == "0A" && inodes.iter().any(|i| i == cols[9]) {
+                let port = cols[1].rsplit(':').next().unwrap();
+                ports.push(u16::from_str_radix(port, 16).unwrap());
+            }
+        }
+    }
+    ports.sort_unstable();
+    ports
 }

@@ -92,7 +92,10 @@ async fn malformed_requests_get_400_and_the_proxy_keeps_serving() {
         b"GET http://api.allowed.test:99999/ HTTP/1.1\r\nHost: x\r\n\r\n",
         b"GET http://user@api.allowed.test/ HTTP/1.1\r\nHost: api.allowed.test\r\n\r\n",
         b"GET ftp://api.allowed.test/ HTTP/1.1\r\nHost: api.allowed.test\r\n\r\n",
-        b"POST http://api.allowed.test/ HTTP/1.1\r\nHost: api.allowed.test\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\nzz",
+        // Its chunked body is broken: egress dials the live upstream (an
+        // unreachable one would be a 502 before the body is read), and the
+        // body's failure is the proxy's 400.
+        format!("POST http://api.allowed.test:{port}/ HTTP/1.1\r\nHost: api.allowed.test:{port}\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\nzz", port = env.upstream.http.port()).as_bytes(),
     ] {
         let resp = env.raw(junk).await;
         assert!(
@@ -112,17 +115,6 @@ async fn malformed_requests_get_400_and_the_proxy_keeps_serving() {
         .raw(format!("GET http://{ALLOWED}:{port}/after HTTP/1.1\r\nHost: {ALLOWED}:{port}\r\nConnection: close\r\n\r\n").as_bytes())
         .await;
     assert_eq!(resp.status, 200);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn egress_refuses_a_non_loopback_listen_address() {
-    use bottle_core::Coded;
-    let dir = tempfile::tempdir().unwrap();
-    let upstream = crate::support::Upstream::start(dir.path()).await;
-    let (mut config, _) = crate::support::base_config(dir.path(), &upstream, &Options::default());
-    config.egress_listen = "0.0.0.0:0".into();
-    let err = bottle_bundle::start(config).await.unwrap_err();
-    assert_eq!(err.code(), "BOT-B006");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

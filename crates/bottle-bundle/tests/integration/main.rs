@@ -1,4 +1,4 @@
-//! Integration tests for the bundle: the real proxy and egress daemons on
+//! Integration tests for the bundle: the real proxy (and egress behind it) on
 //! loopback ephemeral ports, real upstream HTTP/HTTPS servers, real TLS.
 
 #![expect(
