@@ -16,6 +16,7 @@ mod requests;
 mod reset;
 mod serve;
 mod session;
+mod stop;
 
 use std::process::ExitCode;
 

@@ -39,6 +39,7 @@ pub mod lifecycle;
 pub mod names;
 pub mod pause;
 pub mod reset;
+mod stopping;
 pub mod tarball;
 mod toolbox;
 mod toolbox_stream;

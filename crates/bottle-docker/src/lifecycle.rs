@@ -1,5 +1,6 @@
-//! Finding bottles again and taking them down: `list`, `stop`, `cleanup`,
-//! and the removal helpers a failed launch unwinds with.
+//! Finding bottles again and taking them down: `list`, `stop` (its fast
+//! first part, [`begin_stop`], and the rest), `cleanup`, and the removal
+//! helpers a failed launch unwinds with.
 //!
 //! Resources are found by label ([`crate::names`]), never by name alone, so
 //! a container that merely looks like a bottle's is never touched.
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 use bollard::query_parameters::{
     ListContainersOptionsBuilder, ListNetworksOptionsBuilder, RemoveContainerOptionsBuilder,
 };
-use bottle_core::backend::{BackendKind, BottleInfo, CleanupReport};
+use bottle_core::backend::{BackendKind, BottleInfo, CleanupReport, StopProgress};
 use bottle_core::slug::{bottle_name, slug_of};
 use bottle_core::time::rfc3339;
 
@@ -21,6 +22,7 @@ use crate::names::{
     EGRESS_NETWORK, LABEL_AGENT, LABEL_BUNDLE_IP, LABEL_DETACHED, LABEL_MANAGED, LABEL_NAME,
     LABEL_ROLE, LABEL_SLUG, LABEL_STATE_DIR, ResourceNames, label_filter, owner_from_labels, role,
 };
+use crate::stopping;
 
 /// Removes a container (killing it first). `Ok(false)` if it was gone.
 pub fn remove_container(engine: &Engine, name: &str) -> Result<bool, DockerError> {
@@ -233,10 +235,10 @@ pub fn list_active(engine: &Engine, state_root: &Path) -> Result<Vec<BottleInfo>
 }
 
 /// The bottles that are only a docker state dir under `state_root`, none
-/// of them in `listed`: a launch that has not created a container yet
-/// (`launching`, its process runs) or one that died before it did
-/// (`incomplete`: its CA key is still on disk, and `bottle cleanup` or
-/// `bottle stop` removes it).
+/// of them in `listed`: one whose stop is being finished (`stopping`), a
+/// launch that has not created a container yet (`launching`, its process
+/// runs) or one that died before it did (`incomplete`: its CA key is still
+/// on disk, and `bottle cleanup` or `bottle stop` removes it).
 pub(crate) fn state_only_bottles(state_root: &Path, listed: &[BottleInfo]) -> Vec<BottleInfo> {
     let Ok(entries) = std::fs::read_dir(state_root) else {
         return Vec::new();
@@ -254,16 +256,18 @@ pub(crate) fn state_only_bottles(state_root: &Path, listed: &[BottleInfo]) -> Ve
             {
                 return None;
             }
-            let launching = data::read_owner(&paths).is_some_and(|o| o.is_alive());
+            let state = if stopping::is_stopping(&paths.root) {
+                "stopping"
+            } else if data::read_owner(&paths).is_some_and(|o| o.is_alive()) {
+                "launching"
+            } else {
+                "incomplete (state dir only)"
+            };
             Some(BottleInfo {
                 name,
                 agent: plan.agent.clone(),
                 backend: BackendKind::Docker,
-                state: if launching {
-                    "launching".into()
-                } else {
-                    "incomplete (state dir only)".into()
-                },
+                state: state.into(),
                 bundle_address: Some(plan.backend_data.bundle.ip.to_string()),
                 created: None,
                 pending_requests: 0,
@@ -305,10 +309,13 @@ fn bottles_with_containers(engine: &Engine) -> Result<Vec<BottleInfo>, DockerErr
             };
             // A reset that halted the bottle stopped both containers and
             // left them for inspection; say why they are stopped.
-            let halted = any.labels.get(LABEL_STATE_DIR).and_then(|dir| {
+            let state_dir = any.labels.get(LABEL_STATE_DIR).map(Path::new);
+            let halted = state_dir.and_then(|dir| {
                 bottle_core::sandbox::reset::halted(&bottle_core::sandbox::ResetFiles::new(dir))
             });
-            let state = if halted.is_some() {
+            let state = if state_dir.is_some_and(stopping::is_stopping) {
+                "stopping".to_string()
+            } else if halted.is_some() {
                 "halted".to_string()
             } else {
                 state
@@ -344,9 +351,54 @@ fn removable_state_dir(dir: &Path, slug: &str) -> bool {
     }
 }
 
-/// Stops a bottle: removes its containers (agent first), its network, its
-/// state dir, and the egress network if nothing else uses it. Stopping a
-/// bottle that is already gone removes nothing and is not an error.
+/// The first part of a stop, all the operator waits for: records in the
+/// bottle's state dir that it is stopping ([`stopping::record`]), then
+/// removes its containers together. Once they are gone the agent can
+/// neither run nor reach anything; [`stop`] finishes the rest, and
+/// `cleanup` does if nothing else does. `Stopped` when the bottle has no
+/// state dir to record in: then it is stopped whole, here.
+///
+/// A container that could not be removed is in the report's failures and
+/// the bottle stays recorded as stopping, so `cleanup` tries again.
+pub fn begin_stop(
+    engine: &Engine,
+    state_root: &Path,
+    name: &str,
+) -> Result<StopProgress, DockerError> {
+    let slug = slug_of(name).to_string();
+    let containers = managed_containers(engine, &[(LABEL_SLUG, &slug)])?;
+    let state_dirs: Vec<PathBuf> = labelled_state_dirs(&containers, &[], state_root, &slug)
+        .into_iter()
+        .filter(|dir| dir.exists() && removable_state_dir(dir, &slug))
+        .collect();
+    if state_dirs.is_empty() {
+        return stop(engine, state_root, name).map(StopProgress::Stopped);
+    }
+    for dir in &state_dirs {
+        stopping::record(dir)?;
+    }
+    let mut report = CleanupReport::default();
+    remove_resources(engine, &containers, &[], &mut report);
+    Ok(StopProgress::Stopping(report))
+}
+
+/// Finishes the stop of the bottle `slug` if it is recorded as stopping
+/// (its finisher may still be at work, or dead): a launch of the same name
+/// right after `bottle stop` then starts instead of finding the old
+/// bottle's network. What cannot be removed stays for the launch's own
+/// check to refuse.
+pub fn finish_if_stopping(engine: &Engine, state_root: &Path, slug: &str) {
+    if stopping::is_stopping(&state_root.join(slug)) {
+        let _ = stop(engine, state_root, &bottle_name(slug));
+    }
+}
+
+/// Stops a bottle, or finishes one [`begin_stop`] left stopping: removes
+/// its containers (together), its network, its state dir, and the egress
+/// network if nothing else uses it. Stopping a bottle that is already gone
+/// removes nothing and is not an error. A stopping bottle whose containers
+/// or network could not be removed keeps its state dir, and so its record,
+/// for `cleanup` to finish.
 pub fn stop(engine: &Engine, state_root: &Path, name: &str) -> Result<CleanupReport, DockerError> {
     let slug = slug_of(name).to_string();
     let mut report = CleanupReport::default();
@@ -354,8 +406,12 @@ pub fn stop(engine: &Engine, state_root: &Path, name: &str) -> Result<CleanupRep
     let networks = managed_networks(engine, &[(LABEL_SLUG, &slug)])?;
     let state_dirs = labelled_state_dirs(&containers, &networks, state_root, &slug);
     remove_resources(engine, &containers, &networks, &mut report);
+    let leftovers = !report.failed.is_empty();
     for dir in state_dirs {
-        if !dir.exists() || !removable_state_dir(&dir, &slug) {
+        if !dir.exists()
+            || !removable_state_dir(&dir, &slug)
+            || (leftovers && stopping::is_stopping(&dir))
+        {
             continue;
         }
         record_removal(
@@ -448,9 +504,16 @@ pub(crate) fn remove_egress_into(engine: &Engine, report: &mut CleanupReport) {
     }
 }
 
-/// Whether a bottle is an orphan: its owner died and it was not a
-/// completed detached launch.
+/// Whether a bottle is an orphan: it is recorded as stopping (whoever
+/// began the stop may have died before finishing it), or its owner died
+/// and it was not a completed detached launch.
 fn is_orphan(labels: &HashMap<String, String>) -> bool {
+    if labels
+        .get(LABEL_STATE_DIR)
+        .is_some_and(|dir| stopping::is_stopping(Path::new(dir)))
+    {
+        return true;
+    }
     let owner_alive = owner_from_labels(labels).is_some_and(|o| o.is_alive());
     if owner_alive {
         return false;
@@ -494,7 +557,7 @@ pub fn cleanup_orphans(engine: &Engine, state_root: &Path) -> Result<CleanupRepo
             }
             let paths = StatePaths::new(&dir);
             let owner_alive = data::read_owner(&paths).is_some_and(|o| o.is_alive());
-            if owner_alive || !removable_state_dir(&dir, &slug) {
+            if (owner_alive && !stopping::is_stopping(&dir)) || !removable_state_dir(&dir, &slug) {
                 continue;
             }
             record_removal(
@@ -557,6 +620,10 @@ mod tests {
         std::fs::write(dir.path().join("launched"), "1\n").unwrap();
         assert!(!is_orphan(&labels(dead, true, dir.path())));
         assert!(is_orphan(&HashMap::new()));
+        // A stop began: an orphan whoever owns it, so `cleanup` finishes it.
+        stopping::record(dir.path()).unwrap();
+        assert!(is_orphan(&labels(dead, true, dir.path())));
+        assert!(is_orphan(&labels(me, false, dir.path())));
     }
 
     #[test]
@@ -583,6 +650,8 @@ mod tests {
 
         data::write_owner(&paths, bottle_core::process::Owner::current()).unwrap();
         assert_eq!(state_only_bottles(root.path(), &[])[0].state, "launching");
+        stopping::record(&paths.root).unwrap();
+        assert_eq!(state_only_bottles(root.path(), &[])[0].state, "stopping");
         // A bottle listed with its containers is not listed twice.
         assert!(state_only_bottles(root.path(), &found).is_empty());
     }
