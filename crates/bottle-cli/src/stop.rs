@@ -64,7 +64,9 @@ pub(crate) fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
     };
     match stopping_on {
         Some(backend) if report.failed.is_empty() => {
-            let log = root.as_deref().map(|root| root.join(slug).join("stopping.log"));
+            let log = root
+                .as_deref()
+                .map(|root| root.join(slug).join("stopping.log"));
             if let Err(reason) = spawn_finisher(backend.kind(), &name, log.as_deref()) {
                 // Finished here instead: slower, never leaky.
                 note(
@@ -151,8 +153,8 @@ fn finisher_spec(bottle_exe: &Path, kind: BackendKind, name: &str) -> CommandSpe
 /// Starts the finisher, detached; its output goes to `log` (in the
 /// bottle's state dir, kept with it when the finish fails).
 fn spawn_finisher(kind: BackendKind, name: &str, log: Option<&Path>) -> Result<(), String> {
-    let exe = std::env::current_exe()
-        .map_err(|err| format!("cannot find this bottle binary: {err}"))?;
+    let exe =
+        std::env::current_exe().map_err(|err| format!("cannot find this bottle binary: {err}"))?;
     let log = log
         .filter(|log| log.parent().is_some_and(Path::is_dir))
         .map_or_else(|| PathBuf::from("/dev/null"), Path::to_path_buf);
@@ -172,9 +174,7 @@ pub(crate) fn finish(global: &Global, bottle: &str) -> Result<ExitCode, Failure>
     let _ = crate::session::host::close_inherited_fds();
     let slug = slug::slug_of(bottle);
     let name = slug::bottle_name(slug);
-    let session = state_root()
-        .ok()
-        .map(|root| SessionPaths::new(&root, slug));
+    let session = state_root().ok().map(|root| SessionPaths::new(&root, slug));
     let kind = backends::selected(global)?;
     let backend = backends::open(kind, global, backends::Mode::default())?;
     finish_on(&backend, session.as_ref(), &name)?;
@@ -192,7 +192,7 @@ fn finish_on(
     if let Some(session) = session {
         crate::session::end(session);
     }
-    let report = backend.stop(name)?;
+    let report = backend.finish_stop(name)?;
     if report.failed.is_empty() {
         return Ok(report);
     }

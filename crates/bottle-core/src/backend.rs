@@ -247,6 +247,14 @@ pub trait BottleBackend {
         self.stop(name).map(StopProgress::Stopped)
     }
 
+    /// Finishes a stop [`begin_stop`](Self::begin_stop) left
+    /// [`StopProgress::Stopping`], and only that: a bottle no longer
+    /// recorded as stopping (finished by another, or a new bottle of the
+    /// same name) is left alone. Run by the detached finisher.
+    fn finish_stop(&self, name: &str) -> Result<CleanupReport, BackendError> {
+        self.stop(name)
+    }
+
     /// Removes what crashed launches left behind.
     fn cleanup_orphans(&self) -> Result<CleanupReport, BackendError>;
 }

@@ -648,6 +648,14 @@ impl BottleBackend for DockerBackend {
         )?)
     }
 
+    fn finish_stop(&self, name: &str) -> Result<CleanupReport, BackendError> {
+        Ok(lifecycle::finish_stop(
+            self.engine()?,
+            &self.options.state_root,
+            name,
+        )?)
+    }
+
     fn cleanup_orphans(&self) -> Result<CleanupReport, BackendError> {
         let engine = self.engine()?;
         let mut report = lifecycle::cleanup_orphans(engine, &self.options.state_root)?;

@@ -382,15 +382,68 @@ pub fn begin_stop(
     Ok(StopProgress::Stopping(report))
 }
 
+/// Finishes the stop of the bottle `name` that [`begin_stop`] began, and
+/// nothing else. With the state dir there, only while it is recorded as
+/// stopping, holding the dir's lock ([`lock_state_dir`]) throughout and
+/// reading the record under it: two finishers (the detached one,
+/// `cleanup`, a launch of the same name) never interleave, and one that
+/// comes late finds the record gone and cannot take down a new bottle of
+/// the same name.
+///
+/// With the state dir gone (another finisher removed it, or someone
+/// removed the state root before the finish), what still carries the
+/// bottle's labels, naming that dir, is the stopped bottle's leftovers,
+/// provided the dir is still missing once they are listed: a launch writes
+/// its state dir before it creates anything in Docker.
+pub fn finish_stop(
+    engine: &Engine,
+    state_root: &Path,
+    name: &str,
+) -> Result<CleanupReport, DockerError> {
+    let slug = slug_of(name).to_string();
+    let dir = state_root.join(&slug);
+    if let Some(_lock) = lock_state_dir(&dir) {
+        if !stopping::is_stopping(&dir) {
+            return Ok(CleanupReport::default());
+        }
+        return stop(engine, state_root, name);
+    }
+    // Only what was made for this state dir: a bottle of the same name
+    // under another state root is not this stop's.
+    let dir_label = dir.display().to_string();
+    let pairs = [
+        (LABEL_SLUG, slug.as_str()),
+        (LABEL_STATE_DIR, dir_label.as_str()),
+    ];
+    let containers = managed_containers(engine, &pairs)?;
+    let networks = managed_networks(engine, &pairs)?;
+    let mut report = CleanupReport::default();
+    if dir.exists() {
+        return Ok(report);
+    }
+    remove_resources(engine, &containers, &networks, &mut report);
+    remove_egress_into(engine, &mut report);
+    Ok(report)
+}
+
 /// Finishes the stop of the bottle `slug` if it is recorded as stopping
-/// (its finisher may still be at work, or dead): a launch of the same name
-/// right after `bottle stop` then starts instead of finding the old
-/// bottle's network. What cannot be removed stays for the launch's own
-/// check to refuse.
+/// (its finisher may still be at work, or dead), waiting for a finisher at
+/// work: a launch of the same name right after `bottle stop` then starts
+/// instead of finding the old bottle's network, and no late finisher can
+/// remove the new bottle. What cannot be removed stays for the launch's
+/// own check to refuse.
 pub fn finish_if_stopping(engine: &Engine, state_root: &Path, slug: &str) {
     if stopping::is_stopping(&state_root.join(slug)) {
-        let _ = stop(engine, state_root, &bottle_name(slug));
+        let _ = finish_stop(engine, state_root, &bottle_name(slug));
     }
+}
+
+/// Takes an exclusive lock on the state dir `dir` (flock on the directory
+/// itself), waiting for its holder; released when dropped. `None` if the
+/// dir cannot be opened: there is then nothing of it to finish.
+fn lock_state_dir(dir: &Path) -> Option<nix::fcntl::Flock<std::fs::File>> {
+    let file = std::fs::File::open(dir).ok()?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).ok()
 }
 
 /// Stops a bottle, or finishes one [`begin_stop`] left stopping: removes
@@ -540,9 +593,16 @@ pub fn cleanup_orphans(engine: &Engine, state_root: &Path) -> Result<CleanupRepo
         }
     }
     for (slug, labels) in &by_slug {
-        if is_orphan(labels) {
-            merge(&mut report, stop(engine, state_root, &bottle_name(slug))?);
+        if !is_orphan(labels) {
+            continue;
         }
+        let name = bottle_name(slug);
+        let removed = if stopping::is_stopping(&state_root.join(slug)) {
+            finish_stop(engine, state_root, &name)?
+        } else {
+            stop(engine, state_root, &name)?
+        };
+        merge(&mut report, removed);
     }
     // State dirs with no Docker resources at all: prepared but never (or
     // no longer) launched.
@@ -557,7 +617,14 @@ pub fn cleanup_orphans(engine: &Engine, state_root: &Path) -> Result<CleanupRepo
             }
             let paths = StatePaths::new(&dir);
             let owner_alive = data::read_owner(&paths).is_some_and(|o| o.is_alive());
-            if (owner_alive && !stopping::is_stopping(&dir)) || !removable_state_dir(&dir, &slug) {
+            if stopping::is_stopping(&dir) {
+                merge(
+                    &mut report,
+                    finish_stop(engine, state_root, &bottle_name(&slug))?,
+                );
+                continue;
+            }
+            if owner_alive || !removable_state_dir(&dir, &slug) {
                 continue;
             }
             record_removal(
