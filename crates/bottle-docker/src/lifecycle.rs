@@ -597,10 +597,12 @@ pub fn cleanup_orphans(engine: &Engine, state_root: &Path) -> Result<CleanupRepo
             continue;
         }
         let name = bottle_name(slug);
-        let removed = if stopping::is_stopping(&state_root.join(slug)) {
-            finish_stop(engine, state_root, &name)?
-        } else {
-            stop(engine, state_root, &name)?
+        // A stop began: finish it where it began, in the state root its
+        // labels name.
+        let labelled_dir = labels.get(LABEL_STATE_DIR).map(Path::new);
+        let removed = match labelled_dir.and_then(|dir| Some((dir, dir.parent()?))) {
+            Some((dir, root)) if stopping::is_stopping(dir) => finish_stop(engine, root, &name)?,
+            _ => stop(engine, state_root, &name)?,
         };
         merge(&mut report, removed);
     }
