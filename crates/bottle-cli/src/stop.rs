@@ -112,8 +112,9 @@ pub(crate) fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
 }
 
 /// The backends to ask for the bottle `slug`: the one its state dir's
-/// `plan.json` names when there is one (so a stop does not wait on the
-/// other backend's preflight), otherwise those [`backends_to_ask`] picks.
+/// `plan.json` names when there is one, without a preflight (its first
+/// request reports an unreachable daemon as well, a round trip sooner),
+/// otherwise those [`backends_to_ask`] picks.
 fn backends_for(
     global: &Global,
     state_root: Option<&Path>,
@@ -121,11 +122,11 @@ fn backends_for(
 ) -> Result<Vec<AnyBackend>, Failure> {
     let owner = state_root.and_then(|root| planned_backend(&root.join(slug).join("plan.json")));
     match owner {
-        Some(kind) if !backends::explicit(global) => {
-            let backend = backends::open(kind, global, backends::Mode::default())?;
-            backend.preflight()?;
-            Ok(vec![backend])
-        }
+        Some(kind) if !backends::explicit(global) => Ok(vec![backends::open(
+            kind,
+            global,
+            backends::Mode::default(),
+        )?]),
         _ => backends_to_ask(global),
     }
 }
