@@ -352,9 +352,9 @@ fn removable_state_dir(dir: &Path, slug: &str) -> bool {
 }
 
 /// The first part of a stop, all the operator waits for: records in the
-/// bottle's state dir that it is stopping ([`stopping::record`]), then
+/// bottle's state dir that it is stopping (a `stopping` file, synced), then
 /// removes its containers together. Once they are gone the agent can
-/// neither run nor reach anything; [`stop`] finishes the rest, and
+/// neither run nor reach anything; [`finish_stop`] finishes the rest, and
 /// `cleanup` does if nothing else does. `Stopped` when the bottle has no
 /// state dir to record in: then it is stopped whole, here.
 ///
@@ -384,7 +384,7 @@ pub fn begin_stop(
 
 /// Finishes the stop of the bottle `name` that [`begin_stop`] began, and
 /// nothing else. With the state dir there, only while it is recorded as
-/// stopping, holding the dir's lock ([`lock_state_dir`]) throughout and
+/// stopping, holding the dir's lock (flock on the dir) throughout and
 /// reading the record under it: two finishers (the detached one,
 /// `cleanup`, a launch of the same name) never interleave, and one that
 /// comes late finds the record gone and cannot take down a new bottle of
