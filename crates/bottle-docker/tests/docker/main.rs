@@ -17,5 +17,6 @@ mod git;
 mod isolation;
 mod lifecycle;
 mod reset;
+mod stop;
 mod supervise;
 mod support;
