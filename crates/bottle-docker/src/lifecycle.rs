@@ -356,7 +356,8 @@ fn removable_state_dir(dir: &Path, slug: &str) -> bool {
 /// removes its containers together. Once they are gone the agent can
 /// neither run nor reach anything; [`finish_stop`] finishes the rest, and
 /// `cleanup` does if nothing else does. `Stopped` when the bottle has no
-/// state dir to record in: then it is stopped whole, here.
+/// state dir under `state_root` to record in (or its labels name another):
+/// then it is stopped whole, here.
 ///
 /// A container that could not be removed is in the report's failures and
 /// the bottle stays recorded as stopping, so `cleanup` tries again.
@@ -371,12 +372,13 @@ pub fn begin_stop(
         .into_iter()
         .filter(|dir| dir.exists() && removable_state_dir(dir, &slug))
         .collect();
-    if state_dirs.is_empty() {
+    // The finish looks for the record under this state root only: a
+    // bottle labelled with another state dir is stopped whole, here.
+    let dir = state_root.join(&slug);
+    if state_dirs != [dir.clone()] {
         return stop(engine, state_root, name).map(StopProgress::Stopped);
     }
-    for dir in &state_dirs {
-        stopping::record(dir)?;
-    }
+    stopping::record(&dir)?;
     let mut report = CleanupReport::default();
     remove_resources(engine, &containers, &[], &mut report);
     Ok(StopProgress::Stopping(report))
@@ -696,7 +698,7 @@ mod tests {
     }
 
     #[test]
-    fn a_state_dir_without_containers_is_listed_as_incomplete_or_launching() {
+    fn a_state_dir_without_containers_is_listed_as_incomplete_launching_or_stopping() {
         let root = tempfile::tempdir().unwrap();
         let paths = StatePaths::new(root.path().join("demo"));
         data::write_plan(&paths, &crate::config::tests::sample_plan()).unwrap();
