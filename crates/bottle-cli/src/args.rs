@@ -93,6 +93,9 @@ pub(crate) enum Command {
     /// Holds a detached bottle's agent session (run by `start --detach`).
     #[command(name = "__session-host", hide = true)]
     SessionHost(SessionHostArgs),
+    /// Finishes a stop `bottle stop` began (run by `stop`, detached).
+    #[command(name = "__finish-stop", hide = true)]
+    FinishStop(FinishStopArgs),
 }
 
 /// `bottle start`.
@@ -156,6 +159,13 @@ pub(crate) struct SessionHostArgs {
     /// The agent's command (empty: the image's).
     #[arg(last = true)]
     pub command: Vec<String>,
+}
+
+/// `bottle __finish-stop`.
+#[derive(Debug, Args)]
+pub(crate) struct FinishStopArgs {
+    /// The bottle whose stop it finishes.
+    pub bottle: String,
 }
 
 /// `bottle cp`.

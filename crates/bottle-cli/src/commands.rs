@@ -24,7 +24,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Plan(args) => plan(global, &args),
         Command::Start(args) => start(global, &args),
         Command::List => list(global),
-        Command::Stop(args) => stop(global, &args.bottle),
+        Command::Stop(args) => crate::stop::stop(global, &args.bottle),
         Command::Cleanup(args) => cleanup(global, &args),
         Command::Attach(args) => {
             crate::session::attach::run(global, &args.bottle, args.detach_keys)
@@ -32,6 +32,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::SessionHost(args) => {
             crate::session::host::run(global, &args.bottle, &args.command)
         }
+        Command::FinishStop(args) => crate::stop::finish(global, &args.bottle),
         Command::Exec(args) => exec(global, &args),
         Command::Execute(args) => crate::execute::run(global, &args),
         Command::Cp(args) => cp(global, &args),
@@ -317,7 +318,7 @@ pub(crate) fn launch_interruptibly<B: BottleLauncher>(
 }
 
 /// The backends to ask when the operator did not pick one.
-fn backends_to_ask(global: &Global) -> Result<Vec<backends::AnyBackend>, Failure> {
+pub(crate) fn backends_to_ask(global: &Global) -> Result<Vec<backends::AnyBackend>, Failure> {
     let kinds = if backends::explicit(global) {
         vec![backends::selected(global)?]
     } else {
@@ -405,58 +406,9 @@ fn list_table(bottles: &[BottleInfo]) -> String {
     )
 }
 
-fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
-    let name = slug::bottle_name(slug::slug_of(bottle));
-    if let Ok(root) = state_root() {
-        crate::session::end(&bottle_core::state::SessionPaths::new(
-            &root,
-            slug::slug_of(bottle),
-        ));
-    }
-    let mut last_error = None;
-    for backend in backends_to_ask(global)? {
-        match backend.stop(&name) {
-            // Stopping is idempotent in the backends; nothing removed means
-            // this backend never had the bottle.
-            Ok(report) if report.removed.is_empty() && report.failed.is_empty() => {}
-            Ok(report) => {
-                for line in &report.removed {
-                    note(global.quiet, &format!("removed {line}"));
-                }
-                for line in &report.kept {
-                    note(
-                        global.quiet,
-                        &format!("kept {line} (`bottle logs {name}` reads it)"),
-                    );
-                }
-                if !report.failed.is_empty() {
-                    return Err(Failure::new(
-                        "BOT-C007",
-                        crate::failure::EXIT_BACKEND,
-                        format!(
-                            "{name} was stopped but some of its resources remain: {}",
-                            report.failed.join("; ")
-                        ),
-                    )
-                    .with_fix("run `bottle cleanup`, then check `bottle list`"));
-                }
-                out(&format!("stopped {name}\n"));
-                return Ok(ExitCode::SUCCESS);
-            }
-            Err(err) if err.kind == BackendErrorKind::NotFound => {
-                last_error = Some(err);
-            }
-            Err(err) => return Err(err.into()),
-        }
-    }
-    Err(last_error
-        .map(Failure::from)
-        .unwrap_or_else(|| no_bottle_named(&name)))
-}
-
 /// No backend asked has the bottle `name`: bad input, like a backend's own
 /// not-found.
-fn no_bottle_named(name: &str) -> Failure {
+pub(crate) fn no_bottle_named(name: &str) -> Failure {
     Failure::new(
         "BOT-C004",
         exit_for(BackendErrorKind::NotFound),

@@ -17,6 +17,7 @@ mod requests;
 mod reset;
 mod serve;
 mod session;
+mod stop;
 
 use std::process::ExitCode;
 

@@ -206,6 +206,18 @@ pub struct CleanupReport {
     pub kept: Vec<String>,
 }
 
+/// How far [`BottleBackend::begin_stop`] took a bottle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopProgress {
+    /// The bottle is gone; the report says what was removed.
+    Stopped(CleanupReport),
+    /// The agent can no longer run or reach anything (its box is gone) and
+    /// the bottle is durably recorded as stopping; what remains (networks,
+    /// files) is [`BottleBackend::stop`]'s to finish, run by a detached
+    /// finisher or, if that dies, by `cleanup`. The report says what went.
+    Stopping(CleanupReport),
+}
+
 /// A backend: finds its bottles, stops them and cleans up after them.
 /// Object-safe, so commands that work on any bottle hold a
 /// `Box<dyn BottleBackend>`; launching is [`BottleLauncher`].
@@ -222,8 +234,26 @@ pub trait BottleBackend {
     /// Every bottle this backend is running.
     fn list_active(&self) -> Result<Vec<BottleInfo>, BackendError>;
 
-    /// Stops a bottle and removes everything it owns.
+    /// Stops a bottle and removes everything it owns; finishes a bottle
+    /// [`begin_stop`](Self::begin_stop) left stopping.
     fn stop(&self, name: &str) -> Result<CleanupReport, BackendError>;
+
+    /// The part of a stop the operator waits for: at least until the agent
+    /// can no longer run or reach anything, and the rest recorded so that
+    /// a crash before [`stop`](Self::stop) finishes it is finished by
+    /// `cleanup`. A backend without a faster first part stops the bottle
+    /// whole.
+    fn begin_stop(&self, name: &str) -> Result<StopProgress, BackendError> {
+        self.stop(name).map(StopProgress::Stopped)
+    }
+
+    /// Finishes a stop [`begin_stop`](Self::begin_stop) left
+    /// [`StopProgress::Stopping`], and only that: a bottle no longer
+    /// recorded as stopping (finished by another, or a new bottle of the
+    /// same name) is left alone. Run by the detached finisher.
+    fn finish_stop(&self, name: &str) -> Result<CleanupReport, BackendError> {
+        self.stop(name)
+    }
 
     /// Removes what crashed launches left behind.
     fn cleanup_orphans(&self) -> Result<CleanupReport, BackendError>;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use bollard::models::SystemInfo;
 use bottle_core::backend::{
     BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupReport,
+    StopProgress,
 };
 use bottle_core::disk::{LayerCap, format_size};
 use bottle_core::manifest::{self, CredentialSource};
@@ -267,6 +268,7 @@ impl DockerBackend {
         detached: bool,
     ) -> Result<(BundleData, bottle_net::BottleSubnet), DockerError> {
         let engine = self.engine()?;
+        lifecycle::finish_if_stopping(engine, &self.options.state_root, &spec.slug);
         if lifecycle::bottle_resources_exist(engine, &spec.slug)? {
             return Err(DockerError::AlreadyExists {
                 name: spec.name.clone(),
@@ -674,6 +676,22 @@ impl BottleBackend for DockerBackend {
 
     fn stop(&self, name: &str) -> Result<CleanupReport, BackendError> {
         Ok(lifecycle::stop(
+            self.engine()?,
+            &self.options.state_root,
+            name,
+        )?)
+    }
+
+    fn begin_stop(&self, name: &str) -> Result<StopProgress, BackendError> {
+        Ok(lifecycle::begin_stop(
+            self.engine()?,
+            &self.options.state_root,
+            name,
+        )?)
+    }
+
+    fn finish_stop(&self, name: &str) -> Result<CleanupReport, BackendError> {
+        Ok(lifecycle::finish_stop(
             self.engine()?,
             &self.options.state_root,
             name,

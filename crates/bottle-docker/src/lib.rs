@@ -40,6 +40,7 @@ pub mod names;
 pub mod pause;
 pub mod pool;
 pub mod reset;
+mod stopping;
 pub mod tarball;
 mod toolbox;
 mod toolbox_stream;

@@ -1,5 +1,6 @@
-//! Finding bottles again and taking them down: `list`, `stop`, `cleanup`,
-//! and the removal helpers a failed launch unwinds with.
+//! Finding bottles again and taking them down: `list`, `stop` (its fast
+//! first part, [`begin_stop`], and the rest), `cleanup`, and the removal
+//! helpers a failed launch unwinds with.
 //!
 //! Resources are found by label ([`crate::names`]), never by name alone, so
 //! a container that merely looks like a bottle's is never touched.
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 use bollard::query_parameters::{
     ListContainersOptionsBuilder, ListNetworksOptionsBuilder, RemoveContainerOptionsBuilder,
 };
-use bottle_core::backend::{BackendKind, BottleInfo, CleanupReport};
+use bottle_core::backend::{BackendKind, BottleInfo, CleanupReport, StopProgress};
 use bottle_core::slug::{bottle_name, slug_of};
 use bottle_core::time::rfc3339;
 
@@ -21,6 +22,7 @@ use crate::names::{
     EGRESS_NETWORK, LABEL_AGENT, LABEL_BUNDLE_IP, LABEL_DETACHED, LABEL_MANAGED, LABEL_NAME,
     LABEL_ROLE, LABEL_SLUG, LABEL_STATE_DIR, ResourceNames, label_filter, owner_from_labels, role,
 };
+use crate::stopping;
 
 /// Removes a container (killing it first). `Ok(false)` if it was gone.
 pub fn remove_container(engine: &Engine, name: &str) -> Result<bool, DockerError> {
@@ -233,10 +235,10 @@ pub fn list_active(engine: &Engine, state_root: &Path) -> Result<Vec<BottleInfo>
 }
 
 /// The bottles that are only a docker state dir under `state_root`, none
-/// of them in `listed`: a launch that has not created a container yet
-/// (`launching`, its process runs) or one that died before it did
-/// (`incomplete`: its CA key is still on disk, and `bottle cleanup` or
-/// `bottle stop` removes it).
+/// of them in `listed`: one whose stop is being finished (`stopping`), a
+/// launch that has not created a container yet (`launching`, its process
+/// runs) or one that died before it did (`incomplete`: its CA key is still
+/// on disk, and `bottle cleanup` or `bottle stop` removes it).
 pub(crate) fn state_only_bottles(state_root: &Path, listed: &[BottleInfo]) -> Vec<BottleInfo> {
     let Ok(entries) = std::fs::read_dir(state_root) else {
         return Vec::new();
@@ -254,16 +256,18 @@ pub(crate) fn state_only_bottles(state_root: &Path, listed: &[BottleInfo]) -> Ve
             {
                 return None;
             }
-            let launching = data::read_owner(&paths).is_some_and(|o| o.is_alive());
+            let state = if stopping::is_stopping(&paths.root) {
+                "stopping"
+            } else if data::read_owner(&paths).is_some_and(|o| o.is_alive()) {
+                "launching"
+            } else {
+                "incomplete (state dir only)"
+            };
             Some(BottleInfo {
                 name,
                 agent: plan.agent.clone(),
                 backend: BackendKind::Docker,
-                state: if launching {
-                    "launching".into()
-                } else {
-                    "incomplete (state dir only)".into()
-                },
+                state: state.into(),
                 bundle_address: Some(plan.backend_data.bundle.ip.to_string()),
                 created: None,
                 pending_requests: 0,
@@ -305,14 +309,17 @@ fn bottles_with_containers(engine: &Engine) -> Result<Vec<BottleInfo>, DockerErr
             };
             // A reset that halted the bottle stopped both containers and
             // left them for inspection; say why they are stopped.
-            let halted = any.labels.get(LABEL_STATE_DIR).and_then(|dir| {
+            let state_dir = any.labels.get(LABEL_STATE_DIR).map(Path::new);
+            let halted = state_dir.and_then(|dir| {
                 bottle_core::sandbox::reset::halted(&bottle_core::sandbox::ResetFiles::new(dir))
             });
             let pooled = any
                 .labels
                 .get(LABEL_STATE_DIR)
                 .is_some_and(|dir| crate::pool::is_ready(Path::new(dir)));
-            let state = if halted.is_some() {
+            let state = if state_dir.is_some_and(stopping::is_stopping) {
+                "stopping".to_string()
+            } else if halted.is_some() {
                 "halted".to_string()
             } else if pooled && state == "running" {
                 // A warm pool's entry: prepared, nothing of the agent runs.
@@ -351,9 +358,109 @@ fn removable_state_dir(dir: &Path, slug: &str) -> bool {
     }
 }
 
-/// Stops a bottle: removes its containers (agent first), its network, its
-/// state dir, and the egress network if nothing else uses it. Stopping a
-/// bottle that is already gone removes nothing and is not an error.
+/// The first part of a stop, all the operator waits for: records in the
+/// bottle's state dir that it is stopping (a `stopping` file, synced), then
+/// removes its containers together. Once they are gone the agent can
+/// neither run nor reach anything; [`finish_stop`] finishes the rest, and
+/// `cleanup` does if nothing else does. `Stopped` when the bottle has no
+/// state dir under `state_root` to record in (or its labels name another):
+/// then it is stopped whole, here.
+///
+/// A container that could not be removed is in the report's failures and
+/// the bottle stays recorded as stopping, so `cleanup` tries again.
+pub fn begin_stop(
+    engine: &Engine,
+    state_root: &Path,
+    name: &str,
+) -> Result<StopProgress, DockerError> {
+    let slug = slug_of(name).to_string();
+    let containers = managed_containers(engine, &[(LABEL_SLUG, &slug)])?;
+    let state_dirs: Vec<PathBuf> = labelled_state_dirs(&containers, &[], state_root, &slug)
+        .into_iter()
+        .filter(|dir| dir.exists() && removable_state_dir(dir, &slug))
+        .collect();
+    // The finish looks for the record under this state root only: a
+    // bottle labelled with another state dir is stopped whole, here.
+    let dir = state_root.join(&slug);
+    if state_dirs != [dir.clone()] {
+        return stop(engine, state_root, name).map(StopProgress::Stopped);
+    }
+    stopping::record(&dir)?;
+    let mut report = CleanupReport::default();
+    remove_resources(engine, &containers, &[], &mut report);
+    Ok(StopProgress::Stopping(report))
+}
+
+/// Finishes the stop of the bottle `name` that [`begin_stop`] began, and
+/// nothing else. With the state dir there, only while it is recorded as
+/// stopping, holding the dir's lock (flock on the dir) throughout and
+/// reading the record under it: two finishers (the detached one,
+/// `cleanup`, a launch of the same name) never interleave, and one that
+/// comes late finds the record gone and cannot take down a new bottle of
+/// the same name.
+///
+/// With the state dir gone (another finisher removed it, or someone
+/// removed the state root before the finish), what still carries the
+/// bottle's labels, naming that dir, is the stopped bottle's leftovers,
+/// provided the dir is still missing once they are listed: a launch writes
+/// its state dir before it creates anything in Docker.
+pub fn finish_stop(
+    engine: &Engine,
+    state_root: &Path,
+    name: &str,
+) -> Result<CleanupReport, DockerError> {
+    let slug = slug_of(name).to_string();
+    let dir = state_root.join(&slug);
+    if let Some(_lock) = lock_state_dir(&dir) {
+        if !stopping::is_stopping(&dir) {
+            return Ok(CleanupReport::default());
+        }
+        return stop(engine, state_root, name);
+    }
+    // Only what was made for this state dir: a bottle of the same name
+    // under another state root is not this stop's.
+    let dir_label = dir.display().to_string();
+    let pairs = [
+        (LABEL_SLUG, slug.as_str()),
+        (LABEL_STATE_DIR, dir_label.as_str()),
+    ];
+    let containers = managed_containers(engine, &pairs)?;
+    let networks = managed_networks(engine, &pairs)?;
+    let mut report = CleanupReport::default();
+    if dir.exists() {
+        return Ok(report);
+    }
+    remove_resources(engine, &containers, &networks, &mut report);
+    remove_egress_into(engine, &mut report);
+    Ok(report)
+}
+
+/// Finishes the stop of the bottle `slug` if it is recorded as stopping
+/// (its finisher may still be at work, or dead), waiting for a finisher at
+/// work: a launch of the same name right after `bottle stop` then starts
+/// instead of finding the old bottle's network, and no late finisher can
+/// remove the new bottle. What cannot be removed stays for the launch's
+/// own check to refuse.
+pub fn finish_if_stopping(engine: &Engine, state_root: &Path, slug: &str) {
+    if stopping::is_stopping(&state_root.join(slug)) {
+        let _ = finish_stop(engine, state_root, &bottle_name(slug));
+    }
+}
+
+/// Takes an exclusive lock on the state dir `dir` (flock on the directory
+/// itself), waiting for its holder; released when dropped. `None` if the
+/// dir cannot be opened: there is then nothing of it to finish.
+fn lock_state_dir(dir: &Path) -> Option<nix::fcntl::Flock<std::fs::File>> {
+    let file = std::fs::File::open(dir).ok()?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).ok()
+}
+
+/// Stops a bottle, or finishes one [`begin_stop`] left stopping: removes
+/// its containers (together), its network, its state dir, and the egress
+/// network if nothing else uses it. Stopping a bottle that is already gone
+/// removes nothing and is not an error. A stopping bottle whose containers
+/// or network could not be removed keeps its state dir, and so its record,
+/// for `cleanup` to finish.
 pub fn stop(engine: &Engine, state_root: &Path, name: &str) -> Result<CleanupReport, DockerError> {
     let slug = slug_of(name).to_string();
     let mut report = CleanupReport::default();
@@ -361,8 +468,12 @@ pub fn stop(engine: &Engine, state_root: &Path, name: &str) -> Result<CleanupRep
     let networks = managed_networks(engine, &[(LABEL_SLUG, &slug)])?;
     let state_dirs = labelled_state_dirs(&containers, &networks, state_root, &slug);
     remove_resources(engine, &containers, &networks, &mut report);
+    let leftovers = !report.failed.is_empty();
     for dir in state_dirs {
-        if !dir.exists() || !removable_state_dir(&dir, &slug) {
+        if !dir.exists()
+            || !removable_state_dir(&dir, &slug)
+            || (leftovers && stopping::is_stopping(&dir))
+        {
             continue;
         }
         record_removal(
@@ -455,9 +566,16 @@ pub(crate) fn remove_egress_into(engine: &Engine, report: &mut CleanupReport) {
     }
 }
 
-/// Whether a bottle is an orphan: its owner died and it was not a
-/// completed detached launch.
+/// Whether a bottle is an orphan: it is recorded as stopping (whoever
+/// began the stop may have died before finishing it), or its owner died
+/// and it was not a completed detached launch.
 fn is_orphan(labels: &HashMap<String, String>) -> bool {
+    if labels
+        .get(LABEL_STATE_DIR)
+        .is_some_and(|dir| stopping::is_stopping(Path::new(dir)))
+    {
+        return true;
+    }
     let owner_alive = owner_from_labels(labels).is_some_and(|o| o.is_alive());
     if owner_alive {
         return false;
@@ -494,9 +612,18 @@ pub fn cleanup_orphans(engine: &Engine, state_root: &Path) -> Result<CleanupRepo
         }
     }
     for (slug, labels) in &by_slug {
-        if is_orphan(labels) {
-            merge(&mut report, stop(engine, state_root, &bottle_name(slug))?);
+        if !is_orphan(labels) {
+            continue;
         }
+        let name = bottle_name(slug);
+        // A stop began: finish it where it began, in the state root its
+        // labels name.
+        let labelled_dir = labels.get(LABEL_STATE_DIR).map(Path::new);
+        let removed = match labelled_dir.and_then(|dir| Some((dir, dir.parent()?))) {
+            Some((dir, root)) if stopping::is_stopping(dir) => finish_stop(engine, root, &name)?,
+            _ => stop(engine, state_root, &name)?,
+        };
+        merge(&mut report, removed);
     }
     // State dirs with no Docker resources at all: prepared but never (or
     // no longer) launched.
@@ -511,6 +638,13 @@ pub fn cleanup_orphans(engine: &Engine, state_root: &Path) -> Result<CleanupRepo
             }
             let paths = StatePaths::new(&dir);
             let owner_alive = data::read_owner(&paths).is_some_and(|o| o.is_alive());
+            if stopping::is_stopping(&dir) {
+                merge(
+                    &mut report,
+                    finish_stop(engine, state_root, &bottle_name(&slug))?,
+                );
+                continue;
+            }
             if owner_alive || !removable_state_dir(&dir, &slug) {
                 continue;
             }
@@ -593,10 +727,14 @@ mod tests {
         assert!(!is_orphan(&labels(dead, true, dir.path())));
         claim(dead);
         assert!(is_orphan(&labels(dead, true, dir.path())));
+        // A stop began: an orphan whoever owns it, so `cleanup` finishes it.
+        stopping::record(dir.path()).unwrap();
+        assert!(is_orphan(&labels(dead, true, dir.path())));
+        assert!(is_orphan(&labels(me, false, dir.path())));
     }
 
     #[test]
-    fn a_state_dir_without_containers_is_listed_as_incomplete_or_launching() {
+    fn a_state_dir_without_containers_is_listed_as_incomplete_launching_or_stopping() {
         let root = tempfile::tempdir().unwrap();
         let paths = StatePaths::new(root.path().join("demo"));
         data::write_plan(&paths, &crate::config::tests::sample_plan()).unwrap();
@@ -619,6 +757,8 @@ mod tests {
 
         data::write_owner(&paths, bottle_core::process::Owner::current()).unwrap();
         assert_eq!(state_only_bottles(root.path(), &[])[0].state, "launching");
+        stopping::record(&paths.root).unwrap();
+        assert_eq!(state_only_bottles(root.path(), &[])[0].state, "stopping");
         // A bottle listed with its containers is not listed twice.
         assert!(state_only_bottles(root.path(), &found).is_empty());
     }

@@ -127,7 +127,7 @@ impl Shared {
 /// by design, so whatever it keeps stays held until `bottle stop`. Called
 /// first, while the holder has opened nothing of its own and runs one
 /// thread, so every descriptor above stdio is inherited.
-fn close_inherited_fds() -> std::io::Result<()> {
+pub(crate) fn close_inherited_fds() -> std::io::Result<()> {
     let listed: Vec<i32> = std::fs::read_dir("/proc/self/fd")?
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
         .collect();

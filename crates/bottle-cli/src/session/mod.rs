@@ -125,37 +125,70 @@ fn read_holder(paths: &SessionPaths) -> Option<Owner> {
     serde_json::from_slice(&bytes).ok()
 }
 
+/// Asks the bottle's session holder, if one runs, to end with the agent's
+/// exec (SIGTERM to its process group), without waiting: `stop` calls it
+/// first so the holder winds down while the bottle's containers go.
+pub(crate) fn signal_end(paths: &SessionPaths) {
+    if let Some((_, group)) = live_holder(paths) {
+        let _ = rustix::process::kill_process_group(group, rustix::process::Signal::TERM);
+    }
+}
+
 /// Ends the bottle's session holder, if one runs, with the agent's exec
 /// (its process group): SIGTERM, then SIGKILL if it outlives
 /// [`END_WITHIN`]; then removes the session's files, which no backend
-/// knows of. `stop` calls it before removing the bottle.
+/// knows of. `stop`, or its finisher, calls it before removing the rest of
+/// the bottle.
 pub(crate) fn end(paths: &SessionPaths) {
     end_holder(paths);
     // Best effort, like the rest of a stop: a leftover dir holds no secret.
     let _ = std::fs::remove_dir_all(&paths.dir);
 }
 
+/// The holder and its process group, if it runs. The holder is a session
+/// leader, so its PID is its group's.
+fn live_holder(paths: &SessionPaths) -> Option<(Owner, rustix::process::Pid)> {
+    let holder = read_holder(paths)?;
+    let pid = i32::try_from(holder.pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)?;
+    holder.is_alive().then_some((holder, pid))
+}
+
 fn end_holder(paths: &SessionPaths) {
-    use rustix::process::{Pid, Signal, kill_process_group};
-    let Some(holder) = read_holder(paths) else {
+    use rustix::process::{Signal, kill_process_group};
+    let Some((holder, group)) = live_holder(paths) else {
         return;
     };
-    let Some(pid) = i32::try_from(holder.pid).ok().and_then(Pid::from_raw) else {
-        return;
-    };
-    if !holder.is_alive() {
-        return;
+    let _ = kill_process_group(group, Signal::TERM);
+    if !exits_within(holder, group, END_WITHIN) {
+        let _ = kill_process_group(group, Signal::KILL);
     }
-    // The holder is a session leader, so its PID is its group's.
-    let _ = kill_process_group(pid, Signal::TERM);
-    let deadline = Instant::now() + END_WITHIN;
+}
+
+/// Whether the process `holder` (PID `pid`) exits within `within`: waits
+/// on a pidfd, woken by its exit rather than polling. Not our child, so
+/// there is no `waitpid`; where pidfds are missing (Linux before 5.3), a
+/// check every 20 ms.
+fn exits_within(holder: Owner, pid: rustix::process::Pid, within: Duration) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let deadline = Instant::now() + within;
+    let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok();
     while holder.is_alive() {
-        if Instant::now() >= deadline {
-            let _ = kill_process_group(pid, Signal::KILL);
-            return;
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        match &pidfd {
+            Some(fd) => {
+                let mut fds = [PollFd::new(fd, PollFlags::IN)];
+                let timeout = Timespec::try_from(left).ok();
+                let _ = poll(&mut fds, timeout.as_ref());
+            }
+            None => std::thread::sleep(left.min(Duration::from_millis(20))),
+        }
     }
+    true
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ mod reset;
 mod serve;
 mod session;
 mod smolmachines;
+mod stop;
 mod terminal;
 
 use std::path::{Path, PathBuf};

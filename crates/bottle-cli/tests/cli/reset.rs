@@ -160,7 +160,12 @@ fn reset_reverts_reports_and_halts_on_a_changed_engine_state() {
 
     let stopped = world.bottle().args(["stop", &name]).output().unwrap();
     assert!(stopped.status.success(), "{}", stderr(&stopped));
-    assert!(!world.state_dir().exists());
     let inspect = engine.block_on(engine.docker.inspect_container(&agent, None));
     assert!(inspect.is_err(), "{agent} is left");
+    // The state dir goes with the rest, after `stop` returned.
+    bottle_test_support::wait_until(
+        "the state dir to go",
+        std::time::Duration::from_secs(60),
+        || !world.state_dir().exists(),
+    );
 }

@@ -305,6 +305,33 @@ fn listed(serve: &Serve) -> Vec<String> {
         .collect()
 }
 
+/// Waits (bounded) until `full` is no longer listed, failing if it is
+/// listed in any state but `stopping` meanwhile: a shut-down bottle runs
+/// nothing.
+fn wait_until_unlisted(serve: &Serve, full: &str) {
+    bottle_test_support::wait_until(
+        &format!("{full} to be gone"),
+        std::time::Duration::from_secs(60),
+        || {
+            let (status, list) = serve.request("GET", "/v1/bottles", None);
+            assert_eq!(status, 200, "{list}");
+            let this = list
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|b| b["name"] == full)
+                .cloned();
+            if let Some(this) = &this {
+                assert_eq!(
+                    this["state"], "stopping",
+                    "{full} after its shutdown: {this}"
+                );
+            }
+            this.is_none()
+        },
+    );
+}
+
 #[test]
 fn boot_list_and_shutdown_a_docker_bottle() {
     let test = "boot_list_and_shutdown_a_docker_bottle";
@@ -334,7 +361,9 @@ fn boot_list_and_shutdown_a_docker_bottle() {
 
     let (status, stopped) = serve.request("DELETE", &format!("/v1/bottles/{name}"), None);
     assert_eq!(status, 200, "{stopped}");
-    assert!(!listed(&serve).contains(&full));
+    // `stop` returns with the boxes gone; the rest follows, listed as
+    // stopping until then.
+    wait_until_unlisted(&serve, &full);
     let again = serve.request("DELETE", &format!("/v1/bottles/{name}"), None);
     assert_eq!(again.0, 404, "{}", again.1);
 }
@@ -384,8 +413,5 @@ fn the_python_client_demo_runs_against_a_docker_bottle() {
     let name = format!("serve-py-{}", std::process::id());
     let _stop = world.stop_on_drop(&name);
     run_python_demo(&serve, &world.manifest(), "echo", &name);
-    assert!(
-        !listed(&serve).contains(&format!("bot-bottle-{name}")),
-        "the demo's bottle outlived its shutdown"
-    );
+    wait_until_unlisted(&serve, &format!("bot-bottle-{name}"));
 }

@@ -215,7 +215,7 @@ fn holder_pid(world: &World) -> u32 {
 }
 
 /// Gone, or a zombie nobody reaped yet: either way it runs nothing.
-fn process_runs(pid: u32) -> bool {
+pub(crate) fn process_runs(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
         stat.rsplit(')')
             .next()
@@ -349,8 +349,12 @@ fn stop_ends_a_running_session_holder_that_kept_no_inherited_fd() {
         .args(["stop", &world.name])
         .assert()
         .success();
-    assert!(!process_runs(holder), "the session holder outlived stop");
-    assert!(!world.session_file("session.sock").exists());
+    // `stop` returns once the containers are gone; its finisher ends the
+    // holder.
+    wait_until("the session holder to end", WAIT, || !process_runs(holder));
+    wait_until("the session's files to go", WAIT, || {
+        !world.session_file("session.sock").exists()
+    });
 }
 
 #[test]

@@ -18,5 +18,6 @@ mod isolation;
 mod lifecycle;
 mod pools;
 mod reset;
+mod stop;
 mod supervise;
 mod support;

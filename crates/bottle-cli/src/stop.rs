@@ -1,0 +1,247 @@
+//! `bottle stop`, and `bottle __finish-stop`, the detached process that
+//! finishes what `stop` began.
+//!
+//! Why two processes: the operator waits only until the agent can no
+//! longer run or reach anything. The backend's `begin_stop` records that
+//! the bottle is stopping and removes its boxes; `stop` then returns, and
+//! the finisher ends the session holder and removes the rest (network,
+//! state dir with its audit log kept, the egress network when unused). If
+//! the finisher dies, the record makes `list` show the bottle as
+//! `stopping` and `cleanup` finish it, so nothing leaks. A backend with no
+//! faster first part (smolmachines) stops the bottle whole, as before.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use bottle_core::backend::{BackendErrorKind, StopProgress};
+use bottle_core::exec::{CommandRunner as _, CommandSpec, SystemRunner};
+use bottle_core::state::SessionPaths;
+use bottle_core::{BackendKind, CleanupReport, slug};
+
+use crate::args::Global;
+use crate::backends::{self, AnyBackend};
+use crate::commands::{backends_to_ask, no_bottle_named, state_root};
+use crate::failure::{EXIT_BACKEND, Failure};
+use crate::output::{note, out};
+
+/// The hidden subcommand the finisher runs as.
+pub(crate) const FINISH_SUBCOMMAND: &str = "__finish-stop";
+
+/// `bottle stop BOTTLE`.
+pub(crate) fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
+    let slug = slug::slug_of(bottle);
+    let name = slug::bottle_name(slug);
+    let root = state_root().ok();
+    let session = root.as_deref().map(|root| SessionPaths::new(root, slug));
+    // The holder winds down while the boxes go; it is waited for later.
+    if let Some(session) = &session {
+        crate::session::signal_end(session);
+    }
+    let mut last_error = None;
+    let mut outcome = None;
+    for backend in backends_for(global, root.as_deref(), slug)? {
+        match backend.begin_stop(&name) {
+            // Stopping is idempotent in the backends; nothing removed means
+            // this backend never had the bottle.
+            Ok(StopProgress::Stopped(report))
+                if report.removed.is_empty() && report.failed.is_empty() => {}
+            Ok(StopProgress::Stopped(report)) => {
+                outcome = Some((report, None));
+                break;
+            }
+            Ok(StopProgress::Stopping(report)) => {
+                outcome = Some((report, Some(backend)));
+                break;
+            }
+            Err(err) if err.kind == BackendErrorKind::NotFound => last_error = Some(err),
+            Err(err) => return Err(err.into()),
+        }
+    }
+    let Some((report, stopping_on)) = outcome else {
+        return Err(last_error
+            .map(Failure::from)
+            .unwrap_or_else(|| no_bottle_named(&name)));
+    };
+    match stopping_on {
+        Some(backend) if report.failed.is_empty() => {
+            let log = root
+                .as_deref()
+                .map(|root| root.join(slug).join("stopping.log"));
+            if let Err(reason) = spawn_finisher(backend.kind(), &name, log.as_deref()) {
+                // Finished here instead: slower, never leaky.
+                note(
+                    global.quiet,
+                    &format!("warning: finishing the stop here, not in the background: {reason}"),
+                );
+                finish_on(&backend, session.as_ref(), &name)?;
+            }
+        }
+        _ => {
+            if let Some(session) = &session {
+                crate::session::end(session);
+                // The backend left the state dir to us if only the session
+                // was in it.
+                if let Some(root) = &root {
+                    let _ = std::fs::remove_dir(root.join(slug));
+                }
+            }
+        }
+    }
+    for line in &report.removed {
+        note(global.quiet, &format!("removed {line}"));
+    }
+    for line in &report.kept {
+        note(
+            global.quiet,
+            &format!("kept {line} (`bottle logs {name}` reads it)"),
+        );
+    }
+    if !report.failed.is_empty() {
+        return Err(Failure::new(
+            "BOT-C007",
+            EXIT_BACKEND,
+            format!(
+                "{name} was stopped but some of its resources remain: {}",
+                report.failed.join("; ")
+            ),
+        )
+        .with_fix("run `bottle cleanup`, then check `bottle list`"));
+    }
+    out(&format!("stopped {name}\n"));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The backends to ask for the bottle `slug`: the one its state dir's
+/// `plan.json` names when there is one, without a preflight (its first
+/// request reports an unreachable daemon as well, a round trip sooner),
+/// otherwise those [`backends_to_ask`] picks.
+fn backends_for(
+    global: &Global,
+    state_root: Option<&Path>,
+    slug: &str,
+) -> Result<Vec<AnyBackend>, Failure> {
+    let owner = state_root.and_then(|root| planned_backend(&root.join(slug).join("plan.json")));
+    match owner {
+        Some(kind) if !backends::explicit(global) => Ok(vec![backends::open(
+            kind,
+            global,
+            backends::Mode::default(),
+        )?]),
+        _ => backends_to_ask(global),
+    }
+}
+
+/// The backend a plan file names, if it can be read.
+fn planned_backend(plan: &Path) -> Option<BackendKind> {
+    #[derive(serde::Deserialize)]
+    struct Owner {
+        backend: BackendKind,
+    }
+    let text = std::fs::read(plan).ok()?;
+    serde_json::from_slice::<Owner>(&text)
+        .ok()
+        .map(|o| o.backend)
+}
+
+/// The finisher's invocation: this `bottle`, on the bottle's backend.
+fn finisher_spec(bottle_exe: &Path, kind: BackendKind, name: &str) -> CommandSpec {
+    CommandSpec::new(bottle_exe)
+        .args(["--backend", kind.as_str(), FINISH_SUBCOMMAND, name])
+        // Holds no directory the operator may want to unmount.
+        .cwd("/")
+}
+
+/// Starts the finisher, detached; its output goes to `log` (in the
+/// bottle's state dir, kept with it when the finish fails).
+fn spawn_finisher(kind: BackendKind, name: &str, log: Option<&Path>) -> Result<(), String> {
+    let exe =
+        std::env::current_exe().map_err(|err| format!("cannot find this bottle binary: {err}"))?;
+    let log = log
+        .filter(|log| log.parent().is_some_and(Path::is_dir))
+        .map_or_else(|| PathBuf::from("/dev/null"), Path::to_path_buf);
+    SystemRunner
+        .spawn_detached(&finisher_spec(&exe, kind, name), &log)
+        .map(drop)
+        .map_err(|err| err.to_string())
+}
+
+/// `bottle __finish-stop BOTTLE`: leaves the operator's session, ends the
+/// bottle's session holder and removes the rest of the bottle.
+pub(crate) fn finish(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
+    // First, so the operator's terminal closing cannot signal us; then let
+    // go of whatever `stop` inherited (an operator's `flock LOCK bottle
+    // stop` would otherwise stay locked until we are done).
+    let _ = rustix::process::setsid();
+    let _ = crate::session::host::close_inherited_fds();
+    let slug = slug::slug_of(bottle);
+    let name = slug::bottle_name(slug);
+    let session = state_root().ok().map(|root| SessionPaths::new(&root, slug));
+    let kind = backends::selected(global)?;
+    let backend = backends::open(kind, global, backends::Mode::default())?;
+    finish_on(&backend, session.as_ref(), &name)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Ends the session holder, then stops the bottle on `backend`; what could
+/// not be removed is the error (the bottle stays recorded as stopping, for
+/// `cleanup`).
+fn finish_on(
+    backend: &AnyBackend,
+    session: Option<&SessionPaths>,
+    name: &str,
+) -> Result<CleanupReport, Failure> {
+    if let Some(session) = session {
+        crate::session::end(session);
+    }
+    let report = backend.finish_stop(name)?;
+    if report.failed.is_empty() {
+        return Ok(report);
+    }
+    Err(Failure::new(
+        "BOT-C055",
+        EXIT_BACKEND,
+        format!(
+            "the stop of {name} was not finished: {}",
+            report.failed.join("; ")
+        ),
+    )
+    .with_fix(format!(
+        "`bottle list` shows {name} as stopping; run `bottle cleanup` to finish it"
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_finisher_is_this_bottle_on_the_bottles_backend() {
+        let spec = finisher_spec(
+            Path::new("/usr/bin/bottle"),
+            BackendKind::Docker,
+            "bot-bottle-demo",
+        );
+        assert_eq!(
+            spec.argv(),
+            [
+                "/usr/bin/bottle",
+                "--backend",
+                "docker",
+                FINISH_SUBCOMMAND,
+                "bot-bottle-demo"
+            ]
+        );
+        assert_eq!(spec.cwd.as_deref(), Some(Path::new("/")));
+    }
+
+    #[test]
+    fn the_plan_names_the_backend_to_ask() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = dir.path().join("plan.json");
+        assert_eq!(planned_backend(&plan), None);
+        std::fs::write(&plan, r#"{"backend":"docker","slug":"demo"}"#).unwrap();
+        assert_eq!(planned_backend(&plan), Some(BackendKind::Docker));
+        std::fs::write(&plan, r#"{"backend":"vax"}"#).unwrap();
+        assert_eq!(planned_backend(&plan), None);
+    }
+}

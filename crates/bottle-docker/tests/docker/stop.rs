@@ -1,0 +1,59 @@
+//! A stop in two parts: `begin_stop` leaves the network and the state dir
+//! (recorded as stopping) and nothing that runs; `finish_stop` removes
+//! them even when the state dir vanished first (a test's temp dir, an
+//! operator's `rm -rf`), and a late finisher spares a new bottle of the
+//! same name.
+
+use bottle_core::backend::StopProgress;
+use bottle_core::{BottleBackend, slug::bottle_name};
+
+use crate::support::{self, name, resources_of};
+
+#[test]
+fn a_stop_begun_is_finished_without_its_state_dir_and_a_late_finish_spares_a_new_bottle() {
+    let test =
+        "a_stop_begun_is_finished_without_its_state_dir_and_a_late_finish_spares_a_new_bottle";
+    let Some(fx) = support::setup(test) else {
+        return;
+    };
+    let name = name("stop2");
+    let full = bottle_name(&name);
+    let state_dir = fx.state.path().join(&name);
+
+    let (_guard, bottle) = fx.start(&name);
+    drop(bottle);
+    let StopProgress::Stopping(report) = fx.backend.begin_stop(&full).unwrap() else {
+        panic!("a docker bottle with a state dir stops in two parts");
+    };
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(
+        resources_of(&fx.backend, &name),
+        [format!("network bot-bottle-{name}")],
+        "begin_stop leaves only the network"
+    );
+    assert!(state_dir.join("stopping").is_file());
+
+    // The state dir goes before the finisher gets to it.
+    std::fs::remove_dir_all(&state_dir).unwrap();
+    let report = fx.backend.finish_stop(&full).unwrap();
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert!(
+        report
+            .removed
+            .contains(&format!("network bot-bottle-{name}")),
+        "{:?}",
+        report.removed
+    );
+    assert_eq!(resources_of(&fx.backend, &name), Vec::<String>::new());
+
+    // A new bottle of the same name, not stopping: a finisher that comes
+    // late removes nothing of it.
+    let (_guard, bottle) = fx.start(&name);
+    drop(bottle);
+    let before = resources_of(&fx.backend, &name);
+    assert_eq!(before.len(), 3, "{before:?}");
+    let report = fx.backend.finish_stop(&full).unwrap();
+    assert_eq!(report.removed, Vec::<String>::new());
+    assert_eq!(resources_of(&fx.backend, &name), before);
+    assert!(state_dir.join("plan.json").is_file());
+}
