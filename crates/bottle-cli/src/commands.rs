@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use bottle_core::audit_files;
 use bottle_core::backend::BackendErrorKind;
+use bottle_core::timeline::Timeline;
 use bottle_core::{BottleInfo, BottleLauncher, BottleSpec, Manifest, Plan, manifest, slug};
 
 use crate::args::{
@@ -144,81 +145,126 @@ fn confirm(question: &str) -> Result<bool, Failure> {
 }
 
 fn start(global: &Global, args: &StartArgs) -> Result<ExitCode, Failure> {
+    let timeline = args.timings.then(Timeline::new);
+    let lap = |name: &str| {
+        if let Some(timeline) = &timeline {
+            timeline.lap(name);
+        }
+    };
     let kind = backends::selected(global)?;
     let spec = spec_for(global, &args.agent, args.name.as_deref())?;
     let resolved = devices::resolve(&spec)?;
+    lap("load-manifest");
     let backend = backends::open(
         kind,
         global,
         backends::Mode {
             detach: args.detach,
+            timeline: timeline.clone(),
         },
     )?;
     backend.preflight()?;
+    lap("preflight");
+    let started = Started {
+        global,
+        args,
+        timeline: timeline.as_ref(),
+    };
     match &backend {
-        backends::AnyBackend::Docker(b) => start_on(b, global, args, &spec, &resolved),
-        backends::AnyBackend::Smolmachines(b) => start_on(b, global, args, &spec, &resolved),
+        backends::AnyBackend::Docker(b) => started.on(b, &spec, &resolved),
+        backends::AnyBackend::Smolmachines(b) => started.on(b, &spec, &resolved),
     }
 }
 
-/// `start` on one backend: prepare, show, confirm, launch, attach.
-fn start_on<B: BottleLauncher>(
-    backend: &B,
-    global: &Global,
-    args: &StartArgs,
-    spec: &BottleSpec,
-    resolved: &bottle_core::devices::ResolvedDevices,
-) -> Result<ExitCode, Failure> {
-    let kind = backend.kind();
-    let mut plan = backend.prepare(spec)?;
-    resolved.fill_plan(&mut plan, Path::new("/"));
-    for warning in &resolved.warnings {
-        note(global.quiet, &format!("warning: {warning}"));
+/// One `bottle start`: the operator's options and, with `--timings`, the
+/// timeline its phases are recorded on.
+struct Started<'a> {
+    global: &'a Global,
+    args: &'a StartArgs,
+    timeline: Option<&'a Timeline>,
+}
+
+impl Started<'_> {
+    fn lap(&self, name: &str) {
+        if let Some(timeline) = self.timeline {
+            timeline.lap(name);
+        }
     }
-    if !kind.supports_devices() {
-        if let Some(warning) = bottle_core::devices::unsupported_warning(kind, resolved) {
+
+    /// With `--timings`, the timeline on stderr (never mixed with the
+    /// agent's output on stdout, and whatever `--quiet` says: the operator
+    /// asked for it).
+    fn print_timings(&self) {
+        if let Some(timeline) = self.timeline {
+            output::err_bytes(format!("timings:\n{}", timeline.render()).as_bytes());
+        }
+    }
+
+    /// `start` on one backend: prepare, show, confirm, launch, attach.
+    fn on<B: BottleLauncher>(
+        &self,
+        backend: &B,
+        spec: &BottleSpec,
+        resolved: &bottle_core::devices::ResolvedDevices,
+    ) -> Result<ExitCode, Failure> {
+        let (global, args) = (self.global, self.args);
+        let kind = backend.kind();
+        let mut plan = backend.prepare(spec)?;
+        resolved.fill_plan(&mut plan, Path::new("/"));
+        for warning in &resolved.warnings {
             note(global.quiet, &format!("warning: {warning}"));
         }
-        plan.devices.clear();
-    }
-    if !global.quiet || !global.yes {
-        output::err(&format!("{}\n{}", plan.bottle, plan.render()));
-    }
-    if !global.yes && !confirm("start this bottle?")? {
-        note(global.quiet, "not started");
-        return Ok(ExitCode::from(EXIT_DECLINED));
-    }
-    let bottle = launch_interruptibly(backend, &plan)?;
-    for warning in bottle.launch_warnings() {
-        note(global.quiet, &format!("warning: {warning}"));
-    }
-    if args.detach {
+        if !kind.supports_devices() {
+            if let Some(warning) = bottle_core::devices::unsupported_warning(kind, resolved) {
+                note(global.quiet, &format!("warning: {warning}"));
+            }
+            plan.devices.clear();
+        }
+        self.lap("prepare");
+        if !global.quiet || !global.yes {
+            output::err(&format!("{}\n{}", plan.bottle, plan.render()));
+        }
+        if !global.yes && !confirm("start this bottle?")? {
+            note(global.quiet, "not started");
+            return Ok(ExitCode::from(EXIT_DECLINED));
+        }
+        self.lap("confirm");
+        let bottle = launch_interruptibly(backend, &plan)?;
+        self.lap("launched");
+        for warning in bottle.launch_warnings() {
+            note(global.quiet, &format!("warning: {warning}"));
+        }
+        if args.detach {
+            let name = bottle.name().to_string();
+            drop(bottle);
+            let paths = bottle_core::state::SessionPaths::new(&state_root()?, slug::slug_of(&name));
+            crate::session::spawn_host(
+                &bottle_core::exec::SystemRunner,
+                &paths,
+                kind,
+                &name,
+                &plan.command,
+            )?;
+            self.lap("session-spawn");
+            self.print_timings();
+            out(&format!("{name}\n"));
+            note(
+                global.quiet,
+                &format!(
+                    "the agent runs in the background:\n  bottle attach {name}   join it (detach: ctrl-p ctrl-q)\n  bottle logs {name}     its audit log\n  bottle stop {name}     end it and remove the bottle"
+                ),
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        self.print_timings();
+        let code = bottle.exec_interactive(&plan.command);
         let name = bottle.name().to_string();
         drop(bottle);
-        let paths = bottle_core::state::SessionPaths::new(&state_root()?, slug::slug_of(&name));
-        crate::session::spawn_host(
-            &bottle_core::exec::SystemRunner,
-            &paths,
-            kind,
-            &name,
-            &plan.command,
-        )?;
-        out(&format!("{name}\n"));
-        note(
-            global.quiet,
-            &format!(
-                "the agent runs in the background:\n  bottle attach {name}   join it (detach: ctrl-p ctrl-q)\n  bottle logs {name}     its audit log\n  bottle stop {name}     end it and remove the bottle"
-            ),
-        );
-        return Ok(ExitCode::SUCCESS);
+        let stopped = backend.stop(&name);
+        let code = code?;
+        stopped?;
+        Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
     }
-    let code = bottle.exec_interactive(&plan.command);
-    let name = bottle.name().to_string();
-    drop(bottle);
-    let stopped = backend.stop(&name);
-    let code = code?;
-    stopped?;
-    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
 }
 
 /// `backend.launch`, which the operator's ^C (or `SIGTERM`) makes fail

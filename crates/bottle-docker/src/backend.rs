@@ -28,6 +28,7 @@ use crate::lifecycle;
 use crate::names::ResourceNames;
 use crate::pause::pause_elf;
 use crate::toolbox::InBoxAgent;
+use bottle_core::timeline::Timeline;
 
 /// How long `launch` waits for the bundle to answer by default.
 pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(15);
@@ -65,6 +66,9 @@ pub struct DockerOptions {
     /// Set when the operator interrupts the launch (the CLI's ^C handler):
     /// the launch fails after the step it is in and unwinds.
     pub interrupt: bottle_core::undo::Interrupt,
+    /// `bottle start --timings`: each launch step ends a lap here and the
+    /// Engine's round trips are counted into it.
+    pub timeline: Option<Timeline>,
 }
 
 impl DockerOptions {
@@ -80,6 +84,7 @@ impl DockerOptions {
             failpoint: None,
             dns_upstream: None,
             interrupt: bottle_core::undo::Interrupt::default(),
+            timeline: None,
         }
     }
 }
@@ -95,6 +100,7 @@ impl std::fmt::Debug for DockerOptions {
             .field("health_timeout", &self.health_timeout)
             .field("failpoint", &self.failpoint)
             .field("dns_upstream", &self.dns_upstream)
+            .field("timeline", &self.timeline.is_some())
             .finish()
     }
 }
@@ -152,7 +158,8 @@ impl DockerBackend {
         if let Some(engine) = self.engine.get() {
             return Ok(engine);
         }
-        let engine = Engine::connect(self.options.docker_host.as_deref())?;
+        let engine = Engine::connect(self.options.docker_host.as_deref())?
+            .counting_into(self.options.timeline.clone());
         Ok(self.engine.get_or_init(|| engine))
     }
 
@@ -417,6 +424,7 @@ impl DockerBackend {
                 None => Failpoint::from_env()?,
             },
             interrupt: self.options.interrupt.clone(),
+            timeline: self.options.timeline.clone(),
         })
     }
 

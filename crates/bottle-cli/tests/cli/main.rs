@@ -19,6 +19,7 @@ mod serve;
 mod session;
 mod smolmachines;
 mod terminal;
+mod timings;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};

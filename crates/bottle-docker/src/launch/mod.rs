@@ -62,6 +62,8 @@ pub struct LaunchSettings {
     pub failpoint: Option<Failpoint>,
     /// The operator's ^C: checked after every step.
     pub interrupt: bottle_core::undo::Interrupt,
+    /// `bottle start --timings`: every step ends a lap.
+    pub timeline: Option<bottle_core::timeline::Timeline>,
 }
 
 /// One launch in progress: what it runs on, what it brings up, and what
@@ -227,9 +229,12 @@ impl<D> Launch<'_, D> {
         labels
     }
 
-    /// Ends a step: fails here if the operator interrupted the launch or
-    /// the failpoint names it.
+    /// Ends a step: records it on the timeline, then fails here if the
+    /// operator interrupted the launch or the failpoint names it.
     fn step_done(&self, step: Step) -> Result<(), DockerError> {
+        if let Some(timeline) = &self.settings.timeline {
+            timeline.lap(step.name());
+        }
         let interrupt = &self.settings.interrupt;
         interrupt.check(step.name())?;
         match &self.settings.failpoint {
