@@ -271,11 +271,12 @@ impl DockerBackend {
         } else {
             images::git_runtime_files(&bottle_core::exec::SystemRunner)?
         };
-        let image = images::ensure_bundle_image(
+        let image = images::ensure_bundle_image_with(
             engine,
             &bundle_bin,
             &git_files,
             self.options.progress.as_ref(),
+            Some(&self.options.state_root.join(images::BUNDLE_DIGEST_CACHE)),
         )?;
         let subnet = choose_subnet(engine, &spec.slug)?;
         let bundle = BundleData {

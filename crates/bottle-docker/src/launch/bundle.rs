@@ -69,15 +69,14 @@ impl<'a, D> Launch<'a, D> {
         let names = (self.bundle.network.clone(), self.bundle.container.clone());
         let (network, bundle) = (&names.0, &names.1);
 
-        self.create_network(network)?;
-        self.step_done(Step::Network)?;
-
         // Exclusive until the bundle is attached: Docker does not keep
         // network names unique, so two launches that both saw no egress
         // network would each create one, and every later launch would
         // fail on the ambiguous name.
         self.egress_lock = Some(lifecycle::egress_lock());
-        self.ensure_egress_network()?;
+        self.create_networks(network)?;
+        self.check_network(network)?;
+        self.step_done(Step::Network)?;
         self.step_done(Step::EgressNetwork)?;
 
         self.create_bundle(bundle)?;
@@ -134,7 +133,10 @@ impl<'a, D> Launch<'a, D> {
         Ok(())
     }
 
-    fn create_network(&mut self, network: &str) -> Result<(), DockerError> {
+    /// Creates the bottle network and, if missing, the shared egress
+    /// network, both at once; registers the undo of each that exists
+    /// before returning either's error.
+    fn create_networks(&mut self, network: &str) -> Result<(), DockerError> {
         let labels = self.labels_for(role::NETWORK);
         let request = match self.mode {
             LaunchMode::Bottle => {
@@ -144,16 +146,28 @@ impl<'a, D> Launch<'a, D> {
                 config::vm_bundle_network(network, &self.bundle.subnet, self.bundle.gateway, labels)
             }
         };
-        self.block(&format!("create network {network}"), async {
-            self.engine.docker.create_network(request).await
-        })?;
-        let (engine, name) = (self.engine, network.to_string());
-        self.undo.push("the bottle network", move || {
-            lifecycle::remove_network(engine, &name)
-                .map(drop)
-                .map_err(|e| e.to_string())
+        let docker = &self.engine.docker;
+        let (created, egress) = self.engine.block_on(async {
+            tokio::join!(docker.create_network(request), ensure_egress(docker))
         });
-        self.check_network(network)
+        let engine = self.engine;
+        if created.is_ok() {
+            let name = network.to_string();
+            self.undo.push("the bottle network", move || {
+                lifecycle::remove_network(engine, &name)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            });
+        }
+        if egress.is_ok() {
+            self.undo.push("the egress network", move || {
+                lifecycle::remove_egress_if_unused(engine)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            });
+        }
+        created.map_err(DockerError::api(format!("create network {network}")))?;
+        egress
     }
 
     /// Fails closed unless the network is internal, has no host address
@@ -198,43 +212,6 @@ impl<'a, D> Launch<'a, D> {
                 self.bundle.subnet
             ));
         }
-        Ok(())
-    }
-
-    fn ensure_egress_network(&mut self) -> Result<(), DockerError> {
-        let exists = match self
-            .engine
-            .block_on(self.engine.docker.inspect_network(EGRESS_NETWORK, None))
-        {
-            Ok(_) => true,
-            Err(err) if is_not_found(&err) => false,
-            Err(err) => {
-                return Err(DockerError::api(format!(
-                    "inspect network {EGRESS_NETWORK}"
-                ))(err));
-            }
-        };
-        if !exists {
-            let created = self
-                .engine
-                .block_on(self.engine.docker.create_network(config::egress_network()));
-            match created {
-                Ok(_) => {}
-                // Another launch created it meanwhile.
-                Err(bollard::errors::Error::DockerResponseServerError {
-                    status_code: 409, ..
-                }) => {}
-                Err(err) => {
-                    return Err(DockerError::api(format!("create network {EGRESS_NETWORK}"))(err));
-                }
-            }
-        }
-        let engine = self.engine;
-        self.undo.push("the egress network", move || {
-            lifecycle::remove_egress_if_unused(engine)
-                .map(drop)
-                .map_err(|e| e.to_string())
-        });
         Ok(())
     }
 
@@ -431,6 +408,29 @@ impl<'a, D> Launch<'a, D> {
             reason,
             logs: container_logs(self.engine, bundle, 50),
         }
+    }
+}
+
+/// Creates the shared egress network unless it exists; the caller holds
+/// the egress lock.
+async fn ensure_egress(docker: &bollard::Docker) -> Result<(), DockerError> {
+    match docker.inspect_network(EGRESS_NETWORK, None).await {
+        Ok(_) => return Ok(()),
+        Err(err) if is_not_found(&err) => {}
+        Err(err) => {
+            return Err(DockerError::api(format!(
+                "inspect network {EGRESS_NETWORK}"
+            ))(err));
+        }
+    }
+    match docker.create_network(config::egress_network()).await {
+        // Another launch (by another user: the lock is per user) created
+        // it meanwhile.
+        Ok(_)
+        | Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 409, ..
+        }) => Ok(()),
+        Err(err) => Err(DockerError::api(format!("create network {EGRESS_NETWORK}"))(err)),
     }
 }
 

@@ -12,7 +12,7 @@ use crate::error::DockerError;
 /// | step | what it does |
 /// | --- | --- |
 /// | `network` | create `bot-bottle-<slug>` (internal, no host address) and check it |
-/// | `egress-network` | create the shared `bot-bottle-egress` if missing |
+/// | `egress-network` | create the shared `bot-bottle-egress` if missing (at once with `network`) |
 /// | `bundle-create` | create the bundle container pinned at `.2` |
 /// | `bundle-connect` | attach it to the egress network |
 /// | `bundle-files` | write config, CA and credentials into `/run/bottle` |
