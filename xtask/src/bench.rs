@@ -8,7 +8,11 @@ use crate::dist;
 use crate::process::{cargo, watch};
 
 /// The benches, by package and bench target.
-const BENCHES: [(&str, &str); 2] = [("bottle-bundle", "proxy"), ("bottle-docker", "sandbox")];
+const BENCHES: [(&str, &str); 3] = [
+    ("bottle-bundle", "proxy"),
+    ("bottle-docker", "sandbox"),
+    ("bottle-cli", "start"),
+];
 
 /// Builds the static binaries, then runs each bench; `--quick` makes every
 /// bench run smaller. Extra arguments are refused.

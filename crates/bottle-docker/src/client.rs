@@ -95,6 +95,19 @@ impl Engine {
         self.runtime.block_on(future)
     }
 
+    /// Starts `future` on the runtime without waiting for it: a request
+    /// that overlaps the caller's next ones, counted as a round trip.
+    pub fn spawn<F>(&self, future: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        if let Some(timeline) = &self.timeline {
+            timeline.count_round_trip();
+        }
+        self.runtime.spawn(future)
+    }
+
     /// The runtime, for spawning tasks that outlive one call.
     pub fn handle(&self) -> tokio::runtime::Handle {
         self.runtime.handle().clone()

@@ -1,7 +1,7 @@
 //! A docker bottle's launch: the bundle's steps around the agent
 //! container's. The agent is created pinned at `.3` on the bottle network
-//! alone, given its keep-alive, prompt and skills, started together
-//! with the bundle, and verified isolated before its CA is installed (the
+//! alone, given its keep-alive, prompt and skills, started as the
+//! bundle's start (sent ahead) completes, and verified isolated before its CA is installed (the
 //! image's trust tool runs through an exec), the MCP config is written, the
 //! golden snapshot for reset is taken and the launch is marked complete; nothing of the agent runs until then.
 
@@ -39,6 +39,15 @@ impl<'a> Launch<'a, DockerPlanData> {
         let (network, agent) = (self.bundle.network.clone(), data.container.clone());
         let (network, agent) = (&network, &agent);
         let bundle = self.bundle.container.clone();
+        // The bundle is complete: its start (a third of a launch) goes to
+        // the Engine now and overlaps the agent container's steps. Nothing
+        // of the agent runs until every check below has passed.
+        let docker = self.engine.docker.clone();
+        let starting = bundle.clone();
+        self.bundle_starting = Some(
+            self.engine
+                .spawn(async move { docker.start_container(&starting, None).await }),
+        );
 
         self.create_agent(agent)?;
         self.step_done(Step::AgentCreate)?;
@@ -75,9 +84,15 @@ impl<'a> Launch<'a, DockerPlanData> {
         self.provision_skills(agent)?;
         self.step_done(Step::ProvisionSkills)?;
 
+        let bundle_start = self.bundle_starting.take();
         let (bundle_started, agent_started) = self.engine.block_on(async {
             tokio::join!(
-                self.engine.docker.start_container(&bundle, None),
+                async {
+                    match bundle_start {
+                        Some(start) => super::bundle_started(start).await,
+                        None => self.engine.docker.start_container(&bundle, None).await,
+                    }
+                },
                 self.engine.docker.start_container(agent, None)
             )
         });
@@ -130,7 +145,7 @@ impl<'a> Launch<'a, DockerPlanData> {
         }
         self.step_done(Step::Snapshot)?;
 
-        data::write_file(&self.paths.launched(), b"1\n", 0o600)?;
+        data::write_record(&self.paths.launched(), b"1\n", 0o600)?;
         self.step_done(Step::Complete)?;
 
         Ok(DockerBottle {

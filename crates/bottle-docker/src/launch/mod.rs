@@ -81,6 +81,21 @@ struct Launch<'a, D> {
     /// Held from ensuring the egress network until the bundle holds an
     /// endpoint on it, so `stop` elsewhere cannot remove it in between.
     egress_lock: Option<lifecycle::EgressLock>,
+    /// The bundle's start, under way while the agent container is created
+    /// and filled; joined before the agent starts, and before any undo.
+    bundle_starting: Option<BundleStart>,
+}
+
+/// The bundle container's start, sent to the Engine ahead of the agent's.
+type BundleStart = tokio::task::JoinHandle<Result<(), bollard::errors::Error>>;
+
+/// What a start of the bundle that was sent ahead came to.
+async fn bundle_started(start: BundleStart) -> Result<(), bollard::errors::Error> {
+    start.await.unwrap_or_else(|join| {
+        Err(bollard::errors::Error::IOError {
+            err: std::io::Error::other(join.to_string()),
+        })
+    })
 }
 
 /// Launches the bottle `plan` describes; on failure everything created so
@@ -174,12 +189,17 @@ impl<'a, D> Launch<'a, D> {
             mode,
             undo,
             egress_lock: None,
+            bundle_starting: None,
         })
     }
 
     /// Ends the launch: a successful one keeps what it created, a failed
     /// one removes it, newest first.
     fn finish<T>(mut self, result: Result<T, DockerError>) -> Result<T, DockerError> {
+        // The undo must not race a start still in flight.
+        if let Some(start) = self.bundle_starting.take() {
+            let _ = self.engine.block_on(bundle_started(start));
+        }
         // Removing the egress network takes the egress lock itself.
         self.egress_lock = None;
         let undo = std::mem::take(&mut self.undo);

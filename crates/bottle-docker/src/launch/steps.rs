@@ -20,7 +20,7 @@ use crate::error::DockerError;
 /// | `agent-files` | write the keep-alive program and the in-box agent (`/.bottle/toolbox`, when one is found) |
 /// | `provision-prompt` | the prompt file |
 /// | `provision-skills` | the skills directories |
-/// | `bundle-start` | start the bundle (together with the agent) |
+/// | `bundle-start` | the bundle's start, sent after `bundle-files`, has completed |
 /// | `agent-start` | start the agent's keep-alive (nothing of the agent runs yet) |
 /// | `bundle-verify` | check its address, both networks, and that the bottle network is internal |
 /// | `bundle-health` | wait until the proxy answers `/__bottle/health` |
@@ -31,10 +31,11 @@ use crate::error::DockerError;
 /// | `snapshot` | the golden snapshot of the agent's writable layer and the baseline of its three reset sources (`crate::reset`); a host that cannot take it gets a warning and a bottle without reset |
 /// | `complete` | mark the launch complete in the state dir |
 ///
-/// Both containers are created and filled first and started together
-/// (each start is a third of a launch's time); the agent's keep-alive runs
-/// nothing, and no command reaches the agent before every check above has
-/// passed. A bundle for a microVM runs the bundle steps only (`network` to
+/// The bundle's start is sent to the Engine as soon as its files are in
+/// and overlaps the agent container's creation and files (each start is a
+/// third of a launch's time); `bundle-start` ends when it has completed,
+/// together with the agent's start. The agent's keep-alive runs nothing,
+/// and no command reaches the agent before every check above has passed. A bundle for a microVM runs the bundle steps only (`network` to
 /// `bundle-files`, `bundle-start`, `bundle-verify`, `bundle-health`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
