@@ -57,6 +57,16 @@ impl<'a> Launch<'a, DockerPlanData> {
         let mut tar = TarBuilder::new();
         tar.dir(&entry_name("/.bottle"), 0o755, Ownership::ROOT)?;
         tar.file(&entry_name(PAUSE_PATH), &pause, 0o755, Ownership::ROOT)?;
+        // `/etc/bottle` and the MCP config depend on nothing that runs: in
+        // this one upload rather than one each after the start.
+        tar.dir(&entry_name(AGENT_DIR), 0o755, Ownership::ROOT)?;
+        let mcp = bottle_core::bundle::mcp_config(&self.bundle.ip.to_string());
+        tar.file(
+            &entry_name(bottle_core::bundle::AGENT_MCP_CONFIG),
+            mcp.as_bytes(),
+            0o644,
+            Ownership::ROOT,
+        )?;
         match toolbox::find_binary() {
             Ok(binary) => {
                 tar.file(
@@ -124,7 +134,7 @@ impl<'a> Launch<'a, DockerPlanData> {
         }
         self.step_done(Step::ProvisionGit)?;
 
-        self.provision_supervise(agent)?;
+        self.provision_supervise();
         self.step_done(Step::ProvisionSupervise)?;
 
         let substrate = DockerResetSubstrate::new(
@@ -194,9 +204,6 @@ impl<'a> Launch<'a, DockerPlanData> {
     fn provision_ca(&self, agent: &str) -> Result<Vec<String>, DockerError> {
         let cert_path = self.paths.ca_cert();
         let cert = std::fs::read(&cert_path).map_err(DockerError::io("read", cert_path))?;
-        let mut tar = TarBuilder::new();
-        tar.dir(&entry_name(AGENT_DIR), 0o755, Ownership::ROOT)?;
-        upload(self.engine, agent, tar.finish()?)?;
         let mut target = ContainerCaBox {
             engine: self.engine,
             container: agent,
@@ -209,24 +216,15 @@ impl<'a> Launch<'a, DockerPlanData> {
         Ok(report.warnings)
     }
 
-    fn provision_supervise(&self, agent: &str) -> Result<(), DockerError> {
+    /// The MCP config naming supervise went in with the agent's files
+    /// (`agent-files`); this step reports it.
+    fn provision_supervise(&self) {
         let address = self.bundle.ip.to_string();
-        let mcp = bottle_core::bundle::mcp_config(&address);
-        let mut tar = TarBuilder::new();
-        tar.dir("etc/bottle", 0o755, Ownership::ROOT)?;
-        tar.file(
-            &entry_name(bottle_core::bundle::AGENT_MCP_CONFIG),
-            mcp.as_bytes(),
-            0o644,
-            Ownership::ROOT,
-        )?;
-        upload(self.engine, agent, tar.finish()?)?;
         self.note(&format!(
             "supervise: MCP at {} (MCP_SUPERVISE_URL), config in {}",
             bottle_core::bundle::supervise_url(&address),
             bottle_core::bundle::AGENT_MCP_CONFIG
         ));
-        Ok(())
     }
 
     fn provision_prompt(&self, agent: &str) -> Result<(), DockerError> {

@@ -61,8 +61,10 @@ impl<'a, D> Launch<'a, D> {
     /// Up to `bundle-files`: the networks and the bundle container, created
     /// and filled but not started. Leaves the egress lock held.
     pub(super) fn prepare_bundle(&mut self) -> Result<(), DockerError> {
+        // The CA's key is made while the Engine creates the networks.
+        let bottle = self.plan.bottle.clone();
+        let ca = std::thread::spawn(move || bottle_bundle_files::generate_ca(&bottle));
         data::write_owner(&self.paths, self.labels.owner)?;
-        self.write_stage()?;
         data::create_private_dir(&self.paths.logs())?;
         self.mark_audit_ok()?;
         data::create_private_dir(&self.paths.requests())?;
@@ -76,6 +78,12 @@ impl<'a, D> Launch<'a, D> {
         self.egress_lock = Some(lifecycle::egress_lock());
         self.create_networks(network)?;
         self.check_network(network)?;
+        let ca = ca.join().unwrap_or_else(|_| {
+            Err(bottle_bundle_files::BundleFilesError::Ca {
+                detail: "its generation panicked".into(),
+            })
+        });
+        self.write_stage(ca)?;
         self.step_done(Step::Network)?;
         self.step_done(Step::EgressNetwork)?;
 
@@ -104,11 +112,13 @@ impl<'a, D> Launch<'a, D> {
     /// Writes the bundle's CA and, for the operator to read, its config
     /// into the state dir. Done at launch, not at prepare, so a declined
     /// plan leaves nothing behind.
-    fn write_stage(&self) -> Result<(), DockerError> {
-        let ca =
-            bottle_bundle_files::generate_ca(&self.plan.bottle).map_err(|err| DockerError::Ca {
-                detail: err.to_string(),
-            })?;
+    fn write_stage(
+        &self,
+        ca: Result<bottle_bundle_files::CaPair, bottle_bundle_files::BundleFilesError>,
+    ) -> Result<(), DockerError> {
+        let ca = ca.map_err(|err| DockerError::Ca {
+            detail: err.to_string(),
+        })?;
         data::write_file(&self.paths.ca_cert(), ca.cert_pem.as_bytes(), 0o644)?;
         data::write_file(&self.paths.ca_key(), ca.key_pem.as_bytes(), 0o600)?;
         let config = serde_json::to_vec_pretty(&config::bundle_config(self.plan, self.bundle))

@@ -17,7 +17,7 @@ use crate::error::DockerError;
 /// | `bundle-connect` | attach it to the egress network |
 /// | `bundle-files` | write config, CA and credentials into `/run/bottle` |
 /// | `agent-create` | create the agent container pinned at `.3` |
-/// | `agent-files` | write the keep-alive program and the in-box agent (`/.bottle/toolbox`, when one is found) |
+/// | `agent-files` | write the keep-alive program, the in-box agent (`/.bottle/toolbox`, when one is found), `/etc/bottle` and the MCP config naming supervise (`/etc/bottle/mcp.json`), in one upload |
 /// | `provision-prompt` | the prompt file |
 /// | `provision-skills` | the skills directories |
 /// | `bundle-start` | the bundle's start, sent after `bundle-files`, has completed |
@@ -25,9 +25,9 @@ use crate::error::DockerError;
 /// | `bundle-verify` | check its address, both networks, and that the bottle network is internal |
 /// | `bundle-health` | wait until the proxy answers `/__bottle/health` |
 /// | `agent-verify` | check it is running, on the bottle network only, at its address, with every capability dropped |
-/// | `provision-ca` | the CA as `bottle_core::ca_install` defines: `/etc/bottle/ca.pem`, the anchors, the image's trust tool (an exec as root, so after the start), the system bundles, the hashed directory |
+/// | `provision-ca` | the CA as `bottle_core::ca_install` defines: `/etc/bottle/ca.pem` (the directory made in `agent-files`), the anchors, the image's trust tool (an exec as root, so after the start), the system bundles, the hashed directory |
 /// | `provision-git` | git repositories: served by the bundle's git-gate (mounts and mirrors are set up with the bundle); this step reports them |
-/// | `provision-supervise` | the MCP config naming supervise (`/etc/bottle/mcp.json`) |
+/// | `provision-supervise` | report the MCP config (written in `agent-files`) |
 /// | `snapshot` | the golden snapshot of the agent's writable layer and the baseline of its three reset sources (`crate::reset`); a host that cannot take it gets a warning and a bottle without reset |
 /// | `complete` | mark the launch complete in the state dir |
 ///
