@@ -621,10 +621,15 @@ impl BottleBackend for DockerBackend {
     }
 
     fn preflight(&self) -> Result<(), BackendError> {
+        // Connecting asks the daemon its API version: that answer is the
+        // check. Only a connection made earlier is asked again.
+        let connected_before = self.engine.get().is_some();
         let engine = self.engine()?;
-        engine
-            .block_on(engine.docker.ping())
-            .map_err(DockerError::api("ping the docker daemon"))?;
+        if connected_before {
+            engine
+                .block_on(engine.docker.ping())
+                .map_err(DockerError::api("ping the docker daemon"))?;
+        }
         Ok(())
     }
 

@@ -353,6 +353,9 @@ impl<'a, D> Launch<'a, D> {
             addr.clone(),
         ];
         let deadline = Instant::now() + self.settings.health_timeout;
+        // A bundle that is not up at the first probe usually is a few
+        // milliseconds later: the pause grows from 5 ms to 100 ms.
+        let mut pause = Duration::from_millis(5);
         let mut last;
         loop {
             let state = self.block(&format!("inspect container {bundle}"), async {
@@ -385,7 +388,8 @@ impl<'a, D> Launch<'a, D> {
                     ),
                 ));
             }
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(100));
         }
     }
 
