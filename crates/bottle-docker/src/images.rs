@@ -358,9 +358,15 @@ impl DigestCache {
     /// Remembers `digest` for `identity`; written aside and renamed, so a
     /// reader sees the old entry or the new one.
     fn store(cache: &Path, identity: &str, digest: &str) {
+        use std::os::unix::fs::DirBuilderExt as _;
         let aside = cache.with_extension(format!("tmp{}", std::process::id()));
-        let written = cache.parent().is_some_and(|dir| dir.is_dir())
-            && std::fs::write(&aside, format!("{identity}\n{digest}\n")).is_ok()
+        let written = cache.parent().is_some_and(|dir| {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .is_ok()
+        }) && std::fs::write(&aside, format!("{identity}\n{digest}\n")).is_ok()
             && std::fs::rename(&aside, cache).is_ok();
         if !written {
             let _ = std::fs::remove_file(&aside);
@@ -369,9 +375,10 @@ impl DigestCache {
 }
 
 /// The file under the state root that remembers the bundle binary's
-/// digest ([`ensure_bundle_image_with`]); not a directory, so no listing
-/// or cleanup of state dirs takes it for a bottle.
-pub const BUNDLE_DIGEST_CACHE: &str = ".bundle-digest";
+/// digest ([`ensure_bundle_image_with`]). In a directory of its own: every
+/// backend's listing reads each entry of the state root as a bottle's
+/// state dir, and this one holds no bottle's records.
+pub const BUNDLE_DIGEST_CACHE: &str = ".cache/bundle-digest";
 
 /// The label every bundle image carries: the sha256 of the bundle binary
 /// it was built from.

@@ -35,6 +35,10 @@ impl<'a> Launch<'a, DockerPlanData> {
     /// Every step of [`super::Step::ALL`], in order.
     pub(super) fn run(&mut self) -> Result<DockerBottle, DockerError> {
         let data = self.agent();
+        // The agent's files are read and packed while the Engine works on
+        // the bundle's steps.
+        let (arch, bundle_ip) = (data.arch.clone(), self.bundle.ip);
+        let files = std::thread::spawn(move || agent_files(&arch, bundle_ip));
         self.prepare_bundle()?;
         let (network, agent) = (self.bundle.network.clone(), data.container.clone());
         let (network, agent) = (&network, &agent);
@@ -52,40 +56,13 @@ impl<'a> Launch<'a, DockerPlanData> {
         self.create_agent(agent)?;
         self.step_done(Step::AgentCreate)?;
 
-        let arch = data.arch.clone();
-        let pause = pause_elf(&arch).ok_or(DockerError::UnsupportedArch { arch })?;
-        let mut tar = TarBuilder::new();
-        tar.dir(&entry_name("/.bottle"), 0o755, Ownership::ROOT)?;
-        tar.file(&entry_name(PAUSE_PATH), &pause, 0o755, Ownership::ROOT)?;
-        // `/etc/bottle` and the MCP config depend on nothing that runs: in
-        // this one upload rather than one each after the start.
-        tar.dir(&entry_name(AGENT_DIR), 0o755, Ownership::ROOT)?;
-        let mcp = bottle_core::bundle::mcp_config(&self.bundle.ip.to_string());
-        tar.file(
-            &entry_name(bottle_core::bundle::AGENT_MCP_CONFIG),
-            mcp.as_bytes(),
-            0o644,
-            Ownership::ROOT,
-        )?;
-        match toolbox::find_binary() {
-            Ok(binary) => {
-                tar.file(
-                    &entry_name(TOOLBOX_PATH),
-                    &binary.bytes,
-                    0o755,
-                    Ownership::ROOT,
-                )?;
-                self.note(&format!(
-                    "toolbox: {} at {TOOLBOX_PATH}",
-                    binary.path.display()
-                ));
-            }
-            Err(why) => self.note(&format!(
-                "toolbox: not installed, `bottle execute` is unavailable: {}",
-                escape_for_terminal(&why)
-            )),
-        }
-        upload(self.engine, agent, tar.finish()?)?;
+        let (tar, toolbox_note) = files.join().unwrap_or_else(|_| {
+            Err(DockerError::PlanData {
+                detail: "packing the agent's files panicked".into(),
+            })
+        })?;
+        self.note(&toolbox_note);
+        upload(self.engine, agent, tar)?;
         self.step_done(Step::AgentFiles)?;
 
         self.provision_prompt(agent)?;
@@ -382,6 +359,46 @@ impl CaBox for ContainerCaBox<'_> {
 /// `err` is: overlay2 answers "--storage-opt is supported only for overlay
 /// over xfs with 'pquota' mount option", other drivers name the option
 /// similarly. Only this refusal means "the storage cannot cap the layer".
+/// The `agent-files` archive: the keep-alive program, the in-box agent
+/// when one is found, and `/etc/bottle` with the MCP config (they depend
+/// on nothing that runs, so they go in this one upload rather than one
+/// each after the start); and the note saying which in-box agent.
+fn agent_files(
+    arch: &str,
+    bundle_ip: std::net::Ipv4Addr,
+) -> Result<(Vec<u8>, String), DockerError> {
+    let pause = pause_elf(arch).ok_or_else(|| DockerError::UnsupportedArch {
+        arch: arch.to_string(),
+    })?;
+    let mut tar = TarBuilder::new();
+    tar.dir(&entry_name("/.bottle"), 0o755, Ownership::ROOT)?;
+    tar.file(&entry_name(PAUSE_PATH), &pause, 0o755, Ownership::ROOT)?;
+    tar.dir(&entry_name(AGENT_DIR), 0o755, Ownership::ROOT)?;
+    let mcp = bottle_core::bundle::mcp_config(&bundle_ip.to_string());
+    tar.file(
+        &entry_name(bottle_core::bundle::AGENT_MCP_CONFIG),
+        mcp.as_bytes(),
+        0o644,
+        Ownership::ROOT,
+    )?;
+    let note = match toolbox::find_binary() {
+        Ok(binary) => {
+            tar.file(
+                &entry_name(TOOLBOX_PATH),
+                &binary.bytes,
+                0o755,
+                Ownership::ROOT,
+            )?;
+            format!("toolbox: {} at {TOOLBOX_PATH}", binary.path.display())
+        }
+        Err(why) => format!(
+            "toolbox: not installed, `bottle execute` is unavailable: {}",
+            escape_for_terminal(&why)
+        ),
+    };
+    Ok((tar.finish()?, note))
+}
+
 fn storage_opt_refusal(err: &bollard::errors::Error) -> Option<String> {
     match err {
         bollard::errors::Error::DockerResponseServerError { message, .. }
