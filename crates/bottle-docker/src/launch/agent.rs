@@ -46,12 +46,16 @@ impl<'a> Launch<'a, DockerPlanData> {
         // The bundle is complete: its start (a third of a launch) goes to
         // the Engine now and overlaps the agent container's steps. Nothing
         // of the agent runs until every check below has passed.
+        // The egress lock goes with the start: released the moment the
+        // bundle holds its endpoint, so concurrent launches wait no longer.
         let docker = self.engine.docker.clone();
         let starting = bundle.clone();
-        self.bundle_starting = Some(
-            self.engine
-                .spawn(async move { docker.start_container(&starting, None).await }),
-        );
+        let egress_lock = self.egress_lock.take();
+        self.bundle_starting = Some(self.engine.spawn(async move {
+            let started = docker.start_container(&starting, None).await;
+            drop(egress_lock);
+            started
+        }));
 
         self.create_agent(agent)?;
         self.step_done(Step::AgentCreate)?;
