@@ -1,7 +1,7 @@
 //! A docker bottle's launch: the bundle's steps around the agent
 //! container's. The agent is created pinned at `.3` on the bottle network
-//! alone, given its keep-alive, prompt and skills, started as the
-//! bundle's start (sent ahead) completes, and verified isolated before its CA is installed (the
+//! alone, given its keep-alive, prompt and skills, started while the
+//! bundle (started ahead) is checked, and verified isolated before its CA is installed (the
 //! image's trust tool runs through an exec), the MCP config is written, the
 //! golden snapshot for reset is taken and the launch is marked complete; nothing of the agent runs until then.
 
@@ -75,25 +75,29 @@ impl<'a> Launch<'a, DockerPlanData> {
         self.provision_skills(agent)?;
         self.step_done(Step::ProvisionSkills)?;
 
-        let bundle_start = self.bundle_starting.take();
-        let (bundle_started, agent_started) = self.engine.block_on(async {
-            tokio::join!(
-                async {
-                    match bundle_start {
-                        Some(start) => super::bundle_started(start).await,
-                        None => self.engine.docker.start_container(&bundle, None).await,
-                    }
-                },
-                self.engine.docker.start_container(agent, None)
-            )
-        });
-        bundle_started.map_err(DockerError::api(format!("start {bundle}")))?;
-        self.egress_lock = None;
+        // The agent's keep-alive starts while the bundle is checked; the
+        // agent's own checks wait for it.
+        let docker = self.engine.docker.clone();
+        let starting = agent.clone();
+        self.agent_starting = Some(
+            self.engine
+                .spawn(async move { docker.start_container(&starting, None).await }),
+        );
+        if let Some(start) = self.bundle_starting.take() {
+            self.engine
+                .block_on(super::started(start))
+                .map_err(DockerError::api(format!("start {bundle}")))?;
+        }
         self.step_done(Step::BundleStart)?;
-        agent_started.map_err(DockerError::api(format!("start {agent}")))?;
-        self.step_done(Step::AgentStart)?;
 
         self.check_bundle()?;
+
+        if let Some(start) = self.agent_starting.take() {
+            self.engine
+                .block_on(super::started(start))
+                .map_err(DockerError::api(format!("start {agent}")))?;
+        }
+        self.step_done(Step::AgentStart)?;
 
         self.verify_agent(network, agent)?;
         self.step_done(Step::AgentVerify)?;

@@ -82,15 +82,19 @@ struct Launch<'a, D> {
     /// endpoint on it, so `stop` elsewhere cannot remove it in between.
     egress_lock: Option<lifecycle::EgressLock>,
     /// The bundle's start, under way while the agent container is created
-    /// and filled; joined before the agent starts, and before any undo.
-    bundle_starting: Option<BundleStart>,
+    /// and filled; joined before the bundle's checks, and before any undo.
+    bundle_starting: Option<ContainerStart>,
+    /// The agent's start (its keep-alive only), under way while the
+    /// bundle is checked; joined before the agent's checks, and before any
+    /// undo.
+    agent_starting: Option<ContainerStart>,
 }
 
-/// The bundle container's start, sent to the Engine ahead of the agent's.
-type BundleStart = tokio::task::JoinHandle<Result<(), bollard::errors::Error>>;
+/// A container's start, sent to the Engine while the launch goes on.
+type ContainerStart = tokio::task::JoinHandle<Result<(), bollard::errors::Error>>;
 
-/// What a start of the bundle that was sent ahead came to.
-async fn bundle_started(start: BundleStart) -> Result<(), bollard::errors::Error> {
+/// What a start sent ahead came to.
+async fn started(start: ContainerStart) -> Result<(), bollard::errors::Error> {
     start.await.unwrap_or_else(|join| {
         Err(bollard::errors::Error::IOError {
             err: std::io::Error::other(join.to_string()),
@@ -190,6 +194,7 @@ impl<'a, D> Launch<'a, D> {
             undo,
             egress_lock: None,
             bundle_starting: None,
+            agent_starting: None,
         })
     }
 
@@ -197,8 +202,11 @@ impl<'a, D> Launch<'a, D> {
     /// one removes it, newest first.
     fn finish<T>(mut self, result: Result<T, DockerError>) -> Result<T, DockerError> {
         // The undo must not race a start still in flight.
-        if let Some(start) = self.bundle_starting.take() {
-            let _ = self.engine.block_on(bundle_started(start));
+        for start in [self.bundle_starting.take(), self.agent_starting.take()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = self.engine.block_on(started(start));
         }
         // Removing the egress network takes the egress lock itself.
         self.egress_lock = None;

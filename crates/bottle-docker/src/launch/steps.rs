@@ -21,9 +21,9 @@ use crate::error::DockerError;
 /// | `provision-prompt` | the prompt file |
 /// | `provision-skills` | the skills directories |
 /// | `bundle-start` | the bundle's start, sent after `bundle-files`, has completed |
-/// | `agent-start` | start the agent's keep-alive (nothing of the agent runs yet) |
 /// | `bundle-verify` | check its address, both networks, and that the bottle network is internal |
 /// | `bundle-health` | wait until the proxy answers `/__bottle/health` |
+/// | `agent-start` | the agent's keep-alive (nothing of the agent runs yet), sent after `bundle-start`, has started |
 /// | `agent-verify` | check it is running, on the bottle network only, at its address, with every capability dropped |
 /// | `provision-ca` | the CA as `bottle_core::ca_install` defines: `/etc/bottle/ca.pem` (the directory made in `agent-files`), the anchors, the image's trust tool (an exec as root, so after the start), the system bundles, the hashed directory |
 /// | `provision-git` | git repositories: served by the bundle's git-gate (mounts and mirrors are set up with the bundle); this step reports them |
@@ -33,9 +33,10 @@ use crate::error::DockerError;
 ///
 /// The bundle's start is sent to the Engine as soon as its files are in
 /// and overlaps the agent container's creation and files (each start is a
-/// third of a launch's time); `bundle-start` ends when it has completed,
-/// together with the agent's start. The agent's keep-alive runs nothing,
-/// and no command reaches the agent before every check above has passed. A bundle for a microVM runs the bundle steps only (`network` to
+/// third of a launch's time); `bundle-start` ends when it has completed.
+/// The agent's start is sent then and overlaps the bundle's checks. The
+/// agent's keep-alive runs nothing, and no command reaches the agent
+/// before every check above has passed. A bundle for a microVM runs the bundle steps only (`network` to
 /// `bundle-files`, `bundle-start`, `bundle-verify`, `bundle-health`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -59,12 +60,12 @@ pub enum Step {
     ProvisionSkills,
     /// `bundle-start`.
     BundleStart,
-    /// `agent-start`.
-    AgentStart,
     /// `bundle-verify`.
     BundleVerify,
     /// `bundle-health`.
     BundleHealth,
+    /// `agent-start`.
+    AgentStart,
     /// `agent-verify`.
     AgentVerify,
     /// `provision-ca`.
@@ -92,9 +93,9 @@ impl Step {
         Step::ProvisionPrompt,
         Step::ProvisionSkills,
         Step::BundleStart,
-        Step::AgentStart,
         Step::BundleVerify,
         Step::BundleHealth,
+        Step::AgentStart,
         Step::AgentVerify,
         Step::ProvisionCa,
         Step::ProvisionGit,
