@@ -13,6 +13,7 @@ const BENCHES: &[(&str, &str)] = &[
     ("bottle-docker", "sandbox"),
     ("bottle-docker", "scale"),
     ("bottle-docker", "pool"),
+    ("bottle-cli", "start"),
     ("bottle-cli", "stop"),
 ];
 

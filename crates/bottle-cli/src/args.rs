@@ -109,6 +109,10 @@ pub(crate) struct StartArgs {
     /// Leave the bottle running in the background instead of attaching.
     #[arg(long, short = 'd')]
     pub detach: bool,
+    /// After the launch, print each step's wall time and Engine round
+    /// trips to stderr.
+    #[arg(long)]
+    pub timings: bool,
 }
 
 /// `bottle plan`.

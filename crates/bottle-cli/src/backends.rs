@@ -40,10 +40,12 @@ pub(crate) fn explicit(global: &Global) -> bool {
 }
 
 /// How a command wants its backend set up.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Mode {
     /// `bottle start --detach`: the bottle outlives this process.
     pub detach: bool,
+    /// `bottle start --timings`: where the launch records its steps.
+    pub timeline: Option<bottle_core::timeline::Timeline>,
 }
 
 /// The smolmachines backend as the CLI composes it: bundles and agent
@@ -83,6 +85,7 @@ pub(crate) fn open(
         BackendKind::Docker => {
             let mut options = bottle_docker::DockerOptions::new(state_root);
             options.detach = mode.detach;
+            options.timeline = mode.timeline;
             options.progress = progress(global);
             options.interrupt = crate::interrupt::launch();
             Ok(AnyBackend::Docker(bottle_docker::DockerBackend::new(
@@ -120,6 +123,7 @@ fn smolmachines(
     );
     let mut options = bottle_docker::DockerOptions::new(&state_root);
     options.detach = mode.detach;
+    options.timeline = mode.timeline;
     options.progress = progress(global);
     // The VM's bundle launch stops on the same ^C as the VM's.
     options.interrupt = crate::interrupt::launch();

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use bottle_core::audit_files;
 use bottle_core::backend::BackendErrorKind;
+use bottle_core::timeline::Timeline;
 use bottle_core::{BottleInfo, BottleLauncher, BottleSpec, Manifest, Plan, manifest, slug};
 
 use crate::args::{
@@ -146,126 +147,171 @@ pub(crate) fn confirm(question: &str) -> Result<bool, Failure> {
 }
 
 fn start(global: &Global, args: &StartArgs) -> Result<ExitCode, Failure> {
+    let timeline = args.timings.then(Timeline::new);
+    let lap = |name: &str| {
+        if let Some(timeline) = &timeline {
+            timeline.lap(name);
+        }
+    };
     let kind = backends::selected(global)?;
     let spec = spec_for(global, &args.agent, args.name.as_deref())?;
     let resolved = devices::resolve(&spec)?;
+    lap("load-manifest");
     let backend = backends::open(
         kind,
         global,
         backends::Mode {
             detach: args.detach,
+            timeline: timeline.clone(),
         },
     )?;
     backend.preflight()?;
+    lap("preflight");
+    let started = Started {
+        global,
+        args,
+        timeline: timeline.as_ref(),
+    };
     // A bottle named by the operator is always started cold: a pool
     // entry's name cannot change.
     if let backends::AnyBackend::Docker(b) = &backend
         && args.name.is_none()
-        && let Some(code) = crate::pool::start_claimed(b, global, args, &spec, &resolved)?
+        && let Some(code) = crate::pool::start_claimed(b, &started, &spec, &resolved)?
     {
         return Ok(code);
     }
     match &backend {
-        backends::AnyBackend::Docker(b) => start_on(b, global, args, &spec, &resolved),
-        backends::AnyBackend::Smolmachines(b) => start_on(b, global, args, &spec, &resolved),
+        backends::AnyBackend::Docker(b) => started.on(b, &spec, &resolved),
+        backends::AnyBackend::Smolmachines(b) => started.on(b, &spec, &resolved),
     }
 }
 
-/// `start` on one backend: prepare, show, confirm, launch, attach.
-fn start_on<B: BottleLauncher>(
-    backend: &B,
-    global: &Global,
-    args: &StartArgs,
-    spec: &BottleSpec,
-    resolved: &bottle_core::devices::ResolvedDevices,
-) -> Result<ExitCode, Failure> {
-    let kind = backend.kind();
-    let plan_for = |spec: &BottleSpec| -> Result<Plan<B::PlanData>, Failure> {
-        let mut plan = backend.prepare(spec)?;
-        resolved.fill_plan(&mut plan, Path::new("/"));
-        if !kind.supports_devices() {
-            plan.devices.clear();
+/// One `bottle start`: the operator's options and, with `--timings`, the
+/// timeline its phases are recorded on.
+pub(crate) struct Started<'a> {
+    pub(crate) global: &'a Global,
+    pub(crate) args: &'a StartArgs,
+    timeline: Option<&'a Timeline>,
+}
+
+impl Started<'_> {
+    pub(crate) fn lap(&self, name: &str) {
+        if let Some(timeline) = self.timeline {
+            timeline.lap(name);
         }
-        Ok(plan)
-    };
-    let mut plan = plan_for(spec)?;
-    for warning in &resolved.warnings {
-        note(global.quiet, &format!("warning: {warning}"));
     }
-    if !kind.supports_devices()
-        && let Some(warning) = bottle_core::devices::unsupported_warning(kind, resolved)
-    {
-        note(global.quiet, &format!("warning: {warning}"));
+
+    /// With `--timings`, the timeline on stderr (never mixed with the
+    /// agent's output on stdout, and whatever `--quiet` says: the operator
+    /// asked for it).
+    fn print_timings(&self) {
+        if let Some(timeline) = self.timeline {
+            output::err_bytes(format!("timings:\n{}", timeline.render()).as_bytes());
+        }
     }
-    if !global.quiet || !global.yes {
-        output::err(&format!("{}\n{}", plan.bottle, plan.render()));
-    }
-    if !global.yes && !confirm("start this bottle?")? {
-        note(global.quiet, "not started");
-        return Ok(ExitCode::from(EXIT_DECLINED));
-    }
-    let mut launched = launch_interruptibly(backend, &plan);
-    // Bottles started at the same time can plan the same free subnet; the
-    // later launch finds it taken before it creates anything. Under `-y`
-    // a fresh plan is what starting again would run, so plan again.
-    for _ in 0..SUBNET_TAKEN_REPLANS {
-        match &launched {
-            Err(failure) if global.yes && failure.code == Some(SUBNET_TAKEN) => {
-                note(
-                    global.quiet,
-                    "the planned subnet was taken by a launch running at the same time: planning again",
-                );
-                plan = plan_for(spec)?;
-                launched = launch_interruptibly(backend, &plan);
+
+    /// `start` on one backend: prepare, show, confirm, launch, attach.
+    fn on<B: BottleLauncher>(
+        &self,
+        backend: &B,
+        spec: &BottleSpec,
+        resolved: &bottle_core::devices::ResolvedDevices,
+    ) -> Result<ExitCode, Failure> {
+        let global = self.global;
+        let kind = backend.kind();
+        let plan_for = |spec: &BottleSpec| -> Result<Plan<B::PlanData>, Failure> {
+            let mut plan = backend.prepare(spec)?;
+            resolved.fill_plan(&mut plan, Path::new("/"));
+            if !kind.supports_devices() {
+                plan.devices.clear();
             }
-            _ => break,
+            Ok(plan)
+        };
+        let mut plan = plan_for(spec)?;
+        for warning in &resolved.warnings {
+            note(global.quiet, &format!("warning: {warning}"));
         }
+        if !kind.supports_devices()
+            && let Some(warning) = bottle_core::devices::unsupported_warning(kind, resolved)
+        {
+            note(global.quiet, &format!("warning: {warning}"));
+        }
+        self.lap("prepare");
+        if !global.quiet || !global.yes {
+            output::err(&format!("{}\n{}", plan.bottle, plan.render()));
+        }
+        if !global.yes && !confirm("start this bottle?")? {
+            note(global.quiet, "not started");
+            return Ok(ExitCode::from(EXIT_DECLINED));
+        }
+        self.lap("confirm");
+        let mut launched = launch_interruptibly(backend, &plan);
+        // Bottles started at the same time can plan the same free subnet;
+        // the later launch finds it taken before it creates anything. Under
+        // `-y` a fresh plan is what starting again would run, so plan again.
+        for _ in 0..SUBNET_TAKEN_REPLANS {
+            match &launched {
+                Err(failure) if global.yes && failure.code == Some(SUBNET_TAKEN) => {
+                    note(
+                        global.quiet,
+                        "the planned subnet was taken by a launch running at the same time: planning again",
+                    );
+                    plan = plan_for(spec)?;
+                    launched = launch_interruptibly(backend, &plan);
+                }
+                _ => break,
+            }
+        }
+        let bottle = launched?;
+        self.lap("launched");
+        for warning in bottle.launch_warnings() {
+            note(global.quiet, &format!("warning: {warning}"));
+        }
+        self.run_agent(backend, bottle, &plan.command)
     }
-    let bottle = launched?;
-    for warning in bottle.launch_warnings() {
-        note(global.quiet, &format!("warning: {warning}"));
-    }
-    run_agent(backend, global, args, bottle, &plan.command)
-}
 
-/// The end of `start` for a launched (or claimed) bottle: hand the agent's
-/// `command` to a detached session and print the name, or run it attached
-/// and stop the bottle when it ends.
-pub(crate) fn run_agent(
-    backend: &dyn bottle_core::BottleBackend,
-    global: &Global,
-    args: &StartArgs,
-    bottle: Box<dyn bottle_core::Bottle>,
-    command: &[String],
-) -> Result<ExitCode, Failure> {
-    let kind = backend.kind();
-    if args.detach {
+    /// The end of `start` for a launched (or claimed) bottle: hand the
+    /// agent's `command` to a detached session and print the name, or run
+    /// it attached and stop the bottle when it ends.
+    pub(crate) fn run_agent(
+        &self,
+        backend: &dyn bottle_core::BottleBackend,
+        bottle: Box<dyn bottle_core::Bottle>,
+        command: &[String],
+    ) -> Result<ExitCode, Failure> {
+        let global = self.global;
+        let kind = backend.kind();
+        if self.args.detach {
+            let name = bottle.name().to_string();
+            drop(bottle);
+            let paths = bottle_core::state::SessionPaths::new(&state_root()?, slug::slug_of(&name));
+            crate::session::spawn_host(
+                &bottle_core::exec::SystemRunner,
+                &paths,
+                kind,
+                &name,
+                command,
+            )?;
+            self.lap("session-spawn");
+            self.print_timings();
+            out(&format!("{name}\n"));
+            note(
+                global.quiet,
+                &format!(
+                    "the agent runs in the background:\n  bottle attach {name}   join it (detach: ctrl-p ctrl-q)\n  bottle logs {name}     its audit log\n  bottle stop {name}     end it and remove the bottle"
+                ),
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        self.print_timings();
+        let code = bottle.exec_interactive(command);
         let name = bottle.name().to_string();
         drop(bottle);
-        let paths = bottle_core::state::SessionPaths::new(&state_root()?, slug::slug_of(&name));
-        crate::session::spawn_host(
-            &bottle_core::exec::SystemRunner,
-            &paths,
-            kind,
-            &name,
-            command,
-        )?;
-        out(&format!("{name}\n"));
-        note(
-            global.quiet,
-            &format!(
-                "the agent runs in the background:\n  bottle attach {name}   join it (detach: ctrl-p ctrl-q)\n  bottle logs {name}     its audit log\n  bottle stop {name}     end it and remove the bottle"
-            ),
-        );
-        return Ok(ExitCode::SUCCESS);
+        let stopped = backend.stop(&name);
+        let code = code?;
+        stopped?;
+        Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
     }
-    let code = bottle.exec_interactive(command);
-    let name = bottle.name().to_string();
-    drop(bottle);
-    let stopped = backend.stop(&name);
-    let code = code?;
-    stopped?;
-    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
 }
 
 /// The docker backend's code for a planned subnet that another launch took

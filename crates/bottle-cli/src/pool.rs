@@ -8,9 +8,9 @@ use bottle_core::display::escape_for_terminal;
 use bottle_core::{BackendKind, BottleLauncher as _, BottleSpec, Plan};
 use bottle_docker::DockerBackend;
 
-use crate::args::{Global, PoolCommand, StartArgs};
+use crate::args::{Global, PoolCommand};
 use crate::backends::{self, AnyBackend};
-use crate::commands::{confirm, launch_interruptibly, load_manifest, run_agent, state_root};
+use crate::commands::{Started, confirm, launch_interruptibly, load_manifest, state_root};
 use crate::failure::{EXIT_DECLINED, EXIT_USAGE, Failure};
 use crate::output::{self, note, out};
 
@@ -37,7 +37,14 @@ fn docker(global: &Global) -> Result<DockerBackend, Failure> {
         )
         .with_fix("use --backend docker for pooled bottles, or start smolmachines bottles cold with `bottle start`"));
     }
-    let backend = backends::open(kind, global, backends::Mode { detach: true })?;
+    let backend = backends::open(
+        kind,
+        global,
+        backends::Mode {
+            detach: true,
+            timeline: None,
+        },
+    )?;
     backend.preflight()?;
     match backend {
         AnyBackend::Docker(docker) => Ok(docker),
@@ -173,8 +180,7 @@ fn drain(global: &Global, agent: Option<&str>) -> Result<ExitCode, Failure> {
 /// removed).
 pub(crate) fn start_claimed(
     backend: &DockerBackend,
-    global: &Global,
-    args: &StartArgs,
+    started: &Started,
     spec: &BottleSpec,
     resolved: &bottle_core::devices::ResolvedDevices,
 ) -> Result<Option<ExitCode>, Failure> {
@@ -188,7 +194,9 @@ pub(crate) fn start_claimed(
     let mut devices = Plan::from_spec(spec, BackendKind::Docker, spec.agent.memory_bytes());
     resolved.fill_plan(&mut devices, Path::new("/"));
     let fingerprint = backend.pool_fingerprint(spec, &devices.devices)?;
+    let (global, args) = (started.global, started.args);
     let claim = backend.claim_pooled(&spec.agent_name, &fingerprint, args.detach)?;
+    started.lap("claim");
     for (name, why) in &claim.refused {
         note(
             global.quiet,
@@ -220,10 +228,8 @@ pub(crate) fn start_claimed(
         global.quiet,
         &format!("claimed pooled bottle {}", plan.bottle),
     );
-    Ok(Some(run_agent(
+    Ok(Some(started.run_agent(
         backend,
-        global,
-        args,
         Box::new(bottle),
         &plan.command,
     )?))

@@ -36,6 +36,7 @@ pub mod spec;
 pub mod state;
 pub mod subject_hash;
 pub mod time;
+pub mod timeline;
 pub mod undo;
 pub mod upstream_trust;
 

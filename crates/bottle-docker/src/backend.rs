@@ -29,6 +29,7 @@ use crate::lifecycle;
 use crate::names::ResourceNames;
 use crate::pause::pause_elf;
 use crate::toolbox::InBoxAgent;
+use bottle_core::timeline::Timeline;
 
 /// How long `launch` waits for the bundle to answer by default.
 pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(15);
@@ -69,6 +70,9 @@ pub struct DockerOptions {
     /// Where bottle subnets come from. `None`: [`SUBNET_POOL_ENV`], then
     /// `192.168.0.0/16`.
     pub subnet_pool: Option<SubnetPool>,
+    /// `bottle start --timings`: each launch step ends a lap here and the
+    /// Engine's round trips are counted into it.
+    pub timeline: Option<Timeline>,
 }
 
 /// The environment variable naming the range bottle subnets come from
@@ -90,6 +94,7 @@ impl DockerOptions {
             dns_upstream: None,
             interrupt: bottle_core::undo::Interrupt::default(),
             subnet_pool: None,
+            timeline: None,
         }
     }
 }
@@ -105,6 +110,7 @@ impl std::fmt::Debug for DockerOptions {
             .field("health_timeout", &self.health_timeout)
             .field("failpoint", &self.failpoint)
             .field("dns_upstream", &self.dns_upstream)
+            .field("timeline", &self.timeline.is_some())
             .finish()
     }
 }
@@ -170,7 +176,8 @@ impl DockerBackend {
         if let Some(engine) = self.engine.get() {
             return Ok(engine);
         }
-        let engine = Engine::connect(self.options.docker_host.as_deref())?;
+        let engine = Engine::connect(self.options.docker_host.as_deref())?
+            .counting_into(self.options.timeline.clone());
         Ok(self.engine.get_or_init(|| engine))
     }
 
@@ -283,11 +290,12 @@ impl DockerBackend {
         } else {
             images::git_runtime_files(&bottle_core::exec::SystemRunner)?
         };
-        let image = images::ensure_bundle_image(
+        let image = images::ensure_bundle_image_with(
             engine,
             &bundle_bin,
             &git_files,
             self.options.progress.as_ref(),
+            Some(&self.options.state_root.join(images::BUNDLE_DIGEST_CACHE)),
         )?;
         let pool = self.options.subnet_pool.unwrap_or_default();
         let subnet = choose_subnet(engine, &pool, &spec.slug)?;
@@ -442,6 +450,7 @@ impl DockerBackend {
                 None => Failpoint::from_env()?,
             },
             interrupt: self.options.interrupt.clone(),
+            timeline: self.options.timeline.clone(),
         })
     }
 
@@ -656,10 +665,15 @@ impl BottleBackend for DockerBackend {
     }
 
     fn preflight(&self) -> Result<(), BackendError> {
+        // Connecting asks the daemon its API version: that answer is the
+        // check. Only a connection made earlier is asked again.
+        let connected_before = self.engine.get().is_some();
         let engine = self.engine()?;
-        engine
-            .block_on(engine.docker.ping())
-            .map_err(DockerError::api("ping the docker daemon"))?;
+        if connected_before {
+            engine
+                .block_on(engine.docker.ping())
+                .map_err(DockerError::api("ping the docker daemon"))?;
+        }
         Ok(())
     }
 

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use bollard::Docker;
 use bottle_core::requirements::{DOCKER_MIN_API, DockerApiVersion};
+use bottle_core::timeline::Timeline;
 
 use crate::error::DockerError;
 
@@ -22,6 +23,8 @@ pub struct Engine {
     runtime: Arc<tokio::runtime::Runtime>,
     /// The daemon's API version after negotiation.
     pub api_version: String,
+    /// Where `bottle start --timings` counts this client's round trips.
+    timeline: Option<Timeline>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -73,12 +76,36 @@ impl Engine {
             docker,
             runtime: Arc::new(runtime),
             api_version,
+            timeline: None,
         })
+    }
+
+    /// This client with every later [`Engine::block_on`] counted as a
+    /// round trip into `timeline`.
+    pub fn counting_into(mut self, timeline: Option<Timeline>) -> Engine {
+        self.timeline = timeline;
+        self
     }
 
     /// Runs a future to completion on the backend's runtime.
     pub fn block_on<F: Future>(&self, future: F) -> F::Output {
+        if let Some(timeline) = &self.timeline {
+            timeline.count_round_trip();
+        }
         self.runtime.block_on(future)
+    }
+
+    /// Starts `future` on the runtime without waiting for it: a request
+    /// that overlaps the caller's next ones, counted as a round trip.
+    pub fn spawn<F>(&self, future: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        if let Some(timeline) = &self.timeline {
+            timeline.count_round_trip();
+        }
+        self.runtime.spawn(future)
     }
 
     /// The runtime, for spawning tasks that outlive one call.

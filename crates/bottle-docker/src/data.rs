@@ -207,8 +207,22 @@ impl StatePaths {
     }
 }
 
-/// Writes `contents` to `path` with `mode`, creating parents (0700).
+/// Writes `contents` to `path` with `mode`, creating parents (0700):
+/// written aside and renamed, so a reader never sees half a file. Not
+/// flushed to disk: after a host crash the bottle is gone anyway and
+/// `cleanup` removes its state dir by the records [`write_record`] keeps.
 pub fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), DockerError> {
+    write_aside(path, contents, mode, false)
+}
+
+/// [`write_file`], flushed to disk before the rename: for the records that
+/// must survive a crash for `cleanup` to finish it (the plan, the owner,
+/// `launched`).
+pub fn write_record(path: &Path, contents: &[u8], mode: u32) -> Result<(), DockerError> {
+    write_aside(path, contents, mode, true)
+}
+
+fn write_aside(path: &Path, contents: &[u8], mode: u32, durable: bool) -> Result<(), DockerError> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     if let Some(parent) = path.parent() {
         create_private_dir(parent)?;
@@ -224,7 +238,7 @@ pub fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), DockerE
     file.set_permissions(std::fs::Permissions::from_mode(mode))
         .map_err(DockerError::io("set permissions of", &tmp))?;
     file.write_all(contents)
-        .and_then(|()| file.sync_all())
+        .and_then(|()| if durable { file.sync_all() } else { Ok(()) })
         .map_err(DockerError::io("write", &tmp))?;
     std::fs::rename(&tmp, path).map_err(DockerError::io("write", path))
 }
@@ -253,7 +267,7 @@ pub fn write_plan(paths: &StatePaths, plan: &DockerPlan) -> Result<(), DockerErr
     let json = serde_json::to_vec_pretty(plan).map_err(|err| DockerError::PlanData {
         detail: err.to_string(),
     })?;
-    write_file(&paths.plan(), &json, 0o600)
+    write_record(&paths.plan(), &json, 0o600)
 }
 
 /// Records who owns the state dir.
@@ -261,7 +275,7 @@ pub fn write_owner(paths: &StatePaths, owner: Owner) -> Result<(), DockerError> 
     let json = serde_json::to_vec(&owner).map_err(|err| DockerError::PlanData {
         detail: err.to_string(),
     })?;
-    write_file(&paths.owner(), &json, 0o600)
+    write_record(&paths.owner(), &json, 0o600)
 }
 
 /// Who owns the state dir, if recorded.

@@ -217,6 +217,30 @@ pub fn ensure_bundle_image(
     git_files: &[(PathBuf, String)],
     progress: Option<&Progress>,
 ) -> Result<String, DockerError> {
+    ensure_bundle_image_with(engine, binary, git_files, progress, None)
+}
+
+/// [`ensure_bundle_image`], remembering the binary's digest in the file
+/// `digest_cache` (when given) by the binary's identity (device, inode,
+/// size, mtime and ctime), so a start whose image exists neither reads nor
+/// hashes the binary. Building an image always reads and hashes it anew.
+pub fn ensure_bundle_image_with(
+    engine: &Engine,
+    binary: &Path,
+    git_files: &[(PathBuf, String)],
+    progress: Option<&Progress>,
+    digest_cache: Option<&Path>,
+) -> Result<String, DockerError> {
+    if git_files.is_empty()
+        && let Some(cache) = digest_cache
+        && let Some(digest) = DigestCache::lookup(cache, binary)
+    {
+        let tag = format!("{BUNDLE_IMAGE_REPO}:{}", &digest[..12]);
+        if image_exists(engine, &tag)? {
+            return Ok(tag);
+        }
+    }
+    let identity = DigestCache::identity(binary);
     let bytes = std::fs::read(binary).map_err(DockerError::io("read", binary))?;
     if elf_needs_interpreter(&bytes) != Some(false) {
         return Err(DockerError::BundleBinaryNotStatic {
@@ -224,6 +248,12 @@ pub fn ensure_bundle_image(
         });
     }
     let digest = Sha256::digest(&bytes);
+    if let (Some(cache), Some(identity)) = (digest_cache, identity)
+        // Unchanged while it was read: the digest is this identity's.
+        && DigestCache::identity(binary).as_ref() == Some(&identity)
+    {
+        DigestCache::store(cache, &identity, &hex(&digest));
+    }
     let mut rootfs = Vec::with_capacity(git_files.len());
     let mut image_hash = Sha256::new();
     image_hash.update(digest);
@@ -241,14 +271,12 @@ pub fn ensure_bundle_image(
         image_hash.update(&data);
         rootfs.push((name, data, mode));
     }
-    let hex: String = if rootfs.is_empty() {
-        digest.iter().take(6).map(|b| format!("{b:02x}")).collect()
+    let version = if rootfs.is_empty() {
+        hex(&digest[..6])
     } else {
-        let full = image_hash.finalize();
-        let hex: String = full.iter().take(6).map(|b| format!("{b:02x}")).collect();
-        format!("{hex}-git")
+        format!("{}-git", hex(&image_hash.finalize()[..6]))
     };
-    let tag = format!("{BUNDLE_IMAGE_REPO}:{hex}");
+    let tag = format!("{BUNDLE_IMAGE_REPO}:{version}");
     if image_exists(engine, &tag)? {
         return Ok(tag);
     }
@@ -276,13 +304,7 @@ pub fn ensure_bundle_image(
     for (name, data, mode) in &rootfs {
         tar.file(name, data, *mode, Ownership::ROOT)?;
     }
-    let labels = HashMap::from([(
-        LABEL_BUNDLE_SHA256.to_string(),
-        digest
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>(),
-    )]);
+    let labels = HashMap::from([(LABEL_BUNDLE_SHA256.to_string(), hex(&digest))]);
     build_from_tar(
         engine,
         tar.finish()?,
@@ -294,6 +316,69 @@ pub fn ensure_bundle_image(
     )?;
     Ok(tag)
 }
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// One remembered digest of a static bundle binary, in a small file of
+/// the operator's own state root: the binary's identity on the first line,
+/// its sha256 on the second. A cache only: anything unreadable or
+/// different is a miss, and a failed write costs the next start a hash.
+struct DigestCache;
+
+impl DigestCache {
+    /// Device, inode, size, mtime and ctime of `binary`, and its path. The
+    /// ctime changes with any write and cannot be set back, so a binary
+    /// replaced or rewritten in place never matches an old entry.
+    fn identity(binary: &Path) -> Option<String> {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = std::fs::metadata(binary).ok()?;
+        Some(format!(
+            "v1 {} {} {} {}.{} {}.{} {}",
+            meta.dev(),
+            meta.ino(),
+            meta.size(),
+            meta.mtime(),
+            meta.mtime_nsec(),
+            meta.ctime(),
+            meta.ctime_nsec(),
+            binary.display()
+        ))
+    }
+
+    /// The remembered sha256 (hex) of `binary`, if its identity matches.
+    fn lookup(cache: &Path, binary: &Path) -> Option<String> {
+        let text = std::fs::read_to_string(cache).ok()?;
+        let (identity, digest) = text.trim_end().split_once('\n')?;
+        let valid = digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit());
+        (valid && Some(identity) == Self::identity(binary).as_deref()).then(|| digest.to_string())
+    }
+
+    /// Remembers `digest` for `identity`; written aside and renamed, so a
+    /// reader sees the old entry or the new one.
+    fn store(cache: &Path, identity: &str, digest: &str) {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let aside = cache.with_extension(format!("tmp{}", std::process::id()));
+        let written = cache.parent().is_some_and(|dir| {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .is_ok()
+        }) && std::fs::write(&aside, format!("{identity}\n{digest}\n")).is_ok()
+            && std::fs::rename(&aside, cache).is_ok();
+        if !written {
+            let _ = std::fs::remove_file(&aside);
+        }
+    }
+}
+
+/// The file under the state root that remembers the bundle binary's
+/// digest ([`ensure_bundle_image_with`]). In a directory of its own: every
+/// backend's listing reads each entry of the state root as a bottle's
+/// state dir, and this one holds no bottle's records.
+pub const BUNDLE_DIGEST_CACHE: &str = ".cache/bundle-digest";
 
 /// The label every bundle image carries: the sha256 of the bundle binary
 /// it was built from.
@@ -386,6 +471,42 @@ pub fn build_demo_agent(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_remembered_digest_is_forgotten_when_the_binary_is_rewritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let (binary, cache) = (dir.path().join("bottle-bundle"), dir.path().join("cache"));
+        std::fs::write(&binary, b"one").unwrap();
+        assert_eq!(DigestCache::lookup(&cache, &binary), None);
+        let identity = DigestCache::identity(&binary).unwrap();
+        let digest = hex(&Sha256::digest(b"one"));
+        DigestCache::store(&cache, &identity, &digest);
+        assert_eq!(DigestCache::lookup(&cache, &binary), Some(digest));
+        // Same size, and the mtime set back: the ctime still moves.
+        let mtime = std::fs::metadata(&binary).unwrap().modified().unwrap();
+        std::fs::write(&binary, b"two").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&binary)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+        wait_for_ctime_to_move(&binary, &identity);
+        assert_eq!(DigestCache::lookup(&cache, &binary), None);
+    }
+
+    /// Some filesystems keep coarse timestamps: rewrite until the ctime
+    /// differs, within a bound.
+    fn wait_for_ctime_to_move(binary: &Path, old: &str) {
+        for _ in 0..200 {
+            if DigestCache::identity(binary).as_deref() != Some(old) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            std::fs::write(binary, b"two").unwrap();
+        }
+        panic!("the ctime of {} never moved", binary.display());
+    }
 
     #[test]
     fn static_and_dynamic_binaries_are_told_apart() {

@@ -192,36 +192,52 @@ pub(crate) fn labelled_networks(
 }
 
 /// True if anything Docker holds is (or would be) this bottle's: labelled
-/// resources, or a container or network that has one of its names.
+/// resources, or a container or network that has one of its names. The
+/// five questions go to the Engine at once.
 pub fn bottle_resources_exist(engine: &Engine, slug: &str) -> Result<bool, DockerError> {
-    if !managed_containers(engine, &[(LABEL_SLUG, slug)])?.is_empty()
-        || !managed_networks(engine, &[(LABEL_SLUG, slug)])?.is_empty()
+    let names = ResourceNames::for_slug(slug);
+    let filters = label_filter(&[(LABEL_MANAGED, "1"), (LABEL_SLUG, slug)]);
+    let containers = ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let networks = ListNetworksOptionsBuilder::default()
+        .filters(&filters)
+        .build();
+    let docker = &engine.docker;
+    let (containers, networks, network, bundle, agent) = engine.block_on(async {
+        tokio::join!(
+            docker.list_containers(Some(containers)),
+            docker.list_networks(Some(networks)),
+            docker.inspect_network(&names.network, None),
+            docker.inspect_container(&names.bundle, None),
+            docker.inspect_container(&names.agent, None),
+        )
+    });
+    if !containers
+        .map_err(DockerError::api("list bottle containers"))?
+        .is_empty()
+        || !networks
+            .map_err(DockerError::api("list bottle networks"))?
+            .is_empty()
     {
         return Ok(true);
     }
-    let names = ResourceNames::for_slug(slug);
-    match engine.block_on(engine.docker.inspect_network(&names.network, None)) {
-        Ok(_) => return Ok(true),
-        Err(err) if is_not_found(&err) => {}
-        Err(err) => {
-            return Err(DockerError::api(format!(
-                "inspect network {}",
-                names.network
-            ))(err));
-        }
-    }
-    for container in [&names.bundle, &names.agent] {
-        match engine.block_on(engine.docker.inspect_container(container, None)) {
-            Ok(_) => return Ok(true),
-            Err(err) if is_not_found(&err) => {}
-            Err(err) => {
-                return Err(DockerError::api(format!("inspect container {container}"))(
-                    err,
-                ));
-            }
-        }
-    }
-    Ok(false)
+    let named = |found: Result<(), bollard::errors::Error>, what: String| match found {
+        Ok(()) => Ok(true),
+        Err(err) if is_not_found(&err) => Ok(false),
+        Err(err) => Err(DockerError::api(what)(err)),
+    };
+    Ok(named(
+        network.map(drop),
+        format!("inspect network {}", names.network),
+    )? | named(
+        bundle.map(drop),
+        format!("inspect container {}", names.bundle),
+    )? | named(
+        agent.map(drop),
+        format!("inspect container {}", names.agent),
+    )?)
 }
 
 /// Every bottle with at least one container, then every bottle that is

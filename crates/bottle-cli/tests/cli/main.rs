@@ -21,6 +21,7 @@ mod session;
 mod smolmachines;
 mod stop;
 mod terminal;
+mod timings;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};

@@ -1,7 +1,7 @@
 //! A docker bottle's launch: the bundle's steps around the agent
 //! container's. The agent is created pinned at `.3` on the bottle network
-//! alone, given its keep-alive, prompt and skills, started together
-//! with the bundle, and verified isolated before its CA is installed (the
+//! alone, given its keep-alive, prompt and skills, started while the
+//! bundle (started ahead) is checked, and verified isolated before its CA is installed (the
 //! image's trust tool runs through an exec), the MCP config is written, the
 //! golden snapshot for reset is taken and the launch is marked complete; nothing of the agent runs until then.
 
@@ -35,38 +35,38 @@ impl<'a> Launch<'a, DockerPlanData> {
     /// Every step of [`super::Step::ALL`], in order.
     pub(super) fn run(&mut self) -> Result<DockerBottle, DockerError> {
         let data = self.agent();
+        // The agent's files are read and packed while the Engine works on
+        // the bundle's steps.
+        let (arch, bundle_ip) = (data.arch.clone(), self.bundle.ip);
+        let files = std::thread::spawn(move || agent_files(&arch, bundle_ip));
         self.prepare_bundle()?;
         let (network, agent) = (self.bundle.network.clone(), data.container.clone());
         let (network, agent) = (&network, &agent);
         let bundle = self.bundle.container.clone();
+        // The bundle is complete: its start (a third of a launch) goes to
+        // the Engine now and overlaps the agent container's steps. Nothing
+        // of the agent runs until every check below has passed.
+        // The egress lock goes with the start: released the moment the
+        // bundle holds its endpoint, so concurrent launches wait no longer.
+        let docker = self.engine.docker.clone();
+        let starting = bundle.clone();
+        let egress_lock = self.egress_lock.take();
+        self.bundle_starting = Some(self.engine.spawn(async move {
+            let started = docker.start_container(&starting, None).await;
+            drop(egress_lock);
+            started
+        }));
 
         self.create_agent(agent)?;
         self.step_done(Step::AgentCreate)?;
 
-        let arch = data.arch.clone();
-        let pause = pause_elf(&arch).ok_or(DockerError::UnsupportedArch { arch })?;
-        let mut tar = TarBuilder::new();
-        tar.dir(&entry_name("/.bottle"), 0o755, Ownership::ROOT)?;
-        tar.file(&entry_name(PAUSE_PATH), &pause, 0o755, Ownership::ROOT)?;
-        match toolbox::find_binary() {
-            Ok(binary) => {
-                tar.file(
-                    &entry_name(TOOLBOX_PATH),
-                    &binary.bytes,
-                    0o755,
-                    Ownership::ROOT,
-                )?;
-                self.note(&format!(
-                    "toolbox: {} at {TOOLBOX_PATH}",
-                    binary.path.display()
-                ));
-            }
-            Err(why) => self.note(&format!(
-                "toolbox: not installed, `bottle execute` is unavailable: {}",
-                escape_for_terminal(&why)
-            )),
-        }
-        upload(self.engine, agent, tar.finish()?)?;
+        let (tar, toolbox_note) = files.join().unwrap_or_else(|_| {
+            Err(DockerError::PlanData {
+                detail: "packing the agent's files panicked".into(),
+            })
+        })?;
+        self.note(&toolbox_note);
+        upload(self.engine, agent, tar)?;
         self.step_done(Step::AgentFiles)?;
 
         self.provision_prompt(agent)?;
@@ -75,19 +75,29 @@ impl<'a> Launch<'a, DockerPlanData> {
         self.provision_skills(agent)?;
         self.step_done(Step::ProvisionSkills)?;
 
-        let (bundle_started, agent_started) = self.engine.block_on(async {
-            tokio::join!(
-                self.engine.docker.start_container(&bundle, None),
-                self.engine.docker.start_container(agent, None)
-            )
-        });
-        bundle_started.map_err(|err| self.bundle_start_failed(err))?;
-        self.egress_lock = None;
+        // The agent's keep-alive starts while the bundle is checked; the
+        // agent's own checks wait for it.
+        let docker = self.engine.docker.clone();
+        let starting = agent.clone();
+        self.agent_starting = Some(
+            self.engine
+                .spawn(async move { docker.start_container(&starting, None).await }),
+        );
+        if let Some(start) = self.bundle_starting.take() {
+            self.engine
+                .block_on(super::started(start))
+                .map_err(|err| self.bundle_start_failed(err))?;
+        }
         self.step_done(Step::BundleStart)?;
-        agent_started.map_err(DockerError::api(format!("start {agent}")))?;
-        self.step_done(Step::AgentStart)?;
 
         self.check_bundle()?;
+
+        if let Some(start) = self.agent_starting.take() {
+            self.engine
+                .block_on(super::started(start))
+                .map_err(DockerError::api(format!("start {agent}")))?;
+        }
+        self.step_done(Step::AgentStart)?;
 
         self.verify_agent(network, agent)?;
         self.step_done(Step::AgentVerify)?;
@@ -109,7 +119,7 @@ impl<'a> Launch<'a, DockerPlanData> {
         }
         self.step_done(Step::ProvisionGit)?;
 
-        self.provision_supervise(agent)?;
+        self.provision_supervise();
         self.step_done(Step::ProvisionSupervise)?;
 
         let substrate = DockerResetSubstrate::new(
@@ -130,7 +140,7 @@ impl<'a> Launch<'a, DockerPlanData> {
         }
         self.step_done(Step::Snapshot)?;
 
-        data::write_file(&self.paths.launched(), b"1\n", 0o600)?;
+        data::write_record(&self.paths.launched(), b"1\n", 0o600)?;
         self.step_done(Step::Complete)?;
 
         Ok(DockerBottle {
@@ -179,9 +189,6 @@ impl<'a> Launch<'a, DockerPlanData> {
     fn provision_ca(&self, agent: &str) -> Result<Vec<String>, DockerError> {
         let cert_path = self.paths.ca_cert();
         let cert = std::fs::read(&cert_path).map_err(DockerError::io("read", cert_path))?;
-        let mut tar = TarBuilder::new();
-        tar.dir(&entry_name(AGENT_DIR), 0o755, Ownership::ROOT)?;
-        upload(self.engine, agent, tar.finish()?)?;
         let mut target = ContainerCaBox {
             engine: self.engine,
             container: agent,
@@ -194,24 +201,15 @@ impl<'a> Launch<'a, DockerPlanData> {
         Ok(report.warnings)
     }
 
-    fn provision_supervise(&self, agent: &str) -> Result<(), DockerError> {
+    /// The MCP config naming supervise went in with the agent's files
+    /// (`agent-files`); this step reports it.
+    fn provision_supervise(&self) {
         let address = self.bundle.ip.to_string();
-        let mcp = bottle_core::bundle::mcp_config(&address);
-        let mut tar = TarBuilder::new();
-        tar.dir("etc/bottle", 0o755, Ownership::ROOT)?;
-        tar.file(
-            &entry_name(bottle_core::bundle::AGENT_MCP_CONFIG),
-            mcp.as_bytes(),
-            0o644,
-            Ownership::ROOT,
-        )?;
-        upload(self.engine, agent, tar.finish()?)?;
         self.note(&format!(
             "supervise: MCP at {} (MCP_SUPERVISE_URL), config in {}",
             bottle_core::bundle::supervise_url(&address),
             bottle_core::bundle::AGENT_MCP_CONFIG
         ));
-        Ok(())
     }
 
     fn provision_prompt(&self, agent: &str) -> Result<(), DockerError> {
@@ -369,6 +367,46 @@ impl CaBox for ContainerCaBox<'_> {
 /// `err` is: overlay2 answers "--storage-opt is supported only for overlay
 /// over xfs with 'pquota' mount option", other drivers name the option
 /// similarly. Only this refusal means "the storage cannot cap the layer".
+/// The `agent-files` archive: the keep-alive program, the in-box agent
+/// when one is found, and `/etc/bottle` with the MCP config (they depend
+/// on nothing that runs, so they go in this one upload rather than one
+/// each after the start); and the note saying which in-box agent.
+fn agent_files(
+    arch: &str,
+    bundle_ip: std::net::Ipv4Addr,
+) -> Result<(Vec<u8>, String), DockerError> {
+    let pause = pause_elf(arch).ok_or_else(|| DockerError::UnsupportedArch {
+        arch: arch.to_string(),
+    })?;
+    let mut tar = TarBuilder::new();
+    tar.dir(&entry_name("/.bottle"), 0o755, Ownership::ROOT)?;
+    tar.file(&entry_name(PAUSE_PATH), &pause, 0o755, Ownership::ROOT)?;
+    tar.dir(&entry_name(AGENT_DIR), 0o755, Ownership::ROOT)?;
+    let mcp = bottle_core::bundle::mcp_config(&bundle_ip.to_string());
+    tar.file(
+        &entry_name(bottle_core::bundle::AGENT_MCP_CONFIG),
+        mcp.as_bytes(),
+        0o644,
+        Ownership::ROOT,
+    )?;
+    let note = match toolbox::find_binary() {
+        Ok(binary) => {
+            tar.file(
+                &entry_name(TOOLBOX_PATH),
+                &binary.bytes,
+                0o755,
+                Ownership::ROOT,
+            )?;
+            format!("toolbox: {} at {TOOLBOX_PATH}", binary.path.display())
+        }
+        Err(why) => format!(
+            "toolbox: not installed, `bottle execute` is unavailable: {}",
+            escape_for_terminal(&why)
+        ),
+    };
+    Ok((tar.finish()?, note))
+}
+
 fn storage_opt_refusal(err: &bollard::errors::Error) -> Option<String> {
     match err {
         bollard::errors::Error::DockerResponseServerError { message, .. }

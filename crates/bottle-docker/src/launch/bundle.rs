@@ -62,23 +62,30 @@ impl<'a, D> Launch<'a, D> {
     /// and filled but not started. Holds the egress lock from ensuring the
     /// egress network until the bundle is connected to it.
     pub(super) fn prepare_bundle(&mut self) -> Result<(), DockerError> {
+        // The CA's key is made while the Engine creates the networks.
+        let bottle = self.plan.bottle.clone();
+        let ca = std::thread::spawn(move || bottle_bundle_files::generate_ca(&bottle));
         data::write_owner(&self.paths, self.labels.owner)?;
-        self.write_stage()?;
         data::create_private_dir(&self.paths.logs())?;
         self.mark_audit_ok()?;
         data::create_private_dir(&self.paths.requests())?;
         let names = (self.bundle.network.clone(), self.bundle.container.clone());
         let (network, bundle) = (&names.0, &names.1);
 
-        self.create_network(network)?;
-        self.step_done(Step::Network)?;
-
         // Exclusive until the bundle is attached: Docker does not keep
         // network names unique, so two launches that both saw no egress
         // network would each create one, and every later launch would
         // fail on the ambiguous name.
         self.egress_lock = Some(lifecycle::egress_lock());
-        self.ensure_egress_network()?;
+        self.create_networks(network)?;
+        self.check_network(network)?;
+        let ca = ca.join().unwrap_or_else(|_| {
+            Err(bottle_bundle_files::BundleFilesError::Ca {
+                detail: "its generation panicked".into(),
+            })
+        });
+        self.write_stage(ca)?;
+        self.step_done(Step::Network)?;
         self.step_done(Step::EgressNetwork)?;
 
         self.create_bundle(bundle)?;
@@ -111,11 +118,13 @@ impl<'a, D> Launch<'a, D> {
     /// Writes the bundle's CA and, for the operator to read, its config
     /// into the state dir. Done at launch, not at prepare, so a declined
     /// plan leaves nothing behind.
-    fn write_stage(&self) -> Result<(), DockerError> {
-        let ca =
-            bottle_bundle_files::generate_ca(&self.plan.bottle).map_err(|err| DockerError::Ca {
-                detail: err.to_string(),
-            })?;
+    fn write_stage(
+        &self,
+        ca: Result<bottle_bundle_files::CaPair, bottle_bundle_files::BundleFilesError>,
+    ) -> Result<(), DockerError> {
+        let ca = ca.map_err(|err| DockerError::Ca {
+            detail: err.to_string(),
+        })?;
         data::write_file(&self.paths.ca_cert(), ca.cert_pem.as_bytes(), 0o644)?;
         data::write_file(&self.paths.ca_key(), ca.key_pem.as_bytes(), 0o600)?;
         let config = serde_json::to_vec_pretty(&config::bundle_config(self.plan, self.bundle))
@@ -140,7 +149,10 @@ impl<'a, D> Launch<'a, D> {
         Ok(())
     }
 
-    fn create_network(&mut self, network: &str) -> Result<(), DockerError> {
+    /// Creates the bottle network and, if missing, the shared egress
+    /// network, both at once; registers the undo of each that exists
+    /// before returning either's error.
+    fn create_networks(&mut self, network: &str) -> Result<(), DockerError> {
         let labels = self.labels_for(role::NETWORK);
         let request = match self.mode {
             LaunchMode::Bottle => {
@@ -150,26 +162,36 @@ impl<'a, D> Launch<'a, D> {
                 config::vm_bundle_network(network, &self.bundle.subnet, self.bundle.gateway, labels)
             }
         };
-        let created = self
-            .engine
-            .block_on(self.engine.docker.create_network(request));
+        let docker = &self.engine.docker;
+        let (created, egress) = self.engine.block_on(async {
+            tokio::join!(docker.create_network(request), ensure_egress(docker))
+        });
+        let engine = self.engine;
+        if created.is_ok() {
+            let name = network.to_string();
+            self.undo.push("the bottle network", move || {
+                lifecycle::remove_network(engine, &name)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            });
+        }
+        if egress.is_ok() {
+            self.undo.push("the egress network", move || {
+                lifecycle::remove_egress_if_unused(engine)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            });
+        }
         match created {
-            Ok(_) => {}
             Err(err) if is_pool_overlap(&err) => {
                 return Err(DockerError::SubnetTaken {
                     subnet: self.bundle.subnet.clone(),
                     network: network.to_string(),
                 });
             }
-            Err(err) => return Err(DockerError::api(format!("create network {network}"))(err)),
-        }
-        let (engine, name) = (self.engine, network.to_string());
-        self.undo.push("the bottle network", move || {
-            lifecycle::remove_network(engine, &name)
-                .map(drop)
-                .map_err(|e| e.to_string())
-        });
-        self.check_network(network)
+            created => created.map_err(DockerError::api(format!("create network {network}")))?,
+        };
+        egress
     }
 
     /// Fails closed unless the network is internal, has no host address
@@ -254,43 +276,6 @@ impl<'a, D> Launch<'a, D> {
             subnets,
             bundles,
         }
-    }
-
-    fn ensure_egress_network(&mut self) -> Result<(), DockerError> {
-        let exists = match self
-            .engine
-            .block_on(self.engine.docker.inspect_network(EGRESS_NETWORK, None))
-        {
-            Ok(_) => true,
-            Err(err) if is_not_found(&err) => false,
-            Err(err) => {
-                return Err(DockerError::api(format!(
-                    "inspect network {EGRESS_NETWORK}"
-                ))(err));
-            }
-        };
-        if !exists {
-            let created = self
-                .engine
-                .block_on(self.engine.docker.create_network(config::egress_network()));
-            match created {
-                Ok(_) => {}
-                // Another launch created it meanwhile.
-                Err(bollard::errors::Error::DockerResponseServerError {
-                    status_code: 409, ..
-                }) => {}
-                Err(err) => {
-                    return Err(DockerError::api(format!("create network {EGRESS_NETWORK}"))(err));
-                }
-            }
-        }
-        let engine = self.engine;
-        self.undo.push("the egress network", move || {
-            lifecycle::remove_egress_if_unused(engine)
-                .map(drop)
-                .map_err(|e| e.to_string())
-        });
-        Ok(())
     }
 
     fn create_bundle(&mut self, bundle: &str) -> Result<(), DockerError> {
@@ -421,6 +406,9 @@ impl<'a, D> Launch<'a, D> {
             addr.clone(),
         ];
         let deadline = Instant::now() + self.settings.health_timeout;
+        // A bundle that is not up at the first probe usually is a few
+        // milliseconds later: the pause grows from 5 ms to 100 ms.
+        let mut pause = Duration::from_millis(5);
         let mut last;
         loop {
             let state = self.block(&format!("inspect container {bundle}"), async {
@@ -453,7 +441,8 @@ impl<'a, D> Launch<'a, D> {
                     ),
                 ));
             }
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(100));
         }
     }
 
@@ -486,6 +475,29 @@ impl<'a, D> Launch<'a, D> {
             reason,
             logs: container_logs(self.engine, bundle, 50),
         }
+    }
+}
+
+/// Creates the shared egress network unless it exists; the caller holds
+/// the egress lock.
+async fn ensure_egress(docker: &bollard::Docker) -> Result<(), DockerError> {
+    match docker.inspect_network(EGRESS_NETWORK, None).await {
+        Ok(_) => return Ok(()),
+        Err(err) if is_not_found(&err) => {}
+        Err(err) => {
+            return Err(DockerError::api(format!(
+                "inspect network {EGRESS_NETWORK}"
+            ))(err));
+        }
+    }
+    match docker.create_network(config::egress_network()).await {
+        // Another launch (by another user: the lock is per user) created
+        // it meanwhile.
+        Ok(_)
+        | Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 409, ..
+        }) => Ok(()),
+        Err(err) => Err(DockerError::api(format!("create network {EGRESS_NETWORK}"))(err)),
     }
 }
 

@@ -62,6 +62,8 @@ pub struct LaunchSettings {
     pub failpoint: Option<Failpoint>,
     /// The operator's ^C: checked after every step.
     pub interrupt: bottle_core::undo::Interrupt,
+    /// `bottle start --timings`: every step ends a lap.
+    pub timeline: Option<bottle_core::timeline::Timeline>,
 }
 
 /// One launch in progress: what it runs on, what it brings up, and what
@@ -79,6 +81,25 @@ struct Launch<'a, D> {
     /// Held from ensuring the egress network until the bundle holds an
     /// endpoint on it, so `stop` elsewhere cannot remove it in between.
     egress_lock: Option<lifecycle::EgressLock>,
+    /// The bundle's start, under way while the agent container is created
+    /// and filled; joined before the bundle's checks, and before any undo.
+    bundle_starting: Option<ContainerStart>,
+    /// The agent's start (its keep-alive only), under way while the
+    /// bundle is checked; joined before the agent's checks, and before any
+    /// undo.
+    agent_starting: Option<ContainerStart>,
+}
+
+/// A container's start, sent to the Engine while the launch goes on.
+type ContainerStart = tokio::task::JoinHandle<Result<(), bollard::errors::Error>>;
+
+/// What a start sent ahead came to.
+async fn started(start: ContainerStart) -> Result<(), bollard::errors::Error> {
+    start.await.unwrap_or_else(|join| {
+        Err(bollard::errors::Error::IOError {
+            err: std::io::Error::other(join.to_string()),
+        })
+    })
 }
 
 /// Launches the bottle `plan` describes; on failure everything created so
@@ -172,12 +193,21 @@ impl<'a, D> Launch<'a, D> {
             mode,
             undo,
             egress_lock: None,
+            bundle_starting: None,
+            agent_starting: None,
         })
     }
 
     /// Ends the launch: a successful one keeps what it created, a failed
     /// one removes it, newest first.
     fn finish<T>(mut self, result: Result<T, DockerError>) -> Result<T, DockerError> {
+        // The undo must not race a start still in flight.
+        for start in [self.bundle_starting.take(), self.agent_starting.take()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = self.engine.block_on(started(start));
+        }
         // Removing the egress network takes the egress lock itself.
         self.egress_lock = None;
         let undo = std::mem::take(&mut self.undo);
@@ -227,9 +257,12 @@ impl<D> Launch<'_, D> {
         labels
     }
 
-    /// Ends a step: fails here if the operator interrupted the launch or
-    /// the failpoint names it.
+    /// Ends a step: records it on the timeline, then fails here if the
+    /// operator interrupted the launch or the failpoint names it.
     fn step_done(&self, step: Step) -> Result<(), DockerError> {
+        if let Some(timeline) = &self.settings.timeline {
+            timeline.lap(step.name());
+        }
         let interrupt = &self.settings.interrupt;
         interrupt.check(step.name())?;
         match &self.settings.failpoint {

@@ -12,29 +12,31 @@ use crate::error::DockerError;
 /// | step | what it does |
 /// | --- | --- |
 /// | `network` | create `bot-bottle-<slug>` (internal, no host address) and check it |
-/// | `egress-network` | create the shared `bot-bottle-egress` if missing |
+/// | `egress-network` | create the shared `bot-bottle-egress` if missing (at once with `network`) |
 /// | `bundle-create` | create the bundle container pinned at `.2` |
 /// | `bundle-connect` | attach it to the egress network |
 /// | `bundle-files` | write config, CA and credentials into `/run/bottle` |
 /// | `agent-create` | create the agent container pinned at `.3` |
-/// | `agent-files` | write the keep-alive program and the in-box agent (`/.bottle/toolbox`, when one is found) |
+/// | `agent-files` | write the keep-alive program, the in-box agent (`/.bottle/toolbox`, when one is found), `/etc/bottle` and the MCP config naming supervise (`/etc/bottle/mcp.json`), in one upload |
 /// | `provision-prompt` | the prompt file |
 /// | `provision-skills` | the skills directories |
-/// | `bundle-start` | start the bundle (together with the agent) |
-/// | `agent-start` | start the agent's keep-alive (nothing of the agent runs yet) |
+/// | `bundle-start` | the bundle's start, sent after `bundle-files`, has completed |
 /// | `bundle-verify` | check its address, both networks, and that the bottle network is internal |
 /// | `bundle-health` | wait until the proxy answers `/__bottle/health` |
+/// | `agent-start` | the agent's keep-alive (nothing of the agent runs yet), sent after `bundle-start`, has started |
 /// | `agent-verify` | check it is running, on the bottle network only, at its address, with every capability dropped |
-/// | `provision-ca` | the CA as `bottle_core::ca_install` defines: `/etc/bottle/ca.pem`, the anchors, the image's trust tool (an exec as root, so after the start), the system bundles, the hashed directory |
+/// | `provision-ca` | the CA as `bottle_core::ca_install` defines: `/etc/bottle/ca.pem` (the directory made in `agent-files`), the anchors, the image's trust tool (an exec as root, so after the start), the system bundles, the hashed directory |
 /// | `provision-git` | git repositories: served by the bundle's git-gate (mounts and mirrors are set up with the bundle); this step reports them |
-/// | `provision-supervise` | the MCP config naming supervise (`/etc/bottle/mcp.json`) |
+/// | `provision-supervise` | report the MCP config (written in `agent-files`) |
 /// | `snapshot` | the golden snapshot of the agent's writable layer and the baseline of its three reset sources (`crate::reset`); a host that cannot take it gets a warning and a bottle without reset |
 /// | `complete` | mark the launch complete in the state dir |
 ///
-/// Both containers are created and filled first and started together
-/// (each start is a third of a launch's time); the agent's keep-alive runs
-/// nothing, and no command reaches the agent before every check above has
-/// passed. A bundle for a microVM runs the bundle steps only (`network` to
+/// The bundle's start is sent to the Engine as soon as its files are in
+/// and overlaps the agent container's creation and files (each start is a
+/// third of a launch's time); `bundle-start` ends when it has completed.
+/// The agent's start is sent then and overlaps the bundle's checks. The
+/// agent's keep-alive runs nothing, and no command reaches the agent
+/// before every check above has passed. A bundle for a microVM runs the bundle steps only (`network` to
 /// `bundle-files`, `bundle-start`, `bundle-verify`, `bundle-health`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -58,12 +60,12 @@ pub enum Step {
     ProvisionSkills,
     /// `bundle-start`.
     BundleStart,
-    /// `agent-start`.
-    AgentStart,
     /// `bundle-verify`.
     BundleVerify,
     /// `bundle-health`.
     BundleHealth,
+    /// `agent-start`.
+    AgentStart,
     /// `agent-verify`.
     AgentVerify,
     /// `provision-ca`.
@@ -91,9 +93,9 @@ impl Step {
         Step::ProvisionPrompt,
         Step::ProvisionSkills,
         Step::BundleStart,
-        Step::AgentStart,
         Step::BundleVerify,
         Step::BundleHealth,
+        Step::AgentStart,
         Step::AgentVerify,
         Step::ProvisionCa,
         Step::ProvisionGit,

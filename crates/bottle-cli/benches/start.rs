@@ -1,0 +1,236 @@
+//! Cold start against raw Docker, in one run on the real daemon, images
+//! cached and no pool, interleaved so both see the same load:
+//!
+//! - the CLI as a user runs it: `bottle --yes --quiet start AGENT` whose
+//!   agent prints one line, from spawning the process to that line on its
+//!   stdout, against `docker run --rm IMAGE true` of the same image;
+//! - the library path: prepare, launch and the first tool call through the
+//!   in-box agent, against the same baseline.
+//!
+//! Then the per-step timeline (`bottle start --timings`) of the CLI's
+//! median run. `cargo xtask bench` runs it with the static binaries; by
+//! hand: `BOTTLE_BUNDLE_BIN=… BOTTLE_TOOLBOX_BIN=… cargo bench --profile dev
+//! -p bottle-cli --bench start [-- --quick]`. Every loop is bounded in
+//! count, and every wait for output in time.
+
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "a bench prints its table and fails loudly"
+)]
+
+use std::io::{BufRead as _, BufReader, Read as _};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use bottle_core::sandbox::ToolCall;
+use bottle_core::timeline::Timeline;
+use bottle_core::{BottleBackend, BottleLauncher, BottleSpec};
+use bottle_docker::{DockerBackend, DockerOptions};
+
+const TAG: &str = "bottle-demo-agent:bench-start";
+const MARKER: &str = "bench-agent-started";
+/// How long one start may take before the bench gives up.
+const START_WITHIN: Duration = Duration::from_secs(60);
+
+fn main() {
+    let quick = std::env::args().any(|arg| arg == "--quick");
+    let runs = if quick { 3 } else { 10 };
+    let bundle = std::env::var_os("BOTTLE_BUNDLE_BIN")
+        .map(PathBuf::from)
+        .expect("set BOTTLE_BUNDLE_BIN to the static bundle");
+    assert!(
+        std::env::var_os("BOTTLE_TOOLBOX_BIN").is_some(),
+        "set BOTTLE_TOOLBOX_BIN to the static in-box agent"
+    );
+    let state = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let bottle_state = state.path().join("bottle");
+    std::fs::create_dir_all(&bottle_state).unwrap();
+    let options = |timeline: Option<Timeline>| {
+        let mut options = DockerOptions::new(&bottle_state);
+        options.bundle_bin = Some(bundle.clone());
+        options.timeline = timeline;
+        options
+    };
+    let backend = DockerBackend::new(options(None)).unwrap();
+    backend.preflight().unwrap();
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/demo-agent");
+    backend
+        .build_demo_agent(&demo, Path::new("/bin/busybox"), TAG)
+        .unwrap();
+    let manifest = dir.path().join("bottle.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "[agents.bench]\nimage = \"{TAG}\"\ncommand = [\"/bin/sh\", \"-c\", \"echo {MARKER}\"]\n[agents.bench.egress]\nallow = [\"bench.bottle.test\"]\n"
+        ),
+    )
+    .unwrap();
+    // One untimed start of each, so neither pays for a first image load.
+    assert!(docker(&["run", "--rm", TAG, "true"]));
+    cli_start(state.path(), &manifest, "bench-start-warm");
+
+    let mut cli = Vec::new();
+    let mut timelines = Vec::new();
+    let mut library = Vec::new();
+    let mut library_timelines = Vec::new();
+    let mut docker_runs = Vec::new();
+    for i in 0..runs {
+        let started = Instant::now();
+        assert!(docker(&["run", "--rm", TAG, "true"]));
+        docker_runs.push(started.elapsed());
+
+        let (took, timeline) = cli_start(state.path(), &manifest, &format!("bench-cli-{i}"));
+        cli.push(took);
+        timelines.push(timeline);
+
+        let name = format!("bench-lib-{i}");
+        let loaded = bottle_core::manifest::load(&manifest).unwrap();
+        let spec =
+            BottleSpec::new(&loaded, &manifest, "bench", Some(&name), &bottle_state).unwrap();
+        let timeline = Timeline::new();
+        let backend = DockerBackend::new(options(Some(timeline.clone()))).unwrap();
+        backend.preflight().unwrap();
+        timeline.lap("connect (not timed)");
+        let started = Instant::now();
+        let plan = backend.prepare(&spec).unwrap();
+        timeline.lap("prepare");
+        let bottle = backend.launch(&plan).unwrap();
+        assert_eq!(
+            bottle.execute(&ToolCall::argv(["true"])).unwrap().exit_code,
+            0
+        );
+        library.push(started.elapsed());
+        timeline.lap("first tool call");
+        library_timelines.push(timeline.render());
+        drop(bottle);
+        backend.stop(&name).unwrap();
+    }
+
+    println!(
+        "| measure | bottle p50 (p99), ms | baseline | baseline p50 (p99), ms | ratio of p50s |"
+    );
+    println!("| --- | --- | --- | --- | --- |");
+    row(
+        "`bottle start` (CLI) to the agent's first output",
+        &cli,
+        "`docker run --rm IMAGE true`",
+        &docker_runs,
+    );
+    row(
+        "prepare + launch + first tool call (library)",
+        &library,
+        "`docker run --rm IMAGE true`",
+        &docker_runs,
+    );
+    println!("\nn: {runs} of each, interleaved");
+    let median = median_index(&cli);
+    println!(
+        "\n`bottle start --timings` of the median CLI run ({:.0} ms to first output):\n",
+        ms(cli[median])
+    );
+    println!("```\n{}```", timelines[median]);
+    let median = median_index(&library);
+    println!(
+        "\nThe launch steps of the median library run ({:.0} ms to the first tool call):\n",
+        ms(library[median])
+    );
+    println!("```\n{}```", library_timelines[median]);
+}
+
+/// Runs `bottle --yes --quiet start bench --timings` attached, whose agent
+/// prints [`MARKER`] and exits (the CLI then stops the bottle): the time
+/// from spawning the process to the marker on its stdout, and the timeline
+/// it printed on stderr.
+fn cli_start(state: &Path, manifest: &Path, name: &str) -> (Duration, String) {
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the bench runs the real bottle binary, as a user does"
+    )]
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_bottle"));
+    command
+        .env("XDG_STATE_HOME", state)
+        .env_remove("BOT_BOTTLE_BACKEND")
+        .arg("--manifest")
+        .arg(manifest)
+        .args(["--backend", "docker", "--yes", "--quiet", "start", "bench"])
+        .args(["--name", name, "--timings"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let started = Instant::now();
+    let mut child = command.spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let (seen, marker) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let line = line.unwrap_or_default();
+            if line.contains(MARKER) {
+                let _ = seen.send(Instant::now());
+            }
+        }
+    });
+    let errors = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let at = marker.recv_timeout(START_WITHIN);
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    let stderr = errors.join().unwrap();
+    let at =
+        at.unwrap_or_else(|_| panic!("{name} printed nothing within {START_WITHIN:?}: {stderr}"));
+    assert!(status.success(), "{name}: {stderr}");
+    let timeline = stderr
+        .split_once("timings:\n")
+        .map(|(_, table)| table.to_string())
+        .unwrap_or_else(|| panic!("{name} printed no timeline: {stderr}"));
+    (at.duration_since(started), timeline)
+}
+
+fn docker(args: &[&str]) -> bool {
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the baseline is the docker CLI itself"
+    )]
+    let status = std::process::Command::new("docker")
+        .args(args)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    status.success()
+}
+
+fn median_index(samples: &[Duration]) -> usize {
+    let mut order: Vec<usize> = (0..samples.len()).collect();
+    order.sort_by_key(|&i| samples[i]);
+    order[order.len() / 2]
+}
+
+fn percentile(samples: &[Duration], p: usize) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn row(what: &str, ours: &[Duration], baseline_name: &str, baseline: &[Duration]) {
+    let (a, b) = (percentile(ours, 50), percentile(baseline, 50));
+    println!(
+        "| {what} | {:.1} ({:.1}) | {baseline_name} | {:.1} ({:.1}) | {:.2} |",
+        ms(a),
+        ms(percentile(ours, 99)),
+        ms(b),
+        ms(percentile(baseline, 99)),
+        a.as_secs_f64() / b.as_secs_f64()
+    );
+}
