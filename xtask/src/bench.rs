@@ -29,12 +29,12 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<ExitCode> {
         }
     };
     let binaries = dist::run()?;
-    // The pool's bench drives the real `bottle` binary (a debug build:
-    // what it times is mostly the daemon's work).
-    if !watch(cargo().args(["build", "-p", "bottle-cli"]))?.success() {
-        anyhow::bail!("cargo build -p bottle-cli failed");
+    // The pool's bench drives the real `bottle` binary, built as the CLI's
+    // own benches build it (release), so every bench times the same CLI.
+    if !watch(cargo().args(["build", "--release", "-p", "bottle-cli"]))?.success() {
+        anyhow::bail!("cargo build --release -p bottle-cli failed");
     }
-    let cli = dist::target_dir().join("debug").join("bottle");
+    let cli = dist::target_dir().join("release").join("bottle");
     let mut failed = Vec::new();
     for (package, bench) in BENCHES {
         let mut command = cargo()

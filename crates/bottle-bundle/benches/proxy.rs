@@ -641,7 +641,6 @@ fn start_bundle(dir: &Path, up: &Upstream) -> (Killed, SocketAddr, String) {
         "version": 1,
         "bottle": "bench",
         "proxy_listen": proxy.to_string(),
-        "egress_listen": "127.0.0.1:0",
         "allow": [HOST],
         "ports": [up.http.port(), up.https.port(), up.https_h2.port()],
         "credentials": [],

@@ -18,8 +18,6 @@ pub const BUNDLE_RUN_DIR: &str = "/run/bottle";
 pub const BUNDLE_LOG_DIR: &str = "/var/log/bottle";
 /// The agent-facing proxy port.
 pub const PROXY_PORT: u16 = 8888;
-/// The internal egress port, bound to 127.0.0.1 inside the bundle only.
-pub const EGRESS_PORT: u16 = 9099;
 /// The agent-facing git-gate port.
 pub const GIT_GATE_PORT: u16 = 9418;
 /// The agent-facing supervise (MCP) port.
@@ -78,8 +76,6 @@ pub struct BundleConfig {
     pub agent: String,
     /// Proxy listen address, normally `0.0.0.0:8888`.
     pub proxy_listen: String,
-    /// Egress listen address, normally `127.0.0.1:9099`. Must be loopback.
-    pub egress_listen: String,
     /// Allowlist rules: exact hosts, `*.suffix`, IP literals.
     pub allow: Vec<String>,
     /// Allowed destination ports.

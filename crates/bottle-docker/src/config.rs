@@ -28,8 +28,7 @@ use bollard::models::{
 use bottle_core::Plan;
 use bottle_core::bundle::{
     BUNDLE_CONFIG_PATH, BUNDLE_CONFIG_VERSION, BUNDLE_LOG_DIR, BUNDLE_REQUESTS_DIR, BundleConfig,
-    BundleCredential, BundleGitRepo, BundleLimits, EGRESS_PORT, GIT_GATE_PORT, PROXY_PORT,
-    SUPERVISE_PORT,
+    BundleCredential, BundleGitRepo, BundleLimits, GIT_GATE_PORT, PROXY_PORT, SUPERVISE_PORT,
 };
 
 use crate::data::{BundleData, DockerPlan, DockerPlanData};
@@ -341,7 +340,6 @@ pub fn bundle_config<D>(plan: &Plan<D>, bundle: &BundleData) -> BundleConfig {
         bottle: plan.bottle.clone(),
         agent: plan.agent.clone(),
         proxy_listen: format!("0.0.0.0:{PROXY_PORT}"),
-        egress_listen: format!("127.0.0.1:{EGRESS_PORT}"),
         allow: plan.egress_allow.clone(),
         ports: plan.egress_ports.clone(),
         credentials: bundle
@@ -669,7 +667,6 @@ pub(crate) mod tests {
     fn bundle_config_keeps_egress_on_loopback_and_secrets_in_files() {
         let config = bundle_config(&sample_plan(), &sample_data().bundle);
         assert_eq!(config.proxy_listen, "0.0.0.0:8888");
-        assert_eq!(config.egress_listen, "127.0.0.1:9099");
         assert_eq!(config.allow, ["api.example.com"]);
         assert_eq!(config.agent, "demo");
         assert_eq!(

@@ -92,7 +92,6 @@ fn write_config(dir: &std::path::Path, proxy_listen: &str) -> std::path::PathBuf
         "version": 1,
         "bottle": "bin",
         "proxy_listen": proxy_listen,
-        "egress_listen": "127.0.0.1:0",
         "allow": ["api.allowed.test"],
         "ports": [443],
         "credentials": [],

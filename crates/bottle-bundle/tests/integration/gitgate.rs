@@ -168,7 +168,6 @@ impl Gate {
         let mut config: BundleConfig = serde_json::from_str(MINIMAL).unwrap();
         config.bottle = "gitgate-test".into();
         config.proxy_listen = "127.0.0.1:0".into();
-        config.egress_listen = "127.0.0.1:0".into();
         config.ports = vec![443];
         config.ca_cert = run.join("ca.pem").display().to_string();
         config.ca_key = run.join("ca.key").display().to_string();
@@ -206,7 +205,7 @@ impl Gate {
 }
 
 /// The fields a config must have.
-const MINIMAL: &str = r#"{"version":1,"bottle":"","proxy_listen":"","egress_listen":"",
+const MINIMAL: &str = r#"{"version":1,"bottle":"","proxy_listen":"",
 "allow":[],"ports":[],"credentials":[],"ca_cert":"","ca_key":"","audit_log":""}"#;
 
 fn assert_refused(out: &CommandOutput, needles: &[&str]) {

@@ -289,7 +289,6 @@ pub(crate) fn base_config(
         bottle: "test".into(),
         agent: AGENT.into(),
         proxy_listen: "127.0.0.1:0".into(),
-        egress_listen: "127.0.0.1:0".into(),
         allow: opts.allow.clone(),
         ports,
         credentials,

@@ -174,7 +174,6 @@ impl Bundle {
             "version": bottle_core::bundle::BUNDLE_CONFIG_VERSION,
             "bottle": "fuzz",
             "proxy_listen": "127.0.0.1:0",
-            "egress_listen": "127.0.0.1:0",
             "allow": [ALLOWED_HOST],
             "ports": [80, 443, upstream.addr.port(), canary.addr.port()],
             "credentials": [],
