@@ -498,7 +498,12 @@ pub fn stop(engine: &Engine, state_root: &Path, name: &str) -> Result<CleanupRep
             data::remove_state_dir(&dir),
         );
     }
-    remove_egress_into(engine, &mut report);
+    // Only a stop that found the bottle tidies the shared network: one of
+    // a name that never existed stays "no such bottle", whatever another
+    // bottle's stop left unused.
+    if !report.removed.is_empty() || !report.failed.is_empty() {
+        remove_egress_into(engine, &mut report);
+    }
     Ok(report)
 }
 

@@ -154,7 +154,8 @@ fn state_dirs(state: &Path) -> Vec<String> {
         .flatten()
         .filter(|e| e.path().is_dir())
         .map(|e| e.file_name().to_string_lossy().to_string())
-        .filter(|name| name != "retained_logs")
+        // Not a bottle's: kept logs and the bundle digest cache.
+        .filter(|name| name != "retained_logs" && name != ".cache")
         .collect()
 }
 
