@@ -30,6 +30,7 @@ use bottle_core::sandbox::ToolCall;
 use bottle_core::timeline::Timeline;
 use bottle_core::{BottleBackend, BottleLauncher, BottleSpec};
 use bottle_docker::{DockerBackend, DockerOptions};
+use bottle_test_support::bench::{docker, median_index, ms, row};
 
 const TAG: &str = "bottle-demo-agent:bench-start";
 const MARKER: &str = "bench-agent-started";
@@ -192,45 +193,4 @@ fn cli_start(state: &Path, manifest: &Path, name: &str) -> (Duration, String) {
         .map(|(_, table)| table.to_string())
         .unwrap_or_else(|| panic!("{name} printed no timeline: {stderr}"));
     (at.duration_since(started), timeline)
-}
-
-fn docker(args: &[&str]) -> bool {
-    #[expect(
-        clippy::disallowed_methods,
-        reason = "the baseline is the docker CLI itself"
-    )]
-    let status = std::process::Command::new("docker")
-        .args(args)
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    status.success()
-}
-
-fn median_index(samples: &[Duration]) -> usize {
-    let mut order: Vec<usize> = (0..samples.len()).collect();
-    order.sort_by_key(|&i| samples[i]);
-    order[order.len() / 2]
-}
-
-fn percentile(samples: &[Duration], p: usize) -> Duration {
-    let mut sorted = samples.to_vec();
-    sorted.sort();
-    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn row(what: &str, ours: &[Duration], baseline_name: &str, baseline: &[Duration]) {
-    let (a, b) = (percentile(ours, 50), percentile(baseline, 50));
-    println!(
-        "| {what} | {:.1} ({:.1}) | {baseline_name} | {:.1} ({:.1}) | {:.2} |",
-        ms(a),
-        ms(percentile(ours, 99)),
-        ms(b),
-        ms(percentile(baseline, 99)),
-        a.as_secs_f64() / b.as_secs_f64()
-    );
 }

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bottle_docker::client::Engine;
+use bottle_test_support::bench::{docker, row};
 
 const TAG: &str = "bottle-demo-agent:bench-stop";
 
@@ -189,39 +190,4 @@ fn run_detached(name: &str) {
         "-c",
         "sleep 600"
     ]));
-}
-
-fn docker(args: &[&str]) -> bool {
-    #[expect(
-        clippy::disallowed_methods,
-        reason = "the baseline is the docker CLI itself"
-    )]
-    let status = std::process::Command::new("docker")
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    status.success()
-}
-
-fn percentile(samples: &[Duration], p: usize) -> Duration {
-    let mut sorted = samples.to_vec();
-    sorted.sort();
-    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn row(what: &str, ours: &[Duration], baseline_name: &str, baseline: &[Duration]) {
-    let (a, b) = (percentile(ours, 50), percentile(baseline, 50));
-    println!(
-        "| {what} | {:.1} ({:.1}) | {baseline_name} | {:.1} ({:.1}) | {:.2} |",
-        ms(a),
-        ms(percentile(ours, 99)),
-        ms(b),
-        ms(percentile(baseline, 99)),
-        a.as_secs_f64() / b.as_secs_f64()
-    );
 }

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use bottle_core::BottleBackend as _;
 use bottle_docker::{DockerBackend, DockerOptions};
+use bottle_test_support::bench::{docker, row, time};
 
 const TAG: &str = "bottle-demo-agent:bench";
 
@@ -141,45 +142,4 @@ fn first_output(mut command: std::process::Command) -> Duration {
     stdout.read_to_end(&mut rest).unwrap();
     assert!(child.wait().unwrap().success(), "bottle start failed");
     elapsed
-}
-
-fn docker(args: &[&str]) -> bool {
-    #[expect(
-        clippy::disallowed_methods,
-        reason = "the baseline is the docker CLI itself"
-    )]
-    let status = std::process::Command::new("docker")
-        .args(args)
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    status.success()
-}
-
-fn time(f: impl FnOnce()) -> Duration {
-    let started = Instant::now();
-    f();
-    started.elapsed()
-}
-
-fn percentile(samples: &[Duration], p: usize) -> Duration {
-    let mut sorted = samples.to_vec();
-    sorted.sort();
-    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn row(what: &str, ours: &[Duration], baseline_name: &str, baseline: &[Duration]) {
-    let (a, b) = (percentile(ours, 50), percentile(baseline, 50));
-    println!(
-        "| {what} | {:.1} ({:.1}) | {baseline_name} | {:.1} ({:.1}) | {:.2} |",
-        ms(a),
-        ms(percentile(ours, 99)),
-        ms(b),
-        ms(percentile(baseline, 99)),
-        a.as_secs_f64() / b.as_secs_f64()
-    );
 }

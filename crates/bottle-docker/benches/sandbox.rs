@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use bottle_core::sandbox::ToolCall;
 use bottle_core::{BottleBackend, BottleLauncher, BottleSpec};
 use bottle_docker::{DockerBackend, DockerOptions};
+use bottle_test_support::bench::{docker, ms, percentile, row};
 
 const TAG: &str = "bottle-demo-agent:bench";
 
@@ -203,19 +204,6 @@ fn main() {
     );
 }
 
-fn docker(args: &[&str]) -> bool {
-    #[expect(
-        clippy::disallowed_methods,
-        reason = "the baseline is the docker CLI itself"
-    )]
-    let status = std::process::Command::new("docker")
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    status.success()
-}
-
 fn time(n: usize, mut f: impl FnMut()) -> Vec<Duration> {
     (0..n)
         .map(|_| {
@@ -224,26 +212,4 @@ fn time(n: usize, mut f: impl FnMut()) -> Vec<Duration> {
             started.elapsed()
         })
         .collect()
-}
-
-fn percentile(samples: &[Duration], p: usize) -> Duration {
-    let mut sorted = samples.to_vec();
-    sorted.sort();
-    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn row(what: &str, ours: &[Duration], baseline_name: &str, baseline: &[Duration]) {
-    let (a, b) = (percentile(ours, 50), percentile(baseline, 50));
-    println!(
-        "| {what} | {:.2} ({:.2}) | {baseline_name} | {:.2} ({:.2}) | {:.2} |",
-        ms(a),
-        ms(percentile(ours, 99)),
-        ms(b),
-        ms(percentile(baseline, 99)),
-        a.as_secs_f64() / b.as_secs_f64()
-    );
 }

@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use bottle_core::{BottleBackend, BottleLauncher, BottleSpec};
 use bottle_docker::names::{EGRESS_NETWORK, ResourceNames};
 use bottle_docker::{DockerBackend, DockerOptions};
+use bottle_test_support::bench::{docker, docker_output, ms, percentile};
 
 const TAG: &str = "bottle-demo-agent:bench";
 /// How many times a launch plans again when its subnet was taken
@@ -521,41 +522,4 @@ impl Drop for Cleanup<'_> {
             docker(&["rm", "-f", container]);
         }
     }
-}
-
-fn docker_output(args: &[&str]) -> String {
-    #[expect(
-        clippy::disallowed_methods,
-        reason = "the baseline is the docker CLI itself"
-    )]
-    let output = std::process::Command::new("docker")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "docker {args:?} failed");
-    String::from_utf8(output.stdout).unwrap()
-}
-
-fn docker(args: &[&str]) -> bool {
-    #[expect(
-        clippy::disallowed_methods,
-        reason = "the baseline is the docker CLI itself"
-    )]
-    let status = std::process::Command::new("docker")
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    status.success()
-}
-
-fn percentile(samples: &[Duration], p: usize) -> Duration {
-    let mut sorted = samples.to_vec();
-    sorted.sort();
-    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }

@@ -11,11 +11,14 @@
 //! - [`temp_state_root`]: a private state root per test;
 //! - `corp_net` (feature `corp-net`): a TLS-re-signing "corporate
 //!   network" and the HTTPS upstreams behind it, for end-to-end tests;
+//! - [`bench`]: the `docker` baseline and table rows the Docker-backed
+//!   benches share;
 //! - `fuzz` (feature `fuzz`): the seeded fuzz campaign against the real
 //!   `bottle-bundle` binary, shared by its test and `cargo xtask fuzz`.
 //!
 //! A dev-dependency only: nothing here ships.
 
+pub mod bench;
 #[cfg(feature = "corp-net")]
 pub mod corp_net;
 #[cfg(feature = "fuzz")]
