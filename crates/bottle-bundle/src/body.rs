@@ -41,6 +41,65 @@ where
     body.map_err(Into::into).boxed_unsync()
 }
 
+/// `body` with its first frame already read. Egress dials the upstream
+/// only once the scan has let the body's first bytes through, so a request
+/// the scan refuses at its first bytes, or whose body is broken from the
+/// start, never opens an upstream connection.
+pub async fn first_frame_read(mut body: BoxBody) -> Result<BoxBody, BoxError> {
+    if body.is_end_stream() {
+        return Ok(body);
+    }
+    match body.frame().await {
+        None => Ok(empty()),
+        Some(Err(err)) => Err(err),
+        Some(Ok(frame)) => Ok(boxed(Prepended {
+            first: Some(frame),
+            rest: body,
+        })),
+    }
+}
+
+/// A frame already read, then the rest of the body it came from.
+struct Prepended {
+    first: Option<Frame<Bytes>>,
+    rest: BoxBody,
+}
+
+impl Body for Prepended {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some(frame) = this.first.take() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        Pin::new(&mut this.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let rest = self.rest.size_hint();
+        let first = self
+            .first
+            .as_ref()
+            .and_then(Frame::data_ref)
+            .map_or(0, |data| data.len() as u64);
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower() + first);
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper + first);
+        }
+        hint
+    }
+}
+
 /// Where a body scan records what it found.
 pub type FindingSlot = Arc<Mutex<Option<Finding>>>;
 

@@ -34,7 +34,9 @@ use tokio::sync::Semaphore;
 use crate::BundleError;
 use crate::allowlist::{Denial, Host, Policy, Verdict, normalize_host, parse_authority};
 use crate::audit::{AuditLog, AuditRecord, Decision, redact_path};
-use crate::body::{AuditGuard, BoxBody, FindingSlot, MeteredBody, ScanBody, boxed, full};
+use crate::body::{
+    AuditGuard, BoxBody, FindingSlot, MeteredBody, ScanBody, boxed, first_frame_read, full,
+};
 use crate::ca::LeafMinter;
 use crate::egress::{Destination, Egress, Outcome, Scheme};
 use crate::encoding::{self, Refusal};
@@ -736,6 +738,29 @@ impl Proxy {
                 Err(refusal) => return self.unscannable(&refusal, &target, &method, &pq, start),
             }
         };
+        // A secret found in the body, or the agent's own body broken, stops
+        // the body the proxy feeds egress: those are the proxy's to name.
+        let body_stopped = || {
+            finding.lock().ok().and_then(|s| *s).is_some() || client_failed.load(Ordering::Relaxed)
+        };
+        let body_refusal = || {
+            if let Some(f) = finding.lock().ok().and_then(|s| *s) {
+                return blocked(f.reason());
+            }
+            let rec = self.record(
+                Decision::Error,
+                &host_s,
+                target.port,
+                &method,
+                &pq,
+                "bad_request_body",
+                &target.rule,
+            );
+            self.refuse(StatusCode::BAD_REQUEST, rec, start, "bottle: the request body could not be read (malformed chunked encoding or the client went away)")
+        };
+        let Ok(body) = first_frame_read(body).await else {
+            return body_refusal();
+        };
         let to = Destination {
             scheme: target.scheme,
             host: &target.host,
@@ -749,23 +774,8 @@ impl Proxy {
                 reason,
                 rule,
             } => {
-                // The upstream request fails when the body the proxy feeds
-                // it stops: a secret found mid-stream, or the agent's own
-                // body broken. Those are the proxy's to name.
-                if let Some(f) = finding.lock().ok().and_then(|s| *s) {
-                    return blocked(f.reason());
-                }
-                if client_failed.load(Ordering::Relaxed) {
-                    let rec = self.record(
-                        Decision::Error,
-                        &host_s,
-                        target.port,
-                        &method,
-                        &pq,
-                        "bad_request_body",
-                        &target.rule,
-                    );
-                    return self.refuse(StatusCode::BAD_REQUEST, rec, start, "bottle: the request body could not be read (malformed chunked encoding or the client went away)");
+                if body_stopped() {
+                    return body_refusal();
                 }
                 (decision, reason, rule)
             }

@@ -63,6 +63,36 @@ async fn secret_split_across_body_chunks_is_blocked_before_any_of_it_leaves() {
     );
 }
 
+/// A body refused at its first bytes opens no upstream connection at all
+/// (not even a TCP connect with nothing sent): the upstream of an allowed
+/// host learns nothing of a request the bundle refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_at_the_start_of_a_body_opens_no_upstream_connection() {
+    let env = Env::start(Options::default()).await;
+    let port = env.upstream.http.port();
+    let body = format!("key={AWS}");
+    let req = format!(
+        "POST http://{ALLOWED}:{port}/up HTTP/1.1\r\nHost: {ALLOWED}:{port}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let resp = env.raw(req.as_bytes()).await;
+    assert_eq!(resp.status, 403, "{}", resp.text());
+    // The positive control: the same request without the secret connects.
+    let clean = "key=nothing";
+    let req = format!(
+        "POST http://{ALLOWED}:{port}/up HTTP/1.1\r\nHost: {ALLOWED}:{port}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{clean}",
+        clean.len()
+    );
+    let resp = env.raw(req.as_bytes()).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(
+        env.upstream.accepted(),
+        1,
+        "only the clean request may reach the upstream: {:?}",
+        env.upstream.seen()
+    );
+}
+
 /// A gzip stream of `data`.
 fn gzip(data: &[u8]) -> Vec<u8> {
     let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());

@@ -55,6 +55,8 @@ pub(crate) struct Upstream {
     pub seen: Arc<Mutex<Vec<Seen>>>,
     /// Every request body byte that arrived, complete requests or not.
     pub received: Arc<Mutex<Vec<u8>>>,
+    /// TCP connections accepted, on either port, whatever they carried.
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
     pub root_pem: PathBuf,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -185,15 +187,18 @@ impl Upstream {
         let https_l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = http_l.local_addr().unwrap();
         let https = https_l.local_addr().unwrap();
-        let (s1, r1) = (seen.clone(), received.clone());
+        let accepted: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let (s1, r1, a1) = (seen.clone(), received.clone(), accepted.clone());
         let t1 = tokio::spawn(async move {
             while let Ok((s, _)) = http_l.accept().await {
+                a1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 tokio::spawn(serve_conn(s, s1.clone(), r1.clone()));
             }
         });
-        let (s2, r2) = (seen.clone(), received.clone());
+        let (s2, r2, a2) = (seen.clone(), received.clone(), accepted.clone());
         let t2 = tokio::spawn(async move {
             while let Ok((s, _)) = https_l.accept().await {
+                a2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let acceptor = acceptor.clone();
                 let (seen, received) = (s2.clone(), r2.clone());
                 tokio::spawn(async move {
@@ -208,6 +213,7 @@ impl Upstream {
             https,
             seen,
             received,
+            accepted,
             root_pem,
             tasks: vec![t1, t2],
         }
@@ -219,6 +225,10 @@ impl Upstream {
 
     pub(crate) fn received(&self) -> Vec<u8> {
         self.received.lock().unwrap().clone()
+    }
+
+    pub(crate) fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
