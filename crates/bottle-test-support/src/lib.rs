@@ -11,7 +11,7 @@
 //! - [`temp_state_root`]: a private state root per test;
 //! - `corp_net` (feature `corp-net`): a TLS-re-signing "corporate
 //!   network" and the HTTPS upstreams behind it, for end-to-end tests;
-//! - [`bench`]: the `docker` baseline and table rows the Docker-backed
+//! - [`mod@bench`]: the `docker` baseline and table rows the Docker-backed
 //!   benches share;
 //! - `fuzz` (feature `fuzz`): the seeded fuzz campaign against the real
 //!   `bottle-bundle` binary, shared by its test and `cargo xtask fuzz`.
