@@ -29,7 +29,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::BundleError;
 use crate::allowlist::{Denial, Host, Policy, Verdict, normalize_host, parse_authority};
@@ -162,18 +162,21 @@ impl Proxy {
             let (stream, _, permit) =
                 crate::accept::next_connection(&listener, &slots, "proxy").await?;
             let this = self.clone();
+            // The connection's slot goes with each request, so a tunnel
+            // the connection becomes holds it after hyper lets go.
+            let slot = ConnectionSlot(Arc::new(permit));
             tokio::spawn(async move {
                 let io = TokioIo::new(IdleIo::new(
                     stream,
                     Duration::from_millis(this.limits.idle_timeout_ms),
                 ));
                 let svc_this = this.clone();
-                let svc = hyper::service::service_fn(move |req| {
+                let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+                    req.extensions_mut().insert(slot.clone());
                     let this = svc_this.clone();
                     async move { Ok::<_, std::convert::Infallible>(this.outer(req).await) }
                 });
                 let _ = this.http1().serve_connection(io, svc).with_upgrades().await;
-                drop(permit);
             });
         }
     }
@@ -795,14 +798,22 @@ fn secret_in_name_message(f: &crate::scan::Finding) -> String {
     )
 }
 
+/// One accepted connection's place under `max_connections`, shared by
+/// its requests: released when the connection and any tunnel it became
+/// have ended.
+#[derive(Clone)]
+struct ConnectionSlot(#[expect(dead_code, reason = "held, never read")] Arc<OwnedSemaphorePermit>);
+
 /// Answers a CONNECT `200` and hands the connection, once hyper lets go of
-/// it, to `serve`.
+/// it, to `serve`; the tunnel keeps the connection's slot.
 fn open_tunnel<F, Fut>(req: Request<Incoming>, serve: F) -> Response<BoxBody>
 where
     F: FnOnce(TokioIo<hyper::upgrade::Upgraded>) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
+    let slot = req.extensions().get::<ConnectionSlot>().cloned();
     tokio::spawn(async move {
+        let _slot = slot;
         match hyper::upgrade::on(req).await {
             Ok(upgraded) => serve(TokioIo::new(upgraded)).await,
             Err(e) => crate::log!("proxy: CONNECT upgrade failed: {e}"),

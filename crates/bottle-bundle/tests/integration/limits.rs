@@ -148,3 +148,44 @@ async fn large_bodies_stream_both_ways() {
     let seen = env.upstream.seen();
     assert_eq!(seen.last().unwrap().body.len(), up.len());
 }
+
+/// `max_connections` counts a tunnel for as long as it lasts, not only
+/// until the CONNECT is answered: with one slot, an open tunnel keeps the
+/// next connection waiting, and closing the tunnel lets it in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_tunnel_keeps_its_connection_slot() {
+    let env = Env::start(Options {
+        limits: BundleLimits {
+            max_connections: 1,
+            ..BundleLimits::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    let authority = format!("{ALLOWED}:{}", env.upstream.https.port());
+    let mut tunnel = env.tls(&authority, ALLOWED).await.unwrap();
+    tunnel
+        .write_all(format!("GET /first HTTP/1.1\r\nHost: {ALLOWED}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let resp = crate::support::read_response(&mut tunnel).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+
+    let port = env.upstream.http.port();
+    let request = format!(
+        "GET http://{ALLOWED}:{port}/second HTTP/1.1\r\nHost: {ALLOWED}:{port}\r\nConnection: close\r\n\r\n"
+    );
+    let second = env.raw(request.as_bytes());
+    tokio::pin!(second);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut second)
+            .await
+            .is_err(),
+        "a second connection was served while the tunnel held the only slot"
+    );
+    drop(tunnel);
+    let resp = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second connection is served once the tunnel closed");
+    assert_eq!(resp.status, 200, "{}", resp.text());
+}
