@@ -177,9 +177,11 @@ fn listed_spawn_sites(architecture_md: &str) -> Option<BTreeSet<String>> {
         let line = line.trim();
         if let Some(item) = line.strip_prefix("- `") {
             listed.insert(item.chars().take_while(|c| *c != '`').collect());
-        } else if !listed.is_empty() || line.starts_with('#') {
+        } else if (line.is_empty() && !listed.is_empty()) || line.starts_with('#') {
             break;
         }
+        // Otherwise the text before the first item, or a wrapped item's
+        // second line: the list goes on.
     }
     Some(listed)
 }
@@ -552,6 +554,16 @@ mod planted {
         assert_eq!(
             check_spawn_sites(&sources, ARCHITECTURE_MD),
             Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn a_wrapped_item_does_not_end_the_list() {
+        let md = "   **Spawn sites**:\n   - `a.rs` (a reason that\n     wraps)\n   - `b.rs`\n\n- `not/a/site.rs`\n";
+        let listed = listed_spawn_sites(md).unwrap();
+        assert_eq!(
+            listed.into_iter().collect::<Vec<_>>(),
+            ["a.rs".to_string(), "b.rs".to_string()]
         );
     }
 
