@@ -34,6 +34,7 @@ pub mod config;
 pub mod data;
 mod error;
 pub mod images;
+mod isolation;
 pub mod launch;
 pub mod lifecycle;
 pub mod names;

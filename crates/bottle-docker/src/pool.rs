@@ -47,6 +47,8 @@ use crate::client::Engine;
 use crate::config::BUNDLE_BINARY_PATH;
 use crate::data::{self, DockerPlan, STATE_LAYOUT_VERSION, StatePaths};
 use crate::error::DockerError;
+use crate::isolation;
+use crate::launch::LaunchMode;
 use crate::lifecycle;
 use crate::names::ResourceNames;
 use crate::reset::{DockerResetSubstrate, engine_facts, tree_hash};
@@ -592,90 +594,14 @@ fn isolated_as_launched(
     bundle: &ContainerInspectResponse,
 ) -> Result<(), String> {
     let data = &plan.backend_data;
-    if network.internal != Some(true) {
-        return Err(format!("network {network_name} is not internal"));
-    }
-    let inhibit = network
-        .options
-        .as_ref()
-        .and_then(|o| o.get(crate::config::OPT_INHIBIT_IPV4))
-        .map(String::as_str);
-    if inhibit != Some("true") {
-        return Err(format!(
-            "network {network_name} gives the host an address on the bridge"
-        ));
-    }
-    let subnets: Vec<String> = network
-        .ipam
-        .as_ref()
-        .and_then(|i| i.config.clone())
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|c| c.subnet)
-        .collect();
-    if subnets != [data.bundle.subnet.clone()] {
-        return Err(format!(
-            "network {network_name} has subnets {subnets:?}, planned {}",
-            data.bundle.subnet
-        ));
-    }
-    let endpoints = |inspect: &ContainerInspectResponse| {
-        inspect
-            .network_settings
-            .as_ref()
-            .and_then(|n| n.networks.clone())
-            .unwrap_or_default()
-    };
-    let bundle_networks = endpoints(bundle);
-    let bundle_ip = bundle_networks
-        .get(network_name)
-        .and_then(|e| e.ip_address.clone());
-    if bundle_ip.as_deref() != Some(&data.bundle.ip.to_string()) {
-        return Err(format!(
-            "the bundle is at {}, not at the pinned {}",
-            bundle_ip.unwrap_or_default(),
-            data.bundle.ip
-        ));
-    }
-    if !bundle_networks.contains_key(crate::names::EGRESS_NETWORK) {
-        return Err(format!(
-            "the bundle is not on {}",
-            crate::names::EGRESS_NETWORK
-        ));
-    }
-    let agent_networks = endpoints(agent);
-    let names: Vec<&String> = agent_networks.keys().collect();
-    if names != [network_name] {
-        return Err(format!(
-            "the agent is on networks {names:?}, not only {network_name}"
-        ));
-    }
-    let agent_ip = agent_networks
-        .get(network_name)
-        .and_then(|e| e.ip_address.clone());
-    if agent_ip.as_deref() != Some(&data.agent.ip.to_string()) {
-        return Err(format!(
-            "the agent is at {}, not at the pinned {}",
-            agent_ip.unwrap_or_default(),
-            data.agent.ip
-        ));
-    }
-    let host = agent.host_config.clone().unwrap_or_default();
-    if !host.cap_drop.unwrap_or_default().iter().any(|c| c == "ALL") {
-        return Err("the agent keeps capabilities".into());
-    }
-    if !host
-        .security_opt
-        .unwrap_or_default()
-        .iter()
-        .any(|o| o.starts_with("no-new-privileges"))
-    {
-        return Err("the agent may gain privileges".into());
-    }
-    if host.privileged == Some(true) {
-        return Err("the agent is privileged".into());
-    }
-    Ok(())
+    isolation::check_bottle_network(
+        network_name,
+        network,
+        &data.bundle.subnet,
+        LaunchMode::Bottle,
+    )?;
+    isolation::check_bundle(network_name, bundle, data.bundle.ip)?;
+    isolation::check_agent(network_name, agent, data.agent.ip)
 }
 
 /// One health probe of the bundle's proxy, from inside the bundle, at the

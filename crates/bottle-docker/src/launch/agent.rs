@@ -8,6 +8,7 @@
 use bollard::query_parameters::{CreateContainerOptionsBuilder, UploadToContainerOptionsBuilder};
 
 use super::{Launch, Step};
+use crate::isolation;
 use bottle_core::agent::AGENT_DIR;
 use bottle_core::ca_install::{self, CaBox, Entry, Refused, ToolRun};
 use bottle_core::display::escape_for_terminal;
@@ -260,44 +261,8 @@ impl<'a> Launch<'a, DockerPlanData> {
         let inspect = self.block(&format!("inspect container {agent}"), async {
             self.engine.docker.inspect_container(agent, None).await
         })?;
-        let refuse = |what: String| Err(DockerError::IsolationUnconfirmed { what });
-        if inspect.state.as_ref().and_then(|s| s.running) != Some(true) {
-            return refuse("the agent container is not running".into());
-        }
-        let networks = inspect
-            .network_settings
-            .and_then(|n| n.networks)
-            .unwrap_or_default();
-        let names: Vec<&String> = networks.keys().collect();
-        if names != [network] {
-            return refuse(format!(
-                "the agent is on networks {names:?}, not only {network}"
-            ));
-        }
-        let ip = networks.get(network).and_then(|e| e.ip_address.clone());
-        if ip.as_deref() != Some(&self.agent().ip.to_string()) {
-            return refuse(format!(
-                "the agent is at {}, not at the pinned {}",
-                ip.unwrap_or_default(),
-                self.agent().ip
-            ));
-        }
-        let host = inspect.host_config.unwrap_or_default();
-        if !host.cap_drop.unwrap_or_default().iter().any(|c| c == "ALL") {
-            return refuse("the agent keeps capabilities".into());
-        }
-        if !host
-            .security_opt
-            .unwrap_or_default()
-            .iter()
-            .any(|o| o.starts_with("no-new-privileges"))
-        {
-            return refuse("the agent may gain privileges".into());
-        }
-        if host.privileged == Some(true) {
-            return refuse("the agent is privileged".into());
-        }
-        Ok(())
+        isolation::check_agent(network, &inspect, self.agent().ip)
+            .map_err(|what| DockerError::IsolationUnconfirmed { what })
     }
 }
 

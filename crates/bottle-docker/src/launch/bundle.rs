@@ -20,10 +20,10 @@ use crate::bottle::{exec_captured, upload};
 use crate::client::Engine;
 use crate::config::{
     self, BUNDLE_BINARY_PATH, BUNDLE_CA_CERT, BUNDLE_CA_KEY, BUNDLE_CREDENTIALS_DIR,
-    OPT_INHIBIT_IPV4,
 };
 use crate::data::{self, CredentialRef};
 use crate::error::{DockerError, is_address_pool_full, is_not_found, is_pool_overlap};
+use crate::isolation;
 use crate::lifecycle;
 use crate::names::{EGRESS_NETWORK, role};
 use crate::tarball::{Ownership, TarBuilder, entry_name};
@@ -201,42 +201,8 @@ impl<'a, D> Launch<'a, D> {
         let inspect = self.block(&format!("inspect network {network}"), async {
             self.engine.docker.inspect_network(network, None).await
         })?;
-        let refuse = |what: String| Err(DockerError::IsolationUnconfirmed { what });
-        if inspect.internal != Some(true) {
-            return refuse(format!("network {network} is not internal"));
-        }
-        let inhibit = inspect
-            .options
-            .as_ref()
-            .and_then(|o| o.get(OPT_INHIBIT_IPV4))
-            .map(String::as_str);
-        match self.mode {
-            LaunchMode::Bottle if inhibit != Some("true") => {
-                return refuse(format!(
-                    "network {network} gives the host an address on the bridge ({OPT_INHIBIT_IPV4} is not set)"
-                ));
-            }
-            LaunchMode::BundleForVm if inhibit == Some("true") => {
-                return refuse(format!(
-                    "network {network} gives the host no address on the bridge ({OPT_INHIBIT_IPV4} is set), so smolvm could not dial the bundle"
-                ));
-            }
-            _ => {}
-        }
-        let subnets: Vec<String> = inspect
-            .ipam
-            .and_then(|i| i.config)
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|c| c.subnet)
-            .collect();
-        if subnets != [self.bundle.subnet.clone()] {
-            return refuse(format!(
-                "network {network} has subnets {subnets:?}, planned {}",
-                self.bundle.subnet
-            ));
-        }
-        Ok(())
+        isolation::check_bottle_network(network, &inspect, &self.bundle.subnet, self.mode)
+            .map_err(|what| DockerError::IsolationUnconfirmed { what })
     }
 
     /// Why the bundle did not start: the egress network's address pool is
@@ -372,26 +338,8 @@ impl<'a, D> Launch<'a, D> {
         let inspect = self.block(&format!("inspect container {bundle}"), async {
             self.engine.docker.inspect_container(bundle, None).await
         })?;
-        let networks = inspect
-            .network_settings
-            .and_then(|n| n.networks)
-            .unwrap_or_default();
-        let ip = networks.get(network).and_then(|e| e.ip_address.clone());
-        if ip.as_deref() != Some(&self.bundle.ip.to_string()) {
-            return Err(DockerError::IsolationUnconfirmed {
-                what: format!(
-                    "the bundle is at {} on {network}, not at the pinned {}",
-                    ip.unwrap_or_else(|| "no address".into()),
-                    self.bundle.ip
-                ),
-            });
-        }
-        if !networks.contains_key(EGRESS_NETWORK) {
-            return Err(DockerError::IsolationUnconfirmed {
-                what: format!("the bundle is not on {EGRESS_NETWORK}"),
-            });
-        }
-        Ok(())
+        isolation::check_bundle(network, &inspect, self.bundle.ip)
+            .map_err(|what| DockerError::IsolationUnconfirmed { what })
     }
 
     /// Polls the proxy's health endpoint on the bundle's bottle-network
