@@ -96,6 +96,10 @@ pub(crate) enum Command {
     /// Finishes a stop `bottle stop` began (run by `stop`, detached).
     #[command(name = "__finish-stop", hide = true)]
     FinishStop(FinishStopArgs),
+    /// Tops up an agent's pool to its manifest size (run by a `start`
+    /// that claimed a pooled bottle, detached).
+    #[command(name = "__refill-pool", hide = true)]
+    RefillPool(RefillPoolArgs),
 }
 
 /// `bottle start`.
@@ -170,6 +174,13 @@ pub(crate) struct SessionHostArgs {
 pub(crate) struct FinishStopArgs {
     /// The bottle whose stop it finishes.
     pub bottle: String,
+}
+
+/// `bottle __refill-pool`.
+#[derive(Debug, Args)]
+pub(crate) struct RefillPoolArgs {
+    /// The agent whose pool it fills.
+    pub agent: String,
 }
 
 /// `bottle cp`.

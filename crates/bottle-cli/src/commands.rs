@@ -34,6 +34,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
             crate::session::host::run(global, &args.bottle, &args.command)
         }
         Command::FinishStop(args) => crate::stop::finish(global, &args.bottle),
+        Command::RefillPool(args) => crate::pool::refill(global, &args.agent),
         Command::Exec(args) => exec(global, &args),
         Command::Execute(args) => crate::execute::run(global, &args),
         Command::Cp(args) => cp(global, &args),

@@ -1,10 +1,12 @@
 //! `bottle pool fill|list|drain`, and `start`'s claim of a pooled bottle
 //! (`bottle_docker::pool` holds the entries and their checks).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use bottle_core::display::escape_for_terminal;
+use bottle_core::exec::{CommandRunner as _, CommandSpec, SystemRunner};
+use bottle_core::slug;
 use bottle_core::{BackendKind, BottleLauncher as _, BottleSpec, Plan};
 use bottle_docker::DockerBackend;
 
@@ -13,6 +15,9 @@ use crate::backends::{self, AnyBackend};
 use crate::commands::{Started, confirm, launch_interruptibly, load_manifest, state_root};
 use crate::failure::{EXIT_DECLINED, EXIT_USAGE, Failure};
 use crate::output::{self, note, out};
+
+/// The hidden subcommand a claiming `start` runs to top the pool up.
+pub(crate) const REFILL_SUBCOMMAND: &str = "__refill-pool";
 
 /// The most entries one agent's pool holds: each is a running bottle.
 const MAX_POOL: u32 = 64;
@@ -77,6 +82,9 @@ fn fill(global: &Global, agent: &str, count: Option<u32>) -> Result<ExitCode, Fa
     }
     let backend = docker(global)?;
     let root = state_root()?;
+    // Counted and filled under the agent's lock, so two fills at once (an
+    // operator's and a start's refill) do not both make the missing ones.
+    let _filling = fill_lock(&root, agent);
     let waiting = bottle_docker::pool::list(&root)
         .into_iter()
         .filter(|e| e.agent == agent && e.state == "ready")
@@ -228,9 +236,144 @@ pub(crate) fn start_claimed(
         global.quiet,
         &format!("claimed pooled bottle {}", plan.bottle),
     );
-    Ok(Some(started.run_agent(
-        backend,
-        Box::new(bottle),
-        &plan.command,
-    )?))
+    // The refill competes with the agent for the daemon: a detached agent
+    // is running once `run_agent` returns; an attached one holds the
+    // terminal until it ends, so its refill starts first.
+    let refill = spec.agent.pool.is_some();
+    if refill && !args.detach {
+        spawn_refill(global, spec);
+    }
+    let code = started.run_agent(backend, Box::new(bottle), &plan.command)?;
+    if refill && args.detach {
+        spawn_refill(global, spec);
+    }
+    Ok(Some(code))
+}
+
+/// Starts `bottle __refill-pool` for the agent, detached, with the same
+/// manifest; its output goes to the agent's refill log in the state root.
+/// A refill that cannot start is a warning: the claimed bottle runs.
+fn spawn_refill(global: &Global, spec: &BottleSpec) {
+    if let Err(why) = try_spawn_refill(global, &spec.agent_name) {
+        note(
+            global.quiet,
+            &format!(
+                "warning: the pool of {agent} is not refilled ({why}); `bottle pool fill {agent}` fills it",
+                agent = spec.agent_name,
+                why = escape_for_terminal(&why),
+            ),
+        );
+    }
+}
+
+fn try_spawn_refill(global: &Global, agent: &str) -> Result<(), String> {
+    let root = bottle_core::state::state_root(|key| std::env::var(key).ok())
+        .map_err(|err| err.to_string())?;
+    let exe =
+        std::env::current_exe().map_err(|err| format!("cannot find this bottle binary: {err}"))?;
+    let manifest = std::fs::canonicalize(&global.manifest)
+        .map_err(|err| format!("{}: {err}", global.manifest.display()))?;
+    let log = refill_log(&root, agent);
+    if let Some(dir) = log.parent() {
+        std::fs::create_dir_all(dir).map_err(|err| format!("{}: {err}", dir.display()))?;
+    }
+    SystemRunner
+        .spawn_detached(&refill_spec(&exe, &manifest, agent), &log)
+        .map(drop)
+        .map_err(|err| err.to_string())
+}
+
+/// The refiller's invocation: this `bottle`, on docker, with the
+/// manifest by its absolute path (it runs from `/`).
+fn refill_spec(bottle_exe: &Path, manifest: &Path, agent: &str) -> CommandSpec {
+    CommandSpec::new(bottle_exe)
+        .arg("--backend")
+        .arg("docker")
+        .arg("--manifest")
+        .arg(manifest)
+        .args(["--yes", "--quiet", REFILL_SUBCOMMAND, agent])
+        .cwd("/")
+}
+
+/// `bottle __refill-pool AGENT`: leaves the operator's session, then fills
+/// the agent's pool to the size its manifest gives.
+pub(crate) fn refill(global: &Global, agent: &str) -> Result<ExitCode, Failure> {
+    // First, so the operator's terminal closing cannot signal us; then let
+    // go of whatever `start` inherited.
+    let _ = rustix::process::setsid();
+    let _ = crate::session::host::close_inherited_fds();
+    fill(global, agent, None)
+}
+
+/// Where an agent's refills write what they did and why one failed.
+pub(crate) fn refill_log(root: &Path, agent: &str) -> PathBuf {
+    root.join(".cache")
+        .join(format!("pool-refill-{}.log", file_stem(agent)))
+}
+
+/// An agent's name as a file name: its slug (agent names are the
+/// operator's, but a file name must not climb out of the directory).
+fn file_stem(agent: &str) -> String {
+    slug::slugify(agent).unwrap_or_else(|_| "agent".into())
+}
+
+/// The agent's fill lock; best effort (a lock file that cannot be opened,
+/// another user's, leaves the fill unlocked).
+fn fill_lock(root: &Path, agent: &str) -> Option<nix::fcntl::Flock<std::fs::File>> {
+    let dir = root.join(".cache");
+    std::fs::create_dir_all(&dir).ok()?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(format!("pool-fill-{}.lock", file_stem(agent))))
+        .ok()?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::args::{Cli, Command};
+    use clap::Parser as _;
+
+    #[test]
+    fn the_refiller_is_this_bottle_filling_the_agents_pool_from_the_same_manifest() {
+        let spec = refill_spec(
+            Path::new("/usr/bin/bottle"),
+            Path::new("/home/op/bottle.toml"),
+            "claude",
+        );
+        let argv = spec.argv();
+        assert_eq!(
+            argv,
+            [
+                "/usr/bin/bottle",
+                "--backend",
+                "docker",
+                "--manifest",
+                "/home/op/bottle.toml",
+                "--yes",
+                "--quiet",
+                REFILL_SUBCOMMAND,
+                "claude"
+            ]
+        );
+        assert_eq!(spec.cwd.as_deref(), Some(Path::new("/")));
+        let cli = Cli::try_parse_from(&argv).unwrap();
+        assert!(cli.global.yes && cli.global.quiet);
+        assert_eq!(cli.global.manifest, Path::new("/home/op/bottle.toml"));
+        let Command::RefillPool(args) = cli.command else {
+            panic!("{REFILL_SUBCOMMAND} parsed as another command");
+        };
+        assert_eq!(args.agent, "claude");
+    }
+
+    #[test]
+    fn each_agent_has_its_own_refill_log_named_safely() {
+        let root = Path::new("/state");
+        let log = refill_log(root, "../../etc/x");
+        assert_eq!(log.parent(), Some(root.join(".cache").as_path()));
+        assert_ne!(refill_log(root, "a"), refill_log(root, "b"));
+    }
 }

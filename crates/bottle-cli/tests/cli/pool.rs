@@ -32,10 +32,15 @@ impl World {
     }
 
     fn write_manifest(&self, allow: &str) {
+        self.write_agent(allow, "");
+    }
+
+    /// The agent with `extra` lines in its table (e.g. `pool = 1`).
+    fn write_agent(&self, allow: &str, extra: &str) {
         std::fs::write(
             self.manifest(),
             format!(
-                "[agents.pooled]\nimage = \"{IMAGE}\"\ncommand = [\"/bin/sh\", \"-c\", \"echo hello-from-the-pool\"]\n\n[agents.pooled.egress]\nallow = [\"{allow}\"]\n"
+                "[agents.pooled]\nimage = \"{IMAGE}\"\ncommand = [\"/bin/sh\", \"-c\", \"echo hello-from-the-pool\"]\n{extra}\n[agents.pooled.egress]\nallow = [\"{allow}\"]\n"
             ),
         )
         .unwrap();
@@ -316,6 +321,65 @@ fn a_pool_is_claimed_checked_refused_when_changed_and_drained() {
         "{:?}",
         state_dirs(&world.state())
     );
+}
+
+/// An agent whose manifest sets `pool = 1` is kept topped up: the start
+/// that claims its entry refills the pool in the background, and an
+/// operator's fill at the same time does not make a second one (both
+/// count under the agent's fill lock).
+#[test]
+fn a_manifest_pool_is_refilled_after_a_claim_exactly_once() {
+    let test = "a_manifest_pool_is_refilled_after_a_claim_exactly_once";
+    let _serial = crate::one_launch_at_a_time();
+    let Some(engine) =
+        crate::docker_with_demo_image(test, IMAGE, &["BOTTLE_BUNDLE_BIN", "BOTTLE_TOOLBOX_BIN"])
+    else {
+        return;
+    };
+    let world = World {
+        dir: tempfile::tempdir().unwrap(),
+    };
+    world.write_agent("api.example.com", "pool = 1\n");
+    world.run(&["pool", "fill", "pooled"]);
+    let first = world.ready();
+    assert_eq!(first.len(), 1, "{first:?}");
+
+    let (claimed, stderr) = world.run(&["start", "pooled", "--detach"]);
+    assert!(stderr.contains("claimed pooled bottle"), "{stderr}");
+    assert_eq!(claimed.trim(), first[0]);
+    // The operator fills at the same moment as the refill runs.
+    world.run(&["pool", "fill", "pooled"]);
+
+    let log = world
+        .state()
+        .join("bottle")
+        .join(".cache")
+        .join("pool-refill-pooled.log");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .trim()
+        .is_empty()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no refill finished within 120 s ({} missing or empty)",
+            log.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    let refilled = world.ready();
+    assert_eq!(
+        refilled.len(),
+        1,
+        "{refilled:?}; refill log: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert_ne!(refilled[0], first[0]);
+
+    world.run(&["stop", claimed.trim()]);
+    world.run(&["pool", "drain", "pooled"]);
+    assert!(leftovers(&engine).is_empty(), "{:?}", leftovers(&engine));
 }
 
 /// What `bottle pool fill` refuses before it touches any backend: another

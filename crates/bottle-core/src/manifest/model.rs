@@ -63,7 +63,8 @@ pub struct Agent {
     #[serde(default)]
     pub limits: Limits,
     /// How many prepared bottles `bottle pool fill <agent>` keeps ready
-    /// when it is given no count.
+    /// when it is given no count; with it set, each `start` that claims a
+    /// pooled bottle refills the pool in the background.
     pub pool: Option<u32>,
 }
 
