@@ -843,6 +843,10 @@ mod tests {
             ..Default::default()
         };
         let agent = ContainerInspectResponse {
+            state: Some(bollard::models::ContainerState {
+                running: Some(true),
+                ..Default::default()
+            }),
             network_settings: on(&[("bot-bottle-demo", "192.168.40.3")]),
             host_config: Some(HostConfig {
                 cap_drop: Some(vec!["ALL".into()]),
