@@ -186,7 +186,8 @@ impl<'a> Launch<'a, DockerPlanData> {
 
     /// Installs the bundle's CA as [`bottle_core::ca_install`] defines:
     /// files through the archive API (no shell needed), the image's trust
-    /// tool through an exec as root. Returns the report's warnings.
+    /// tool through an exec as root, the survey of the image taken once per
+    /// image ID. Returns the report's warnings.
     fn provision_ca(&self, agent: &str) -> Result<Vec<String>, DockerError> {
         let cert_path = self.paths.ca_cert();
         let cert = std::fs::read(&cert_path).map_err(DockerError::io("read", cert_path))?;
@@ -194,7 +195,18 @@ impl<'a> Launch<'a, DockerPlanData> {
             engine: self.engine,
             container: agent,
         };
-        let report = ca_install::install(&mut target, &cert)?;
+        // The survey of the image is remembered by its ID; the install
+        // itself runs in every bottle.
+        let image_id = &self.agent().image_id;
+        let trust = match self.settings.ca_surveys.lookup(image_id) {
+            Some(trust) => trust,
+            None => {
+                let trust = ca_install::survey(&mut target)?;
+                self.settings.ca_surveys.store(image_id, &trust);
+                trust
+            }
+        };
+        let report = ca_install::install_surveyed(&mut target, &cert, &trust)?;
         self.note(&format!("ca: installed at {}", report.installed.join(", ")));
         if !report.ran.is_empty() {
             self.note(&format!("ca: ran {}", report.ran.join(", ")));

@@ -64,6 +64,8 @@ pub struct LaunchSettings {
     pub interrupt: bottle_core::undo::Interrupt,
     /// `bottle start --timings`: every step ends a lap.
     pub timeline: Option<bottle_core::timeline::Timeline>,
+    /// The agent images' CA surveys, remembered by image ID.
+    pub ca_surveys: crate::cache::CaSurveyCache,
 }
 
 /// One launch in progress: what it runs on, what it brings up, and what
