@@ -203,6 +203,13 @@ enum BundleFound {
 }
 
 impl ImageTrust {
+    /// Whether installing will run one of the image's trust tools, which
+    /// needs the box running; without one the install only looks at and
+    /// writes files, which a backend may do before the box starts.
+    pub fn runs_a_tool(&self) -> bool {
+        self.anchors.iter().any(|found| found.tool)
+    }
+
     /// Whether this survey has the shape this version of bottle makes: one
     /// entry per anchor and per bundle, absolute paths, a known `timeout`.
     /// A backend checks a remembered survey with it and surveys again when
@@ -526,10 +533,7 @@ type FileRead = (Vec<u8>, u32);
 
 /// Where `path` leads, following symlinks (at most [`MAX_LINK_DEPTH`]),
 /// and the contents and mode of the regular file it leads to.
-fn walk<B: CaBox>(
-    target: &mut B,
-    path: &str,
-) -> Result<(BundleFound, Option<FileRead>), B::Error> {
+fn walk<B: CaBox>(target: &mut B, path: &str) -> Result<(BundleFound, Option<FileRead>), B::Error> {
     let mut current = path.to_string();
     for _ in 0..=MAX_LINK_DEPTH {
         match target.entry(&current)? {

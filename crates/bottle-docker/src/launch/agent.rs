@@ -68,6 +68,9 @@ impl<'a> Launch<'a, DockerPlanData> {
         })?;
         self.note(&toolbox_note);
         upload(self.engine, agent, tar)?;
+        // While the bundle starts: an image without a trust tool gets its
+        // CA now, through the archive API alone.
+        let ca = self.install_ca_before_start(agent)?;
         self.step_done(Step::AgentFiles)?;
 
         self.provision_prompt(agent)?;
@@ -103,8 +106,15 @@ impl<'a> Launch<'a, DockerPlanData> {
         self.verify_agent(network, agent)?;
         self.step_done(Step::AgentVerify)?;
 
-        // After the start: the image's trust tool runs through an exec.
-        let mut warnings = self.provision_ca(agent)?;
+        // An image with a trust tool gets its CA now: the tool runs through
+        // an exec.
+        let mut warnings = match ca {
+            CaInstall::Done(report) => self.report_ca(report, true),
+            CaInstall::AfterStart(trust) => {
+                let report = self.install_ca(agent, &trust)?;
+                self.report_ca(report, false)
+            }
+        };
         self.step_done(Step::ProvisionCa)?;
 
         if self.bundle.git.is_empty() {
@@ -184,34 +194,61 @@ impl<'a> Launch<'a, DockerPlanData> {
         Ok(())
     }
 
+    /// The survey of the agent's image (remembered by image ID), and the
+    /// CA installed from it already when that needs no running box (no
+    /// trust tool to run).
+    fn install_ca_before_start(&self, agent: &str) -> Result<CaInstall, DockerError> {
+        let image_id = &self.agent().image_id;
+        let trust = match self.settings.ca_surveys.lookup(image_id) {
+            Some(trust) => trust,
+            None => {
+                let mut target = ContainerCaBox {
+                    engine: self.engine,
+                    container: agent,
+                };
+                let trust = ca_install::survey(&mut target)?;
+                self.settings.ca_surveys.store(image_id, &trust);
+                trust
+            }
+        };
+        if trust.runs_a_tool() {
+            return Ok(CaInstall::AfterStart(trust));
+        }
+        Ok(CaInstall::Done(self.install_ca(agent, &trust)?))
+    }
+
     /// Installs the bundle's CA as [`bottle_core::ca_install`] defines:
     /// files through the archive API (no shell needed), the image's trust
-    /// tool through an exec as root, the survey of the image taken once per
-    /// image ID. Returns the report's warnings.
-    fn provision_ca(&self, agent: &str) -> Result<Vec<String>, DockerError> {
+    /// tool through an exec as root.
+    fn install_ca(
+        &self,
+        agent: &str,
+        trust: &ca_install::ImageTrust,
+    ) -> Result<ca_install::CaInstallReport, DockerError> {
         let cert_path = self.paths.ca_cert();
         let cert = std::fs::read(&cert_path).map_err(DockerError::io("read", cert_path))?;
         let mut target = ContainerCaBox {
             engine: self.engine,
             container: agent,
         };
-        // The survey of the image is remembered by its ID; the install
-        // itself runs in every bottle.
-        let image_id = &self.agent().image_id;
-        let trust = match self.settings.ca_surveys.lookup(image_id) {
-            Some(trust) => trust,
-            None => {
-                let trust = ca_install::survey(&mut target)?;
-                self.settings.ca_surveys.store(image_id, &trust);
-                trust
-            }
+        ca_install::install_surveyed(&mut target, &cert, trust)
+    }
+
+    /// Says where the CA went; returns the report's warnings.
+    fn report_ca(&self, report: ca_install::CaInstallReport, before_start: bool) -> Vec<String> {
+        let when = if before_start {
+            " (before the agent's start)"
+        } else {
+            ""
         };
-        let report = ca_install::install_surveyed(&mut target, &cert, &trust)?;
-        self.note(&format!("ca: installed at {}", report.installed.join(", ")));
+        self.note(&format!(
+            "ca: installed at {}{when}",
+            report.installed.join(", ")
+        ));
         if !report.ran.is_empty() {
             self.note(&format!("ca: ran {}", report.ran.join(", ")));
         }
-        Ok(report.warnings)
+        report.warnings
     }
 
     /// The MCP config naming supervise went in with the agent's files
@@ -276,6 +313,14 @@ impl<'a> Launch<'a, DockerPlanData> {
         isolation::check_agent(network, &inspect, self.agent().ip)
             .map_err(|what| DockerError::IsolationUnconfirmed { what })
     }
+}
+
+/// Where the agent's CA install stands once its files are in.
+enum CaInstall {
+    /// Installed before the start (the image has no trust tool).
+    Done(ca_install::CaInstallReport),
+    /// To install after the start, from this survey: a tool runs.
+    AfterStart(ca_install::ImageTrust),
 }
 
 /// The agent container as [`ca_install`] sees it.
