@@ -1,9 +1,10 @@
 //! A docker bottle's launch: the bundle's steps around the agent
 //! container's. The agent is created pinned at `.3` on the bottle network
-//! alone, given its keep-alive, prompt and skills, started while the
-//! bundle (started ahead) is checked, and verified isolated before its CA is installed (the
-//! image's trust tool runs through an exec), the MCP config is written, the
-//! golden snapshot for reset is taken and the launch is marked complete; nothing of the agent runs until then.
+//! alone, given its keep-alive, prompt, skills and (when its image has no
+//! trust tool to run) its CA, started while the bundle (started ahead) is
+//! checked, and verified isolated before an image's trust tool installs
+//! its CA through an exec, the golden snapshot for reset is taken and the
+//! launch is marked complete; nothing of the agent runs until then.
 
 use bollard::query_parameters::{CreateContainerOptionsBuilder, UploadToContainerOptionsBuilder};
 
@@ -202,11 +203,7 @@ impl<'a> Launch<'a, DockerPlanData> {
         let trust = match self.settings.ca_surveys.lookup(image_id) {
             Some(trust) => trust,
             None => {
-                let mut target = ContainerCaBox {
-                    engine: self.engine,
-                    container: agent,
-                };
-                let trust = ca_install::survey(&mut target)?;
+                let trust = ca_install::survey(&mut self.ca_box(agent))?;
                 self.settings.ca_surveys.store(image_id, &trust);
                 trust
             }
@@ -227,11 +224,15 @@ impl<'a> Launch<'a, DockerPlanData> {
     ) -> Result<ca_install::CaInstallReport, DockerError> {
         let cert_path = self.paths.ca_cert();
         let cert = std::fs::read(&cert_path).map_err(DockerError::io("read", cert_path))?;
-        let mut target = ContainerCaBox {
+        ca_install::install_surveyed(&mut self.ca_box(agent), &cert, trust)
+    }
+
+    /// The agent container as [`ca_install`] sees it.
+    fn ca_box<'b>(&'b self, agent: &'b str) -> ContainerCaBox<'b> {
+        ContainerCaBox {
             engine: self.engine,
             container: agent,
-        };
-        ca_install::install_surveyed(&mut target, &cert, trust)
+        }
     }
 
     /// Says where the CA went; returns the report's warnings.
