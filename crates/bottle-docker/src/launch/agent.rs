@@ -69,9 +69,9 @@ impl<'a> Launch<'a, DockerPlanData> {
         })?;
         self.note(&toolbox_note);
         upload(self.engine, agent, tar)?;
-        // While the bundle starts: an image without a trust tool gets its
-        // CA now, through the archive API alone.
-        let ca = self.install_ca_before_start(agent)?;
+        // An image without a trust tool gets its CA through the archive
+        // API alone, on a thread, while both containers start.
+        self.ca_installing = Some(self.spawn_ca_install(agent));
         self.step_done(Step::AgentFiles)?;
 
         self.provision_prompt(agent)?;
@@ -109,6 +109,14 @@ impl<'a> Launch<'a, DockerPlanData> {
 
         // An image with a trust tool gets its CA now: the tool runs through
         // an exec.
+        let ca = match self.ca_installing.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(installed)) => installed?,
+            Some(Err(_)) | None => {
+                return Err(DockerError::PlanData {
+                    detail: "installing the CA panicked".into(),
+                });
+            }
+        };
         let mut warnings = match ca {
             CaInstall::Done(report) => self.report_ca(report, true),
             CaInstall::AfterStart(trust) => {
@@ -195,23 +203,40 @@ impl<'a> Launch<'a, DockerPlanData> {
         Ok(())
     }
 
-    /// The survey of the agent's image (remembered by image ID), and the
-    /// CA installed from it already when that needs no running box (no
-    /// trust tool to run).
-    fn install_ca_before_start(&self, agent: &str) -> Result<CaInstall, DockerError> {
-        let image_id = &self.agent().image_id;
-        let trust = match self.settings.ca_surveys.lookup(image_id) {
-            Some(trust) => trust,
-            None => {
-                let trust = ca_install::survey(&mut self.ca_box(agent))?;
-                self.settings.ca_surveys.store(image_id, &trust);
-                trust
+    /// Starts, on a thread, the survey of the agent's image (remembered by
+    /// image ID) and, when that needs no running box (no trust tool to
+    /// run), the CA's install from it. The archive API works on a created
+    /// or starting container alike, and nothing of the agent runs before
+    /// `provision-ca` joins it.
+    fn spawn_ca_install(&self, agent: &str) -> super::CaInstalling {
+        let engine = self.engine.clone();
+        let container = agent.to_string();
+        let image_id = self.agent().image_id.clone();
+        let surveys = self.settings.ca_surveys.clone();
+        let cert_path = self.paths.ca_cert();
+        std::thread::spawn(move || {
+            let mut target = ContainerCaBox {
+                engine: &engine,
+                container: &container,
+            };
+            let trust = match surveys.lookup(&image_id) {
+                Some(trust) => trust,
+                None => {
+                    let trust = ca_install::survey(&mut target)?;
+                    surveys.store(&image_id, &trust);
+                    trust
+                }
+            };
+            if trust.runs_a_tool() {
+                return Ok(CaInstall::AfterStart(trust));
             }
-        };
-        if trust.runs_a_tool() {
-            return Ok(CaInstall::AfterStart(trust));
-        }
-        Ok(CaInstall::Done(self.install_ca(agent, &trust)?))
+            let cert = std::fs::read(&cert_path).map_err(DockerError::io("read", cert_path))?;
+            Ok(CaInstall::Done(ca_install::install_surveyed(
+                &mut target,
+                &cert,
+                &trust,
+            )?))
+        })
     }
 
     /// Installs the bundle's CA as [`bottle_core::ca_install`] defines:
@@ -224,21 +249,17 @@ impl<'a> Launch<'a, DockerPlanData> {
     ) -> Result<ca_install::CaInstallReport, DockerError> {
         let cert_path = self.paths.ca_cert();
         let cert = std::fs::read(&cert_path).map_err(DockerError::io("read", cert_path))?;
-        ca_install::install_surveyed(&mut self.ca_box(agent), &cert, trust)
-    }
-
-    /// The agent container as [`ca_install`] sees it.
-    fn ca_box<'b>(&'b self, agent: &'b str) -> ContainerCaBox<'b> {
-        ContainerCaBox {
+        let mut target = ContainerCaBox {
             engine: self.engine,
             container: agent,
-        }
+        };
+        ca_install::install_surveyed(&mut target, &cert, trust)
     }
 
     /// Says where the CA went; returns the report's warnings.
     fn report_ca(&self, report: ca_install::CaInstallReport, before_start: bool) -> Vec<String> {
         let when = if before_start {
-            " (before the agent's start)"
+            " (while the containers started)"
         } else {
             ""
         };
@@ -317,8 +338,9 @@ impl<'a> Launch<'a, DockerPlanData> {
 }
 
 /// Where the agent's CA install stands once its files are in.
-enum CaInstall {
-    /// Installed before the start (the image has no trust tool).
+pub(super) enum CaInstall {
+    /// Installed while the containers started (the image has no trust
+    /// tool).
     Done(ca_install::CaInstallReport),
     /// To install after the start, from this survey: a tool runs.
     AfterStart(ca_install::ImageTrust),
