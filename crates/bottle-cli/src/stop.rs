@@ -5,7 +5,8 @@
 //! longer run or reach anything. The backend's `begin_stop` records that
 //! the bottle is stopping and removes its boxes; `stop` then returns, and
 //! the finisher ends the session holder and removes the rest (network,
-//! state dir with its audit log kept, the egress network when unused). If
+//! state dir with its audit log kept; the shared egress network stays for
+//! the next launch until `cleanup`). If
 //! the finisher dies, the record makes `list` show the bottle as
 //! `stopping` and `cleanup` finish it, so nothing leaks. A backend with no
 //! faster first part (smolmachines) stops the bottle whole, as before.

@@ -162,22 +162,142 @@ impl CaInstallReport {
     }
 }
 
+/// What a box's image says about trusting a CA, looked up before the
+/// install writes anything: which anchor directories and trust tools it
+/// has, its `timeout`, where each system bundle leads, whether it has the
+/// hashed directory. It depends only on the image's content and the
+/// launch's fixed layout, so a backend may remember it by image ID
+/// ([`install_surveyed`] re-reads every file it writes to).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ImageTrust {
+    /// For each of [`ANCHORS`], in order: whether its directory exists and
+    /// whether its tool does.
+    anchors: Vec<AnchorFound>,
+    /// The first of [`TIMEOUT_PROGRAMS`] the image has; looked for only
+    /// when a tool will run.
+    timeout: Option<String>,
+    /// For each of [`SYSTEM_BUNDLES`], in order: where it leads.
+    bundles: Vec<BundleFound>,
+    /// Whether [`HASHED_DIR`] is a directory.
+    hashed_dir: bool,
+}
+
+/// One anchor's directory and tool, as found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct AnchorFound {
+    dir: bool,
+    tool: bool,
+}
+
+/// Where one system bundle's path leads, symlinks followed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+enum BundleFound {
+    /// Nothing, or a directory: not a bundle, and no warning.
+    Absent,
+    /// A regular file at this resolved path.
+    File(String),
+    /// A symlink chain ending at this path, which does not exist.
+    Dangling(String),
+    /// More than [`MAX_LINK_DEPTH`] symlinks.
+    TooLong,
+}
+
+impl ImageTrust {
+    /// Whether installing will run one of the image's trust tools, which
+    /// needs the box running; without one the install only looks at and
+    /// writes files, which a backend may do before the box starts.
+    pub fn runs_a_tool(&self) -> bool {
+        self.anchors.iter().any(|found| found.tool)
+    }
+
+    /// Whether this survey has the shape this version of bottle makes: one
+    /// entry per anchor and per bundle, absolute paths, a known `timeout`.
+    /// A backend checks a remembered survey with it and surveys again when
+    /// it fails.
+    pub fn is_well_formed(&self) -> bool {
+        let absolute = |path: &str| path.starts_with('/') && !path.contains('\0');
+        self.anchors.len() == ANCHORS.len()
+            && self.bundles.len() == SYSTEM_BUNDLES.len()
+            && self
+                .timeout
+                .as_deref()
+                .is_none_or(|program| TIMEOUT_PROGRAMS.contains(&program))
+            && self.bundles.iter().all(|bundle| match bundle {
+                BundleFound::File(path) | BundleFound::Dangling(path) => absolute(path),
+                BundleFound::Absent | BundleFound::TooLong => true,
+            })
+    }
+}
+
+/// Looks at everything [`install_surveyed`] needs to know of the image,
+/// writing nothing.
+pub fn survey<B: CaBox>(target: &mut B) -> Result<ImageTrust, B::Error> {
+    let mut anchors = Vec::with_capacity(ANCHORS.len());
+    for anchor in ANCHORS {
+        let dir = target.entry(anchor.dir)? == Entry::Dir;
+        let tool = is_program(&target.entry(anchor.tool[0])?);
+        anchors.push(AnchorFound { dir, tool });
+    }
+    let mut timeout = None;
+    if anchors.iter().any(|found| found.tool) {
+        for program in TIMEOUT_PROGRAMS {
+            if is_program(&target.entry(program)?) {
+                timeout = Some(program.to_string());
+                break;
+            }
+        }
+    }
+    let mut bundles = Vec::with_capacity(SYSTEM_BUNDLES.len());
+    for bundle in SYSTEM_BUNDLES {
+        bundles.push(walk(target, bundle)?.0);
+    }
+    let hashed_dir = target.entry(HASHED_DIR)? == Entry::Dir;
+    Ok(ImageTrust {
+        anchors,
+        timeout,
+        bundles,
+        hashed_dir,
+    })
+}
+
 /// Installs the PEM certificate `cert` in `target` as the image's tooling
 /// expects. Only a box that cannot be reached is an error; everything else
 /// is a warning in the report.
 pub fn install<B: CaBox>(target: &mut B, cert: &[u8]) -> Result<CaInstallReport, B::Error> {
+    let image = survey(target)?;
+    install_surveyed(target, cert, &image)
+}
+
+/// [`install`] with the image's [`survey`] already in hand (remembered by
+/// the backend). The survey only saves looking: the CA is written to
+/// `/etc/bottle`, every anchor and bundle it names, and each file is read
+/// from the box before the CA is appended to it. Once a trust tool has run
+/// the box is no longer the image, so the bundles and the hashed directory
+/// are looked at again.
+pub fn install_surveyed<B: CaBox>(
+    target: &mut B,
+    cert: &[u8],
+    image: &ImageTrust,
+) -> Result<CaInstallReport, B::Error> {
     let mut report = CaInstallReport::default();
     put(target, AGENT_CA_PATH, cert, 0o644, &mut report)?;
     let body = pem_body(cert);
 
-    for tool in install_anchors(target, cert, &mut report)? {
-        run_tool(target, tool, &mut report)?;
+    let tools = install_anchors(target, cert, &image.anchors, &mut report)?;
+    let tool_ran = !tools.is_empty();
+    for tool in tools {
+        run_tool(target, tool, image.timeout.as_deref(), &mut report)?;
     }
 
     let mut bundles = 0;
     let mut done: Vec<String> = Vec::new();
-    for bundle in SYSTEM_BUNDLES {
-        let Some((path, contents, mode)) = resolve_file(target, bundle, &mut report)? else {
+    for (bundle, found) in SYSTEM_BUNDLES.iter().zip(&image.bundles) {
+        let resolved = if tool_ran {
+            resolve_file(target, bundle, &mut report)?
+        } else {
+            surveyed_file(target, bundle, found, &mut report)?
+        };
+        let Some((path, contents, mode)) = resolved else {
             continue;
         };
         bundles += 1;
@@ -199,13 +319,45 @@ pub fn install<B: CaBox>(target: &mut B, cert: &[u8]) -> Result<CaInstallReport,
         ));
     }
 
-    if target.entry(HASHED_DIR)? == Entry::Dir {
+    let hashed_dir = if tool_ran {
+        target.entry(HASHED_DIR)? == Entry::Dir
+    } else {
+        image.hashed_dir
+    };
+    if hashed_dir {
         match crate::subject_hash::subject_hash(cert) {
             Ok(hash) => install_hashed(target, &hash, cert, &body, &mut report)?,
             Err(err) => report.warn(format!("ca: no entry in {HASHED_DIR}: {err}")),
         }
     }
     Ok(report)
+}
+
+/// The system bundle `bundle` as the survey `found` it: the file it led to
+/// is read now (a file that is no longer one is followed again from
+/// `bundle`), and a chain that led nowhere is warned about as
+/// [`resolve_file`] does.
+fn surveyed_file<B: CaBox>(
+    target: &mut B,
+    bundle: &str,
+    found: &BundleFound,
+    report: &mut CaInstallReport,
+) -> Result<Option<ResolvedFile>, B::Error> {
+    match found {
+        BundleFound::Absent => Ok(None),
+        BundleFound::File(path) => match target.entry(path)? {
+            Entry::File { contents, mode } => Ok(Some((path.clone(), contents, mode))),
+            _ => resolve_file(target, bundle, report),
+        },
+        BundleFound::Dangling(end) => {
+            report.warn(dangling(bundle, end));
+            Ok(None)
+        }
+        BundleFound::TooLong => {
+            report.warn(too_long(bundle));
+            Ok(None)
+        }
+    }
 }
 
 /// Writes the CA into every anchor directory the image has, and returns
@@ -215,14 +367,14 @@ pub fn install<B: CaBox>(target: &mut B, cert: &[u8]) -> Result<CaInstallReport,
 fn install_anchors<B: CaBox>(
     target: &mut B,
     cert: &[u8],
+    found: &[AnchorFound],
     report: &mut CaInstallReport,
 ) -> Result<Vec<&'static [&'static str]>, B::Error> {
-    let mut found = Vec::new();
-    for anchor in ANCHORS {
-        let dir = target.entry(anchor.dir)? == Entry::Dir;
-        let tool = is_program(&target.entry(anchor.tool[0])?);
-        found.push((anchor, dir, tool));
-    }
+    let found: Vec<(Anchor, bool, bool)> = ANCHORS
+        .iter()
+        .zip(found)
+        .map(|(anchor, found)| (*anchor, found.dir, found.tool))
+        .collect();
     let mut tools: Vec<&'static [&'static str]> = Vec::new();
     for (anchor, dir, tool) in &found {
         let first_of_its_tool = found
@@ -258,16 +410,10 @@ fn is_program(entry: &Entry) -> bool {
 fn run_tool<B: CaBox>(
     target: &mut B,
     tool: &[&str],
+    stopper: Option<&str>,
     report: &mut CaInstallReport,
 ) -> Result<(), B::Error> {
     let name = tool.join(" ");
-    let mut stopper = None;
-    for program in TIMEOUT_PROGRAMS {
-        if is_program(&target.entry(program)?) {
-            stopper = Some(program);
-            break;
-        }
-    }
     let seconds = TOOL_TIMEOUT.as_secs().to_string();
     let mut argv: Vec<&str> = match stopper {
         Some(program) => vec![program, "-s", "KILL", &seconds],
@@ -368,25 +514,47 @@ fn resolve_file<B: CaBox>(
     path: &str,
     report: &mut CaInstallReport,
 ) -> Result<Option<ResolvedFile>, B::Error> {
+    Ok(match walk(target, path)? {
+        (BundleFound::File(resolved), Some((contents, mode))) => Some((resolved, contents, mode)),
+        (BundleFound::Dangling(end), _) => {
+            report.warn(dangling(path, &end));
+            None
+        }
+        (BundleFound::TooLong, _) => {
+            report.warn(too_long(path));
+            None
+        }
+        _ => None,
+    })
+}
+
+/// A regular file's contents and permission bits.
+type FileRead = (Vec<u8>, u32);
+
+/// Where `path` leads, following symlinks (at most [`MAX_LINK_DEPTH`]),
+/// and the contents and mode of the regular file it leads to.
+fn walk<B: CaBox>(target: &mut B, path: &str) -> Result<(BundleFound, Option<FileRead>), B::Error> {
     let mut current = path.to_string();
     for _ in 0..=MAX_LINK_DEPTH {
         match target.entry(&current)? {
-            Entry::File { contents, mode } => return Ok(Some((current, contents, mode))),
-            Entry::Dir => return Ok(None),
-            Entry::Missing if current == path => return Ok(None),
-            Entry::Missing => {
-                report.warn(format!(
-                    "ca: {path} is a symlink to {current}, which does not exist; the CA is not in it"
-                ));
-                return Ok(None);
+            Entry::File { contents, mode } => {
+                return Ok((BundleFound::File(current), Some((contents, mode))));
             }
+            Entry::Dir => return Ok((BundleFound::Absent, None)),
+            Entry::Missing if current == path => return Ok((BundleFound::Absent, None)),
+            Entry::Missing => return Ok((BundleFound::Dangling(current), None)),
             Entry::Link(link) => current = join_link(&current, &link),
         }
     }
-    report.warn(format!(
-        "ca: {path} is a chain of more than {MAX_LINK_DEPTH} symlinks; the CA is not in it"
-    ));
-    Ok(None)
+    Ok((BundleFound::TooLong, None))
+}
+
+fn dangling(path: &str, end: &str) -> String {
+    format!("ca: {path} is a symlink to {end}, which does not exist; the CA is not in it")
+}
+
+fn too_long(path: &str) -> String {
+    format!("ca: {path} is a chain of more than {MAX_LINK_DEPTH} symlinks; the CA is not in it")
 }
 
 /// Where the symlink at `path` with target `link` points, as an absolute,
@@ -737,5 +905,79 @@ mod tests {
         );
         assert_eq!(join_link("/etc/ssl/cert.pem", "../../a/./b"), "/a/b");
         assert_eq!(join_link("/etc/ssl/cert.pem", "/abs"), "/abs");
+    }
+
+    /// A box with a bundle behind a link, a dangling bundle link and the
+    /// hashed directory, and no trust tool.
+    fn toolless_image() -> FakeBox {
+        FakeBox::default()
+            .dir("/etc/ssl/certs")
+            .link("/etc/ssl/cert.pem", "certs/ca-certificates.crt")
+            .file("/etc/ssl/certs/ca-certificates.crt", b"roots\n")
+            .link("/etc/ssl/ca-bundle.pem", "/nowhere.pem")
+    }
+
+    #[test]
+    fn an_install_from_a_remembered_survey_does_what_a_fresh_one_does() {
+        let fedora = || {
+            let mut image = FakeBox::default()
+                .dir("/etc/pki/ca-trust/source/anchors")
+                .file("/usr/bin/update-ca-trust", b"#!/bin/sh\n")
+                .file("/usr/bin/timeout", b"")
+                .file("/etc/pki/tls/certs/ca-bundle.crt", b"roots\n");
+            image.outcome = Some(ToolRun::Exited {
+                code: 0,
+                stderr: String::new(),
+            });
+            image
+        };
+        for image in [toolless_image as fn() -> FakeBox, fedora] {
+            let mut fresh = image();
+            let fresh_report = install(&mut fresh, CERT).unwrap();
+            // The survey of another box of the same image, as a cache
+            // would give it back.
+            let remembered: ImageTrust = serde_json::from_str(
+                &serde_json::to_string(&survey(&mut image()).unwrap()).unwrap(),
+            )
+            .unwrap();
+            assert!(remembered.is_well_formed());
+            let mut cached = image();
+            let cached_report = install_surveyed(&mut cached, CERT, &remembered).unwrap();
+            assert_eq!(cached_report, fresh_report);
+            assert_eq!(cached.entries, fresh.entries);
+            assert_eq!(cached.ran, fresh.ran);
+            assert!(!fresh_report.installed.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_surveyed_bundle_is_read_again_and_followed_again_when_it_moved() {
+        let remembered = survey(&mut toolless_image()).unwrap();
+        // The file the survey found is now a link elsewhere: the install
+        // follows it rather than trust the survey.
+        let mut target = toolless_image()
+            .link("/etc/ssl/certs/ca-certificates.crt", "/opt/roots.pem")
+            .file("/opt/roots.pem", b"other roots\n");
+        install_surveyed(&mut target, CERT, &remembered).unwrap();
+        let bundle = target.contents("/opt/roots.pem");
+        assert!(bundle.starts_with(b"other roots\n") && has_ca(&bundle));
+        assert!(has_ca(&target.contents(AGENT_CA_PATH)));
+    }
+
+    #[test]
+    fn a_survey_of_another_shape_is_not_well_formed() {
+        let good = survey(&mut toolless_image()).unwrap();
+        assert!(good.is_well_formed());
+        let mut short = good.clone();
+        short.bundles.pop();
+        let mut relative = good.clone();
+        relative.bundles[0] = BundleFound::File("etc/ssl/x".into());
+        let mut unknown_timeout = good.clone();
+        unknown_timeout.timeout = Some("/tmp/timeout".into());
+        let mut no_anchors = good;
+        no_anchors.anchors.clear();
+        for bad in [short, relative, unknown_timeout, no_anchors] {
+            assert!(!bad.is_well_formed(), "{bad:?}");
+        }
     }
 }

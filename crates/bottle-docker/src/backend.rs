@@ -451,6 +451,7 @@ impl DockerBackend {
             },
             interrupt: self.options.interrupt.clone(),
             timeline: self.options.timeline.clone(),
+            ca_surveys: crate::cache::CaSurveyCache::new(&self.options.state_root),
         })
     }
 

@@ -358,19 +358,7 @@ impl DigestCache {
     /// Remembers `digest` for `identity`; written aside and renamed, so a
     /// reader sees the old entry or the new one.
     fn store(cache: &Path, identity: &str, digest: &str) {
-        use std::os::unix::fs::DirBuilderExt as _;
-        let aside = cache.with_extension(format!("tmp{}", std::process::id()));
-        let written = cache.parent().is_some_and(|dir| {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .is_ok()
-        }) && std::fs::write(&aside, format!("{identity}\n{digest}\n")).is_ok()
-            && std::fs::rename(&aside, cache).is_ok();
-        if !written {
-            let _ = std::fs::remove_file(&aside);
-        }
+        crate::cache::store(cache, format!("{identity}\n{digest}\n").as_bytes());
     }
 }
 

@@ -19,7 +19,8 @@
 //! channel to it, `toolbox_stream` bridges its exec to that channel),
 //! [`reset`] (the verified reset's snapshot, revert and sources),
 //! [`config`] (pure request builders),
-//! [`images`], [`names`] (labels), [`data`] (plan data, state dir),
+//! [`images`], [`cache`] (facts remembered under `<state_root>/.cache/`),
+//! [`names`] (labels), [`data`] (plan data, state dir),
 //! [`vm_bundle`] (the bundle and the agent image of a microVM bottle,
 //! through bottle-core's `BundleHost` and `ImageStore`).
 //!
@@ -29,6 +30,7 @@
 
 pub mod backend;
 pub mod bottle;
+pub mod cache;
 pub mod client;
 pub mod config;
 pub mod data;

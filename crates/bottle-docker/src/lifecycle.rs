@@ -447,7 +447,6 @@ pub fn finish_stop(
         return Ok(report);
     }
     remove_resources(engine, &containers, &networks, &mut report);
-    remove_egress_into(engine, &mut report);
     Ok(report)
 }
 
@@ -472,8 +471,9 @@ fn lock_state_dir(dir: &Path) -> Option<nix::fcntl::Flock<std::fs::File>> {
 }
 
 /// Stops a bottle, or finishes one [`begin_stop`] left stopping: removes
-/// its containers (together), its network, its state dir, and the egress
-/// network if nothing else uses it. Stopping a bottle that is already gone
+/// its containers (together), its network and its state dir. The shared
+/// egress network stays for the next launch (creating it is a tenth of a
+/// cold start); `cleanup` removes it when no container uses it. Stopping a bottle that is already gone
 /// removes nothing and is not an error. A stopping bottle whose containers
 /// or network could not be removed keeps its state dir, and so its record,
 /// for `cleanup` to finish.
@@ -497,12 +497,6 @@ pub fn stop(engine: &Engine, state_root: &Path, name: &str) -> Result<CleanupRep
             format!("state dir {}", dir.display()),
             data::remove_state_dir(&dir),
         );
-    }
-    // Only a stop that found the bottle tidies the shared network: one of
-    // a name that never existed stays "no such bottle", whatever another
-    // bottle's stop left unused.
-    if !report.removed.is_empty() || !report.failed.is_empty() {
-        remove_egress_into(engine, &mut report);
     }
     Ok(report)
 }
@@ -575,15 +569,6 @@ pub(crate) fn remove_resources(
                 .failed
                 .push(format!("{} {}: {}", resource.kind, resource.name, err)),
         }
-    }
-}
-
-/// [`remove_egress_if_unused`], recorded in `report`.
-pub(crate) fn remove_egress_into(engine: &Engine, report: &mut CleanupReport) {
-    match remove_egress_if_unused(engine) {
-        Ok(true) => report.removed.push(format!("network {EGRESS_NETWORK}")),
-        Ok(false) => {}
-        Err(err) => report.failed.push(err.to_string()),
     }
 }
 

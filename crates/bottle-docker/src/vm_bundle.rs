@@ -121,7 +121,6 @@ impl DockerBundleHost {
                 data::remove_bundle_files(&dir),
             );
         }
-        lifecycle::remove_egress_into(engine, &mut report);
         Ok(report)
     }
 

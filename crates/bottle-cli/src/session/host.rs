@@ -71,6 +71,7 @@ pub(crate) fn run(
         .map_err(io_failure("record its identity"))?;
     become_stdio(&slave).map_err(io_failure("give the agent its terminal"))?;
     drop(slave);
+    super::signal_ready(&paths);
 
     let master = Arc::new(master);
     let session = Arc::new(Mutex::new(Shared::default()));

@@ -24,7 +24,7 @@ pub(crate) mod host;
 pub(crate) mod keys;
 
 use std::os::unix::fs::DirBuilderExt as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bottle_core::BackendKind;
@@ -61,6 +61,23 @@ pub(crate) fn host_spec(
         .cwd("/")
 }
 
+/// The named pipe the holder writes one byte to once it serves its
+/// socket: `start` waits on it (and on the holder's exit) rather than
+/// polling for the socket.
+pub(crate) fn ready_pipe(paths: &SessionPaths) -> PathBuf {
+    paths.dir.join("ready")
+}
+
+/// The holder's side of [`ready_pipe`]: one byte once it serves. Best
+/// effort: a `start` that is gone has no reader, and nothing waits.
+pub(crate) fn signal_ready(paths: &SessionPaths) {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::WRONLY | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    if let Ok(pipe) = rustix::fs::open(ready_pipe(paths), flags, Mode::empty()) {
+        let _ = rustix::io::write(&pipe, b"1");
+    }
+}
+
 /// Spawns the holder for the launched bottle `name` and waits until it
 /// serves its socket; a holder that dies first is reported with its log.
 pub(crate) fn spawn_host(
@@ -85,31 +102,94 @@ pub(crate) fn spawn_host(
         .mode(0o700)
         .create(&paths.dir)
         .map_err(|err| failed(format!("cannot create {}: {err}", paths.dir.display())))?;
+    // Opened for reading before the holder exists, so its byte always
+    // finds a reader.
+    let ready = open_ready_pipe(paths).map_err(|err| {
+        failed(format!(
+            "cannot make {}: {err}",
+            ready_pipe(paths).display()
+        ))
+    })?;
     let exe = std::env::current_exe()
         .map_err(|err| failed(format!("cannot find this bottle binary: {err}")))?;
-    let pid = runner
-        .spawn_detached(&host_spec(&exe, kind, name, command), &paths.log())
-        .map_err(|err| failed(err.to_string()))?;
-    let holder = Owner { pid, start: 0 };
-    let deadline = Instant::now() + READY_WITHIN;
-    loop {
-        // An agent that already ran to its end started too: the holder
-        // removed its socket and kept the output and exit code for attach.
-        if paths.socket().exists() || paths.exit_code().exists() {
-            return Ok(());
-        }
-        if !holder.is_alive() {
+    let spawned = runner.spawn_detached(&host_spec(&exe, kind, name, command), &paths.log());
+    let waited = spawned.map(|pid| wait_ready(&ready, Owner { pid, start: 0 }, READY_WITHIN));
+    let _ = std::fs::remove_file(ready_pipe(paths));
+    match waited.map_err(|err| failed(err.to_string()))? {
+        Ready::Serving => Ok(()),
+        Ready::Exited => {
             let log = std::fs::read_to_string(paths.log()).unwrap_or_default();
             let log = bottle_core::display::escape_for_terminal(log.trim()).into_owned();
-            return Err(failed(format!("the session holder exited: {log}")));
+            Err(failed(format!("the session holder exited: {log}")))
         }
-        if Instant::now() >= deadline {
-            return Err(failed(format!(
-                "the session holder did not serve {} within {READY_WITHIN:?}",
-                paths.socket().display()
-            )));
+        Ready::TimedOut => Err(failed(format!(
+            "the session holder did not serve {} within {READY_WITHIN:?}",
+            paths.socket().display()
+        ))),
+    }
+}
+
+/// A fresh [`ready_pipe`] (owner-only), opened for reading without
+/// blocking: no writer is needed to open it.
+fn open_ready_pipe(paths: &SessionPaths) -> std::io::Result<std::os::fd::OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    let path = ready_pipe(paths);
+    let _ = std::fs::remove_file(&path);
+    rustix::fs::mkfifoat(rustix::fs::CWD, &path, Mode::RUSR | Mode::WUSR)?;
+    Ok(rustix::fs::open(
+        &path,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// How waiting for the holder ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Ready {
+    /// It wrote its byte: it serves its socket.
+    Serving,
+    /// It exited without writing it.
+    Exited,
+    /// Neither happened within the bound.
+    TimedOut,
+}
+
+/// Waits until `holder` writes its byte to `pipe` or exits, woken by
+/// either (the pipe, and a pidfd of the holder); where pidfds are missing
+/// (Linux before 5.3), its exit is noticed within 20 ms.
+fn wait_ready(pipe: &std::os::fd::OwnedFd, holder: Owner, within: Duration) -> Ready {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let deadline = Instant::now() + within;
+    let pidfd = i32::try_from(holder.pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .and_then(|pid| {
+            rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
+        });
+    loop {
+        let mut byte = [0u8; 1];
+        // Before any writer came, a read finds nothing (0, or EAGAIN once
+        // one has): only the byte means ready.
+        if rustix::io::read(pipe, &mut byte) == Ok(1) {
+            return Ready::Serving;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        if !holder.is_alive() {
+            return Ready::Exited;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ready::TimedOut;
+        }
+        let mut fds = vec![PollFd::new(pipe, PollFlags::IN)];
+        let slice = match &pidfd {
+            Some(fd) => {
+                fds.push(PollFd::new(fd, PollFlags::IN));
+                left
+            }
+            None => left.min(Duration::from_millis(20)),
+        };
+        let timeout = Timespec::try_from(slice).ok();
+        let _ = poll(&mut fds, timeout.as_ref());
     }
 }
 
@@ -244,6 +324,60 @@ mod tests {
         use std::os::unix::fs::PermissionsExt as _;
         let mode = std::fs::metadata(&paths.dir).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o700, "the session dir is owner-only");
+    }
+
+    /// Spawns a shell script in place of the holder, through the real
+    /// runner; the script gets the ready pipe's path as `$0`.
+    struct StandIn {
+        script: &'static str,
+        pipe: PathBuf,
+    }
+
+    impl CommandRunner for StandIn {
+        fn run(&self, spec: &CommandSpec) -> std::io::Result<bottle_core::exec::CommandOutput> {
+            bottle_core::exec::SystemRunner.run(spec)
+        }
+        fn spawn_detached(&self, _: &CommandSpec, log: &Path) -> std::io::Result<u32> {
+            let spec = CommandSpec::new("/bin/sh")
+                .args(["-c", self.script])
+                .arg(&self.pipe);
+            bottle_core::exec::SystemRunner.spawn_detached(&spec, log)
+        }
+        fn spawn_piped(
+            &self,
+            spec: &CommandSpec,
+        ) -> std::io::Result<bottle_core::exec::PipedChild> {
+            bottle_core::exec::SystemRunner.spawn_piped(spec)
+        }
+    }
+
+    fn spawn_stand_in(script: &'static str) -> Result<(), Failure> {
+        let root = tempfile::tempdir().unwrap();
+        let paths = SessionPaths::new(root.path(), "demo");
+        let runner = StandIn {
+            script,
+            pipe: ready_pipe(&paths),
+        };
+        let spawned = spawn_host(&runner, &paths, BackendKind::Docker, "bot-bottle-demo", &[]);
+        assert!(!ready_pipe(&paths).exists(), "the ready pipe is removed");
+        spawned
+    }
+
+    #[test]
+    fn a_holder_that_writes_its_byte_is_ready() {
+        spawn_stand_in("printf 1 > \"$0\"").unwrap();
+    }
+
+    #[test]
+    fn a_holder_that_dies_before_it_is_ready_is_reported_with_its_log() {
+        let err = spawn_stand_in("echo 'no such bottle \x1b[31m'; exit 3").unwrap_err();
+        assert_eq!(err.code, Some("BOT-C010"));
+        let message = err.message;
+        assert!(
+            message.contains("the session holder exited: no such bottle"),
+            "{message}"
+        );
+        assert!(!message.contains('\x1b'), "the log is escaped: {message}");
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! A docker bottle's launch: the bundle's steps around the agent
 //! container's. The agent is created pinned at `.3` on the bottle network
-//! alone, given its keep-alive, prompt and skills, started while the
-//! bundle (started ahead) is checked, and verified isolated before its CA is installed (the
-//! image's trust tool runs through an exec), the MCP config is written, the
-//! golden snapshot for reset is taken and the launch is marked complete; nothing of the agent runs until then.
+//! alone, given its keep-alive, prompt, skills and (when its image has no
+//! trust tool to run) its CA, started while the bundle (started ahead) is
+//! checked, and verified isolated before an image's trust tool installs
+//! its CA through an exec, the golden snapshot for reset is taken and the
+//! launch is marked complete; nothing of the agent runs until then.
 
 use bollard::query_parameters::{CreateContainerOptionsBuilder, UploadToContainerOptionsBuilder};
 
@@ -68,6 +69,9 @@ impl<'a> Launch<'a, DockerPlanData> {
         })?;
         self.note(&toolbox_note);
         upload(self.engine, agent, tar)?;
+        // An image without a trust tool gets its CA through the archive
+        // API alone, on a thread, while both containers start.
+        self.ca_installing = Some(self.spawn_ca_install(agent));
         self.step_done(Step::AgentFiles)?;
 
         self.provision_prompt(agent)?;
@@ -103,8 +107,23 @@ impl<'a> Launch<'a, DockerPlanData> {
         self.verify_agent(network, agent)?;
         self.step_done(Step::AgentVerify)?;
 
-        // After the start: the image's trust tool runs through an exec.
-        let mut warnings = self.provision_ca(agent)?;
+        // An image with a trust tool gets its CA now: the tool runs through
+        // an exec.
+        let ca = match self.ca_installing.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(installed)) => installed?,
+            Some(Err(_)) | None => {
+                return Err(DockerError::PlanData {
+                    detail: "installing the CA panicked".into(),
+                });
+            }
+        };
+        let mut warnings = match ca {
+            CaInstall::Done(report) => self.report_ca(report, true),
+            CaInstall::AfterStart(trust) => {
+                let report = self.install_ca(agent, &trust)?;
+                self.report_ca(report, false)
+            }
+        };
         self.step_done(Step::ProvisionCa)?;
 
         if self.bundle.git.is_empty() {
@@ -184,22 +203,74 @@ impl<'a> Launch<'a, DockerPlanData> {
         Ok(())
     }
 
+    /// Starts, on a thread, the survey of the agent's image (remembered by
+    /// image ID) and, when that needs no running box (no trust tool to
+    /// run), the CA's install from it. The archive API works on a created
+    /// or starting container alike, and nothing of the agent runs before
+    /// `provision-ca` joins it.
+    fn spawn_ca_install(&self, agent: &str) -> super::CaInstalling {
+        let engine = self.engine.clone();
+        let container = agent.to_string();
+        let image_id = self.agent().image_id.clone();
+        let surveys = self.settings.ca_surveys.clone();
+        let cert_path = self.paths.ca_cert();
+        std::thread::spawn(move || {
+            let mut target = ContainerCaBox {
+                engine: &engine,
+                container: &container,
+            };
+            let trust = match surveys.lookup(&image_id) {
+                Some(trust) => trust,
+                None => {
+                    let trust = ca_install::survey(&mut target)?;
+                    surveys.store(&image_id, &trust);
+                    trust
+                }
+            };
+            if trust.runs_a_tool() {
+                return Ok(CaInstall::AfterStart(trust));
+            }
+            let cert = std::fs::read(&cert_path).map_err(DockerError::io("read", cert_path))?;
+            Ok(CaInstall::Done(ca_install::install_surveyed(
+                &mut target,
+                &cert,
+                &trust,
+            )?))
+        })
+    }
+
     /// Installs the bundle's CA as [`bottle_core::ca_install`] defines:
     /// files through the archive API (no shell needed), the image's trust
-    /// tool through an exec as root. Returns the report's warnings.
-    fn provision_ca(&self, agent: &str) -> Result<Vec<String>, DockerError> {
+    /// tool through an exec as root.
+    fn install_ca(
+        &self,
+        agent: &str,
+        trust: &ca_install::ImageTrust,
+    ) -> Result<ca_install::CaInstallReport, DockerError> {
         let cert_path = self.paths.ca_cert();
         let cert = std::fs::read(&cert_path).map_err(DockerError::io("read", cert_path))?;
         let mut target = ContainerCaBox {
             engine: self.engine,
             container: agent,
         };
-        let report = ca_install::install(&mut target, &cert)?;
-        self.note(&format!("ca: installed at {}", report.installed.join(", ")));
+        ca_install::install_surveyed(&mut target, &cert, trust)
+    }
+
+    /// Says where the CA went; returns the report's warnings.
+    fn report_ca(&self, report: ca_install::CaInstallReport, before_start: bool) -> Vec<String> {
+        let when = if before_start {
+            " (while the containers started)"
+        } else {
+            ""
+        };
+        self.note(&format!(
+            "ca: installed at {}{when}",
+            report.installed.join(", ")
+        ));
         if !report.ran.is_empty() {
             self.note(&format!("ca: ran {}", report.ran.join(", ")));
         }
-        Ok(report.warnings)
+        report.warnings
     }
 
     /// The MCP config naming supervise went in with the agent's files
@@ -264,6 +335,15 @@ impl<'a> Launch<'a, DockerPlanData> {
         isolation::check_agent(network, &inspect, self.agent().ip)
             .map_err(|what| DockerError::IsolationUnconfirmed { what })
     }
+}
+
+/// Where the agent's CA install stands once its files are in.
+pub(super) enum CaInstall {
+    /// Installed while the containers started (the image has no trust
+    /// tool).
+    Done(ca_install::CaInstallReport),
+    /// To install after the start, from this survey: a tool runs.
+    AfterStart(ca_install::ImageTrust),
 }
 
 /// The agent container as [`ca_install`] sees it.

@@ -64,6 +64,8 @@ pub struct LaunchSettings {
     pub interrupt: bottle_core::undo::Interrupt,
     /// `bottle start --timings`: every step ends a lap.
     pub timeline: Option<bottle_core::timeline::Timeline>,
+    /// The agent images' CA surveys, remembered by image ID.
+    pub ca_surveys: crate::cache::CaSurveyCache,
 }
 
 /// One launch in progress: what it runs on, what it brings up, and what
@@ -88,7 +90,13 @@ struct Launch<'a, D> {
     /// bundle is checked; joined before the agent's checks, and before any
     /// undo.
     agent_starting: Option<ContainerStart>,
+    /// The agent's CA install (docker bottles), under way while both
+    /// containers start; joined at `provision-ca`, and before any undo.
+    ca_installing: Option<CaInstalling>,
 }
+
+/// The agent's CA install, on a thread of its own.
+type CaInstalling = std::thread::JoinHandle<Result<agent::CaInstall, crate::error::DockerError>>;
 
 /// A container's start, sent to the Engine while the launch goes on.
 type ContainerStart = tokio::task::JoinHandle<Result<(), bollard::errors::Error>>;
@@ -195,6 +203,7 @@ impl<'a, D> Launch<'a, D> {
             egress_lock: None,
             bundle_starting: None,
             agent_starting: None,
+            ca_installing: None,
         })
     }
 
@@ -207,6 +216,9 @@ impl<'a, D> Launch<'a, D> {
             .flatten()
         {
             let _ = self.engine.block_on(started(start));
+        }
+        if let Some(installing) = self.ca_installing.take() {
+            let _ = installing.join();
         }
         // Removing the egress network takes the egress lock itself.
         self.egress_lock = None;

@@ -17,7 +17,7 @@ use crate::error::DockerError;
 /// | `bundle-connect` | attach it to the egress network |
 /// | `bundle-files` | write config, CA and credentials into `/run/bottle` |
 /// | `agent-create` | create the agent container pinned at `.3` |
-/// | `agent-files` | write the keep-alive program, the in-box agent (`/.bottle/toolbox`, when one is found), `/etc/bottle` and the MCP config naming supervise (`/etc/bottle/mcp.json`), in one upload |
+/// | `agent-files` | write the keep-alive program, the in-box agent (`/.bottle/toolbox`, when one is found), `/etc/bottle` and the MCP config naming supervise (`/etc/bottle/mcp.json`), in one upload; start, on a thread, the survey of the image for its CA (remembered by image ID in `<state_root>/.cache/ca-survey`) and, when it has no trust tool to run, the CA's install through the archive API, while both containers start |
 /// | `provision-prompt` | the prompt file |
 /// | `provision-skills` | the skills directories |
 /// | `bundle-start` | the bundle's start, sent after `bundle-files`, has completed |
@@ -25,7 +25,7 @@ use crate::error::DockerError;
 /// | `bundle-health` | wait until the proxy answers `/__bottle/health` |
 /// | `agent-start` | the agent's keep-alive (nothing of the agent runs yet), sent after `bundle-start`, has started |
 /// | `agent-verify` | check it is running, on the bottle network only, at its address, with every capability dropped |
-/// | `provision-ca` | the CA as `bottle_core::ca_install` defines: `/etc/bottle/ca.pem` (the directory made in `agent-files`), the anchors, the image's trust tool (an exec as root, so after the start), the system bundles, the hashed directory |
+/// | `provision-ca` | the CA as `bottle_core::ca_install` defines (joining the install `agent-files` started; an image with a trust tool installs it now): `/etc/bottle/ca.pem` (the directory made in `agent-files`), the anchors, the image's trust tool (an exec as root, so after the start), the system bundles, the hashed directory |
 /// | `provision-git` | git repositories: served by the bundle's git-gate (mounts and mirrors are set up with the bundle); this step reports them |
 /// | `provision-supervise` | report the MCP config (written in `agent-files`) |
 /// | `snapshot` | the golden snapshot of the agent's writable layer and the baseline of its three reset sources (`crate::reset`); a host that cannot take it gets a warning and a bottle without reset |

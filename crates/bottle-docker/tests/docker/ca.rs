@@ -184,6 +184,58 @@ fn a_symlinked_bundle_gets_the_ca_in_its_target_and_the_hashed_dir_an_entry() {
 }
 
 #[test]
+fn a_second_bottle_of_an_image_gets_its_own_ca_from_the_remembered_survey() {
+    let Some(mut fx) =
+        support::setup("a_second_bottle_of_an_image_gets_its_own_ca_from_the_remembered_survey")
+    else {
+        return;
+    };
+    let dockerfile = demo_with(
+        "mkdir -p /etc/ca-certificates/extracted && \
+         printf 'ROOTS\\n' > /etc/ca-certificates/extracted/tls-ca-bundle.pem && \
+         ln -s ../../ca-certificates/extracted/tls-ca-bundle.pem /etc/ssl/certs/ca-certificates.crt && \
+         ln -s /nix/store/gone/ca-bundle.crt /etc/ssl/cert.pem",
+    );
+    let _image = build_image(&mut fx, "remembered", &dockerfile, &[]);
+    let surveys = fx.state.path().join(bottle_docker::cache::CA_SURVEY_CACHE);
+    let mut cas = Vec::new();
+    for (i, remembered) in [(1, false), (2, true)] {
+        assert_eq!(
+            surveys.read_dir().is_ok_and(|mut d| d.next().is_some()),
+            remembered,
+            "bottle {i}: the survey is remembered after the first bottle only"
+        );
+        let name = name(&format!("ca-again-{i}"));
+        let (_guard, bottle) = fx.start(&name);
+        let bottle_name = format!("bot-bottle-{name}");
+        let ca = ca_of(&*bottle);
+        let target = read_as_root(
+            &fx,
+            &bottle_name,
+            "/etc/ca-certificates/extracted/tls-ca-bundle.pem",
+        );
+        assert_eq!(target, format!("ROOTS\n{ca}"), "bottle {i}");
+        let scratch = tempfile::tempdir().unwrap();
+        let ca_file = scratch.path().join("ca.pem");
+        std::fs::write(&ca_file, &ca).unwrap();
+        let hash = host_openssl(&[
+            "x509",
+            "-noout",
+            "-subject_hash",
+            "-in",
+            ca_file.to_str().unwrap(),
+        ]);
+        let entry = format!("/etc/ssl/certs/{}.0", hash.trim());
+        assert_eq!(read_as_root(&fx, &bottle_name, &entry), ca, "bottle {i}");
+        let warnings = bottle.launch_warnings();
+        assert_eq!(warnings.len(), 1, "bottle {i}: {warnings:?}");
+        assert!(warnings[0].contains("/nix/store/gone"), "{warnings:?}");
+        cas.push(ca);
+    }
+    assert_ne!(cas[0], cas[1], "each bottle has a CA of its own");
+}
+
+#[test]
 fn a_fedora_layout_gets_the_anchor_and_the_bundle() {
     let Some(mut fx) = support::setup("a_fedora_layout_gets_the_anchor_and_the_bundle") else {
         return;
