@@ -8,20 +8,17 @@ use serde_json::Value;
 use super::RUN_PREFIX;
 use crate::escape::engine::EngineSocket;
 
-/// What of `after` the run left behind: its own bottles' resources, and
-/// the shared egress network when no other bottle (another user of this
-/// Engine) still needs it.
+/// What of `after` the run left behind: its own bottles' resources. The
+/// shared egress network is not the run's: a stop keeps it for the next
+/// launch, and `bottle cleanup` removes it once no bottle uses it.
 pub(super) fn leftovers(before: &BTreeSet<String>, after: &BTreeSet<String>) -> Vec<String> {
     let ours = |r: &str| {
         r.split_once(' ')
             .is_some_and(|(_, name)| name.starts_with(RUN_PREFIX))
     };
-    let others_remain = after
-        .iter()
-        .any(|r| !ours(r) && !r.ends_with(" bot-bottle-egress"));
     after
         .difference(before)
-        .filter(|r| ours(r) || (r.as_str() == "network bot-bottle-egress" && !others_remain))
+        .filter(|r| ours(r))
         .cloned()
         .collect()
 }
@@ -62,12 +59,12 @@ mod tests {
     fn only_the_runs_own_leftovers_count() {
         let set = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
         let before = set(&[]);
-        // Another user's bottle appeared meanwhile: not ours, and it keeps
-        // the egress network.
+        // Another user's bottle appeared meanwhile: not ours; nor is the
+        // shared egress network a stop keeps.
         let after = set(&["container bot-bottle-t1-agent", "network bot-bottle-egress"]);
         assert!(leftovers(&before, &after).is_empty());
-        let after = set(&["network bot-bottle-egress"]);
-        assert_eq!(leftovers(&before, &after), ["network bot-bottle-egress"]);
+        let after = set(&["network bot-bottle-escape-a"]);
+        assert_eq!(leftovers(&before, &after), ["network bot-bottle-escape-a"]);
         let after = set(&[
             "container bot-bottle-escape-a-agent",
             "container bot-bottle-t1-agent",
