@@ -895,6 +895,21 @@ async fn run(quick: bool, latency_only: bool) {
         ),
     ] {
         let per_via = latency_rounds(&ctx, &vias, fresh, n, Duration::from_secs(120)).await;
+        // The two bundles' own difference, paired by round: the steadiest
+        // figure for whether a change helped.
+        let bundle_minus_baseline = vias
+            .iter()
+            .position(|v| matches!(v, Via::Baseline(_)))
+            .zip(vias.iter().position(|v| matches!(v, Via::Bundle(_))))
+            .map(|(base, new)| {
+                let mut d: Vec<f64> = per_via[new]
+                    .0
+                    .iter()
+                    .zip(&per_via[base].0)
+                    .map(|(n, b)| n - b)
+                    .collect();
+                p50_p99(&mut d).0
+            });
         for (via, (mut own, mut added)) in vias.iter().zip(per_via) {
             let done = own.len();
             let (p50, p99) = p50_p99(&mut own);
@@ -908,6 +923,9 @@ async fn run(quick: bool, latency_only: bool) {
                 "| {label}, n={done} | {} | p50 {p50:.3} / p99 {p99:.3} | {vs_direct} |",
                 via.name(),
             );
+        }
+        if let Some(d) = bundle_minus_baseline {
+            println!("| {label} | bundle − baseline, p50 of per-round differences | {d:+.4} | |");
         }
     }
     if !latency_only {
