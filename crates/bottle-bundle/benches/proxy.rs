@@ -497,7 +497,7 @@ fn p50_p99(samples: &mut [f64]) -> (f64, f64) {
 }
 
 /// Small HTTPS requests, sequential, through every path of `vias` in
-/// rounds: one request per path per round, the order rotating each round,
+/// rounds: one request per path per round, in a new random order each round,
 /// so every path is measured under the same conditions (the machine's load
 /// moves the direct figure by more than the goal between passes). Returns,
 /// per path, its own samples and its per-round difference to the first path
@@ -528,12 +528,21 @@ async fn latency_rounds(
     }
     let mut out = vec![(Vec::with_capacity(rounds), Vec::with_capacity(rounds)); vias.len()];
     let mut this_round = vec![0.0; vias.len()];
-    for round in 0..rounds {
+    let mut order: Vec<usize> = (0..vias.len()).collect();
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..rounds {
         if Instant::now() > deadline {
             break;
         }
-        for k in 0..vias.len() {
-            let i = (round + k) % vias.len();
+        // A fresh order each round (Fisher-Yates on xorshift): a path that
+        // always followed the same other path would inherit its wake-ups.
+        for k in (1..order.len()).rev() {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            order.swap(k, (seed % (k as u64 + 1)) as usize);
+        }
+        for &i in &order {
             this_round[i] = timed_request(ctx, vias[i], conns[i].as_mut(), &mut buf).await;
         }
         for (i, ms) in this_round.iter().enumerate() {
