@@ -38,7 +38,7 @@ use crate::body::{
     AuditGuard, BoxBody, FindingSlot, MeteredBody, ScanBody, boxed, first_frame_read, full,
 };
 use crate::ca::LeafMinter;
-use crate::egress::{Destination, Egress, EgressSession, Outcome, Scheme};
+use crate::egress::{Destination, Egress, Outcome, Scheme};
 use crate::encoding::{self, Refusal};
 use crate::io::{IdleIo, Prefixed, ReadBuffered};
 use crate::scan::Scanner;
@@ -369,7 +369,7 @@ impl Proxy {
             port,
             rule,
         };
-        self.forward(req, target, None, start).await
+        self.forward(req, target, start).await
     }
 
     /// A destination name that itself carries a secret (exfiltration
@@ -546,16 +546,10 @@ impl Proxy {
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let this = self.clone();
-        let session = Arc::new(self.egress.session(Destination {
-            scheme: target.scheme,
-            host: &target.host,
-            port: target.port,
-        }));
         let svc = hyper::service::service_fn(move |req| {
             let this = this.clone();
             let target = target.clone();
-            let session = session.clone();
-            async move { Ok::<_, std::convert::Infallible>(this.inner(req, target, &session).await) }
+            async move { Ok::<_, std::convert::Infallible>(this.inner(req, target).await) }
         });
         let io = TokioIo::new(io);
         let _ = match protocol {
@@ -565,12 +559,7 @@ impl Proxy {
     }
 
     /// A request inside an intercepted tunnel.
-    async fn inner(
-        self: Arc<Self>,
-        req: Request<Incoming>,
-        target: Target,
-        session: &EgressSession,
-    ) -> Response<BoxBody> {
+    async fn inner(self: Arc<Self>, req: Request<Incoming>, target: Target) -> Response<BoxBody> {
         if let Some(refusal) = self.refuse_unaudited() {
             return refusal;
         }
@@ -628,7 +617,7 @@ impl Proxy {
                 &msg,
             );
         }
-        self.forward(req, target, Some(session), start).await
+        self.forward(req, target, start).await
     }
 
     /// Refuses a request whose body could not be let through: a secret in
@@ -665,13 +654,11 @@ impl Proxy {
         self.refuse(refusal.status(), rec, start, &message)
     }
 
-    /// Scans and forwards one request to egress (on the tunnel's `session`,
-    /// if any); streams the response back.
+    /// Scans and forwards one request to egress; streams the response back.
     async fn forward(
         &self,
         req: Request<Incoming>,
         target: Target,
-        session: Option<&EgressSession>,
         start: Instant,
     ) -> Response<BoxBody> {
         let method = req.method().as_str().to_string();
@@ -780,7 +767,7 @@ impl Proxy {
             host: &target.host,
             port: target.port,
         };
-        let answer = self.egress.send(parts, body, to, session).await;
+        let answer = self.egress.send(parts, body, to).await;
         let (decision, reason, rule) = match answer.outcome {
             Outcome::Forwarded => (Decision::Allow, "allowed", target.rule.clone()),
             Outcome::Refused {

@@ -24,14 +24,12 @@
 //!
 //! Here: the request path. `resolve`: the guarded resolver and the address
 //! refusal; `credentials`: injection and masking; `upstream`: the client,
-//! its TLS roots, and what a failed dial answers; `session`: a tunnel's own
-//! upstream connection; `headers`: the headers that never cross to an
-//! upstream.
+//! its TLS roots, and what a failed dial answers; `headers`: the headers
+//! that never cross to an upstream.
 
 mod credentials;
 mod headers;
 mod resolve;
-mod session;
 mod upstream;
 
 use std::time::Instant;
@@ -44,10 +42,8 @@ use http::{Request, Response, StatusCode, Uri};
 use self::credentials::Credentials;
 pub(crate) use self::headers::strip_hop_by_hop;
 pub use self::resolve::{DialRefused, GuardedResolver, ResolveFailed, is_forbidden_address};
-pub use self::session::EgressSession;
-use self::session::Sent;
 pub use self::upstream::upstream_tls;
-use self::upstream::{UpstreamClient, UpstreamConnector, classify_upstream_error};
+use self::upstream::{UpstreamClient, classify_upstream_error};
 use crate::BundleError;
 use crate::allowlist::{Host, Policy, Verdict};
 use crate::audit::{AuditLog, AuditRecord, Decision, redact_path};
@@ -132,7 +128,6 @@ pub struct Egress {
     bottle: String,
     policy: Policy,
     audit: AuditLog,
-    connector: UpstreamConnector,
     client: UpstreamClient,
     credentials: Credentials,
 }
@@ -152,12 +147,11 @@ impl Egress {
     pub fn new(config: &BundleConfig, audit: AuditLog) -> Result<Self, BundleError> {
         let policy = Policy::new(&config.allow, &config.ports)?.for_agent(&config.agent);
         let credentials = Credentials::load(&config.credentials)?;
-        let (connector, client) = upstream::client(config)?;
+        let client = upstream::client(config)?;
         Ok(Self {
             bottle: config.bottle.clone(),
             policy,
             audit,
-            connector,
             client,
             credentials,
         })
@@ -167,20 +161,6 @@ impl Egress {
     /// supervise), from now on.
     pub fn share_runtime_rules(&mut self, rules: crate::allowlist::RuntimeRules) {
         self.policy.share_runtime(rules);
-    }
-
-    /// A connection of its own for a tunnel to `to`, dialled on the first
-    /// request [`Egress::send`] lets through.
-    pub fn session(&self, to: Destination<'_>) -> EgressSession {
-        let uri = format!(
-            "{}://{}/",
-            to.scheme.as_str(),
-            authority(to.scheme, to.host, to.port)
-        );
-        // A host that parsed as a CONNECT authority is a valid URI
-        // authority; were it not, the session would dial nothing.
-        let uri = uri.parse().unwrap_or_default();
-        EgressSession::new(to.scheme, to.host.clone(), to.port, uri)
     }
 
     /// Answers a request egress does not forward (`message` is the body the
@@ -228,16 +208,8 @@ impl Egress {
     ///
     /// `parts` are the request as the agent sent it: egress removes the
     /// hop-by-hop headers, sets `Host` and the URI from `to`, and injects
-    /// the credential; `body` streams as the proxy's scan lets it. A
-    /// tunnel's requests go on its `session`'s connection when it is free,
-    /// the others through the shared client.
-    pub async fn send(
-        &self,
-        mut parts: Parts,
-        body: BoxBody,
-        to: Destination<'_>,
-        session: Option<&EgressSession>,
-    ) -> Answer {
+    /// the credential; `body` streams as the proxy's scan lets it.
+    pub async fn send(&self, mut parts: Parts, body: BoxBody, to: Destination<'_>) -> Answer {
         let start = Instant::now();
         let host_s = to.host.to_string();
         let method = parts.method.as_str().to_string();
@@ -298,7 +270,11 @@ impl Egress {
                 message,
             );
         }
-        let authority = authority(to.scheme, to.host, to.port);
+        let authority = if to.port == to.scheme.default_port() {
+            to.host.authority_form()
+        } else {
+            format!("{}:{}", to.host.authority_form(), to.port)
+        };
         let uri: Uri = match format!("{}://{authority}{pq}", to.scheme.as_str()).parse() {
             Ok(u) => u,
             Err(_) => {
@@ -325,16 +301,7 @@ impl Egress {
         // The upstream connection's ALPN picks HTTP/2 or HTTP/1.1, whatever
         // the agent spoke.
         parts.version = http::Version::HTTP_11;
-        let req = Request::from_parts(parts, body);
-        let sent = match session.filter(|s| s.serves(to.scheme, to.host, to.port)) {
-            Some(session) => match session.send(&self.connector, req).await {
-                Sent::Response(resp) => Ok(resp),
-                Sent::Failed(e) => Err(e),
-                Sent::Busy(req) => self.client.request(req).await.map_err(Into::into),
-            },
-            None => self.client.request(req).await.map_err(Into::into),
-        };
-        match sent {
+        match self.client.request(Request::from_parts(parts, body)).await {
             Ok(resp) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
@@ -345,7 +312,7 @@ impl Egress {
                 }
             }
             Err(e) => {
-                let (status, decision, reason, message) = classify_upstream_error(&*e, &host_s);
+                let (status, decision, reason, message) = classify_upstream_error(&e, &host_s);
                 self.refuse(&seen, status, decision, reason, rule, message)
             }
         }
@@ -354,15 +321,6 @@ impl Egress {
     /// Names of the credentials injected for `host` (for tests and logs).
     pub fn credential_names(&self, host: &Host) -> Vec<String> {
         self.credentials.names(&host.to_string())
-    }
-}
-
-/// `host[:port]`, the port left out when it is the scheme's default.
-fn authority(scheme: Scheme, host: &Host, port: u16) -> String {
-    if port == scheme.default_port() {
-        host.authority_form()
-    } else {
-        format!("{}:{port}", host.authority_form())
     }
 }
 

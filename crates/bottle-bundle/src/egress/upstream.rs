@@ -21,13 +21,9 @@ use crate::body::BoxBody;
 use crate::io::ReadBuffered;
 use crate::proxy::{H2_CONNECTION_WINDOW, H2_STREAM_WINDOW};
 
-/// The connector every upstream connection is dialled through: the guarded
-/// resolver, the address guard, the TLS roots.
-pub(super) type UpstreamConnector = hyper_rustls::HttpsConnector<ReadBufferedConnector>;
-
-/// The shared HTTP(S) client: absolute-form requests, and a tunnel's
-/// requests while its own connection ([`super::session`]) is busy.
-pub(super) type UpstreamClient = Client<UpstreamConnector, BoxBody>;
+/// The HTTP(S) client every upstream request goes through.
+pub(super) type UpstreamClient =
+    Client<hyper_rustls::HttpsConnector<ReadBufferedConnector>, BoxBody>;
 
 /// The TCP connector under the upstream TLS: each connection read through
 /// a [`ReadBuffered`] buffer, so that rustls's 4 KiB reads of a download
@@ -53,11 +49,9 @@ impl tower_service::Service<Uri> for ReadBufferedConnector {
     }
 }
 
-/// The connector for `config` (its TLS roots, its resolver, its connect
-/// timeout) and the shared client over it.
-pub(super) fn client(
-    config: &BundleConfig,
-) -> Result<(UpstreamConnector, UpstreamClient), BundleError> {
+/// The client for `config`: its TLS roots, its resolver and its connect
+/// timeout.
+pub(super) fn client(config: &BundleConfig) -> Result<UpstreamClient, BundleError> {
     let tls = upstream_tls(&config.upstream_roots, config.upstream_web_roots)?;
     let resolver = GuardedResolver::new(config)?;
     let mut http = HttpConnector::new_with_resolver(resolver);
@@ -72,14 +66,13 @@ pub(super) fn client(
         .enable_all_versions()
         .wrap_connector(ReadBufferedConnector(http));
     // ALPN offers h2 and http/1.1 to TLS upstreams; plain HTTP stays 1.1.
-    let client = Client::builder(TokioExecutor::new())
+    Ok(Client::builder(TokioExecutor::new())
         .http2_initial_stream_window_size(H2_STREAM_WINDOW)
         .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
-        .build(https.clone());
-    Ok((https, client))
+        .build(https))
 }
 
 /// Builds the TLS client config: the roots of `upstream_roots` (the web
@@ -203,7 +196,7 @@ fn rustls_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a 
 /// The status, decision, reason and message egress answers a failed
 /// upstream request with.
 pub(super) fn classify_upstream_error(
-    e: &(dyn std::error::Error + 'static),
+    e: &hyper_util::client::legacy::Error,
     host: &str,
 ) -> (StatusCode, Decision, &'static str, String) {
     let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
