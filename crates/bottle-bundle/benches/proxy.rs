@@ -3,7 +3,9 @@
 //!
 //! `cargo bench -p bottle-bundle --bench proxy` (add `-- --quick` for a
 //! smaller run; set `BOTTLE_BUNDLE_BIN` to measure another build of the
-//! binary, e.g. the static one). Prints a Markdown report; `docs/PERF.md` ("Bundle proxy")
+//! binary, e.g. the static one, and `BOTTLE_BUNDLE_BASELINE_BIN` to measure
+//! a second one, e.g. main's, in the same rounds; `-- --latency-only` runs
+//! the latency rows alone). Prints a Markdown report; `docs/PERF.md` ("Bundle proxy")
 //! records the figures. Every loop is bounded in count and in time.
 //!
 //! Paths measured:
@@ -223,6 +225,9 @@ enum Via {
     Direct,
     Tinyproxy(SocketAddr),
     Bundle(SocketAddr),
+    /// A second bundle binary (`BOTTLE_BUNDLE_BASELINE_BIN`), e.g. main's,
+    /// measured in the same rounds as `Bundle`.
+    Baseline(SocketAddr),
 }
 
 impl Via {
@@ -231,6 +236,7 @@ impl Via {
             Via::Direct => "direct",
             Via::Tinyproxy(_) => "tinyproxy",
             Via::Bundle(_) => "bundle",
+            Via::Baseline(_) => "bundle (baseline)",
         }
     }
 }
@@ -291,7 +297,7 @@ async fn open_tls(ctx: &Ctx, via: Via, h2: bool) -> std::io::Result<Tls> {
             connect_tunnel(p, &format!("127.0.0.1:{port}")).await?,
             upstream_tls,
         ),
-        Via::Bundle(p) => (
+        Via::Bundle(p) | Via::Baseline(p) => (
             connect_tunnel(p, &format!("{HOST}:{port}")).await?,
             bottle_tls,
         ),
@@ -305,7 +311,7 @@ async fn open_http(ctx: &Ctx, via: Via) -> std::io::Result<(TcpStream, String)> 
     let (addr, prefix) = match via {
         Via::Direct => (ctx.up.http, String::new()),
         Via::Tinyproxy(p) => (p, format!("http://127.0.0.1:{port}")),
-        Via::Bundle(p) => (p, format!("http://{HOST}:{port}")),
+        Via::Bundle(p) | Via::Baseline(p) => (p, format!("http://{HOST}:{port}")),
     };
     let s = TcpStream::connect(addr).await?;
     s.set_nodelay(true)?;
@@ -469,43 +475,82 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i]
 }
 
-/// Small HTTPS requests, sequential: on one kept-alive connection, or a
-/// fresh connection (CONNECT + TLS handshake) per request.
-async fn latency(
-    ctx: &Ctx,
-    via: Via,
-    fresh: bool,
-    count: usize,
-    limit: Duration,
-) -> (f64, f64, usize) {
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut samples = Vec::with_capacity(count);
-    let deadline = Instant::now() + limit;
+/// One small HTTPS request through `via`, timed in ms: on `conn` when
+/// given (kept alive), else on a fresh connection (CONNECT + TLS handshake).
+async fn timed_request(ctx: &Ctx, via: Via, conn: Option<&mut Tls>, buf: &mut Vec<u8>) -> f64 {
     let head = get_head("", "/bytes/100");
-    let mut conn = if fresh {
-        None
-    } else {
-        Some(open_https(ctx, via).await.unwrap())
+    let t = Instant::now();
+    match conn {
+        Some(s) => request(s, &head, None, buf).await.unwrap(),
+        None => {
+            let mut s = open_https(ctx, via).await.unwrap();
+            request(&mut s, &head, None, buf).await.unwrap()
+        }
     };
-    for _ in 0..count {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// p50 and p99 of `samples` (sorted in place).
+fn p50_p99(samples: &mut [f64]) -> (f64, f64) {
+    samples.sort_by(f64::total_cmp);
+    (percentile(samples, 0.5), percentile(samples, 0.99))
+}
+
+/// Small HTTPS requests, sequential, through every path of `vias` in
+/// rounds: one request per path per round, in a new random order each round,
+/// so every path is measured under the same conditions (the machine's load
+/// moves the direct figure by more than the goal between passes). Returns,
+/// per path, its own samples and its per-round difference to the first path
+/// (direct); `fresh`: a new connection per request, else one kept-alive
+/// connection per path.
+async fn latency_rounds(
+    ctx: &Ctx,
+    vias: &[Via],
+    fresh: bool,
+    rounds: usize,
+    limit: Duration,
+) -> Vec<(Vec<f64>, Vec<f64>)> {
+    let mut buf = vec![0u8; 64 * 1024];
+    let deadline = Instant::now() + limit;
+    let mut conns: Vec<Option<Tls>> = Vec::with_capacity(vias.len());
+    for via in vias {
+        conns.push(if fresh {
+            None
+        } else {
+            Some(open_https(ctx, *via).await.unwrap())
+        });
+    }
+    // Warm-up: pools, the leaf cache, the upstream connection.
+    for (via, conn) in vias.iter().zip(conns.iter_mut()) {
+        for _ in 0..20 {
+            timed_request(ctx, *via, conn.as_mut(), &mut buf).await;
+        }
+    }
+    let mut out = vec![(Vec::with_capacity(rounds), Vec::with_capacity(rounds)); vias.len()];
+    let mut this_round = vec![0.0; vias.len()];
+    let mut order: Vec<usize> = (0..vias.len()).collect();
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..rounds {
         if Instant::now() > deadline {
             break;
         }
-        let t = Instant::now();
-        if fresh {
-            let mut s = open_https(ctx, via).await.unwrap();
-            request(&mut s, &head, None, &mut buf).await.unwrap();
-        } else if let Some(s) = conn.as_mut() {
-            request(s, &head, None, &mut buf).await.unwrap();
+        // A fresh order each round (Fisher-Yates on xorshift): a path that
+        // always followed the same other path would inherit its wake-ups.
+        for k in (1..order.len()).rev() {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            order.swap(k, (seed % (k as u64 + 1)) as usize);
         }
-        samples.push(t.elapsed().as_secs_f64() * 1e3);
+        for &i in &order {
+            this_round[i] = timed_request(ctx, vias[i], conns[i].as_mut(), &mut buf).await;
+        }
+        for (i, ms) in this_round.iter().enumerate() {
+            out[i].0.push(*ms);
+            out[i].1.push(ms - this_round[0]);
+        }
     }
-    samples.sort_by(f64::total_cmp);
-    (
-        percentile(&samples, 0.5),
-        percentile(&samples, 0.99),
-        samples.len(),
-    )
+    out
 }
 
 /// Opens `n` HTTPS sessions through `via`, each completing one request,
@@ -632,10 +677,9 @@ async fn wait_listening(addr: SocketAddr) -> bool {
     false
 }
 
-fn start_bundle(dir: &Path, up: &Upstream) -> (Killed, SocketAddr, String) {
-    let ca = bottle_bundle::generate_ca("bench").unwrap();
-    std::fs::write(dir.join("ca.pem"), &ca.cert_pem).unwrap();
-    std::fs::write(dir.join("ca.key"), &ca.key_pem).unwrap();
+/// Starts the bundle binary `bin` as `name`, with the bottle CA in `dir`
+/// (`ca.pem`, `ca.key`) and its own config and audit log.
+fn start_bundle(dir: &Path, up: &Upstream, name: &str, bin: &str) -> (Killed, SocketAddr) {
     let proxy: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let config = serde_json::json!({
         "version": 1,
@@ -646,18 +690,15 @@ fn start_bundle(dir: &Path, up: &Upstream) -> (Killed, SocketAddr, String) {
         "credentials": [],
         "ca_cert": dir.join("ca.pem"),
         "ca_key": dir.join("ca.key"),
-        "audit_log": dir.join("audit.jsonl"),
+        "audit_log": dir.join(format!("{name}-audit.jsonl")),
         "resolve": { HOST: "127.0.0.1" },
         "upstream_roots": [dir.join("upstream-root.pem")],
     });
-    let path = dir.join("bundle.json");
+    let path = dir.join(format!("{name}.json"));
     std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
-    // BOTTLE_BUNDLE_BIN measures another build, e.g. the static release one.
-    let bin = std::env::var("BOTTLE_BUNDLE_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_bottle-bundle").to_string());
-    println!("bundle binary: {bin}\n");
-    let child = spawn(&bin, &["run", "--config", path.to_str().unwrap()]).unwrap();
-    (Killed(child), proxy, ca.cert_pem)
+    println!("{name} binary: {bin}\n");
+    let child = spawn(bin, &["run", "--config", path.to_str().unwrap()]).unwrap();
+    (Killed(child), proxy)
 }
 
 fn start_tinyproxy(dir: &Path, up: &Upstream) -> Option<(Killed, SocketAddr)> {
@@ -690,18 +731,30 @@ fn main() {
         return;
     }
     let quick = std::env::args().any(|a| a == "--quick");
+    // `--latency-only`: the latency rows alone, for iterating on them.
+    let latency_only = std::env::args().any(|a| a == "--latency-only");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(run(quick));
+    runtime.block_on(run(quick, latency_only));
 }
 
-async fn run(quick: bool) {
+async fn run(quick: bool, latency_only: bool) {
     let total_limit = Instant::now() + Duration::from_secs(600);
     let dir = tempfile::tempdir().unwrap();
     let up = start_upstream(dir.path()).await;
-    let (bundle, bundle_addr, bottle_ca) = start_bundle(dir.path(), &up);
+    let ca = bottle_bundle::generate_ca("bench").unwrap();
+    std::fs::write(dir.path().join("ca.pem"), &ca.cert_pem).unwrap();
+    std::fs::write(dir.path().join("ca.key"), &ca.key_pem).unwrap();
+    let bottle_ca = ca.cert_pem;
+    // BOTTLE_BUNDLE_BIN measures another build, e.g. the static release one.
+    let bin = std::env::var("BOTTLE_BUNDLE_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_bottle-bundle").to_string());
+    let (bundle, bundle_addr) = start_bundle(dir.path(), &up, "bundle", &bin);
+    let baseline = std::env::var("BOTTLE_BUNDLE_BASELINE_BIN")
+        .ok()
+        .map(|bin| start_bundle(dir.path(), &up, "baseline", &bin));
     let tiny = start_tinyproxy(dir.path(), &up);
     assert!(
         wait_listening(bundle_addr).await,
@@ -709,6 +762,12 @@ async fn run(quick: bool) {
     );
     if let Some((_, addr)) = &tiny {
         assert!(wait_listening(*addr).await, "tinyproxy did not start");
+    }
+    if let Some((_, addr)) = &baseline {
+        assert!(
+            wait_listening(*addr).await,
+            "the baseline bundle did not start"
+        );
     }
     let ctx = Arc::new(Ctx {
         upstream_tls: tls_connector(&up.root_pem, &[]),
@@ -720,12 +779,16 @@ async fn run(quick: bool) {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let bundle_pid = bundle.0.id();
     let tiny_pid = tiny.as_ref().map(|(c, _)| c.0.id());
+    let baseline_pid = baseline.as_ref().map(|(c, _)| c.0.id());
     let (idle_rss, _) = rss_kib(bundle_pid);
     let tiny_idle = tiny_pid.map(|p| rss_kib(p).0);
 
     let mut vias = vec![Via::Direct, Via::Bundle(bundle_addr)];
     if let Some((_, addr)) = &tiny {
         vias.insert(1, Via::Tinyproxy(*addr));
+    }
+    if let Some((_, addr)) = &baseline {
+        vias.push(Via::Baseline(*addr));
     }
     let (size, reps) = if quick {
         (16u64 << 20, 2)
@@ -747,6 +810,7 @@ async fn run(quick: bool) {
     println!("| --- | --- | --- | --- | --- | --- |");
     let proxy_pid = |via: Via| match via {
         Via::Bundle(_) => Some(bundle_pid),
+        Via::Baseline(_) => baseline_pid,
         Via::Tinyproxy(_) => tiny_pid,
         Via::Direct => None,
     };
@@ -758,73 +822,79 @@ async fn run(quick: bool) {
             proxy.map_or_else(|| "-".to_string(), |c| format!("{c:.2}"))
         );
     };
-    for (label, tls) in [
-        ("bulk download, HTTPS (MB/s)", true),
-        ("bulk download, plain HTTP (MB/s)", false),
-    ] {
-        let mut direct = f64::NAN;
-        for via in &vias {
-            if Instant::now() > total_limit {
-                break;
+    if !latency_only {
+        for (label, tls) in [
+            ("bulk download, HTTPS (MB/s)", true),
+            ("bulk download, plain HTTP (MB/s)", false),
+        ] {
+            let mut direct = f64::NAN;
+            for via in &vias {
+                if Instant::now() > total_limit {
+                    break;
+                }
+                // Warm-up (pools, leaf cache), then the measured run.
+                let _ = bulk_download(&ctx, *via, tls, 1 << 20, 1).await;
+                let measured = with_cpu(
+                    proxy_pid(*via),
+                    size * u64::from(reps),
+                    bulk_download(&ctx, *via, tls, size, reps),
+                )
+                .await;
+                if *via == Via::Direct {
+                    direct = measured.0;
+                }
+                row(label, *via, measured, direct);
             }
-            // Warm-up (pools, leaf cache), then the measured run.
-            let _ = bulk_download(&ctx, *via, tls, 1 << 20, 1).await;
-            let measured = with_cpu(
-                proxy_pid(*via),
-                size * u64::from(reps),
-                bulk_download(&ctx, *via, tls, size, reps),
-            )
-            .await;
-            if *via == Via::Direct {
-                direct = measured.0;
-            }
-            row(label, *via, measured, direct);
         }
-    }
-    {
-        let label = "bulk download, HTTPS, HTTP/2 (MB/s)";
-        let mut direct = f64::NAN;
-        for via in &vias {
-            if Instant::now() > total_limit {
-                break;
+        {
+            let label = "bulk download, HTTPS, HTTP/2 (MB/s)";
+            let mut direct = f64::NAN;
+            for via in &vias {
+                if Instant::now() > total_limit {
+                    break;
+                }
+                let _ = bulk_download_h2(&ctx, *via, 1 << 20, 1).await;
+                let measured = with_cpu(
+                    proxy_pid(*via),
+                    size * u64::from(reps),
+                    bulk_download_h2(&ctx, *via, size, reps),
+                )
+                .await;
+                if *via == Via::Direct {
+                    direct = measured.0;
+                }
+                row(label, *via, measured, direct);
             }
-            let _ = bulk_download_h2(&ctx, *via, 1 << 20, 1).await;
-            let measured = with_cpu(
-                proxy_pid(*via),
-                size * u64::from(reps),
-                bulk_download_h2(&ctx, *via, size, reps),
-            )
-            .await;
-            if *via == Via::Direct {
-                direct = measured.0;
-            }
-            row(label, *via, measured, direct);
         }
-    }
-    {
-        let label = "bulk upload, HTTPS (MB/s)";
-        let mut direct = f64::NAN;
-        for via in &vias {
-            if Instant::now() > total_limit {
-                break;
+        {
+            let label = "bulk upload, HTTPS (MB/s)";
+            let mut direct = f64::NAN;
+            for via in &vias {
+                if Instant::now() > total_limit {
+                    break;
+                }
+                let _ = bulk_upload(&ctx, *via, 1 << 20, 1).await;
+                let measured = with_cpu(
+                    proxy_pid(*via),
+                    size / 2 * u64::from(reps),
+                    bulk_upload(&ctx, *via, size / 2, reps),
+                )
+                .await;
+                if *via == Via::Direct {
+                    direct = measured.0;
+                }
+                row(label, *via, measured, direct);
             }
-            let _ = bulk_upload(&ctx, *via, 1 << 20, 1).await;
-            let measured = with_cpu(
-                proxy_pid(*via),
-                size / 2 * u64::from(reps),
-                bulk_upload(&ctx, *via, size / 2, reps),
-            )
-            .await;
-            if *via == Via::Direct {
-                direct = measured.0;
-            }
-            row(label, *via, measured, direct);
         }
     }
     println!();
     println!("| workload | path | result | vs direct |");
     println!("| --- | --- | --- | --- |");
     let (n_keep, n_fresh) = if quick { (300, 60) } else { (2000, 300) };
+    println!(
+        "latency rows: paths interleaved in rounds (one request each per round); \
+         \"vs direct\" is the p50 / p99 of (path − direct) in the same round\n"
+    );
     for (label, fresh, n) in [
         ("HTTPS request, kept-alive connection (ms)", false, n_keep),
         (
@@ -833,37 +903,54 @@ async fn run(quick: bool) {
             n_fresh,
         ),
     ] {
-        let mut direct = (f64::NAN, f64::NAN);
-        for via in &vias {
-            let _ = latency(&ctx, *via, fresh, 20, Duration::from_secs(10)).await;
-            let (p50, p99, done) = latency(&ctx, *via, fresh, n, Duration::from_secs(60)).await;
-            if *via == Via::Direct {
-                direct = (p50, p99);
-            }
+        let per_via = latency_rounds(&ctx, &vias, fresh, n, Duration::from_secs(120)).await;
+        // The two bundles' own difference, paired by round: the steadiest
+        // figure for whether a change helped.
+        let bundle_minus_baseline = vias
+            .iter()
+            .position(|v| matches!(v, Via::Baseline(_)))
+            .zip(vias.iter().position(|v| matches!(v, Via::Bundle(_))))
+            .map(|(base, new)| {
+                let mut d: Vec<f64> = per_via[new]
+                    .0
+                    .iter()
+                    .zip(&per_via[base].0)
+                    .map(|(n, b)| n - b)
+                    .collect();
+                p50_p99(&mut d).0
+            });
+        for (via, (mut own, mut added)) in vias.iter().zip(per_via) {
+            let done = own.len();
+            let (p50, p99) = p50_p99(&mut own);
+            let vs_direct = if *via == Via::Direct {
+                String::new()
+            } else {
+                let (a50, a99) = p50_p99(&mut added);
+                format!("{a50:+.3} / {a99:+.3}")
+            };
             println!(
-                "| {label}, n={done} | {} | p50 {p50:.3} / p99 {p99:.3} | +{:.3} / +{:.3} |",
+                "| {label}, n={done} | {} | p50 {p50:.3} / p99 {p99:.3} | {vs_direct} |",
                 via.name(),
-                p50 - direct.0,
-                p99 - direct.1
             );
         }
+        if let Some(d) = bundle_minus_baseline {
+            println!("| {label} | bundle − baseline, p50 of per-round differences | {d:+.4} | |");
+        }
     }
-    let n_conns = if quick { 300 } else { 1000 };
-    for via in vias.iter().filter(|v| **v != Via::Direct) {
-        let (held, secs, conns) =
-            hold_many(ctx.clone(), *via, n_conns, Duration::from_secs(120)).await;
-        let pid = match via {
-            Via::Bundle(_) => Some(bundle_pid),
-            Via::Tinyproxy(_) => tiny_pid,
-            Via::Direct => None,
-        };
-        let rss = pid.map(|p| rss_kib(p).0).unwrap_or(0);
-        println!(
-            "| {n_conns} concurrent HTTPS sessions held | {} | {held}/{n_conns} open in {secs:.1} s, RSS {} MiB while held | |",
-            via.name(),
-            rss / 1024
-        );
-        drop(conns);
+    if !latency_only {
+        let n_conns = if quick { 300 } else { 1000 };
+        for via in vias.iter().filter(|v| **v != Via::Direct) {
+            let (held, secs, conns) =
+                hold_many(ctx.clone(), *via, n_conns, Duration::from_secs(120)).await;
+            let pid = proxy_pid(*via);
+            let rss = pid.map(|p| rss_kib(p).0).unwrap_or(0);
+            println!(
+                "| {n_conns} concurrent HTTPS sessions held | {} | {held}/{n_conns} open in {secs:.1} s, RSS {} MiB while held | |",
+                via.name(),
+                rss / 1024
+            );
+            drop(conns);
+        }
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (_, bundle_peak) = rss_kib(bundle_pid);
@@ -882,5 +969,6 @@ async fn run(quick: bool) {
         bundle_peak as f64 / 1024.0
     );
     drop(tiny);
+    drop(baseline);
     drop(bundle);
 }

@@ -130,6 +130,18 @@ impl AuditRecord {
         self.truncated |= cut;
     }
 
+    /// Whether `key` is this record's coalescing key, compared in place:
+    /// most lines on a busy tunnel repeat the last, and building the key
+    /// for each would cost four allocations.
+    fn has_coalesce_key(&self, key: &CoalesceKey) -> bool {
+        self.decision == key.decision
+            && self.port == key.port
+            && self.daemon == key.daemon
+            && self.host == key.host
+            && self.method == key.method
+            && self.reason == key.reason
+    }
+
     fn coalesce_key(&self) -> CoalesceKey {
         CoalesceKey {
             daemon: self.daemon.clone(),
@@ -242,16 +254,14 @@ impl AuditLog {
     /// Records one decision: written at once, or counted when an identical
     /// one was written less than [`COALESCE_WINDOW`] ago. A failed write
     /// degrades the log ([`AuditLog::is_degraded`]).
-    pub fn write(&self, record: &AuditRecord) {
-        let mut record = record.clone();
+    pub fn write(&self, mut record: AuditRecord) {
         record.bound();
-        let key = record.coalesce_key();
         let mut writer = self.inner.lock();
         if self.is_degraded() {
             return;
         }
         if let Some(window) = writer.window.as_mut()
-            && window.key == key
+            && record.has_coalesce_key(&window.key)
             && window.opened.elapsed() < COALESCE_WINDOW
         {
             window.repeats += 1;
@@ -261,7 +271,7 @@ impl AuditLog {
         self.inner.close_window(&mut writer);
         self.inner.append(&mut writer, &record);
         writer.window = Some(Window {
-            key,
+            key: record.coalesce_key(),
             opened: Instant::now(),
             repeats: 0,
             last: None,
@@ -528,7 +538,7 @@ mod tests {
         let mut follower = AuditFollower::new(&path);
         assert!(follower.poll().unwrap().is_empty());
         let log = AuditLog::open(&path, "b", BIG).unwrap();
-        log.write(&rec("a.example"));
+        log.write(rec("a.example"));
         // A torn line is held back until complete.
         std::fs::OpenOptions::new()
             .append(true)
@@ -554,7 +564,7 @@ mod tests {
                 let log = log.clone();
                 std::thread::spawn(move || {
                     for i in 0..200 {
-                        log.write(&rec(&format!("h{t}-{i}-{}", "x".repeat(200))));
+                        log.write(rec(&format!("h{t}-{i}-{}", "x".repeat(200))));
                     }
                 })
             })
@@ -572,8 +582,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.jsonl");
         let log = AuditLog::open(&path, "b", BIG).unwrap();
-        log.write(&rec("one"));
-        log.write(&rec("two"));
+        log.write(rec("one"));
+        log.write(rec("two"));
         let mut seen = Vec::new();
         AuditFollower::new(&path)
             .follow(std::time::Duration::from_millis(10), |r| {
@@ -588,7 +598,7 @@ mod tests {
         assert_eq!(seen, ["one", "two"]);
         let mut tail = AuditFollower::from_end(&path).unwrap();
         assert!(tail.poll().unwrap().is_empty());
-        log.write(&rec("three"));
+        log.write(rec("three"));
         assert_eq!(tail.poll().unwrap()[0].host, "three");
     }
 
@@ -600,8 +610,8 @@ mod tests {
         let mut long = rec(&"h".repeat(1000));
         long.path = format!("/{}", "é".repeat(2000));
         long.reason = "r".repeat(300);
-        log.write(&long);
-        log.write(&rec("short"));
+        log.write(long);
+        log.write(rec("short"));
         let got = read_audit(&path).unwrap();
         assert!(got[0].truncated);
         assert!(
@@ -630,7 +640,7 @@ mod tests {
         for i in 0..100 {
             let mut r = rec("same");
             r.path = format!("/{i}");
-            log.write(&r);
+            log.write(r);
         }
         // The first is written at once, the repeats wait.
         let now = read_audit(&path).unwrap();
@@ -638,13 +648,13 @@ mod tests {
             (now.len(), now[0].count, now[0].path.as_str()),
             (1, 1, "/0")
         );
-        log.write(&rec("other"));
+        log.write(rec("other"));
         let got = read_audit(&path).unwrap();
         let counts: Vec<(&str, u64)> = got.iter().map(|r| (r.host.as_str(), r.count)).collect();
         assert_eq!(counts, [("same", 1), ("same", 99), ("other", 1)]);
         assert_eq!(got[1].path, "/99");
         for _ in 0..5 {
-            log.write(&rec("other"));
+            log.write(rec("other"));
         }
         log.flush();
         assert_eq!(read_audit(&path).unwrap().last().unwrap().count, 5);
@@ -655,8 +665,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.jsonl");
         let log = AuditLog::open(&path, "b", BIG).unwrap();
-        log.write(&rec("same"));
-        log.write(&rec("same"));
+        log.write(rec("same"));
+        log.write(rec("same"));
         bottle_test_support::wait_until("the counted line", Duration::from_secs(10), || {
             read_audit(&path).unwrap().len() == 2
         });
@@ -670,7 +680,7 @@ mod tests {
         let cap = 4096;
         let log = AuditLog::open(&path, "b", cap).unwrap();
         for i in 0..400 {
-            log.write(&rec(&format!("h{i}")));
+            log.write(rec(&format!("h{i}")));
         }
         log.flush();
         for n in 0..=AUDIT_GENERATIONS {
@@ -698,7 +708,7 @@ mod tests {
         let log = AuditLog::open(&path, "b", BIG).unwrap();
         assert!(!log.is_degraded());
         assert_eq!(audit_health(dir.path()), AuditHealth::Ok);
-        log.write(&rec("a"));
+        log.write(rec("a"));
         assert!(log.is_degraded());
         assert_eq!(audit_health(dir.path()), AuditHealth::Degraded);
         assert!(!dir.path().join(AUDIT_OK_MARKER).exists());
@@ -710,7 +720,7 @@ mod tests {
         let path = dir.path().join("audit.jsonl");
         std::os::unix::fs::symlink("/dev/full", &path).unwrap();
         let log = AuditLog::open(&path, "b", BIG).unwrap();
-        log.write(&rec("a"));
+        log.write(rec("a"));
         assert_eq!(audit_health(dir.path()), AuditHealth::Degraded);
     }
 

@@ -258,7 +258,8 @@ where
 /// when the client goes away mid-stream.
 pub struct AuditGuard {
     log: AuditLog,
-    record: AuditRecord,
+    /// Taken on drop: the line is written once.
+    record: Option<AuditRecord>,
     start: Instant,
     up: Arc<AtomicU64>,
     down: Arc<AtomicU64>,
@@ -276,7 +277,7 @@ impl AuditGuard {
     ) -> Self {
         Self {
             log,
-            record,
+            record: Some(record),
             start,
             up,
             down: Arc::new(AtomicU64::new(0)),
@@ -287,7 +288,9 @@ impl AuditGuard {
 
 impl Drop for AuditGuard {
     fn drop(&mut self) {
-        let mut rec = self.record.clone();
+        let Some(mut rec) = self.record.take() else {
+            return;
+        };
         rec.bytes_up = self.up.load(Ordering::Relaxed);
         rec.bytes_down = self.down.load(Ordering::Relaxed);
         rec.duration_ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -296,7 +299,7 @@ impl Drop for AuditGuard {
             rec.decision = Decision::BlockedSecret;
             rec.reason = f.reason();
         }
-        self.log.write(&rec);
+        self.log.write(rec);
     }
 }
 

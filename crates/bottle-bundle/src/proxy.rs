@@ -226,7 +226,7 @@ impl Proxy {
     ) -> Response<BoxBody> {
         rec.status = status.as_u16();
         rec.duration_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.audit.write(&rec);
+        self.audit.write(rec);
         text(status, message)
     }
 
@@ -434,7 +434,7 @@ impl Proxy {
             &rule,
         );
         rec.status = 200;
-        self.audit.write(&rec);
+        self.audit.write(rec);
         if let Some(refusal) = self.refuse_unaudited() {
             return refusal;
         }
@@ -473,7 +473,7 @@ impl Proxy {
                 &target.rule,
             );
             rec.status = status;
-            self.audit.write(&rec);
+            self.audit.write(rec);
         };
         let mut first = [0u8; 1];
         let n = match tokio::time::timeout(handshake_limit, io.read(&mut first)).await {
@@ -564,26 +564,24 @@ impl Proxy {
             return refusal;
         }
         let start = Instant::now();
-        let method = req.method().as_str().to_string();
-        let pq = req
-            .uri()
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_string();
-        let host_s = target.host.to_string();
-        if req.method() == Method::CONNECT {
-            let rec = self.record(
+        // The audit line's fields, built only for a refusal: an allowed
+        // request's are built once, in `forward`.
+        let refused = |reason: &str| {
+            let pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
+            self.record(
                 Decision::Deny,
-                &host_s,
+                &target.host.to_string(),
                 target.port,
-                &method,
-                &pq,
-                "nested_connect",
+                req.method().as_str(),
+                pq,
+                reason,
                 &target.rule,
-            );
+            )
+        };
+        if req.method() == Method::CONNECT {
             return self.refuse(
                 StatusCode::METHOD_NOT_ALLOWED,
-                rec,
+                refused("nested_connect"),
                 start,
                 "bottle: CONNECT inside a tunnel is not allowed",
             );
@@ -591,33 +589,33 @@ impl Proxy {
         // The request's authority (an absolute URI, HTTP/2's `:authority`)
         // and its Host header must each name the CONNECT host; at least one
         // of them must be there.
-        let uri_authority = req.uri().authority().map(|a| a.as_str().to_string());
+        let uri_authority = req
+            .uri()
+            .authority()
+            .map(|a| std::borrow::Cow::Borrowed(a.as_str()));
         let host_header = req
             .headers()
             .get(header::HOST)
-            .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned());
+            .map(|h| String::from_utf8_lossy(h.as_bytes()));
         let names_target =
-            |n: &String| parse_authority(n, Some(target.port)).is_ok_and(|(h, _)| h == target.host);
+            |n: &str| parse_authority(n, Some(target.port)).is_ok_and(|(h, _)| h == target.host);
         let mismatch = [&uri_authority, &host_header]
             .into_iter()
             .flatten()
             .find(|n| !names_target(n));
         let named = mismatch.or(uri_authority.as_ref()).or(host_header.as_ref());
         if named.is_none() || mismatch.is_some() {
-            let rec = self.record(
-                Decision::Deny,
-                &host_s,
-                target.port,
-                &method,
-                &pq,
-                "host_mismatch",
-                &target.rule,
-            );
             let msg = format!(
-                "bottle: this tunnel is for {host_s}; the request names {} (domain fronting is not allowed)",
-                named.map_or("no host", String::as_str)
+                "bottle: this tunnel is for {}; the request names {} (domain fronting is not allowed)",
+                target.host,
+                named.map_or("no host", |n| n.as_ref())
             );
-            return self.refuse(StatusCode::MISDIRECTED_REQUEST, rec, start, &msg);
+            return self.refuse(
+                StatusCode::MISDIRECTED_REQUEST,
+                refused("host_mismatch"),
+                start,
+                &msg,
+            );
         }
         self.forward(req, target, start).await
     }

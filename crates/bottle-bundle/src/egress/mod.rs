@@ -174,7 +174,7 @@ impl Egress {
         rule: String,
         message: String,
     ) -> Answer {
-        self.audit.write(&AuditRecord {
+        self.audit.write(AuditRecord {
             v: crate::audit::AUDIT_VERSION,
             time: bottle_core::time::now_rfc3339_millis(),
             bottle: self.bottle.clone(),

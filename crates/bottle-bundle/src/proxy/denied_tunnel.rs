@@ -125,7 +125,7 @@ impl Proxy {
         );
         rec.status = StatusCode::FORBIDDEN.as_u16();
         rec.duration_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.audit.write(&rec);
+        self.audit.write(rec);
         if let Some(refusal) = self.refuse_unaudited() {
             return refusal;
         }

@@ -334,7 +334,7 @@ impl Supervise {
                 }
             }
         }
-        self.audit.write(&AuditRecord {
+        self.audit.write(AuditRecord {
             v: crate::audit::AUDIT_VERSION,
             time: bottle_core::time::now_rfc3339_millis(),
             bottle: self.bottle.clone(),

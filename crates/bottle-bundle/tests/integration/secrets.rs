@@ -93,6 +93,42 @@ async fn a_secret_at_the_start_of_a_body_opens_no_upstream_connection() {
     );
 }
 
+/// The same inside an intercepted tunnel: no upstream connection for a
+/// refused request; its clean requests share one kept-alive connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_dials_upstream_only_for_clean_requests() {
+    let env = Env::start(Options::default()).await;
+    let authority = format!("{ALLOWED}:{}", env.upstream.https.port());
+    let mut tls = env.tls(&authority, ALLOWED).await.unwrap();
+    let post = |body: &str| {
+        format!(
+            "POST /up HTTP/1.1\r\nHost: {ALLOWED}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    tls.write_all(post(&format!("key={AWS}")).as_bytes())
+        .await
+        .unwrap();
+    let resp = read_response(&mut tls).await;
+    assert_eq!(resp.status, 403, "{}", resp.text());
+    assert_eq!(env.upstream.accepted(), 0, "{:?}", env.upstream.seen());
+    // Clean requests on a new tunnel.
+    let mut tls = env.tls(&authority, ALLOWED).await.unwrap();
+    for i in 0..3 {
+        tls.write_all(post(&format!("key=nothing-{i}")).as_bytes())
+            .await
+            .unwrap();
+        let resp = read_response(&mut tls).await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+    }
+    assert_eq!(env.upstream.seen().len(), 3);
+    assert_eq!(
+        env.upstream.accepted(),
+        1,
+        "one upstream connection for the tunnel's three requests"
+    );
+}
+
 /// A gzip stream of `data`.
 fn gzip(data: &[u8]) -> Vec<u8> {
     let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());

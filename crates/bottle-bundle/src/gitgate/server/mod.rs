@@ -169,7 +169,7 @@ impl GitGate {
     }
 
     fn write_audit(&self, e: Entry, status: StatusCode, start: Instant) {
-        self.audit.write(&AuditRecord {
+        self.audit.write(AuditRecord {
             v: AUDIT_VERSION,
             time: now_rfc3339_millis(),
             bottle: self.bottle.clone(),
