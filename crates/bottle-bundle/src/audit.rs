@@ -134,12 +134,22 @@ impl AuditRecord {
     /// most lines on a busy tunnel repeat the last, and building the key
     /// for each would cost four allocations.
     fn has_coalesce_key(&self, key: &CoalesceKey) -> bool {
-        self.decision == key.decision
-            && self.port == key.port
-            && self.daemon == key.daemon
-            && self.host == key.host
-            && self.method == key.method
-            && self.reason == key.reason
+        // Every field named, so a field added to the key cannot be left
+        // out of the comparison.
+        let CoalesceKey {
+            daemon,
+            decision,
+            host,
+            port,
+            method,
+            reason,
+        } = key;
+        self.decision == *decision
+            && self.port == *port
+            && &self.daemon == daemon
+            && &self.host == host
+            && &self.method == method
+            && &self.reason == reason
     }
 
     fn coalesce_key(&self) -> CoalesceKey {

@@ -1,10 +1,11 @@
 //! `bottle stop` against raw Docker, in one run on the real daemon: the
 //! real CLI stopping a running detached bottle, against `docker rm -f` of
-//! one running container of the same image (the baseline) and of
-//! two in one command (the honest floor: a bottle is two containers),
-//! interleaved round by round. Also reported, not the goal: the time until
-//! the detached finisher has removed the bottle's state dir (its network
-//! goes before it).
+//! one running container of the same image (the baseline: `stop`
+//! returns once the agent's one container is gone) and of two in one
+//! command (what the whole bottle's two containers cost), interleaved
+//! round by round. Also reported, not the goal: the time until the
+//! detached finisher has removed the bottle's state dir (its bundle and
+//! network go before it).
 //!
 //! `cargo xtask bench` runs it with the static binaries; by hand:
 //! `BOTTLE_BUNDLE_BIN=… BOTTLE_TOOLBOX_BIN=… cargo bench --profile dev -p
@@ -92,19 +93,19 @@ fn main() {
     );
     println!("| --- | --- | --- | --- | --- |");
     row(
-        "`bottle stop` of a running detached bottle (returns with both containers gone)",
+        "`bottle stop` of a running detached bottle (returns with the agent's container gone)",
         &stops,
         "`docker rm -f` of one running container",
         &removes,
     );
     row(
-        "`bottle stop` of a running detached bottle (returns with both containers gone)",
+        "`bottle stop` of a running detached bottle (returns with the agent's container gone)",
         &stops,
         "`docker rm -f A B` of two running containers",
         &removes_of_two,
     );
     row(
-        "… until its finisher removed the network and state dir (reported, not the goal)",
+        "… until its finisher removed the bundle, the network and the state dir (reported, not the goal)",
         &finishes,
         "`docker rm -f` of one running container",
         &removes,

@@ -3,8 +3,8 @@
 //!
 //! Why two processes: the operator waits only until the agent can no
 //! longer run or reach anything. The backend's `begin_stop` records that
-//! the bottle is stopping and removes its boxes; `stop` then returns, and
-//! the finisher ends the session holder and removes the rest (network,
+//! the bottle is stopping and removes the agent's box; `stop` then returns,
+//! and the finisher ends the session holder and removes the rest (bundle, network,
 //! state dir with its audit log kept; the shared egress network stays for
 //! the next launch until `cleanup`). If
 //! the finisher dies, the record makes `list` show the bottle as

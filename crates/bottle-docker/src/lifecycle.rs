@@ -376,9 +376,12 @@ fn removable_state_dir(dir: &Path, slug: &str) -> bool {
 
 /// The first part of a stop, all the operator waits for: records in the
 /// bottle's state dir that it is stopping (a `stopping` file, synced), then
-/// removes its containers together. Once they are gone the agent can
-/// neither run nor reach anything; [`finish_stop`] finishes the rest, and
-/// `cleanup` does if nothing else does. `Stopped` when the bottle has no
+/// removes the agent's container. Once it is gone the agent can neither
+/// run nor reach anything (the bundle it leaves is alone on an internal
+/// network the host has no address on); [`finish_stop`] removes the bundle
+/// and the rest, and `cleanup` does if nothing else does. Removing the
+/// bundle here too would cost the operator the daemon killing a second
+/// container alongside the first, most of a second `docker rm -f`. `Stopped` when the bottle has no
 /// state dir under `state_root` to record in (or its labels name another):
 /// then it is stopped whole, here.
 ///
@@ -402,8 +405,12 @@ pub fn begin_stop(
         return stop(engine, state_root, name).map(StopProgress::Stopped);
     }
     stopping::record(&dir)?;
+    let agent: Vec<Resource> = containers
+        .into_iter()
+        .filter(|c| c.labels.get(LABEL_ROLE).map(String::as_str) == Some(role::AGENT))
+        .collect();
     let mut report = CleanupReport::default();
-    remove_resources(engine, &containers, &[], &mut report);
+    remove_resources(engine, &agent, &[], &mut report);
     Ok(StopProgress::Stopping(report))
 }
 

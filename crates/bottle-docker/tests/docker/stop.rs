@@ -1,5 +1,6 @@
-//! A stop in two parts: `begin_stop` leaves the network and the state dir
-//! (recorded as stopping) and nothing that runs; `finish_stop` removes
+//! A stop in two parts: `begin_stop` removes the agent's container and
+//! leaves the bundle, the network and the state dir (recorded as
+//! stopping); `finish_stop` removes
 //! them even when the state dir vanished first (a test's temp dir, an
 //! operator's `rm -rf`), and a late finisher spares a new bottle of the
 //! same name.
@@ -27,9 +28,18 @@ fn a_stop_begun_is_finished_without_its_state_dir_and_a_late_finish_spares_a_new
     };
     assert!(report.failed.is_empty(), "{:?}", report.failed);
     assert_eq!(
-        resources_of(&fx.backend, &name),
-        [format!("network bot-bottle-{name}")],
-        "begin_stop leaves only the network"
+        report.removed,
+        [format!("container bot-bottle-{name}-agent")],
+        "begin_stop removes the agent's container alone"
+    );
+    let left = resources_of(&fx.backend, &name);
+    assert!(
+        left.len() == 2
+            && left
+                .iter()
+                .any(|r| r.starts_with("container") && r.contains(&format!("{name}-bundle")))
+            && left.contains(&format!("network bot-bottle-{name}")),
+        "begin_stop leaves the bundle and the network: {left:?}"
     );
     assert!(state_dir.join("stopping").is_file());
 
@@ -37,13 +47,12 @@ fn a_stop_begun_is_finished_without_its_state_dir_and_a_late_finish_spares_a_new
     std::fs::remove_dir_all(&state_dir).unwrap();
     let report = fx.backend.finish_stop(&full).unwrap();
     assert!(report.failed.is_empty(), "{:?}", report.failed);
-    assert!(
-        report
-            .removed
-            .contains(&format!("network bot-bottle-{name}")),
-        "{:?}",
-        report.removed
-    );
+    for gone in [
+        format!("container bot-bottle-{name}-bundle"),
+        format!("network bot-bottle-{name}"),
+    ] {
+        assert!(report.removed.contains(&gone), "{:?}", report.removed);
+    }
     assert_eq!(resources_of(&fx.backend, &name), Vec::<String>::new());
 
     // A new bottle of the same name, not stopping: a finisher that comes
