@@ -116,6 +116,18 @@ impl Drop for World {
     }
 }
 
+/// The one-launch-at-a-time guard, the Engine with the demo image, and an
+/// empty world; `None` (a printed skip) without Docker.
+fn setup(test: &str) -> Option<(std::sync::MutexGuard<'static, ()>, Engine, World)> {
+    let serial = crate::one_launch_at_a_time();
+    let engine =
+        crate::docker_with_demo_image(test, IMAGE, &["BOTTLE_BUNDLE_BIN", "BOTTLE_TOOLBOX_BIN"])?;
+    let world = World {
+        dir: tempfile::tempdir().unwrap(),
+    };
+    Some((serial, engine, world))
+}
+
 /// Every container and network Docker holds for bottles of this test's
 /// agent.
 fn leftovers(engine: &Engine) -> Vec<String> {
@@ -193,14 +205,8 @@ fn rebuild_image(engine: &Engine) {
 #[test]
 fn a_pool_is_claimed_checked_refused_when_changed_and_drained() {
     let test = "a_pool_is_claimed_checked_refused_when_changed_and_drained";
-    let _serial = crate::one_launch_at_a_time();
-    let Some(engine) =
-        crate::docker_with_demo_image(test, IMAGE, &["BOTTLE_BUNDLE_BIN", "BOTTLE_TOOLBOX_BIN"])
-    else {
+    let Some((_serial, engine, world)) = setup(test) else {
         return;
-    };
-    let world = World {
-        dir: tempfile::tempdir().unwrap(),
     };
     world.write_manifest("api.example.com");
 
@@ -330,14 +336,8 @@ fn a_pool_is_claimed_checked_refused_when_changed_and_drained() {
 #[test]
 fn a_manifest_pool_is_refilled_after_a_claim_exactly_once() {
     let test = "a_manifest_pool_is_refilled_after_a_claim_exactly_once";
-    let _serial = crate::one_launch_at_a_time();
-    let Some(engine) =
-        crate::docker_with_demo_image(test, IMAGE, &["BOTTLE_BUNDLE_BIN", "BOTTLE_TOOLBOX_BIN"])
-    else {
+    let Some((_serial, engine, world)) = setup(test) else {
         return;
-    };
-    let world = World {
-        dir: tempfile::tempdir().unwrap(),
     };
     world.write_agent("api.example.com", "pool = 1\n");
     world.run(&["pool", "fill", "pooled"]);

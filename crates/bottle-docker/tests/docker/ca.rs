@@ -117,6 +117,13 @@ fn host_openssl(args: &[&str]) -> String {
     out.stdout_text()
 }
 
+/// Arch's and Nix's shape: the bundle a TLS library opens is a link to
+/// the extracted file; a second link dangles.
+const LINKED_BUNDLES: &str = "mkdir -p /etc/ca-certificates/extracted && \
+     printf 'ROOTS\\n' > /etc/ca-certificates/extracted/tls-ca-bundle.pem && \
+     ln -s ../../ca-certificates/extracted/tls-ca-bundle.pem /etc/ssl/certs/ca-certificates.crt && \
+     ln -s /nix/store/gone/ca-bundle.crt /etc/ssl/cert.pem";
+
 #[test]
 fn a_symlinked_bundle_gets_the_ca_in_its_target_and_the_hashed_dir_an_entry() {
     let Some(mut fx) =
@@ -124,14 +131,7 @@ fn a_symlinked_bundle_gets_the_ca_in_its_target_and_the_hashed_dir_an_entry() {
     else {
         return;
     };
-    // Arch's and Nix's shape: the bundle a TLS library opens is a link to
-    // the extracted file; a second link dangles.
-    let dockerfile = demo_with(
-        "mkdir -p /etc/ca-certificates/extracted && \
-         printf 'ROOTS\\n' > /etc/ca-certificates/extracted/tls-ca-bundle.pem && \
-         ln -s ../../ca-certificates/extracted/tls-ca-bundle.pem /etc/ssl/certs/ca-certificates.crt && \
-         ln -s /nix/store/gone/ca-bundle.crt /etc/ssl/cert.pem",
-    );
+    let dockerfile = demo_with(LINKED_BUNDLES);
     let _image = build_image(&mut fx, "symlink", &dockerfile, &[]);
     let name = name("ca-link");
     let (_guard, bottle) = fx.start(&name);
@@ -190,12 +190,7 @@ fn a_second_bottle_of_an_image_gets_its_own_ca_from_the_remembered_survey() {
     else {
         return;
     };
-    let dockerfile = demo_with(
-        "mkdir -p /etc/ca-certificates/extracted && \
-         printf 'ROOTS\\n' > /etc/ca-certificates/extracted/tls-ca-bundle.pem && \
-         ln -s ../../ca-certificates/extracted/tls-ca-bundle.pem /etc/ssl/certs/ca-certificates.crt && \
-         ln -s /nix/store/gone/ca-bundle.crt /etc/ssl/cert.pem",
-    );
+    let dockerfile = demo_with(LINKED_BUNDLES);
     let _image = build_image(&mut fx, "remembered", &dockerfile, &[]);
     let surveys = fx.state.path().join(bottle_docker::cache::CA_SURVEY_CACHE);
     let mut cas = Vec::new();
