@@ -104,7 +104,7 @@ pub(crate) fn spawn_host(
         .map_err(|err| failed(format!("cannot create {}: {err}", paths.dir.display())))?;
     // Opened for reading before the holder exists, so its byte always
     // finds a reader.
-    let ready = open_ready_pipe(paths).map_err(|err| {
+    let (ready, _held_open) = open_ready_pipe(paths).map_err(|err| {
         failed(format!(
             "cannot make {}: {err}",
             ready_pipe(paths).display()
@@ -130,17 +130,27 @@ pub(crate) fn spawn_host(
 }
 
 /// A fresh [`ready_pipe`] (owner-only), opened for reading without
-/// blocking: no writer is needed to open it.
-fn open_ready_pipe(paths: &SessionPaths) -> std::io::Result<std::os::fd::OwnedFd> {
+/// blocking (no writer is needed to open it), and a write end we hold
+/// ourselves: with a writer always there, a writer that comes and goes
+/// without its byte leaves no hang-up for `poll` to report again and
+/// again, and the wait sleeps until a byte or the holder's exit.
+fn open_ready_pipe(
+    paths: &SessionPaths,
+) -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
     use rustix::fs::{Mode, OFlags};
     let path = ready_pipe(paths);
     let _ = std::fs::remove_file(&path);
     rustix::fs::mkfifoat(rustix::fs::CWD, &path, Mode::RUSR | Mode::WUSR)?;
-    Ok(rustix::fs::open(
-        &path,
-        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?)
+    let open = |flags| {
+        rustix::fs::open(
+            &path,
+            flags | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    let read = open(OFlags::RDONLY)?;
+    let write = open(OFlags::WRONLY)?;
+    Ok((read, write))
 }
 
 /// How waiting for the holder ended.
@@ -168,8 +178,8 @@ fn wait_ready(pipe: &std::os::fd::OwnedFd, holder: Owner, within: Duration) -> R
         });
     loop {
         let mut byte = [0u8; 1];
-        // Before any writer came, a read finds nothing (0, or EAGAIN once
-        // one has): only the byte means ready.
+        // An empty pipe reads EAGAIN (we hold a writer ourselves): only
+        // the byte means ready.
         if rustix::io::read(pipe, &mut byte) == Ok(1) {
             return Ready::Serving;
         }
@@ -366,6 +376,17 @@ mod tests {
     #[test]
     fn a_holder_that_writes_its_byte_is_ready() {
         spawn_stand_in("printf 1 > \"$0\"").unwrap();
+    }
+
+    #[test]
+    fn a_writer_that_leaves_without_the_byte_is_not_readiness() {
+        spawn_stand_in("exec 3>\"$0\"; exec 3>&-; sleep 0.2; printf 1 > \"$0\"").unwrap();
+        let err = spawn_stand_in("exec 3>\"$0\"; exec 3>&-; echo gone; exit 1").unwrap_err();
+        assert!(
+            err.message.contains("the session holder exited: gone"),
+            "{}",
+            err.message
+        );
     }
 
     #[test]
