@@ -184,6 +184,10 @@ fn wait_ready(pipe: &std::os::fd::OwnedFd, holder: Owner, within: Duration) -> R
             return Ready::Serving;
         }
         if !holder.is_alive() {
+            // Its byte may have come between the read and its exit.
+            if rustix::io::read(pipe, &mut byte) == Ok(1) {
+                return Ready::Serving;
+            }
             return Ready::Exited;
         }
         let left = deadline.saturating_duration_since(Instant::now());
