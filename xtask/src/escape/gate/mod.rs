@@ -254,8 +254,14 @@ pub(crate) fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> 
     let _ = std::fs::remove_dir_all(&work);
     result?;
 
-    let after = bottle_resources(&engine)?;
-    let mut left = leftovers(&before, &after);
+    // A stop returns once the agent's container is gone; each bottle's
+    // detached finisher removes its bundle and network just after.
+    let finishers_within = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut left = leftovers(&before, &bottle_resources(&engine)?);
+    while !left.is_empty() && std::time::Instant::now() < finishers_within {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        left = leftovers(&before, &bottle_resources(&engine)?);
+    }
     if let Backend::Smolmachines(target) = &options.backend {
         let smolvm = smolvm_of(target, &sys);
         let machines = smolvm
