@@ -349,7 +349,7 @@ fn stop_ends_a_running_session_holder_that_kept_no_inherited_fd() {
         .args(["stop", &world.name])
         .assert()
         .success();
-    // `stop` returns once the containers are gone; its finisher ends the
+    // `stop` returns once the agent's container is gone; its finisher ends the
     // holder.
     wait_until("the session holder to end", WAIT, || !process_runs(holder));
     wait_until("the session's files to go", WAIT, || {
