@@ -237,6 +237,30 @@ fn matches(m: &Matcher, host: &Host) -> bool {
     }
 }
 
+/// Hosts named by rules of the config's `allow` syntax, for what applies
+/// to some allowed hosts only (which ones redact secrets).
+#[derive(Debug, Clone, Default)]
+pub struct HostSet {
+    rules: Vec<Matcher>,
+}
+
+impl HostSet {
+    /// Parses `rules`.
+    pub fn new(rules: &[String]) -> Result<Self, BundleError> {
+        Ok(Self {
+            rules: rules
+                .iter()
+                .map(|r| parse_rule(r))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    /// Whether a rule names `host`.
+    pub fn contains(&self, host: &Host) -> bool {
+        self.rules.iter().any(|m| matches(m, host))
+    }
+}
+
 /// Rules added while the bundle runs (hosts the operator approved through
 /// supervise). Cheap to clone; every clone is the same list, so the proxy
 /// and egress see an approval at the same moment, without a restart.

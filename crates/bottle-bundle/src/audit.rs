@@ -59,6 +59,9 @@ pub enum Decision {
     Deny,
     /// Refused because the request carried a secret.
     BlockedSecret,
+    /// Forwarded with the secrets it carried masked (a host whose
+    /// `on_secret` is `redact`); the reason names their kinds.
+    Redacted,
     /// Failed (upstream unreachable, protocol error, ...).
     Error,
 }

@@ -1,6 +1,7 @@
 //! Body wrappers: secret scanning on the way out, byte counting with an
 //! audit line on completion, and masking of injected secrets on the way back.
 
+use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,7 +14,7 @@ use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 
 use crate::audit::{AuditLog, AuditRecord, Decision};
-use crate::scan::{Finding, StreamScanner};
+use crate::scan::{Finding, Scanner, StreamScanner, redacted_reason};
 
 /// Errors carried by bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -100,8 +101,24 @@ impl Body for Prepended {
     }
 }
 
-/// Where a body scan records what it found.
-pub type FindingSlot = Arc<Mutex<Option<Finding>>>;
+/// What the scans of one request found, for its refusal or its audit
+/// line: the secret that blocked it, or the kinds of the secrets masked in
+/// it on a host that redacts.
+#[derive(Debug, Default)]
+pub struct Findings {
+    /// The secret the request was refused for.
+    pub blocked: Option<Finding>,
+    /// The kinds of the secrets redacted from it.
+    pub redacted: BTreeSet<&'static str>,
+}
+
+/// Where the scans of one request record what they found.
+pub type FindingSlot = Arc<Mutex<Findings>>;
+
+/// The secret `slot` says the request was refused for.
+pub fn blocked(slot: &FindingSlot) -> Option<Finding> {
+    slot.lock().ok().and_then(|s| s.blocked)
+}
 
 /// The error a [`ScanBody`] ends with when it sees a secret.
 #[derive(Debug, thiserror::Error)]
@@ -112,13 +129,14 @@ pub struct SecretBlocked {
 }
 
 /// Scans a request body as it streams and forwards only what can no longer
-/// be part of a secret (see [`StreamScanner`]); on a secret it fails the
-/// stream (aborting the upstream request) and records the finding, so none
-/// of the secret's bytes have left.
+/// be part of a secret (see [`StreamScanner`]). A blocking scan fails the
+/// stream at a secret (aborting the upstream request) and records the
+/// finding, so none of the secret's bytes have left; a redacting one
+/// forwards the body with each secret masked and records its kind.
 pub struct ScanBody<B> {
     inner: B,
     scanner: StreamScanner,
-    header_scanner: crate::scan::Scanner,
+    header_scanner: Scanner,
     up: Arc<AtomicU64>,
     finding: FindingSlot,
     client_failed: Arc<AtomicBool>,
@@ -129,19 +147,25 @@ pub struct ScanBody<B> {
 }
 
 impl<B> ScanBody<B> {
-    /// Wraps `inner`. `client_failed` is set when the agent's own body
-    /// stream fails (malformed chunking, reset), so the caller can answer
-    /// 400 rather than blame the upstream.
+    /// Wraps `inner`, blocking at a secret, or masking it when
+    /// `redacting`. `client_failed` is set when the agent's own body stream
+    /// fails (malformed chunking, reset), so the caller can answer 400
+    /// rather than blame the upstream.
     pub fn new(
         inner: B,
-        scanner: &crate::scan::Scanner,
+        scanner: &Scanner,
+        redacting: bool,
         up: Arc<AtomicU64>,
         finding: FindingSlot,
         client_failed: Arc<AtomicBool>,
     ) -> Self {
         Self {
             inner,
-            scanner: scanner.stream(),
+            scanner: if redacting {
+                scanner.redacting_stream()
+            } else {
+                scanner.stream()
+            },
             header_scanner: scanner.clone(),
             up,
             finding,
@@ -154,9 +178,49 @@ impl<B> ScanBody<B> {
 
     fn block(&self, f: Finding) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if let Ok(mut slot) = self.finding.lock() {
-            slot.get_or_insert(f);
+            slot.blocked.get_or_insert(f);
         }
         Poll::Ready(Some(Err(Box::new(SecretBlocked { kind: f.kind }))))
+    }
+
+    fn record_redacted(&self, kinds: &BTreeSet<&'static str>) {
+        if kinds.is_empty() {
+            return;
+        }
+        if let Ok(mut slot) = self.finding.lock() {
+            slot.redacted.extend(kinds);
+        }
+    }
+
+    /// The trailers as they may leave: each value scanned like a header,
+    /// masked where the body is redacted; or the finding that blocks them.
+    fn checked_trailers(&self, mut frame: Frame<Bytes>) -> Result<Frame<Bytes>, Finding> {
+        let redacting = self.scanner.is_redacting();
+        let Some(trailers) = frame.trailers_mut() else {
+            return Ok(frame);
+        };
+        for (name, value) in trailers.iter_mut() {
+            if !redacting {
+                match self
+                    .header_scanner
+                    .scan_header(name.as_str(), value.as_bytes())
+                {
+                    Some(f) => return Err(f),
+                    None => continue,
+                }
+            }
+            let (masked, kinds) = self
+                .header_scanner
+                .redact_header(name.as_str(), value.as_bytes())?;
+            if !kinds.is_empty() {
+                // Masking writes letters and `*` only: always a valid value.
+                if let Ok(masked) = http::HeaderValue::from_bytes(&masked) {
+                    *value = masked;
+                }
+                self.record_redacted(&kinds);
+            }
+        }
+        Ok(frame)
     }
 
     /// The agent's body is done: release the held tail, then the trailers.
@@ -191,7 +255,9 @@ where
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
                         this.up.fetch_add(data.len() as u64, Ordering::Relaxed);
-                        match this.scanner.feed(&data) {
+                        let fed = this.scanner.feed(&data);
+                        this.record_redacted(this.scanner.redacted());
+                        match fed {
                             Err(f) => return this.block(f),
                             Ok(ready) if !ready.is_empty() => {
                                 return Poll::Ready(Some(Ok(Frame::data(ready))));
@@ -200,19 +266,10 @@ where
                             Ok(_) => {}
                         }
                     }
-                    Err(frame) => {
-                        if let Some(trailers) = frame.trailers_ref() {
-                            for (name, value) in trailers {
-                                if let Some(f) = this
-                                    .header_scanner
-                                    .scan_header(name.as_str(), value.as_bytes())
-                                {
-                                    return this.block(f);
-                                }
-                            }
-                        }
-                        this.end(Some(frame));
-                    }
+                    Err(frame) => match this.checked_trailers(frame) {
+                        Ok(frame) => this.end(Some(frame)),
+                        Err(f) => return this.block(f),
+                    },
                 },
                 Poll::Ready(Some(Err(e))) => {
                     this.client_failed.store(true, Ordering::Relaxed);
@@ -295,9 +352,14 @@ impl Drop for AuditGuard {
         rec.bytes_down = self.down.load(Ordering::Relaxed);
         rec.duration_ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
         rec.time = bottle_core::time::now_rfc3339_millis();
-        if let Some(f) = self.finding.lock().ok().and_then(|s| *s) {
-            rec.decision = Decision::BlockedSecret;
-            rec.reason = f.reason();
+        if let Ok(found) = self.finding.lock() {
+            if let Some(f) = found.blocked {
+                rec.decision = Decision::BlockedSecret;
+                rec.reason = f.reason();
+            } else if !found.redacted.is_empty() && rec.decision == Decision::Allow {
+                rec.decision = Decision::Redacted;
+                rec.reason = redacted_reason(&found.redacted);
+            }
         }
         self.log.write(rec);
     }
@@ -488,11 +550,18 @@ pub(crate) mod tests {
         let scanner = crate::scan::Scanner::new().unwrap();
         let up = Arc::new(AtomicU64::new(0));
         let slot: FindingSlot = Arc::default();
-        let filler = "z".repeat(200);
-        let (first, second) = (format!("{filler} data=xx AKIAIOSF"), "ODNN7EXAMPLE yy");
+        let filler = "z".repeat(1000);
+        let (first, second) = (format!("{filler} data=xx AKIAZ7Q3"), "HN2XK5WJ4T6M yy");
         let sent = (first.len() + second.len()) as u64;
         let chunks = Chunks([Bytes::from(first), Bytes::from_static(second.as_bytes())].into());
-        let mut body = ScanBody::new(chunks, &scanner, up.clone(), slot.clone(), Arc::default());
+        let mut body = ScanBody::new(
+            chunks,
+            &scanner,
+            false,
+            up.clone(),
+            slot.clone(),
+            Arc::default(),
+        );
         let mut released = Vec::new();
         let err = loop {
             match body.frame().await {
@@ -502,10 +571,7 @@ pub(crate) mod tests {
             }
         };
         assert!(err.is::<SecretBlocked>(), "{err}");
-        assert_eq!(
-            slot.lock().unwrap().map(|f| f.kind),
-            Some("aws_access_key_id")
-        );
+        assert_eq!(blocked(&slot).map(|f| f.kind), Some("aws_access_key_id"));
         assert_eq!(up.load(Ordering::Relaxed), sent);
         let released = String::from_utf8(released).unwrap();
         assert!(!released.contains('A'), "{released}");
@@ -516,15 +582,51 @@ pub(crate) mod tests {
     async fn scan_body_passes_a_clean_body_whole() {
         let scanner = crate::scan::Scanner::new().unwrap();
         let text: Vec<u8> = b"hello clean world ".repeat(100);
-        let chunks = Chunks(text.chunks(37).map(Bytes::copy_from_slice).collect());
+        for redacting in [false, true] {
+            let chunks = Chunks(text.chunks(37).map(Bytes::copy_from_slice).collect());
+            let body = ScanBody::new(
+                chunks,
+                &scanner,
+                redacting,
+                Arc::default(),
+                Arc::default(),
+                Arc::default(),
+            );
+            let out = body.collect().await.unwrap().to_bytes();
+            assert_eq!(out.as_ref(), text.as_slice());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_redacting_scan_body_masks_a_split_secret_and_records_its_kind() {
+        let scanner = crate::scan::Scanner::new().unwrap();
+        let slot: FindingSlot = Arc::default();
+        let filler = "z".repeat(1000);
+        let text = format!("{filler} data=xx AKIAZ7Q3HN2XK5WJ4T6M yy");
+        let at = text.find("AKIA").unwrap();
+        let chunks = Chunks(
+            [
+                Bytes::copy_from_slice(&text.as_bytes()[..at + 8]),
+                Bytes::copy_from_slice(&text.as_bytes()[at + 8..]),
+            ]
+            .into(),
+        );
         let body = ScanBody::new(
             chunks,
             &scanner,
+            true,
             Arc::default(),
-            Arc::default(),
+            slot.clone(),
             Arc::default(),
         );
         let out = body.collect().await.unwrap().to_bytes();
-        assert_eq!(out.as_ref(), text.as_slice());
+        let expected = format!("{filler} data=xx REDACTED************ yy");
+        assert_eq!(String::from_utf8_lossy(&out), expected);
+        let found = slot.lock().unwrap();
+        assert_eq!(found.blocked, None);
+        assert_eq!(
+            found.redacted.iter().copied().collect::<Vec<_>>(),
+            ["aws_access_key_id"]
+        );
     }
 }

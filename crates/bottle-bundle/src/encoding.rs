@@ -11,6 +11,7 @@
 //! does not leave.
 
 use std::cell::Cell;
+use std::collections::BTreeSet;
 use std::io::{self, Read};
 use std::rc::Rc;
 
@@ -118,13 +119,32 @@ pub fn codings(headers: &HeaderMap) -> Result<Vec<Coding>, Refusal> {
     Ok(out)
 }
 
-/// Buffers `body` (bounded), scans it decoded and as sent, and returns it
-/// to forward unchanged (trailers included), or why it may not go.
+/// A body with a `Content-Encoding` as it may leave.
+#[derive(Debug)]
+pub enum Scanned {
+    /// As the agent sent it, trailers included: nothing was found.
+    AsSent(BoxBody),
+    /// Decoded, with the secrets it carried masked (a host that redacts):
+    /// it goes on without its `Content-Encoding`, at this length.
+    Redacted {
+        /// The decoded, masked body and the (masked) trailers.
+        body: BoxBody,
+        /// Its length, for `Content-Length`.
+        len: u64,
+        /// The kinds of the secrets masked.
+        kinds: BTreeSet<&'static str>,
+    },
+}
+
+/// Buffers `body` (bounded). Blocking, it scans it decoded and as sent and
+/// returns it to forward unchanged (trailers included), or why it may not
+/// go. Redacting, a body with a secret in it goes on decoded and masked.
 pub async fn buffer_and_scan<B>(
     body: B,
     scanner: &Scanner,
     codings: Vec<Coding>,
-) -> Result<BoxBody, Refusal>
+    redacting: bool,
+) -> Result<Scanned, Refusal>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -139,21 +159,56 @@ where
                 Refusal::ClientFailed
             }
         })?;
-    let trailers = collected.trailers().cloned();
-    for (name, value) in trailers.iter().flatten() {
-        if let Some(f) = scanner.scan_header(name.as_str(), value.as_bytes()) {
-            return Err(Refusal::Secret(f));
+    let mut trailers = collected.trailers().cloned();
+    let mut kinds = BTreeSet::new();
+    for (name, value) in trailers.iter_mut().flatten() {
+        if !redacting {
+            if let Some(f) = scanner.scan_header(name.as_str(), value.as_bytes()) {
+                return Err(Refusal::Secret(f));
+            }
+            continue;
+        }
+        let (masked, found) = scanner
+            .redact_header(name.as_str(), value.as_bytes())
+            .map_err(Refusal::Secret)?;
+        if !found.is_empty() {
+            // Masking writes letters and `*` only: always a valid value.
+            if let Ok(masked) = header::HeaderValue::from_bytes(&masked) {
+                *value = masked;
+            }
+            kinds.extend(found);
         }
     }
     let encoded = collected.to_bytes();
     let scanner = scanner.clone();
     let to_scan = encoded.clone();
     // Decoding is CPU work of up to tens of milliseconds: off the reactor.
-    tokio::task::spawn_blocking(move || scan_encoded(&scanner, &codings, &to_scan))
-        .await
-        .map_err(|e| Refusal::Undecodable(format!("the decoder stopped: {e}")))??;
-    let body = Full::new(encoded).with_trailers(async move { trailers.map(Ok) });
-    Ok(boxed(body))
+    let masked = tokio::task::spawn_blocking(move || {
+        if redacting {
+            redact_encoded(&scanner, &codings, &to_scan).map(Some)
+        } else {
+            scan_encoded(&scanner, &codings, &to_scan).map(|()| None)
+        }
+    })
+    .await
+    .map_err(|e| Refusal::Undecodable(format!("the decoder stopped: {e}")))??;
+    match masked {
+        Some((decoded, found)) if !found.is_empty() || !kinds.is_empty() => {
+            kinds.extend(found);
+            let len = decoded.len() as u64;
+            let body =
+                Full::new(Bytes::from(decoded)).with_trailers(async move { trailers.map(Ok) });
+            Ok(Scanned::Redacted {
+                body: boxed(body),
+                len,
+                kinds,
+            })
+        }
+        _ => {
+            let body = Full::new(encoded).with_trailers(async move { trailers.map(Ok) });
+            Ok(Scanned::AsSent(boxed(body)))
+        }
+    }
 }
 
 /// Scans `encoded` as sent and decoded through `codings` (applied in that
@@ -164,6 +219,41 @@ pub fn scan_encoded(scanner: &Scanner, codings: &[Coding], encoded: &[u8]) -> Re
     if let Some(f) = scanner.scan(encoded) {
         return Err(Refusal::Secret(f));
     }
+    let mut stream = scanner.stream();
+    decode(codings, encoded, |decoded| {
+        stream.feed(decoded).map(drop).map_err(Refusal::Secret)
+    })
+}
+
+/// `encoded` decoded through `codings` with every secret masked, and the
+/// kinds masked; a secret in the bytes as sent (a gzip header's file name)
+/// counts too, since the decoded body is what then leaves.
+fn redact_encoded(
+    scanner: &Scanner,
+    codings: &[Coding],
+    encoded: &[u8],
+) -> Result<(Vec<u8>, BTreeSet<&'static str>), Refusal> {
+    let mut as_sent = scanner.redacting_stream();
+    as_sent.feed(encoded).map_err(Refusal::Secret)?;
+    let mut stream = scanner.redacting_stream();
+    let mut out = Vec::new();
+    decode(codings, encoded, |decoded| {
+        out.extend_from_slice(&stream.feed(decoded).map_err(Refusal::Secret)?);
+        Ok(())
+    })?;
+    out.extend_from_slice(&stream.finish());
+    let mut kinds = stream.redacted().clone();
+    kinds.extend(as_sent.redacted());
+    Ok((out, kinds))
+}
+
+/// Decodes `encoded` through `codings` (bounded, see [`decoded_limit`]),
+/// handing each decoded piece to `each`.
+fn decode(
+    codings: &[Coding],
+    encoded: &[u8],
+    mut each: impl FnMut(&[u8]) -> Result<(), Refusal>,
+) -> Result<(), Refusal> {
     if encoded.is_empty() {
         return Ok(());
     }
@@ -186,14 +276,11 @@ pub fn scan_encoded(scanner: &Scanner, codings: &[Coding], encoded: &[u8]) -> Re
             exceeded: exceeded.clone(),
         });
     }
-    let mut stream = scanner.stream();
     let mut buf = vec![0; DECODE_BUF];
     loop {
         match reader.read(&mut buf) {
             Ok(0) => return Ok(()),
-            Ok(n) => {
-                stream.feed(&buf[..n]).map_err(Refusal::Secret)?;
-            }
+            Ok(n) => each(&buf[..n])?,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(_) if exceeded.get() => return Err(Refusal::TooLarge),
             Err(e) => return Err(Refusal::Undecodable(e.to_string())),
@@ -276,7 +363,7 @@ pub(crate) mod tests {
 
     use super::*;
 
-    const AWS: &str = "AKIAIOSFODNN7EXAMPLE";
+    const AWS: &str = "AKIAZ7Q3HN2XK5WJ4T6M";
 
     pub(crate) fn gzip(data: &[u8]) -> Vec<u8> {
         let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());

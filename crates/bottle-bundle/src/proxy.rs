@@ -32,16 +32,17 @@ use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::BundleError;
-use crate::allowlist::{Denial, Host, Policy, Verdict, normalize_host, parse_authority};
+use crate::allowlist::{Denial, Host, HostSet, Policy, Verdict, normalize_host, parse_authority};
 use crate::audit::{AuditLog, AuditRecord, Decision, redact_path};
 use crate::body::{
-    AuditGuard, BoxBody, FindingSlot, MeteredBody, ScanBody, boxed, first_frame_read, full,
+    AuditGuard, BoxBody, FindingSlot, MeteredBody, ScanBody, blocked as blocked_by, boxed,
+    first_frame_read, full,
 };
 use crate::ca::LeafMinter;
 use crate::egress::{Destination, Egress, Outcome, Scheme};
-use crate::encoding::{self, Refusal};
+use crate::encoding::{self, Refusal, Scanned};
 use crate::io::{IdleIo, Prefixed, ReadBuffered};
-use crate::scan::Scanner;
+use crate::scan::{Finding, Scanner};
 
 mod denied_tunnel;
 use denied_tunnel::DeniedTunnel;
@@ -53,6 +54,8 @@ pub const HEALTH_PATH: &str = "/__bottle/health";
 pub struct Proxy {
     bottle: String,
     policy: Policy,
+    /// Hosts whose requests have their secrets masked, not refused.
+    redact: HostSet,
     scanner: Scanner,
     minter: LeafMinter,
     audit: AuditLog,
@@ -115,6 +118,7 @@ impl Proxy {
         Ok(Self {
             bottle: config.bottle.clone(),
             policy,
+            redact: HostSet::new(&config.redact)?,
             scanner: Scanner::new()?,
             minter,
             audit,
@@ -380,7 +384,7 @@ impl Proxy {
         port: u16,
         method: &str,
         path: &str,
-        f: crate::scan::Finding,
+        f: Finding,
         start: Instant,
     ) -> Response<BoxBody> {
         let rec = self.record(
@@ -654,6 +658,74 @@ impl Proxy {
         self.refuse(refusal.status(), rec, start, &message)
     }
 
+    /// Scans a request's target and headers. Blocking, the first secret
+    /// refuses the request; redacting, each is masked in `parts` in place
+    /// and its kind recorded in `finding`, unless masking cannot clean it.
+    /// Returns the target as it leaves (masked), for the audit line.
+    fn scan_head(
+        &self,
+        parts: &mut http::request::Parts,
+        redacting: bool,
+        finding: &FindingSlot,
+    ) -> Result<String, Finding> {
+        let pq = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string();
+        if !redacting {
+            if let Some(f) = self.scanner.scan_target(&pq) {
+                return Err(f);
+            }
+            for (name, value) in &parts.headers {
+                if let Some(f) = self.scanner.scan_header(name.as_str(), value.as_bytes()) {
+                    return Err(f);
+                }
+            }
+            return Ok(pq);
+        }
+        let mut redacted = std::collections::BTreeSet::new();
+        let (masked_pq, kinds) = self.scanner.redact_target(&pq)?;
+        if !kinds.is_empty() {
+            let mut uri = parts.uri.clone().into_parts();
+            // Masks write letters and `*`: always a valid target.
+            uri.path_and_query = masked_pq.parse().ok();
+            if let Ok(masked) = http::Uri::from_parts(uri) {
+                parts.uri = masked;
+            }
+            redacted.extend(kinds);
+        }
+        for (name, value) in &mut parts.headers {
+            let (masked, kinds) = self
+                .scanner
+                .redact_header(name.as_str(), value.as_bytes())?;
+            if !kinds.is_empty() {
+                if let Ok(masked) = HeaderValue::from_bytes(&masked) {
+                    *value = masked;
+                }
+                redacted.extend(kinds);
+            }
+        }
+        // What leaves must be clean, whatever a mask failed to write.
+        let leaves = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string();
+        if let Some(f) = self.scanner.scan_target(&leaves) {
+            return Err(f);
+        }
+        for (name, value) in &parts.headers {
+            if let Some(f) = self.scanner.scan_header(name.as_str(), value.as_bytes()) {
+                return Err(f);
+            }
+        }
+        if let Ok(mut found) = finding.lock() {
+            found.redacted.extend(redacted);
+        }
+        Ok(leaves)
+    }
+
     /// Scans and forwards one request to egress; streams the response back.
     async fn forward(
         &self,
@@ -705,34 +777,41 @@ impl Proxy {
                 "bottle: a request may not carry both Content-Length and Transfer-Encoding",
             );
         }
-        if let Some(f) = self.scanner.scan_target(&pq) {
-            return blocked(f.reason());
-        }
-        for (name, value) in req.headers() {
-            if let Some(f) = self.scanner.scan_header(name.as_str(), value.as_bytes()) {
-                return blocked(f.reason());
-            }
-        }
-        let codings = match encoding::codings(req.headers()) {
+        let redacting = self.redact.contains(&target.host);
+        let (mut parts, body) = req.into_parts();
+        let finding: FindingSlot = Arc::default();
+        let pq = match self.scan_head(&mut parts, redacting, &finding) {
+            Ok(pq) => pq,
+            Err(f) => return blocked(f.reason()),
+        };
+        let codings = match encoding::codings(&parts.headers) {
             Ok(c) => c,
             Err(refusal) => return self.unscannable(&refusal, &target, &method, &pq, start),
         };
-        let (parts, body) = req.into_parts();
         let up = Arc::new(AtomicU64::new(0));
-        let finding: FindingSlot = Arc::default();
         let client_failed = Arc::new(AtomicBool::new(false));
         let body = if codings.is_empty() {
             boxed(ScanBody::new(
                 body,
                 &self.scanner,
+                redacting,
                 up.clone(),
                 finding.clone(),
                 client_failed.clone(),
             ))
         } else {
-            match encoding::buffer_and_scan(body, &self.scanner, codings).await {
-                Ok(body) => {
+            match encoding::buffer_and_scan(body, &self.scanner, codings, redacting).await {
+                Ok(Scanned::AsSent(body)) => {
                     let len = http_body::Body::size_hint(&body).lower();
+                    up.store(len, Ordering::Relaxed);
+                    body
+                }
+                Ok(Scanned::Redacted { body, len, kinds }) => {
+                    parts.headers.remove(header::CONTENT_ENCODING);
+                    parts.headers.insert(header::CONTENT_LENGTH, len.into());
+                    if let Ok(mut found) = finding.lock() {
+                        found.redacted.extend(kinds);
+                    }
                     up.store(len, Ordering::Relaxed);
                     body
                 }
@@ -741,11 +820,10 @@ impl Proxy {
         };
         // A secret found in the body, or the agent's own body broken, stops
         // the body the proxy feeds egress: those are the proxy's to name.
-        let body_stopped = || {
-            finding.lock().ok().and_then(|s| *s).is_some() || client_failed.load(Ordering::Relaxed)
-        };
+        let body_stopped =
+            || blocked_by(&finding).is_some() || client_failed.load(Ordering::Relaxed);
         let body_refusal = || {
-            if let Some(f) = finding.lock().ok().and_then(|s| *s) {
+            if let Some(f) = blocked_by(&finding) {
                 return blocked(f.reason());
             }
             let rec = self.record(
@@ -789,7 +867,7 @@ impl Proxy {
     }
 }
 
-fn secret_in_name_message(f: &crate::scan::Finding) -> String {
+fn secret_in_name_message(f: &Finding) -> String {
     format!(
         "bottle: request blocked: the destination name carries what looks like a credential ({})",
         f.reason()

@@ -92,6 +92,10 @@ pub struct BundleConfig {
     /// used by tests to map names onto servers they started.
     #[serde(default)]
     pub resolve: BTreeMap<String, String>,
+    /// `allow` rules whose requests have their secrets redacted (masked in
+    /// place, the request sent on) instead of blocked.
+    #[serde(default)]
+    pub redact: Vec<String>,
     /// PEM files of roots the egress daemon trusts for upstream TLS: the
     /// manifest's `egress.upstream_ca` and, when asked, the host's system
     /// store (copied into the bundle).

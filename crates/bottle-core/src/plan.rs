@@ -83,6 +83,10 @@ pub struct Plan<D = ()> {
     /// Allowed names pinned to addresses (`egress.resolve`).
     #[serde(default)]
     pub egress_resolve: std::collections::BTreeMap<String, String>,
+    /// The `allow` rules whose secrets are redacted, not blocked
+    /// (`egress.on_secret`).
+    #[serde(default)]
+    pub egress_redact: Vec<String>,
     /// The roots the bundle trusts for upstream TLS besides `upstream_ca`.
     #[serde(default)]
     pub upstream_trust: UpstreamTrust,
@@ -142,6 +146,13 @@ impl Plan {
             egress_allow: agent.egress.allow.clone(),
             egress_ports: spec.egress_ports(),
             egress_resolve: agent.egress.resolve.clone(),
+            egress_redact: agent
+                .egress
+                .on_secret
+                .iter()
+                .filter(|(_, action)| **action == crate::manifest::SecretAction::Redact)
+                .map(|(host, _)| host.clone())
+                .collect(),
             upstream_trust: spec.upstream_trust,
             upstream_ca: agent.egress.upstream_ca.clone(),
             credentials: agent
@@ -193,6 +204,7 @@ impl Plan {
             egress_allow: self.egress_allow,
             egress_ports: self.egress_ports,
             egress_resolve: self.egress_resolve,
+            egress_redact: self.egress_redact,
             upstream_trust: self.upstream_trust,
             upstream_ca: self.upstream_ca,
             credentials: self.credentials,
@@ -212,6 +224,25 @@ impl Plan {
 }
 
 impl<D> Plan<D> {
+    /// What a secret in a request does, host by host: `block` unless the
+    /// manifest says `redact` for the host.
+    fn secret_actions(&self) -> String {
+        if self.egress_redact.is_empty() {
+            return "block (a request carrying one is refused)".into();
+        }
+        let blocked: Vec<&str> = self
+            .egress_allow
+            .iter()
+            .filter(|h| !self.egress_redact.contains(h))
+            .map(String::as_str)
+            .collect();
+        let mut out = format!("redact for {}", self.egress_redact.join(", "));
+        if !blocked.is_empty() {
+            out.push_str(&format!("; block for {}", blocked.join(", ")));
+        }
+        out
+    }
+
     /// The summary the operator confirms with y/N.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -249,6 +280,9 @@ impl<D> Plan<D> {
         );
         for (host, addr) in &self.egress_resolve {
             line("resolve", &format!("{host} -> {addr}"));
+        }
+        if !self.egress_allow.is_empty() {
+            line("secrets", &self.secret_actions());
         }
         line(
             "upstream TLS",
@@ -329,6 +363,32 @@ mod tests {
             .collect();
         assert_eq!(lines.len(), 1, "{rendered}");
         lines[0].trim_start().to_string()
+    }
+
+    fn secrets_line(plan: &Plan) -> Option<String> {
+        plan.render()
+            .lines()
+            .find(|l| l.trim_start().starts_with("secrets "))
+            .map(|l| l.trim_start().trim_start_matches("secrets").trim().to_string())
+    }
+
+    #[test]
+    fn the_plan_says_what_a_secret_does_host_by_host() {
+        assert_eq!(secrets_line(&plan("")), None, "nothing is allowed");
+        let blocking = plan("egress.allow = [\"a.example\"]\n");
+        assert_eq!(
+            secrets_line(&blocking).as_deref(),
+            Some("block (a request carrying one is refused)")
+        );
+        let mixed = plan(
+            "egress.allow = [\"api.anthropic.com\", \"github.com\"]\n\
+             egress.on_secret = { \"api.anthropic.com\" = \"redact\", \"github.com\" = \"block\" }\n",
+        );
+        assert_eq!(mixed.egress_redact, ["api.anthropic.com"]);
+        assert_eq!(
+            secrets_line(&mixed).as_deref(),
+            Some("redact for api.anthropic.com; block for github.com")
+        );
     }
 
     #[test]

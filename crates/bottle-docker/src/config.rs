@@ -358,6 +358,7 @@ pub fn bundle_config<D>(plan: &Plan<D>, bundle: &BundleData) -> BundleConfig {
         ca_key: BUNDLE_CA_KEY.into(),
         audit_log: BUNDLE_AUDIT_LOG.into(),
         resolve: plan.egress_resolve.clone(),
+        redact: plan.egress_redact.clone(),
         upstream_roots: (0..bundle.upstream_ca.len())
             .map(upstream_ca_file)
             .collect(),
@@ -475,6 +476,7 @@ pub(crate) mod tests {
             egress_allow: vec!["api.example.com".into()],
             egress_ports: vec![443],
             egress_resolve: Default::default(),
+            egress_redact: vec![],
             upstream_trust: Default::default(),
             upstream_ca: vec!["corp-ca.pem".into()],
             credentials: vec![],

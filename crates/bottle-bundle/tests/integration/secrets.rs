@@ -6,9 +6,9 @@ use std::time::Duration;
 use bottle_bundle::Decision;
 use tokio::io::AsyncWriteExt;
 
-use crate::support::{ALLOWED, Env, Options, read_response};
+use crate::support::{ALLOWED, Env, OTHER_ALLOWED, Options, read_response};
 
-const AWS: &str = "AKIAIOSFODNN7EXAMPLE";
+const AWS: &str = "AKIAZ7Q3HN2XK5WJ4T6M";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secret_split_across_body_chunks_is_blocked_before_any_of_it_leaves() {
@@ -28,10 +28,11 @@ async fn secret_split_across_body_chunks_is_blocked_before_any_of_it_leaves() {
         .unwrap();
     tls.flush().await.unwrap();
     // The body streams: the filler reaches the upstream while the agent
-    // still holds the rest of the key.
+    // still holds the rest of the key, all but the scanner's hold-back.
+    let window = bottle_bundle::scan::Scanner::new().unwrap().window();
     assert!(
         bottle_test_support::eventually_async(Duration::from_secs(5), || {
-            env.upstream.received().len() >= filler.len() - 100
+            env.upstream.received().len() >= first.len() - window
         })
         .await,
         "the start of the body was not forwarded: {} bytes",
@@ -375,4 +376,157 @@ async fn secret_in_an_allowed_subdomain_is_blocked() {
             ("GET", Decision::BlockedSecret)
         ]
     );
+}
+
+/// AWS's documented example key: no secret.
+const AWS_EXAMPLE: &str = "AKIAIOSFODNN7EXAMPLE";
+
+/// A bundle where `ALLOWED` redacts and `OTHER_ALLOWED` blocks.
+async fn redacting_env() -> Env {
+    Env::start(Options {
+        redact: vec![ALLOWED.into()],
+        ..Options::default()
+    })
+    .await
+}
+
+/// A model API call whose history carries a secret, on a host that
+/// redacts: it goes on with the secret masked in place (same length), in
+/// the body, a header and the query, and the audit line says `redacted`
+/// with the kinds; a documented example key is masked too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redacting_host_gets_the_request_with_every_secret_masked() {
+    let env = redacting_env().await;
+    let authority = format!("{ALLOWED}:{}", env.upstream.https.port());
+    let github = "ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789";
+    let body = format!(
+        r#"{{"messages":[{{"role":"user","content":"the tool printed {AWS_EXAMPLE} and {AWS}"}}]}}"#
+    );
+    let request = format!(
+        "POST /v1/messages?k={AWS} HTTP/1.1\r\nHost: {ALLOWED}\r\nX-Debug: {github}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let resp = env.https(&authority, request.as_bytes()).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let seen = env.upstream.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let seen = &seen[0];
+    let masked = |len: usize| format!("REDACTED{}", "*".repeat(len - 8));
+    let expected = body
+        .replace(AWS_EXAMPLE, &masked(20))
+        .replace(AWS, &masked(20));
+    assert_eq!(String::from_utf8_lossy(&seen.body), expected);
+    assert_eq!(seen.path, format!("/v1/messages?k={}", masked(20)));
+    assert_eq!(seen.header("x-debug"), [masked(github.len())]);
+    let received = String::from_utf8_lossy(&env.upstream.received()).into_owned();
+    for secret in [AWS, AWS_EXAMPLE, github] {
+        assert!(!received.contains(secret), "{secret} reached the upstream");
+    }
+    assert!(
+        bottle_test_support::eventually_async(Duration::from_secs(5), || {
+            env.audit().iter().any(|r| {
+                r.decision == Decision::Redacted
+                    && r.reason == "secret:aws_access_key_id,github_token"
+                    && r.path == "/v1/messages?k=…"
+            })
+        })
+        .await,
+        "{:?}",
+        env.audit()
+    );
+}
+
+/// On a redacting host a secret split across chunks is masked whole, and
+/// no byte of it reaches the upstream, wherever the split falls; gzip
+/// bodies go on decoded and masked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redaction_lets_no_byte_of_a_split_or_encoded_secret_through() {
+    let env = redacting_env().await;
+    let authority = format!("{ALLOWED}:{}", env.upstream.https.port());
+    let key = format!("sk-ant-api03-{}", "Zq7".repeat(30));
+    let filler = "z".repeat(3000);
+    let text = format!("{filler} history: {key} end");
+    let at = text.find(&key).unwrap();
+    for split in [at - 1, at + 3, at + 20, at + key.len() - 1] {
+        let mut tls = env.tls(&authority, ALLOWED).await.unwrap();
+        tls.write_all(
+            format!("POST /up HTTP/1.1\r\nHost: {ALLOWED}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        for part in [&text[..split], &text[split..]] {
+            tls.write_all(format!("{:x}\r\n{part}\r\n", part.len()).as_bytes())
+                .await
+                .unwrap();
+            tls.flush().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tls.write_all(b"0\r\n\r\n").await.unwrap();
+        let resp = read_response(&mut tls).await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+    }
+    let encoded = gzip(text.as_bytes());
+    let resp = env
+        .https(
+            &authority,
+            &[
+                format!(
+                    "POST /gz HTTP/1.1\r\nHost: {ALLOWED}\r\nContent-Encoding: gzip\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    encoded.len()
+                )
+                .into_bytes(),
+                encoded,
+            ]
+            .concat(),
+        )
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let seen = env.upstream.seen();
+    assert_eq!(seen.len(), 5, "{seen:?}");
+    let expected = format!(
+        "{filler} history: REDACTED{} end",
+        "*".repeat(key.len() - 8)
+    );
+    for request in &seen {
+        assert_eq!(
+            String::from_utf8_lossy(&request.body),
+            expected,
+            "{}",
+            request.path
+        );
+    }
+    assert!(
+        seen[4].header("content-encoding").is_empty(),
+        "sent decoded"
+    );
+    // The longest run of the key's characters on the wire: its prefix
+    // `sk-` is the most a split may show before the scanner knows.
+    let received = String::from_utf8_lossy(&env.upstream.received()).into_owned();
+    assert!(!received.contains("sk-ant"), "part of the key leaked");
+    assert!(!received.contains("Zq7"), "part of the key leaked");
+}
+
+/// A documented example key is no secret where the host blocks: the
+/// request goes through unchanged; a real-shaped one is refused as ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_host_refuses_real_keys_and_lets_documented_examples_pass() {
+    let env = redacting_env().await;
+    let port = env.upstream.http.port();
+    let send = |key: &str| {
+        let body = format!("aws_access_key_id={key}");
+        format!(
+            "POST http://{OTHER_ALLOWED}:{port}/up HTTP/1.1\r\nHost: {OTHER_ALLOWED}:{port}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let resp = env.raw(send(AWS_EXAMPLE).as_bytes()).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(
+        String::from_utf8_lossy(&env.upstream.seen()[0].body),
+        format!("aws_access_key_id={AWS_EXAMPLE}")
+    );
+    let resp = env.raw(send(AWS).as_bytes()).await;
+    assert_eq!(resp.status, 403, "{}", resp.text());
+    assert!(resp.text().contains("aws_access_key_id"), "{}", resp.text());
+    assert_eq!(env.upstream.seen().len(), 1);
 }

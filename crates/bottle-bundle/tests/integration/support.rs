@@ -248,6 +248,8 @@ pub(crate) struct Options {
     pub limits: BundleLimits,
     pub nameservers: Vec<String>,
     pub resolve: BTreeMap<String, String>,
+    /// `allow` rules whose secrets are redacted instead of blocked.
+    pub redact: Vec<String>,
 }
 
 impl Default for Options {
@@ -266,6 +268,7 @@ impl Default for Options {
             },
             nameservers: vec![],
             resolve,
+            redact: vec![],
         }
     }
 }
@@ -306,6 +309,7 @@ pub(crate) fn base_config(
         ca_key: ca_key.display().to_string(),
         audit_log: dir.join("audit.jsonl").display().to_string(),
         resolve: opts.resolve.clone(),
+        redact: opts.redact.clone(),
         upstream_roots: vec![upstream.root_pem.display().to_string()],
         upstream_web_roots: true,
         nameservers: opts.nameservers.clone(),

@@ -104,6 +104,8 @@ pub const DISK_SMALL: &str = "BOT-M049";
 pub const UPSTREAM_CA_FILE: &str = "BOT-M060";
 /// An `egress.upstream_ca` file that is not PEM or holds no certificate.
 pub const UPSTREAM_CA_PEM: &str = "BOT-M061";
+/// An `egress.on_secret` host that is not an `allow` rule.
+pub const ON_SECRET_HOST: &str = "BOT-M063";
 /// A local git repository path (`git[].url`) is not a directory.
 pub const GIT_PATH: &str = "BOT-M070";
 
@@ -191,6 +193,10 @@ pub const ALL: &[(&str, &str)] = &[
     (
         UPSTREAM_CA_PEM,
         "an `egress.upstream_ca` file that is not PEM or holds no certificate",
+    ),
+    (
+        ON_SECRET_HOST,
+        "an `egress.on_secret` host that is not an `allow` rule",
     ),
     (
         GIT_PATH,

@@ -106,6 +106,27 @@ pub struct Egress {
     /// compiled-in web roots), `system` (the host's store) or
     /// `web+system`. Unset: `BOTTLE_UPSTREAM_TRUST`, else `web`.
     pub upstream_trust: Option<UpstreamTrust>,
+    /// What a secret found in a request to a host does, by `allow` rule:
+    /// `block` (the default for every host) or `redact`.
+    #[serde(default)]
+    pub on_secret: BTreeMap<String, SecretAction>,
+}
+
+/// What the bundle does with a request that carries a secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SecretAction {
+    /// Refuse the request (403), before any byte of the secret leaves.
+    #[default]
+    Block,
+    /// Replace the secret by a marker of the same length and send the
+    /// request on.
+    Redact,
+}
+
+impl SecretAction {
+    /// The manifest's spellings, for the schema check.
+    pub const CHOICES: [&'static str; 2] = ["block", "redact"];
 }
 
 /// A credential the bundle injects into requests to one host.

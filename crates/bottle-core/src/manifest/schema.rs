@@ -69,6 +69,10 @@ const EGRESS: Shape = Shape::Table(&[
         "upstream_trust",
         Shape::OneOf(&crate::upstream_trust::UpstreamTrust::CHOICES),
     ),
+    (
+        "on_secret",
+        Shape::MapOf(&Shape::OneOf(&super::model::SecretAction::CHOICES)),
+    ),
 ]);
 
 const CREDENTIAL: Shape = Shape::Table(&[
@@ -276,6 +280,10 @@ mod tests {
                 resolve: BTreeMap::new(),
                 upstream_ca: vec!["ca.pem".into()],
                 upstream_trust: Some(crate::upstream_trust::UpstreamTrust::WebAndSystem),
+                on_secret: BTreeMap::from([(
+                    "h".into(),
+                    super::super::model::SecretAction::Redact,
+                )]),
             },
             credentials: vec![Credential {
                 name: "n".into(),

@@ -58,6 +58,7 @@ pub(crate) fn validate(manifest: &Manifest, doc: &Doc<'_>, base_dir: &Path) -> O
             let path = FieldPath::root().key("agents").key(name);
             checks.credential_hosts(&path, agent);
             checks.resolve(&path.key("egress"), agent);
+            checks.on_secret(&path.key("egress"), agent);
         }
     }
     checks
@@ -425,6 +426,25 @@ impl Checks<'_, '_> {
                     On::Value,
                     format!("resolve address {address:?} is not an IP address"),
                     "write an IPv4 or IPv6 address, e.g. \"192.0.2.10\"".into(),
+                );
+            }
+        }
+    }
+
+    /// Runs after every egress rule parsed on its own: a host's choice of
+    /// what a secret does names one of the agent's `allow` rules, as
+    /// written.
+    fn on_secret(&mut self, path: &FieldPath, agent: &Agent) {
+        for host in agent.egress.on_secret.keys() {
+            if !agent.egress.allow.contains(host) {
+                self.report(
+                    codes::ON_SECRET_HOST,
+                    path.key("on_secret").key(host),
+                    On::Key,
+                    format!("on_secret names {host:?}, which is not an egress.allow rule"),
+                    format!(
+                        "write the host as egress.allow lists it, or add {host:?} to egress.allow"
+                    ),
                 );
             }
         }

@@ -154,6 +154,7 @@ fn the_full_manifest_uses_every_feature() {
     assert!(claude.prompt.is_some() && !claude.skills.is_empty());
     assert!(claude.devices.is_some() && !claude.devices_blacklist.is_empty());
     assert!(claude.egress.ports.is_some() && claude.credentials.len() >= 2);
+    assert!(!claude.egress.on_secret.is_empty());
     assert!(claude.credentials.iter().any(|c| c.format.is_some()));
     assert!(
         claude
