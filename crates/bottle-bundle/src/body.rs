@@ -324,6 +324,12 @@ pub struct AuditGuard {
 }
 
 impl AuditGuard {
+    /// The count of bytes sent back to the agent, for a body other than a
+    /// [`MeteredBody`] (a WebSocket's frames) to add to.
+    pub fn down(&self) -> Arc<AtomicU64> {
+        self.down.clone()
+    }
+
     /// Prepares the line; byte counts and duration are filled in on drop.
     pub fn new(
         log: AuditLog,
@@ -357,6 +363,8 @@ impl Drop for AuditGuard {
                 rec.decision = Decision::BlockedSecret;
                 rec.reason = f.reason();
             } else if !found.redacted.is_empty() && rec.decision == Decision::Allow {
+                // A redacted line keeps what else it says in its status
+                // and counts; its reason names the kinds masked.
                 rec.decision = Decision::Redacted;
                 rec.reason = redacted_reason(&found.redacted);
             }

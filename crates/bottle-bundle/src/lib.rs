@@ -24,6 +24,7 @@ pub mod log;
 pub mod proxy;
 pub mod scan;
 pub mod supervise;
+pub mod websocket;
 
 pub use audit::{AuditFollower, AuditLog, AuditRecord, Decision, read_audit};
 pub use bottle_bundle_files::{CaPair, generate_ca};

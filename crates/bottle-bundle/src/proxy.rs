@@ -43,6 +43,7 @@ use crate::egress::{Destination, Egress, Outcome, Scheme};
 use crate::encoding::{self, Refusal, Scanned};
 use crate::io::{IdleIo, Prefixed, ReadBuffered};
 use crate::scan::{Finding, Scanner};
+use crate::websocket;
 
 mod denied_tunnel;
 use denied_tunnel::DeniedTunnel;
@@ -557,7 +558,7 @@ impl Proxy {
         });
         let io = TokioIo::new(io);
         let _ = match protocol {
-            TunnelProtocol::Http1 => self.http1().serve_connection(io, svc).await,
+            TunnelProtocol::Http1 => self.http1().serve_connection(io, svc).with_upgrades().await,
             TunnelProtocol::Http2 => self.http2().serve_connection(io, svc).await,
         };
     }
@@ -784,6 +785,11 @@ impl Proxy {
             Ok(pq) => pq,
             Err(f) => return blocked(f.reason()),
         };
+        if websocket::is_upgrade(&parts.method, parts.version, &parts.headers) {
+            return self
+                .websocket(parts, target, start, &pq, redacting, finding)
+                .await;
+        }
         let codings = match encoding::codings(&parts.headers) {
             Ok(c) => c,
             Err(refusal) => return self.unscannable(&refusal, &target, &method, &pq, start),
@@ -864,6 +870,119 @@ impl Proxy {
         rec.status = parts.status.as_u16();
         let guard = AuditGuard::new(self.audit.clone(), rec, start, up, finding);
         Response::from_parts(parts, boxed(MeteredBody::new(body, guard)))
+    }
+}
+
+impl Proxy {
+    /// A WebSocket handshake whose head was scanned: sent on over HTTP/1.1
+    /// without the agent's extension offer; a `101` switches both sides
+    /// and hands them to the relay, which audits the socket when it ends.
+    /// Any other answer goes back as an ordinary response.
+    async fn websocket(
+        &self,
+        mut parts: http::request::Parts,
+        target: Target,
+        start: Instant,
+        pq: &str,
+        redacting: bool,
+        finding: FindingSlot,
+    ) -> Response<BoxBody> {
+        let method = parts.method.as_str().to_string();
+        let host_s = target.host.to_string();
+        let Some(agent_side) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() else {
+            // hyper serves every HTTP/1.1 connection of the proxy with
+            // upgrades; without a handle there is nothing to switch.
+            let rec = self.record(
+                Decision::Error,
+                &host_s,
+                target.port,
+                &method,
+                pq,
+                "websocket_unavailable",
+                &target.rule,
+            );
+            return self.refuse(
+                StatusCode::BAD_REQUEST,
+                rec,
+                start,
+                "bottle: this connection cannot switch to a WebSocket",
+            );
+        };
+        parts.headers.remove(websocket::SEC_WEBSOCKET_EXTENSIONS);
+        let to = Destination {
+            scheme: target.scheme,
+            host: &target.host,
+            port: target.port,
+        };
+        let answer = self.egress.upgrade(parts, to).await;
+        let (decision, reason, rule) = match answer.outcome {
+            Outcome::Forwarded => (Decision::Allow, "websocket", target.rule.clone()),
+            Outcome::Refused {
+                decision,
+                reason,
+                rule,
+            } => (decision, reason, rule),
+        };
+        let mut response = answer.response;
+        let mut rec = self.record(decision, &host_s, target.port, &method, pq, reason, &rule);
+        rec.status = response.status().as_u16();
+        let up = Arc::new(AtomicU64::new(0));
+        if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+            let guard = AuditGuard::new(self.audit.clone(), rec, start, up, finding);
+            let (parts, body) = response.into_parts();
+            return Response::from_parts(parts, boxed(MeteredBody::new(body, guard)));
+        }
+        if response
+            .headers()
+            .contains_key(websocket::SEC_WEBSOCKET_EXTENSIONS)
+        {
+            // Nothing was offered: an extension would hide payloads (a
+            // compressed frame) from the scan.
+            let rec = self.record(
+                Decision::Error,
+                &host_s,
+                target.port,
+                &method,
+                pq,
+                "websocket_extension",
+                &target.rule,
+            );
+            return self.refuse(
+                StatusCode::BAD_GATEWAY,
+                rec,
+                start,
+                "bottle: the upstream agreed to a WebSocket extension that was not offered",
+            );
+        }
+        let upstream_side = hyper::upgrade::on(&mut response);
+        let guard = AuditGuard::new(self.audit.clone(), rec, start, up.clone(), finding.clone());
+        let relay = websocket::relay::Relay {
+            scanner: self.scanner.clone(),
+            redacting,
+            findings: finding,
+            up,
+            down: guard.down(),
+            max_message: self.limits.websocket_max_message_bytes,
+            idle: Duration::from_millis(self.limits.idle_timeout_ms),
+        };
+        tokio::spawn(async move {
+            let _guard = guard;
+            match tokio::try_join!(agent_side, upstream_side) {
+                Ok((agent, upstream)) => {
+                    relay.run(TokioIo::new(agent), TokioIo::new(upstream)).await
+                }
+                Err(e) => crate::log!("proxy: a WebSocket did not switch: {e}"),
+            }
+        });
+        let (mut parts, _) = response.into_parts();
+        parts.extensions = http::Extensions::new();
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts
+            .headers
+            .insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        Response::from_parts(parts, crate::body::empty())
     }
 }
 

@@ -208,6 +208,9 @@ pub struct BundleLimits {
     /// Size at which the audit log is rotated; the bundle keeps
     /// [`AUDIT_GENERATIONS`](crate::audit_files::AUDIT_GENERATIONS) old ones.
     pub audit_log_max_bytes: u64,
+    /// The largest WebSocket message (and so frame) the agent may send; a
+    /// larger one closes the socket with 1009.
+    pub websocket_max_message_bytes: u64,
 }
 
 impl Default for BundleLimits {
@@ -221,6 +224,7 @@ impl Default for BundleLimits {
             max_restarts: 5,
             restart_window_ms: 60_000,
             audit_log_max_bytes: crate::audit_files::DEFAULT_AUDIT_LOG_MAX_BYTES,
+            websocket_max_message_bytes: 16 << 20,
         }
     }
 }

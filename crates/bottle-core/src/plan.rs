@@ -369,7 +369,12 @@ mod tests {
         plan.render()
             .lines()
             .find(|l| l.trim_start().starts_with("secrets "))
-            .map(|l| l.trim_start().trim_start_matches("secrets").trim().to_string())
+            .map(|l| {
+                l.trim_start()
+                    .trim_start_matches("secrets")
+                    .trim()
+                    .to_string()
+            })
     }
 
     #[test]

@@ -129,6 +129,8 @@ pub struct Egress {
     policy: Policy,
     audit: AuditLog,
     client: UpstreamClient,
+    /// HTTP/1.1 only, for WebSocket handshakes.
+    upgrade_client: UpstreamClient,
     credentials: Credentials,
 }
 
@@ -147,12 +149,14 @@ impl Egress {
     pub fn new(config: &BundleConfig, audit: AuditLog) -> Result<Self, BundleError> {
         let policy = Policy::new(&config.allow, &config.ports)?.for_agent(&config.agent);
         let credentials = Credentials::load(&config.credentials)?;
-        let client = upstream::client(config)?;
+        let client = upstream::client(config, upstream::Versions::Any)?;
+        let upgrade_client = upstream::client(config, upstream::Versions::Http1)?;
         Ok(Self {
             bottle: config.bottle.clone(),
             policy,
             audit,
             client,
+            upgrade_client,
             credentials,
         })
     }
@@ -209,7 +213,25 @@ impl Egress {
     /// `parts` are the request as the agent sent it: egress removes the
     /// hop-by-hop headers, sets `Host` and the URI from `to`, and injects
     /// the credential; `body` streams as the proxy's scan lets it.
-    pub async fn send(&self, mut parts: Parts, body: BoxBody, to: Destination<'_>) -> Answer {
+    pub async fn send(&self, parts: Parts, body: BoxBody, to: Destination<'_>) -> Answer {
+        self.dispatch(parts, body, to, false).await
+    }
+
+    /// Sends a WebSocket handshake the proxy has checked and scanned to
+    /// `to`, over HTTP/1.1 (an upgrade cannot ride HTTP/2), asking to
+    /// switch to `websocket`. A `101` answer keeps the upstream's upgrade
+    /// handle in its extensions (`hyper::upgrade::on`).
+    pub async fn upgrade(&self, parts: Parts, to: Destination<'_>) -> Answer {
+        self.dispatch(parts, crate::body::empty(), to, true).await
+    }
+
+    async fn dispatch(
+        &self,
+        mut parts: Parts,
+        body: BoxBody,
+        to: Destination<'_>,
+        websocket: bool,
+    ) -> Answer {
         let start = Instant::now();
         let host_s = to.host.to_string();
         let method = parts.method.as_str().to_string();
@@ -299,9 +321,20 @@ impl Egress {
         self.credentials.inject(&host_s, &mut parts.headers);
         parts.uri = uri;
         // The upstream connection's ALPN picks HTTP/2 or HTTP/1.1, whatever
-        // the agent spoke.
+        // the agent spoke; an upgrade goes over HTTP/1.1 only.
         parts.version = http::Version::HTTP_11;
-        match self.client.request(Request::from_parts(parts, body)).await {
+        let client = if websocket {
+            parts
+                .headers
+                .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            parts
+                .headers
+                .insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+            &self.upgrade_client
+        } else {
+            &self.client
+        };
+        match client.request(Request::from_parts(parts, body)).await {
             Ok(resp) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);

@@ -49,9 +49,21 @@ impl tower_service::Service<Uri> for ReadBufferedConnector {
     }
 }
 
+/// The HTTP versions a client offers upstreams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Versions {
+    /// h2 or HTTP/1.1, as TLS's ALPN settles.
+    Any,
+    /// HTTP/1.1 only: the one an upgrade rides.
+    Http1,
+}
+
 /// The client for `config`: its TLS roots, its resolver and its connect
 /// timeout.
-pub(super) fn client(config: &BundleConfig) -> Result<UpstreamClient, BundleError> {
+pub(super) fn client(
+    config: &BundleConfig,
+    versions: Versions,
+) -> Result<UpstreamClient, BundleError> {
     let tls = upstream_tls(&config.upstream_roots, config.upstream_web_roots)?;
     let resolver = GuardedResolver::new(config)?;
     let mut http = HttpConnector::new_with_resolver(resolver);
@@ -60,11 +72,17 @@ pub(super) fn client(config: &BundleConfig) -> Result<UpstreamClient, BundleErro
     http.set_connect_timeout(Some(Duration::from_millis(
         config.limits.connect_timeout_ms,
     )));
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
+    let builder = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
-        .https_or_http()
-        .enable_all_versions()
-        .wrap_connector(ReadBufferedConnector(http));
+        .https_or_http();
+    let https = match versions {
+        Versions::Any => builder
+            .enable_all_versions()
+            .wrap_connector(ReadBufferedConnector(http)),
+        Versions::Http1 => builder
+            .enable_http1()
+            .wrap_connector(ReadBufferedConnector(http)),
+    };
     // ALPN offers h2 and http/1.1 to TLS upstreams; plain HTTP stays 1.1.
     Ok(Client::builder(TokioExecutor::new())
         .http2_initial_stream_window_size(H2_STREAM_WINDOW)

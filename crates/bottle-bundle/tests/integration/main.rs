@@ -21,3 +21,4 @@ mod limits;
 mod secrets;
 mod supervise;
 mod tls;
+mod websocket;

@@ -58,6 +58,9 @@ pub(crate) struct Upstream {
     /// TCP connections accepted, on either port, whatever they carried.
     accepted: Arc<std::sync::atomic::AtomicUsize>,
     pub root_pem: PathBuf,
+    /// The leaf for `ALLOWED` the upstreams present, for other test
+    /// servers behind the bundle.
+    pub leaf: Arc<rustls::ServerConfig>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -179,7 +182,8 @@ impl Upstream {
         let root_pem = dir.join("upstream-root.pem");
         std::fs::write(&root_pem, &ca.cert_pem).unwrap();
         let minter = LeafMinter::new(&ca.cert_pem, &ca.key_pem).unwrap();
-        let mut tls_cfg = (*minter.server_config(&Host::Name(ALLOWED.into())).unwrap()).clone();
+        let leaf = minter.server_config(&Host::Name(ALLOWED.into())).unwrap();
+        let mut tls_cfg = (*leaf).clone();
         tls_cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls_cfg));
 
@@ -215,6 +219,7 @@ impl Upstream {
             received,
             accepted,
             root_pem,
+            leaf,
             tasks: vec![t1, t2],
         }
     }
