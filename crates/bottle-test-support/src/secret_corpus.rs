@@ -22,12 +22,14 @@
 //! of the files read), so two runs over the same tree measure the same
 //! corpus.
 
+pub mod benign;
 pub mod formats;
 
 use std::io::{self, Write};
 
 use base64::Engine as _;
 
+pub use benign::{BenignCase, FileBound, FileCorpus};
 pub use formats::{FORMATS, Format};
 
 /// A small seeded generator (SplitMix64): the corpus is a pure function of
