@@ -24,6 +24,7 @@
 
 pub mod benign;
 pub mod formats;
+pub mod measure;
 
 use std::io::{self, Write};
 
@@ -31,6 +32,7 @@ use base64::Engine as _;
 
 pub use benign::{BenignCase, FileBound, FileCorpus};
 pub use formats::{FORMATS, Format};
+pub use measure::{Flag, Measurement, Verdict};
 
 /// A small seeded generator (SplitMix64): the corpus is a pure function of
 /// the seed, and nothing here needs more than well-spread bits.
