@@ -10,6 +10,7 @@ use crate::process::{cargo, watch};
 /// The benches, by package and bench target.
 const BENCHES: &[(&str, &str)] = &[
     ("bottle-bundle", "proxy"),
+    ("bottle-bundle", "scanner"),
     ("bottle-docker", "sandbox"),
     ("bottle-docker", "scale"),
     ("bottle-docker", "pool"),

@@ -14,7 +14,11 @@
 //! - [`mod@bench`]: the `docker` baseline and table rows the Docker-backed
 //!   benches share;
 //! - `fuzz` (feature `fuzz`): the seeded fuzz campaign against the real
-//!   `bottle-bundle` binary, shared by its test and `cargo xtask fuzz`.
+//!   `bottle-bundle` binary, shared by its test and `cargo xtask fuzz`;
+//! - `secret_corpus` (feature `secret-corpus`): credentials generated from
+//!   their published shapes and placed in requests, realistic benign
+//!   traffic, and the recall and false-positive tally of a scanner over
+//!   them, shared by bottle-bundle's scanner bench and its quality test.
 //!
 //! A dev-dependency only: nothing here ships.
 
@@ -23,6 +27,8 @@ pub mod bench;
 pub mod corp_net;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
+#[cfg(feature = "secret-corpus")]
+pub mod secret_corpus;
 
 use std::fmt::Display;
 use std::io;

@@ -18,6 +18,7 @@ mod fuzz;
 mod gitgate;
 mod h2;
 mod limits;
+mod scanner_quality;
 mod secrets;
 mod supervise;
 mod tls;
