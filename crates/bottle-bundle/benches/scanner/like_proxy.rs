@@ -107,9 +107,12 @@ impl LikeProxy {
             Ok(codings) => {
                 verdict.bytes_scanned += (req.body.len() + req.content_len) as u64;
                 let body = http_body_util::Full::new(Bytes::from(req.body.clone()));
-                let outcome =
-                    self.runtime
-                        .block_on(encoding::buffer_and_scan(body, &self.scanner, codings));
+                let outcome = self.runtime.block_on(encoding::buffer_and_scan(
+                    body,
+                    &self.scanner,
+                    codings,
+                    false,
+                ));
                 if let Err(refusal) = outcome {
                     verdict
                         .flags

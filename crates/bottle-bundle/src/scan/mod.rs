@@ -221,7 +221,13 @@ impl Scanner {
             .split_once('?')
             .unwrap_or((path_and_query, ""));
         for segment in path.split('/') {
-            if !random_tokens(&percent_decode(segment.as_bytes()), Place::Value).is_empty() {
+            if !random_tokens(
+                &percent_decode(segment.as_bytes()),
+                Place::Value,
+                &self.holds_secret(),
+            )
+            .is_empty()
+            {
                 return Some(Finding {
                     kind: "high_entropy_path",
                 });
@@ -229,7 +235,13 @@ impl Scanner {
         }
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let value = pair.split_once('=').map_or(pair, |(_, v)| v);
-            if !random_tokens(&percent_decode(value.as_bytes()), Place::Query).is_empty() {
+            if !random_tokens(
+                &percent_decode(value.as_bytes()),
+                Place::Query,
+                &self.holds_secret(),
+            )
+            .is_empty()
+            {
                 return Some(Finding {
                     kind: "high_entropy_query",
                 });
@@ -272,7 +284,7 @@ impl Scanner {
             start += pair.len() + 1;
         }
         for (piece, place, kind) in pieces {
-            for span in random_tokens(&bytes[piece.clone()], place) {
+            for span in random_tokens(&bytes[piece.clone()], place, &self.holds_secret()) {
                 mask(
                     &mut bytes[piece.start + span.start..piece.start + span.end],
                     false,
@@ -296,11 +308,11 @@ impl Scanner {
         if let Some(f) = self.scan(&line) {
             return Some(f);
         }
-        (judges_entropy(name) && !random_tokens(value, Place::Value).is_empty()).then_some(
-            Finding {
-                kind: "high_entropy_header",
-            },
-        )
+        (judges_entropy(name)
+            && !random_tokens(value, Place::Value, &self.holds_secret()).is_empty())
+        .then_some(Finding {
+            kind: "high_entropy_header",
+        })
     }
 
     /// A header value with its secrets masked and their kinds (empty when
@@ -325,7 +337,7 @@ impl Scanner {
         }
         let mut value = line.split_off(offset);
         if judges_entropy(name) {
-            for span in random_tokens(&value, Place::Value) {
+            for span in random_tokens(&value, Place::Value, &self.holds_secret()) {
                 mask(&mut value[span], true);
                 kinds.insert("high_entropy_header");
             }
@@ -334,6 +346,11 @@ impl Scanner {
             Some(left) => Err(left),
             None => Ok((value, kinds)),
         }
+    }
+
+    /// Whether decoded text holds a secret a pattern knows.
+    fn holds_secret(&self) -> impl Fn(&[u8]) -> bool + '_ {
+        |text| self.scan(text).is_some()
     }
 
     /// A streaming scanner for one body that blocks: it fails at the first

@@ -100,9 +100,12 @@ macro_rules! slash {
 
 /// Every rule, in the order their findings are named.
 pub(super) const RULES: &[Rule] = &[
+    // The armor and the start of the key inside it (or the armor headers
+    // of an encrypted or PGP block): code that merely names the armor is
+    // no key.
     rule(
         "private_key",
-        r"-----BEGIN[ +A-Z0-9]{0,32}PRIVATE[ +]KEY(?:[ +]BLOCK)?-----",
+        r"-----BEGIN[ +A-Z0-9]{0,32}PRIVATE[ +]KEY(?:[ +]BLOCK)?-----(?:\\[rn]|[\r\n]|%0[AaDd]|[ +]){1,4}(?:Proc-Type:|Version:|Comment:|(?:[A-Za-z0-9+/=]|\\/|%2[BbFf]|%3[Dd]){64})",
         Tail::Pem,
         Check::None,
     ),
@@ -369,7 +372,7 @@ pub(super) const RULES: &[Rule] = &[
     ),
     rule(
         "telegram_bot_token",
-        r"\b[0-9]{8,10}:AA[A-Za-z0-9_\-]{33}",
+        r"\b[0-9]{8,10}(?::|%3[Aa])AA[A-Za-z0-9_\-]{33}",
         Tail::None,
         Check::None,
     ),
@@ -421,10 +424,11 @@ pub(super) const RULES: &[Rule] = &[
         Tail::Word,
         Check::None,
     ),
-    // `scheme://user:password@`: a password written into a URL.
+    // `scheme://user:password@`: a password written into a URL (or a
+    // form's encoding of one).
     rule(
         "url_password",
-        r#"\b[a-z][a-z0-9+.\-]{1,15}://[^\s/:@"'<>]{1,64}:[^\s/:@"'<>]{8,64}@"#,
+        r#"\b[a-z][a-zA-Z0-9+.%\-]{1,15}(?:://|%3[Aa]%2[Ff]%2[Ff])[^\s/:@"'<>%]{1,64}(?::|%3[Aa])[^\s/:@"'<>]{8,64}(?:@|%40)"#,
         Tail::None,
         Check::UrlPassword,
     ),
@@ -470,12 +474,16 @@ fn token_body<'a>(kind: &str, matched: &'a [u8]) -> &'a [u8] {
 
 /// Whether the password of a `scheme://user:password@` match is a real
 /// one: not a placeholder (`password`, `${DB_PASSWORD}`, `<pass>`,
-/// `****`), with letters and digits.
+/// `****`), with letters and digits. A form's encoding is undone first.
 fn url_password_is_real(matched: &[u8]) -> bool {
-    let Some(colon) = matched.iter().rposition(|&b| b == b':') else {
+    let decoded = super::percent_decode(matched);
+    let Some(at) = decoded.iter().rposition(|&b| b == b'@') else {
         return false;
     };
-    let password = &matched[colon + 1..matched.len().saturating_sub(1)];
+    let Some(colon) = decoded[..at].iter().rposition(|&b| b == b':') else {
+        return false;
+    };
+    let password = &decoded[colon + 1..at];
     let lower = password.to_ascii_lowercase();
     let placeholder = [
         "password", "passwd", "changeme", "example", "secret", "xxxx", "****",
@@ -484,8 +492,10 @@ fn url_password_is_real(matched: &[u8]) -> bool {
     .any(|p| lower.windows(p.len()).any(|w| w == p.as_bytes()))
         || password
             .iter()
-            .any(|b| matches!(b, b'$' | b'{' | b'}' | b'%' | b'[' | b']'));
-    !placeholder
+            .any(|b| matches!(b, b'$' | b'{' | b'}' | b'[' | b']' | b'<' | b'>'))
+        || lower.windows(2).any(|w| w == b"%(");
+    password.len() >= 8
+        && !placeholder
         && password.iter().any(u8::is_ascii_alphabetic)
         && password.iter().any(u8::is_ascii_digit)
 }

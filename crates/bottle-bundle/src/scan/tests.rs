@@ -6,11 +6,30 @@ const AWS: &str = "AKIAZ7Q3HN2XK5WJ4T6M";
 
 /// One sample per rule that must be found, by kind.
 const SAMPLES: &[(&str, &str)] = &[
-    ("private_key", "-----BEGIN RSA PRIVATE KEY-----\nMIIE"),
-    ("private_key", "-----BEGIN OPENSSH PRIVATE KEY-----"),
-    ("private_key", "-----BEGIN PRIVATE KEY-----"),
-    ("private_key", "key=-----BEGIN+EC+PRIVATE+KEY-----%0AMHcC"),
-    ("private_key", "-----BEGIN PGP PRIVATE KEY BLOCK-----"),
+    (
+        "private_key",
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun",
+    ),
+    (
+        "private_key",
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW",
+    ),
+    (
+        "private_key",
+        r#"{"k":"-----BEGIN PRIVATE KEY-----\nMIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun\n"}"#,
+    ),
+    (
+        "private_key",
+        "key=-----BEGIN+EC+PRIVATE+KEY-----%0AMHcCAQEEIBmUXZc%2FaH0jO3T9Wl1xzm%2BQ4GLDx1gKkEc7JfSNqpuoAoGCCqGSM49AwEHoUQDQgAE",
+    ),
+    (
+        "private_key",
+        "-----BEGIN PGP PRIVATE KEY BLOCK-----\nVersion: GnuPG v2\n\nlQOYBF",
+    ),
+    (
+        "private_key",
+        "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,8A1",
+    ),
     (
         "gcp_service_account",
         r#"{"type": "service_account", "project_id": "p"}"#,
@@ -179,6 +198,9 @@ fn ordinary_text_passes() {
         r#"{"type":"user"}"#,
         "-----BEGIN CERTIFICATE-----",
         "-----BEGIN PUBLIC KEY-----",
+        // Code that names the armor holds no key.
+        r#"if line == "-----BEGIN PRIVATE KEY-----" { in_key = true; }"#,
+        "-----BEGIN RSA PRIVATE KEY-----\nab\n-----END RSA PRIVATE KEY-----",
         // kebab-case after `sk-` is a name, not a key.
         "import sk-learn-random-forest-classifier-plugin",
         // hex of one kind only is a hash or a word.
@@ -342,7 +364,7 @@ fn redaction_masks_every_byte_of_the_token_at_any_split_point() {
         (AWS, "aws_access_key_id"),
         ("AKIAIOSFODNN7EXAMPLE", "aws_access_key_id"),
         (
-            "-----BEGIN PRIVATE KEY-----\\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\\nBKcwggSjAgEAAoIBAQC7\\n",
+            "-----BEGIN PRIVATE KEY-----\\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj\\nMzEfYyjiWA4R4\\n",
             "private_key",
         ),
     ] {

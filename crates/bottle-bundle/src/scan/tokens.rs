@@ -9,8 +9,11 @@
 //! algorithm's length after: `sha512-…` in npm's `pacote-integrity` and
 //! SRI, `sha-256=:…:` in `Content-Digest`, `SHA-256=…` in `Digest`,
 //! `sha256:…`) is judged a digest, and a multipart boundary (random by
-//! design, and sent in the body anyway) a boundary. Hex (commit ids,
-//! checksums, UUIDs) never reaches the threshold.
+//! design, and sent in the body anyway) a boundary. A token that is base64
+//! of text (a registry's signed upload state, a base64 JSON document) is
+//! judged by that text instead: a secret inside it, or a `user:password`
+//! pair, is one; other text is not. Hex (commit ids, checksums, UUIDs)
+//! never reaches the threshold.
 
 use std::ops::Range;
 
@@ -46,8 +49,13 @@ impl Place {
     }
 }
 
-/// The spans of `text` that look like random credentials.
-pub(super) fn random_tokens(text: &[u8], place: Place) -> Vec<Range<usize>> {
+/// The spans of `text` that look like random credentials; `holds_secret`
+/// judges the text a base64 token decodes to.
+pub(super) fn random_tokens(
+    text: &[u8],
+    place: Place,
+    holds_secret: &dyn Fn(&[u8]) -> bool,
+) -> Vec<Range<usize>> {
     let mut found = Vec::new();
     let mut start = 0;
     while start < text.len() {
@@ -59,7 +67,12 @@ pub(super) fn random_tokens(text: &[u8], place: Place) -> Vec<Range<usize>> {
             .iter()
             .position(|&b| !place.is_token_byte(b))
             .map_or(text.len(), |n| start + n);
-        if looks_random(&text[start..end], place) && !is_digest(text, start..end) {
+        let token = &text[start..end];
+        let encoded_text = || {
+            decoded_text(token)
+                .is_some_and(|decoded| !holds_secret(&decoded) && !is_user_and_password(&decoded))
+        };
+        if looks_random(token, place) && !is_digest(text, start..end) && !encoded_text() {
             found.push(start..end);
         }
         start = end;
@@ -97,6 +110,43 @@ pub fn shannon_entropy(bytes: &[u8]) -> f64 {
             -p * p.log2()
         })
         .sum()
+}
+
+/// What `token` decodes to as base64 (either alphabet, padded or not),
+/// when that is mostly text: a random byte is printable 38% of the time
+/// (24 random bytes reach 70% about once in a thousand), so 70% printable
+/// is text (a signed JSON state with its 32-byte MAC in front is about
+/// 80%).
+fn decoded_text(token: &[u8]) -> Option<Vec<u8>> {
+    use base64::Engine as _;
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    let config =
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent);
+    let decoded = [
+        GeneralPurpose::new(&base64::alphabet::STANDARD, config),
+        GeneralPurpose::new(&base64::alphabet::URL_SAFE, config),
+    ]
+    .iter()
+    .find_map(|engine| engine.decode(token).ok())?;
+    let printable = decoded
+        .iter()
+        .filter(|&&b| b.is_ascii_graphic() || matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
+        .count();
+    (decoded.len() >= 16 && printable * 10 >= decoded.len() * 7).then_some(decoded)
+}
+
+/// Whether decoded text is a `user:password` pair (HTTP Basic's
+/// credentials), whatever the password looks like.
+fn is_user_and_password(text: &[u8]) -> bool {
+    let Some(colon) = text.iter().position(|&b| b == b':') else {
+        return false;
+    };
+    let (user, password) = (&text[..colon], &text[colon + 1..]);
+    !user.is_empty()
+        && user.len() <= 128
+        && password.len() >= 6
+        && !password.contains(&b':')
+        && text.iter().all(u8::is_ascii_graphic)
 }
 
 /// Digest algorithms by the labels their formats write, with their
@@ -195,7 +245,7 @@ mod tests {
     use super::*;
 
     fn found(text: &str, place: Place) -> Vec<&str> {
-        random_tokens(text.as_bytes(), place)
+        random_tokens(text.as_bytes(), place, &|_| false)
             .into_iter()
             .map(|r| &text[r])
             .collect()
@@ -248,9 +298,32 @@ mod tests {
     }
 
     #[test]
+    fn base64_of_text_is_judged_by_the_text() {
+        use base64::Engine as _;
+        let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE.encode(bytes);
+        // A registry's upload state: a MAC, then JSON.
+        let mut state = vec![0x9c, 0x13, 0xfe, 0x02, 0x77, 0xd1, 0x5a, 0xe8];
+        state.extend_from_slice(&[0xa4; 24]);
+        state.extend_from_slice(br#"{"Name":"library/app","UUID":"5f0c3a4e-9f7b-4d2a-8b1e-3c6d2f1a0b9e","Offset":1048576,"StartedAt":"2024-06-05T10:22:33.1Z"}"#);
+        assert!(found(&b64(&state), Place::Query).is_empty());
+        // Basic credentials, and a secret a pattern knows, are secrets.
+        let basic = b64(b"deploy:Zk3q9P-xL2mVb7RtY1cWn8Hd0sJgAe");
+        assert_eq!(
+            found(&format!("Basic {basic}"), Place::Value),
+            [basic.as_str()]
+        );
+        let wrapped = b64(b"{\"token\":\"ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789\"}");
+        let text = format!("?s={wrapped}");
+        let spans = random_tokens(text.as_bytes(), Place::Query, &|t: &[u8]| {
+            t.windows(4).any(|w| w == b"ghp_")
+        });
+        assert_eq!(spans.len(), 1);
+    }
+
+    #[test]
     fn spans_name_the_token_within_its_text() {
         let text = format!("a=1; Bearer {RANDOM}; b");
-        let spans = random_tokens(text.as_bytes(), Place::Value);
+        let spans = random_tokens(text.as_bytes(), Place::Value, &|_| false);
         assert_eq!(spans.len(), 1);
         assert_eq!(&text[spans[0].clone()], RANDOM);
     }

@@ -317,7 +317,7 @@ async fn secrets_in_headers_and_queries_are_blocked() {
         ),
         (
             format!(
-                "POST http://{ALLOWED}:{port}/ HTTP/1.1\r\nHost: {ALLOWED}:{port}\r\nContent-Length: 34\r\nConnection: close\r\n\r\n-----BEGIN RSA PRIVATE KEY-----\nab"
+                "POST http://{ALLOWED}:{port}/ HTTP/1.1\r\nHost: {ALLOWED}:{port}\r\nContent-Length: 97\r\nConnection: close\r\n\r\n-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun"
             ),
             "secret:private_key",
         ),

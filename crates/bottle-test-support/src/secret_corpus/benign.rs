@@ -1145,8 +1145,16 @@ pub const KNOWN_FIXTURES: &[(&str, &str)] = &[
         "this corpus's generator: the prefix of every credential format it makes",
     ),
     (
-        "crates/bottle-bundle/src/scan.rs",
+        "crates/bottle-bundle/src/scan/tests.rs",
         "the scanner's unit tests: a sample of every kind it detects",
+    ),
+    (
+        "crates/bottle-bundle/src/scan/tokens.rs",
+        "its tests wrap a sample GitHub token in base64 to be found",
+    ),
+    (
+        "crates/bottle-bundle/tests/integration/websocket.rs",
+        "the WebSocket relay's tests send a sample AWS key to be stopped and masked",
     ),
     (
         "crates/bottle-bundle/src/encoding.rs",
@@ -1175,14 +1183,6 @@ pub const KNOWN_FIXTURES: &[(&str, &str)] = &[
     (
         "crates/bottle-probe/src/contract.rs",
         "builds the probe's fake AWS key (AKIA + 16) at run time",
-    ),
-    (
-        "crates/bottle-core/src/upstream_trust.rs",
-        "its tests feed a PRIVATE KEY block (armor around a 4-character stub) to the certificate counter",
-    ),
-    (
-        "crates/bottle-core/tests/integration/manifest.rs",
-        "a test writes a PRIVATE KEY block (armor around a 4-character stub) where a CA is expected",
     ),
     (
         "pem-*/README.md",
@@ -1491,7 +1491,7 @@ mod tests {
 
     #[test]
     fn fixtures_are_found_by_suffix() {
-        assert!(fixture_reason("crates/bottle-bundle/src/scan.rs").is_some());
+        assert!(fixture_reason("crates/bottle-bundle/src/scan/tests.rs").is_some());
         assert!(fixture_reason("crates/bottle-bundle/src/proxy.rs").is_none());
         assert!(fixture_reason("~/.cargo/registry/src/pem-4.0.0/src/lib.rs").is_some());
         assert!(fixture_reason("~/.cargo/registry/src/pem-rfc7468-0.7.0/src/lib.rs").is_none());
