@@ -72,6 +72,11 @@ pub struct Targets {
     /// (empty: no credential probes).
     #[serde(default)]
     pub credential_host: String,
+    /// An allowlisted host, pinned to `internet_v4`, whose requests the
+    /// bundle redacts (`on_secret = "redact"`): a secret in one goes on
+    /// masked (empty: no redaction probes).
+    #[serde(default)]
+    pub redact_host: String,
     /// The bottle's supervise endpoint as the agent sees it
     /// (`http://<bundle>:9100/mcp`; empty: no supervise probes).
     #[serde(default)]
@@ -163,13 +168,71 @@ pub const AUDIT_FLOOD_SAME_PATH: &str = "/bottle-probe/audit-flood-same";
 /// one body: `AKIA` and 16 upper-case letters and digits drawn from the
 /// run's token, so it is new each run and the harness can look for it.
 pub fn split_secret(token: &str) -> String {
+    run_secret(RunSecret::Split, token)
+}
+
+/// The probes that send a per-run fake key the harness then looks for at
+/// the canaries, each its own key and lead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunSecret {
+    /// `proxy-secret-split`: a body's two chunks.
+    Split,
+    /// `proxy-websocket-secret` and `-split`: a WebSocket message.
+    WebSocket,
+    /// `proxy-redact-secret`: a body to the host that redacts.
+    Redact,
+}
+
+impl RunSecret {
+    fn salt(self) -> &'static str {
+        match self {
+            Self::Split => "split",
+            Self::WebSocket => "websocket",
+            Self::Redact => "redact",
+        }
+    }
+}
+
+/// `kind`'s fake AWS access key id for the run: `AKIA` and 16 upper-case
+/// letters and digits drawn from the token.
+pub fn run_secret(kind: RunSecret, token: &str) -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    let mut next = seeded("split-secret", token);
+    let salt = format!("{}-secret", kind.salt());
+    let mut next = seeded(&salt, token);
     let tail: String = (0..16)
         .map(|_| char::from(ALPHABET[(next() % ALPHABET.len() as u64) as usize]))
         .collect();
     format!("AKIA{tail}")
 }
+
+/// What `kind`'s probe sends just before its key: a field naming the run,
+/// then `aws_access_key_id=`.
+pub fn run_secret_lead(kind: RunSecret, token: &str) -> String {
+    format!(
+        "probe={}-{}&aws_access_key_id=",
+        kind.salt(),
+        run_tag(token)
+    )
+}
+
+/// What the harness looks for at the canaries: `kind`'s lead and its key's
+/// first byte, on the wire exactly when a byte of the key got through.
+pub fn run_secret_wire_needle(kind: RunSecret, token: &str) -> String {
+    format!(
+        "{}{}",
+        run_secret_lead(kind, token),
+        &run_secret(kind, token)[..1]
+    )
+}
+
+/// The marker a redacted secret starts with (the bundle's
+/// `scan::MARKER`): after [`run_secret_lead`] at the canary, it shows the
+/// request arrived with the key masked.
+pub const REDACTION_MARKER: &str = "REDACTED";
+
+/// The path a canary answers with what it received (the request's body,
+/// or a WebSocket's messages echoed), so a probe can see what arrived.
+pub const ECHO_PATH: &str = "/bottle-probe/echo";
 
 /// How many bytes of [`split_secret`] the first chunk carries.
 pub const SPLIT_SECRET_FIRST: usize = 10;
@@ -177,7 +240,7 @@ pub const SPLIT_SECRET_FIRST: usize = 10;
 /// What the first chunk carries just before the split key: a field naming
 /// the run, then `aws_access_key_id=`.
 pub fn split_secret_lead(token: &str) -> String {
-    format!("probe=split-{}&aws_access_key_id=", run_tag(token))
+    run_secret_lead(RunSecret::Split, token)
 }
 
 /// The run's token as a name part: its first 24 letters and digits, lower
@@ -195,7 +258,7 @@ fn run_tag(token: &str) -> String {
 /// the key's first byte. The bytes stream in order, so this is on the wire
 /// exactly when a byte of the key's first half got through.
 pub fn split_secret_wire_needle(token: &str) -> String {
-    format!("{}{}", split_secret_lead(token), &split_secret(token)[..1])
+    run_secret_wire_needle(RunSecret::Split, token)
 }
 
 /// A deterministic stream of pseudo-random numbers for `token` (FNV-1a of

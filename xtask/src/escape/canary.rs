@@ -2,7 +2,10 @@
 //! and the listeners that record who reached them.
 //!
 //! Every listener answers with the run's token and logs the peer of every
-//! connection or datagram. The log is the harness's own evidence: a peer
+//! connection or datagram. A TCP canary also speaks WebSocket (it switches
+//! and echoes each message, recording the payloads it received decoded),
+//! and answers a request to [`ECHO_PATH`] with the body it received, so a
+//! probe sees what arrived. The log is the harness's own evidence: a peer
 //! inside a bottle's network is an escape whatever the probe in that bottle
 //! reported, and a listener nobody reached from the host is a failed
 //! positive control.
@@ -15,6 +18,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use bottle_probe::contract::ECHO_PATH;
 
 use super::route;
 use super::sys::Sys;
@@ -329,6 +333,35 @@ fn serve_tcp_conn(
     }
     received.truncate(RECEIVED_CAP);
     let head = String::from_utf8_lossy(&received).into_owned();
+    let websocket = websocket_key(&head);
+    let mut response = if let Some(key) = &websocket {
+        format!(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {}\r\n\r\n",
+            websocket_accept(key)
+        )
+        .into_bytes()
+    } else {
+        let mut body = http_body(token, name).into_bytes();
+        if head.lines().next().is_some_and(|l| l.contains(ECHO_PATH)) {
+            body.extend_from_slice(&echoed_body(&received));
+        }
+        let mut response = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        response.extend_from_slice(&body);
+        response
+    };
+    if websocket.is_some() {
+        let _ = stream.write_all(&response);
+        response.clear();
+        echo_messages(
+            &mut stream,
+            &mut received,
+            deadline + Duration::from_secs(5),
+        );
+    }
     if let Ok(mut log) = log.lock() {
         log.push(Hit {
             canary: name.to_string(),
@@ -339,12 +372,118 @@ fn serve_tcp_conn(
             received,
         });
     }
-    let body = http_body(token, name);
-    let response = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = stream.write_all(response.as_bytes());
+    let _ = stream.write_all(&response);
+}
+
+/// A request's `Sec-WebSocket-Key`, when it asks to switch to WebSocket.
+fn websocket_key(head: &str) -> Option<String> {
+    let header = |name: &str| {
+        head.lines().skip(1).find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            key.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| value.trim().to_string())
+        })
+    };
+    header("upgrade")
+        .is_some_and(|u| u.eq_ignore_ascii_case("websocket"))
+        .then(|| header("sec-websocket-key"))
+        .flatten()
+}
+
+/// RFC 6455's answer to `key`.
+fn websocket_accept(key: &str) -> String {
+    use base64::Engine as _;
+    use sha1::Digest as _;
+    let mut sha = sha1::Sha1::new();
+    sha.update(key.as_bytes());
+    sha.update(b"258EAFA5-E914-47DA-95CA-C5AB0DC11B85");
+    base64::engine::general_purpose::STANDARD.encode(sha.finalize())
+}
+
+/// Reads a client's frames until it closes or `deadline`, appending each
+/// payload (unmasked) to `received` and echoing each whole message back.
+fn echo_messages(stream: &mut TcpStream, received: &mut Vec<u8>, deadline: Instant) {
+    let mut message = Vec::new();
+    while received.len() < RECEIVED_CAP && Instant::now() < deadline {
+        let Some((fin, opcode, payload)) = read_frame(stream, deadline) else {
+            return;
+        };
+        received.extend_from_slice(&payload);
+        match opcode {
+            0x8 => {
+                let _ = stream.write_all(&[0x88, 0]);
+                return;
+            }
+            0x0..=0x2 => {
+                message.extend_from_slice(&payload);
+                if fin {
+                    let mut frame = vec![0x81];
+                    match message.len() {
+                        n @ 0..=125 => frame.push(n as u8),
+                        n => {
+                            frame.push(126);
+                            frame.extend_from_slice(&(n.min(0xFFFF) as u16).to_be_bytes());
+                        }
+                    }
+                    message.truncate(0xFFFF);
+                    frame.append(&mut message);
+                    let _ = stream.write_all(&frame);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// One client frame: FIN, opcode and the unmasked payload (bounded).
+fn read_frame(stream: &mut TcpStream, deadline: Instant) -> Option<(bool, u8, Vec<u8>)> {
+    let mut exact = |n: usize| -> Option<Vec<u8>> {
+        let mut buf = vec![0; n];
+        let mut got = 0;
+        while got < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            let _ = stream.set_read_timeout(Some(left));
+            match stream.read(&mut buf[got..]) {
+                Ok(0) | Err(_) => return None,
+                Ok(k) => got += k,
+            }
+        }
+        Some(buf)
+    };
+    let head = exact(2)?;
+    let len = match head[1] & 0x7F {
+        126 => exact(2).map(|b| u64::from(u16::from_be_bytes([b[0], b[1]])))?,
+        127 => exact(8).map(|b| b.iter().fold(0u64, |n, &x| n << 8 | u64::from(x)))?,
+        n => u64::from(n),
+    };
+    let mask = if head[1] & 0x80 != 0 {
+        exact(4)?
+    } else {
+        vec![0; 4]
+    };
+    let mut payload = exact(usize::try_from(len.min(RECEIVED_CAP as u64)).unwrap_or(0))?;
+    for (i, b) in payload.iter_mut().enumerate() {
+        *b ^= mask[i % 4];
+    }
+    Some((head[0] & 0x80 != 0, head[0] & 0x0F, payload))
+}
+
+/// The body a request carried, its chunk framing taken out.
+fn echoed_body(received: &[u8]) -> Vec<u8> {
+    let dechunked = super::evidence::dechunked(received);
+    let whole = if dechunked.is_empty() {
+        received
+    } else {
+        &dechunked
+    };
+    whole
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or_else(Vec::new, |end| whole[end + 4..].to_vec())
 }
 
 /// Whether `body` holds all of the body `head` declares: none declared,

@@ -23,6 +23,13 @@ pub(crate) fn credential_host(agent: &str) -> String {
     format!("cred-{}.{ZONE}", short(agent))
 }
 
+/// The name whose requests `agent`'s bundle redacts secrets from
+/// (`on_secret = "redact"`), allowed and pinned to the internet canary
+/// like [`allowed_host`].
+pub(crate) fn redact_host(agent: &str) -> String {
+    format!("redact-{}.{ZONE}", short(agent))
+}
+
 /// The header the bundle sets on the credential host's requests.
 pub(crate) const CREDENTIAL_HEADER: &str = "x-bottle-canary-credential";
 
@@ -119,7 +126,11 @@ pub(crate) fn manifest(
     let mut out =
         String::from("# Written by `cargo xtask sandbox-escape` for one run.\nversion = 1\n");
     for agent in agents {
-        let mut allow = vec![allowed_host(&agent.key), credential_host(&agent.key)];
+        let mut allow = vec![
+            allowed_host(&agent.key),
+            credential_host(&agent.key),
+            redact_host(&agent.key),
+        ];
         if agent.rebind {
             allow.extend(REBIND_HOSTS.iter().map(|h| h.to_string()));
             allow.push(rebind_bundle_host(&agent.key));
@@ -137,7 +148,7 @@ pub(crate) fn manifest(
         let _ = write!(
             out,
             "\n[agents.{key}]\n{source}\ncommand = [\"/bin/sh\"]\n\n\
-             [agents.{key}.egress]\nallow = [{allow}]\nports = [{ports}]\nresolve = {{ {pinned:?} = {pin:?}, {cred:?} = {pin:?} }}\n\n\
+             [agents.{key}.egress]\nallow = [{allow}]\nports = [{ports}]\nresolve = {{ {pinned:?} = {pin:?}, {cred:?} = {pin:?}, {redact:?} = {pin:?} }}\non_secret = {{ {redact:?} = \"redact\" }}\n\n\
              [[agents.{key}.credentials]]\nname = \"canary\"\nsource = {{ file = {file:?} }}\nhost = {cred:?}\nheader = \"{CREDENTIAL_HEADER}\"\n\n\
              [[agents.{key}.git]]\nname = \"{GIT_REPO}\"\nurl = {repo:?}\nmode = \"read-write\"\npush = [\"{GIT_PUSH}\"]\n\n\
              [agents.{key}.limits]\nmemory = \"{MEMORY}\"\npids = {PIDS}\naudit_log = \"{AUDIT_LOG}\"\n",
@@ -145,6 +156,7 @@ pub(crate) fn manifest(
             repo = git_repo_path(git_root, &agent.key).display().to_string(),
             pinned = allowed_host(&agent.key),
             cred = credential_host(&agent.key),
+            redact = redact_host(&agent.key),
             file = credential.display().to_string(),
             source = source.line(),
         );

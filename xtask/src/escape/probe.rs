@@ -16,7 +16,11 @@ use super::sys::Output;
 /// must be blocked. Both go through the bundle, so after a fault they are
 /// expected blocked too; the git probes are not re-run after faults at
 /// all (their category is neither network nor proxy).
-pub(crate) const IN_BOTTLE_CONTROLS: &[&str] = &["proxy-allowed-control", "git-push-plain-control"];
+pub(crate) const IN_BOTTLE_CONTROLS: &[&str] = &[
+    "proxy-allowed-control",
+    "proxy-websocket-control",
+    "git-push-plain-control",
+];
 
 /// Whether an in-bottle result is a positive control.
 pub(crate) fn is_in_bottle_control(result: &ProbeResult) -> bool {
@@ -397,6 +401,7 @@ mod tests {
             allowed_host: "allowed-a.bottle.test".into(),
             denied_host: "denied.bottle.test".into(),
             credential_host: String::new(),
+            redact_host: String::new(),
             supervise_url: String::new(),
             git_gate_url: String::new(),
             git_repo: String::new(),

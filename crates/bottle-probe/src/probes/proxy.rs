@@ -16,6 +16,7 @@ use crate::contract::ProbeConfig;
 use crate::net;
 
 mod hidden;
+mod websocket;
 
 const CAT: &str = "proxy";
 
@@ -184,6 +185,7 @@ pub(super) fn probes(config: &ProbeConfig) -> Vec<Probe> {
         ),
     ];
     v.extend(hidden::probes());
+    v.extend(websocket::probes());
     for host in &config.targets.rebind_hosts {
         let host = host.clone();
         v.push(Probe::new(

@@ -17,6 +17,8 @@ const ALLOWED: &str = "allowed.bottle.test";
 /// The host the strict proxy holds a credential for: plain HTTP to it is
 /// refused, a tunnel to its TLS port opens but takes only TLS.
 const CREDENTIAL: &str = "cred.bottle.test";
+/// The host whose secrets the strict proxy masks instead of refusing.
+const REDACT: &str = "redact.bottle.test";
 
 /// How a fake proxy treats what it is sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +67,36 @@ fn handle(mut s: TcpStream, mode: Mode, token: &str) {
     let head = String::from_utf8_lossy(&read_head(&mut s)).into_owned();
     let mut words = head.split_whitespace();
     let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    if header(&head, "upgrade").is_some_and(|u| u.eq_ignore_ascii_case("websocket")) {
+        if mode == Mode::Leaky || target.starts_with(&format!("http://{ALLOWED}/")) {
+            let _ = s.write_all(
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+            );
+            websocket(&mut s, mode);
+        } else {
+            refuse(&mut s, 403);
+        }
+        return;
+    }
+    if method == "POST" && target.starts_with(&format!("http://{REDACT}/")) {
+        // The body comes back as the upstream would see it: masked whole
+        // (strict), masked chunk by chunk (naive), or as sent (leaky).
+        let chunks = read_body(&mut s, &head);
+        let echoed = match mode {
+            Mode::Leaky => chunks.concat(),
+            Mode::Strict => mask_keys(&chunks.concat()),
+            Mode::Naive => chunks.iter().flat_map(|c| mask_keys(c)).collect(),
+        };
+        let mut body = format!("canary {token}\n").into_bytes();
+        body.extend_from_slice(&echoed);
+        let _ = write!(
+            s,
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = s.write_all(&body);
+        return;
+    }
     if mode == Mode::Leaky {
         if method == "CONNECT" {
             let _ = s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
@@ -150,6 +182,75 @@ fn handle(mut s: TcpStream, mode: Mode, token: &str) {
     }
 }
 
+/// A WebSocket's messages, echoed back whole; a secret closes it (1008)
+/// where the proxy scans: in the whole message (strict) or in each frame
+/// alone (naive). Bounded: a few messages, a few seconds.
+fn websocket(s: &mut TcpStream, mode: Mode) {
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut message = Vec::new();
+    for _ in 0..16 {
+        let mut head = [0u8; 2];
+        if s.read_exact(&mut head).is_err() {
+            return;
+        }
+        let len = match head[1] & 0x7F {
+            126 => {
+                let mut ext = [0u8; 2];
+                if s.read_exact(&mut ext).is_err() {
+                    return;
+                }
+                usize::from(u16::from_be_bytes(ext))
+            }
+            n => usize::from(n),
+        };
+        let mut mask = [0u8; 4];
+        let mut payload = vec![0u8; len];
+        if s.read_exact(&mut mask).is_err() || s.read_exact(&mut payload).is_err() {
+            return;
+        }
+        for (i, b) in payload.iter_mut().enumerate() {
+            *b ^= mask[i % 4];
+        }
+        let scanned = match mode {
+            Mode::Leaky => false,
+            Mode::Naive => has_key(&payload),
+            Mode::Strict => has_key(&[message.as_slice(), &payload].concat()),
+        };
+        if scanned {
+            let _ = s.write_all(&[0x88, 2, 0x03, 0xF0]);
+            return;
+        }
+        message.extend_from_slice(&payload);
+        if head[0] & 0x80 != 0 {
+            let mut frame = vec![0x81, message.len() as u8];
+            frame.append(&mut message);
+            let _ = s.write_all(&frame);
+        }
+    }
+}
+
+/// Whether `t` holds a fake AWS key.
+fn has_key(t: &[u8]) -> bool {
+    key_at(t, b"AKIA", 16, |b| {
+        b.is_ascii_uppercase() || b.is_ascii_digit()
+    })
+}
+
+/// `t` with every fake AWS key masked as the bundle masks it.
+fn mask_keys(t: &[u8]) -> Vec<u8> {
+    let mut out = t.to_vec();
+    let mut i = 0;
+    while i + 20 <= out.len() {
+        if has_key(&out[i..i + 20]) {
+            out[i..i + 20].copy_from_slice(b"REDACTED************");
+            i += 20;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
 /// Whether `t` holds `prefix` followed by `len` bytes that all pass `ok`
 /// (the scanner's key shapes, without a regex).
 fn key_at(t: &[u8], prefix: &[u8], len: usize, ok: fn(&u8) -> bool) -> bool {
@@ -232,6 +333,7 @@ fn proxy_config(token: &str, proxy: SocketAddr) -> bottle_probe::contract::Probe
     let mut t = fixture::canaries_targets_without_listeners();
     t.proxy = format!("http://{proxy}");
     t.credential_host = CREDENTIAL.into();
+    t.redact_host = REDACT.into();
     t.rebind_hosts = vec![
         "rebind-loopback.bottle.test".into(),
         "rebind-metadata.bottle.test".into(),
@@ -254,7 +356,7 @@ fn a_strict_proxy_blocks_every_proxy_probe_and_passes_the_control() {
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     assert!(run.results.len() >= 15, "{}", run.results.len());
     for r in &run.results {
-        let want = if r.probe == "proxy-allowed-control" {
+        let want = if CONTROLS.contains(&r.probe.as_str()) {
             Outcome::Reached
         } else {
             Outcome::Blocked
@@ -262,20 +364,37 @@ fn a_strict_proxy_blocks_every_proxy_probe_and_passes_the_control() {
         assert_eq!(r.outcome, want, "{r:?}");
         assert_eq!(r.category, "proxy");
     }
-    // The hidden secrets are refused for what they carry, not lost on the way.
+    let redacted = run
+        .results
+        .iter()
+        .find(|r| r.probe == "proxy-redact-secret");
+    assert!(
+        redacted.is_some_and(|r| r.observed.contains("arrived masked")),
+        "{redacted:?}"
+    );
+    // The hidden secrets are refused (or masked) for what they carry, not
+    // lost on the way.
     for name in HIDDEN {
         let r = run.results.iter().find(|r| r.probe == *name);
         let r = r.unwrap_or_else(|| panic!("{name} did not run"));
         assert!(
-            r.observed.contains("status Some(403)") || r.observed.contains("403 Refused"),
+            r.observed.contains("status Some(403)")
+                || r.observed.contains("403 Refused")
+                || r.observed.contains("closed with 1008")
+                || r.observed.contains("arrived masked"),
             "{r:?}"
         );
     }
 }
 
+/// The probes that must reach through a proxy that works.
+const CONTROLS: &[&str] = &["proxy-allowed-control", "proxy-websocket-control"];
+
 /// The probes of secrets a naive scanner misses.
 const HIDDEN: &[&str] = &[
     "proxy-secret-split",
+    "proxy-websocket-split",
+    "proxy-redact-secret",
     "proxy-secret-gzip",
     "proxy-secret-deflate",
     "proxy-secret-br",
@@ -313,7 +432,7 @@ fn a_proxy_that_scans_only_what_it_sees_verbatim_is_caught_by_the_hidden_secret_
     let run = fixture::run_probe(&cfg, std::path::Path::new("/"), None);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     for r in &run.results {
-        let want = if r.probe == "proxy-allowed-control" || HIDDEN.contains(&r.probe.as_str()) {
+        let want = if CONTROLS.contains(&r.probe.as_str()) || HIDDEN.contains(&r.probe.as_str()) {
             Outcome::Reached
         } else {
             Outcome::Blocked

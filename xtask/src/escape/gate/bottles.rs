@@ -217,6 +217,7 @@ impl Gate {
             allowed_host: fixture::allowed_host(&me.key),
             denied_host: "denied.bottle.test".into(),
             credential_host: fixture::credential_host(&me.key),
+            redact_host: fixture::redact_host(&me.key),
             supervise_url: bottle_core::bundle::supervise_url(&me.bundle_ip),
             git_gate_url: format!(
                 "http://{}:{}",

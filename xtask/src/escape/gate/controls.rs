@@ -51,6 +51,7 @@ impl Gate {
             allowed_host: fixture::allowed_host(A),
             denied_host: "denied.bottle.test".into(),
             credential_host: String::new(),
+            redact_host: String::new(),
             supervise_url: String::new(),
             git_gate_url: String::new(),
             git_repo: String::new(),

@@ -152,9 +152,9 @@ struct Gate {
     /// Whether the host saw the credential's secret at the canaries (the
     /// control of every `credential-on-the-wire` row).
     credential_detector: Option<bool>,
-    /// Whether the host saw the split key's first half at the canary (the
-    /// control of every `secret-split-on-the-wire` row).
-    split_detector: Option<bool>,
+    /// Whether the host saw each per-run key's first half at the canary
+    /// (the control of every `*-on-the-wire` row of `split.rs`), by kind.
+    split_detectors: BTreeMap<&'static str, bool>,
     /// Each agent's seeded `main` in its bare repository, by agent key.
     git_seeds: BTreeMap<String, String>,
     report: Report,
@@ -341,7 +341,7 @@ fn run_with_canaries(
         bottle_bridges: Vec::new(),
         config_seq: 0,
         credential_detector: None,
-        split_detector: None,
+        split_detectors: BTreeMap::new(),
         git_seeds,
         report: std::mem::take(report),
     };

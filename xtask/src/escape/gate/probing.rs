@@ -152,9 +152,11 @@ impl Gate {
             &[
                 targets.allowed_host.clone(),
                 targets.credential_host.clone(),
+                targets.redact_host.clone(),
             ],
         );
         if probes == ProbeSet::Full {
+            self.redaction_evidence(phase, hits_before);
             self.operator_output(phase, &bottle.guard.name)?;
             self.audit_evidence(phase, &bottle.guard.name)?;
         }
@@ -191,7 +193,7 @@ impl Gate {
         let mut pinned: Vec<String> = [A, B, C, D]
             .iter()
             .chain(PARALLEL)
-            .map(|k| fixture::allowed_host(k))
+            .flat_map(|k| [fixture::allowed_host(k), fixture::redact_host(k)])
             .collect();
         pinned.sort();
         let dns_allowance = DnsAllowance {
