@@ -340,6 +340,41 @@ async fn oversized_and_malformed_frames_close_the_socket() {
     assert_eq!(echo.received(), "", "nothing was echoed");
 }
 
+/// A socket that carries nothing either way is closed once the idle bound
+/// passes (1001, or the connection itself when the agent side's idle bound
+/// ends it first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_websocket_is_closed() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut opts = Options {
+        extra_ports: vec![port],
+        ..Options::default()
+    };
+    opts.limits.idle_timeout_ms = 1_000;
+    let env = Env::start(opts).await;
+    Echo::default().serve_on(listener, &env, true);
+    let mut ws = wss(&env, port).await;
+    ws.send(Message::text("once")).await.unwrap();
+    assert_eq!(ws.next().await.unwrap().unwrap(), Message::text("once"));
+    // Bounded far above the idle bound: a socket still open then was never
+    // closed for being idle.
+    let end = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Close(frame))) => return frame.map(|f| u16::from(f.code)),
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => return None,
+            }
+        }
+    })
+    .await;
+    match end {
+        Ok(None | Some(1001)) => {}
+        other => panic!("the idle socket was not closed as idle: {other:?}"),
+    }
+}
+
 /// A host that is not allowed gets no upgrade: the same 403 as any request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_to_a_denied_host_is_refused() {
