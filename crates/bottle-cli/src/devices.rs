@@ -25,7 +25,8 @@ pub(crate) fn admin_policy() -> Result<AdminPolicy, Failure> {
     Ok(policy)
 }
 
-/// Resolves the spec's device requests against the host's `/dev`.
+/// Resolves the spec's device requests against the host's `/dev` (none
+/// for a gVisor box, with a warning).
 pub(crate) fn resolve(spec: &BottleSpec) -> Result<ResolvedDevices, Failure> {
     let admin = admin_policy()?;
     let policy =
@@ -34,7 +35,9 @@ pub(crate) fn resolve(spec: &BottleSpec) -> Result<ResolvedDevices, Failure> {
     let kernel = bottle_preflight::kernel_version(&bottle_preflight::HostRoot::host())
         .ok()
         .flatten();
-    policy
+    let mut resolved = policy
         .resolve(Path::new("/"), kernel)
-        .map_err(|err| Failure::coded(&err, EXIT_USAGE))
+        .map_err(|err| Failure::coded(&err, EXIT_USAGE))?;
+    devices::drop_for_isolation(&mut resolved, spec.agent.isolation);
+    Ok(resolved)
 }

@@ -25,6 +25,7 @@ pub mod display;
 pub mod error;
 pub mod exec;
 pub mod images;
+pub mod isolation;
 pub mod manifest;
 pub mod plan;
 pub mod process;

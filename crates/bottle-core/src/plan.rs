@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::audit_files::DEFAULT_AUDIT_LOG_MAX_BYTES;
 use crate::backend::BackendKind;
+use crate::isolation::Isolation;
 use crate::spec::{BottleSpec, DEFAULT_MEMORY_BYTES, DEFAULT_PIDS};
 use crate::upstream_trust::UpstreamTrust;
 
@@ -72,6 +73,9 @@ pub struct Plan<D = ()> {
     pub agent: String,
     /// The backend that will run it.
     pub backend: BackendKind,
+    /// The box's isolation tier (`isolation` in the manifest).
+    #[serde(default)]
+    pub isolation: Isolation,
     /// The agent image (reference or image ID once built).
     pub image: String,
     /// The agent's command; empty means the image default.
@@ -137,6 +141,7 @@ impl Plan {
             slug: spec.slug.clone(),
             agent: spec.agent_name.clone(),
             backend,
+            isolation: agent.isolation,
             image: agent
                 .image
                 .clone()
@@ -199,6 +204,7 @@ impl Plan {
             slug: self.slug,
             agent: self.agent,
             backend: self.backend,
+            isolation: self.isolation,
             image: self.image,
             command: self.command,
             egress_allow: self.egress_allow,
@@ -252,6 +258,7 @@ impl<D> Plan<D> {
         line("bottle", &self.bottle);
         line("agent", &self.agent);
         line("backend", self.backend.as_str());
+        line("isolation", self.isolation.describe());
         line("image", &self.image);
         line(
             "command",

@@ -11,6 +11,7 @@ use bottle_core::backend::{
     StopProgress,
 };
 use bottle_core::disk::{LayerCap, format_size};
+use bottle_core::isolation::{self, Isolation};
 use bottle_core::manifest::{self, CredentialSource};
 use bottle_core::slug::slug_of;
 use bottle_core::{BottleSpec, Plan};
@@ -225,6 +226,15 @@ impl DockerBackend {
             });
         }
 
+        // A gVisor box needs the daemon's runsc, registered so it can run
+        // one: refused here, before anything is built or created.
+        let gvisor = match spec.agent.isolation {
+            Isolation::Container => None,
+            Isolation::Gvisor => Some(crate::gvisor::runtime_of(&info, &|path: &Path| {
+                path.is_file()
+            })?),
+        };
+
         // Images next: a missing image or bundle binary should fail before
         // anything is resolved further.
         let (image_ref, image) = self.agent_image(engine, spec)?;
@@ -258,6 +268,9 @@ impl DockerBackend {
         let mut plan = plan.with_data(data);
         plan.image = format!("{image_ref} ({})", short_id(&image.id));
         plan.backend_lines = backend_lines(&plan.backend_data);
+        if let Some(runtime) = &gvisor {
+            plan.backend_lines.extend(gvisor_lines(runtime, &plan));
+        }
         plan.backend_lines
             .push(("disk".into(), layer_cap.plan_line(plan.disk_bytes)));
         // Nothing is written yet: the CA, the bundle config and the plan go
@@ -408,9 +421,24 @@ impl DockerBackend {
                 },
             });
         }
-        let agent = data::read_plan(&StatePaths::new(&state_dir))
-            .ok()
-            .map(|plan| plan.backend_data.agent);
+        let plan = data::read_plan(&StatePaths::new(&state_dir)).ok();
+        // The tier the bottle was planned with; without a readable plan,
+        // the runtime the Engine runs it under.
+        let isolation = match &plan {
+            Some(plan) => plan.isolation,
+            None => {
+                let runtime = inspect
+                    .host_config
+                    .as_ref()
+                    .and_then(|h| h.runtime.as_deref());
+                if runtime == Some(bottle_core::isolation::GVISOR_RUNTIME) {
+                    Isolation::Gvisor
+                } else {
+                    Isolation::Container
+                }
+            }
+        };
+        let agent = plan.map(|plan| plan.backend_data.agent);
         let user = labels
             .get(crate::names::LABEL_AGENT_USER)
             .filter(|u| !u.is_empty())
@@ -431,6 +459,7 @@ impl DockerBackend {
             toolbox: InBoxAgent::new(&names.bottle, &self.options.state_root.join(slug_of(name))),
             bundle: names.bundle.clone(),
             state_dir,
+            isolation,
         })
     }
 
@@ -644,6 +673,27 @@ fn backend_lines(data: &DockerPlanData) -> Vec<(String, String)> {
             } else {
                 "stopped when this command exits".into()
             },
+        ),
+    ]
+}
+
+/// The plan's lines for a gVisor box: the runtime it runs under, and its
+/// limits as the Engine enforces them.
+fn gvisor_lines(
+    runtime: &crate::gvisor::GvisorRuntime,
+    plan: &DockerPlan,
+) -> Vec<(String, String)> {
+    let limits = isolation::engine_limits(Isolation::Gvisor, plan.memory_bytes, plan.pids);
+    vec![
+        ("runtime".into(), runtime.describe()),
+        (
+            "gvisor".into(),
+            format!(
+                "memory cgroup {} MiB (gVisor's kernel included; past it the whole box is killed), {} processes per user in the box (RLIMIT_NPROC, gVisor's), pids cgroup {} host tasks (gVisor's threads)",
+                limits.memory >> 20,
+                limits.nproc.unwrap_or_default(),
+                limits.pids
+            ),
         ),
     ]
 }

@@ -39,6 +39,8 @@ pub struct DockerBottle {
     pub(crate) bundle: String,
     /// The bottle's state dir (its golden snapshot and baseline).
     pub(crate) state_dir: PathBuf,
+    /// The box's isolation tier.
+    pub(crate) isolation: bottle_core::isolation::Isolation,
 }
 
 impl DockerBottle {
@@ -78,6 +80,7 @@ impl DockerBottle {
             &self.container,
             &self.bundle,
             &self.state_dir,
+            self.isolation,
         )
     }
 }

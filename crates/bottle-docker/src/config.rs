@@ -23,7 +23,7 @@ use std::net::Ipv4Addr;
 
 use bollard::models::{
     ContainerCreateBody, DeviceMapping, EndpointIpamConfig, EndpointSettings, HostConfig, Ipam,
-    IpamConfig, NetworkCreateRequest, NetworkingConfig,
+    IpamConfig, NetworkCreateRequest, NetworkingConfig, ResourcesUlimits,
 };
 use bottle_core::Plan;
 use bottle_core::bundle::{
@@ -237,13 +237,26 @@ pub fn agent_container(
             cgroup_permissions: Some("rwm".into()),
         })
         .collect::<Vec<_>>();
-    let memory = i64::try_from(plan.memory_bytes).unwrap_or(i64::MAX);
+    // A gVisor box's limits are translated (bottle_core::isolation):
+    // gVisor's own kernel and threads live in the same cgroups.
+    let limits =
+        bottle_core::isolation::engine_limits(plan.isolation, plan.memory_bytes, plan.pids);
+    let memory = i64::try_from(limits.memory).unwrap_or(i64::MAX);
     let mut host = HostConfig {
         network_mode: Some(bundle.network.clone()),
+        runtime: plan.isolation.engine_runtime().map(str::to_string),
         memory: Some(memory),
         // Equal to memory: no swap on top of the limit.
         memory_swap: Some(memory),
-        pids_limit: Some(i64::from(plan.pids)),
+        pids_limit: Some(limits.pids),
+        ulimits: limits.nproc.map(|n| {
+            let n = i64::try_from(n).unwrap_or(i64::MAX);
+            vec![ResourcesUlimits {
+                name: Some("nproc".into()),
+                soft: Some(n),
+                hard: Some(n),
+            }]
+        }),
         nano_cpus: plan.cpus.map(|c| (c * 1e9) as i64),
         init: Some(true),
         dns: Some(vec![agent.dns_upstream.to_string()]),
@@ -471,6 +484,7 @@ pub(crate) mod tests {
             slug: "demo".into(),
             agent: "demo".into(),
             backend: BackendKind::Docker,
+            isolation: Default::default(),
             image: "demo:latest".into(),
             command: vec![],
             egress_allow: vec!["api.example.com".into()],
@@ -613,6 +627,35 @@ pub(crate) mod tests {
                 .as_deref(),
             Some("192.168.40.3")
         );
+    }
+
+    #[test]
+    fn a_gvisor_box_runs_under_runsc_with_translated_limits() {
+        let mut plan = sample_plan();
+        let runc = agent_container(&plan, "/r", HashMap::new())
+            .host_config
+            .unwrap();
+        assert_eq!(runc.runtime, None, "the daemon's default runtime");
+        assert_eq!(runc.ulimits, None);
+        plan.isolation = bottle_core::isolation::Isolation::Gvisor;
+        let body = agent_container(&plan, "/r", HashMap::new());
+        let host = body.host_config.unwrap();
+        assert_eq!(host.runtime.as_deref(), Some("runsc"));
+        let headroom = bottle_core::isolation::GVISOR_MEMORY_HEADROOM as i64;
+        assert_eq!(host.memory, Some((256 << 20) + headroom));
+        assert_eq!(host.memory_swap, host.memory);
+        assert_eq!(host.pids_limit, Some(256 + 12 * 128));
+        let nproc = &host.ulimits.unwrap()[0];
+        assert_eq!(
+            (nproc.name.as_deref(), nproc.soft, nproc.hard),
+            (Some("nproc"), Some(128), Some(128))
+        );
+        // Everything else is the container tier's.
+        assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(host.network_mode.as_deref(), Some("bot-bottle-demo"));
+        // The bundle stays on runc.
+        let bundle = bundle_container(&plan.backend_data.bundle, "/l", "/q", HashMap::new());
+        assert_eq!(bundle.host_config.unwrap().runtime, None);
     }
 
     #[test]

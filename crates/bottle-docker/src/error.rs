@@ -296,6 +296,38 @@ pub enum DockerError {
         /// The bottle network that could not be created.
         network: String,
     },
+    /// The manifest asks for gVisor and the daemon has no gVisor runtime
+    /// registered under the name bottle asks for.
+    #[error(
+        "isolation = \"gvisor\" needs the docker daemon's `{runtime}` runtime, and the daemon has none (its runtimes: {registered})"
+    )]
+    GvisorMissing {
+        /// The runtime name bottle asks for.
+        runtime: String,
+        /// The runtimes the daemon has, comma separated.
+        registered: String,
+    },
+    /// The daemon's gVisor runtime is registered in a way that cannot run a
+    /// bottle's box, or would weaken it.
+    #[error(
+        "the docker daemon's `{runtime}` runtime ({path}) cannot run a gVisor bottle: {problems}"
+    )]
+    GvisorUnfit {
+        /// The runtime's name.
+        runtime: String,
+        /// Its binary, as the daemon reports it.
+        path: String,
+        /// Every reason, `; `-separated.
+        problems: String,
+    },
+    /// After the launch the box was not found running under gVisor (the
+    /// Engine's record, the host's processes or the box's kernel said
+    /// otherwise): the bottle was refused and unwound.
+    #[error("the agent's box is not running under gVisor: {what}")]
+    NotUnderGvisor {
+        /// What was found instead.
+        what: String,
+    },
     /// The shared egress network has no address left for another bundle.
     #[error(
         "the egress network {network} ({subnets}) has no free address for another bundle: {bundles} bundles hold one"
@@ -362,7 +394,9 @@ impl DockerError {
             DockerError::Connect { .. }
             | DockerError::ApiTooOld { .. }
             | DockerError::BundleBinaryMissing { .. }
-            | DockerError::BundleBinaryNotStatic { .. } => BackendErrorKind::Preflight,
+            | DockerError::BundleBinaryNotStatic { .. }
+            | DockerError::GvisorMissing { .. }
+            | DockerError::GvisorUnfit { .. } => BackendErrorKind::Preflight,
             DockerError::NotFound { .. } | DockerError::ImageNotFound { .. } => {
                 BackendErrorKind::NotFound
             }
@@ -370,9 +404,9 @@ impl DockerError {
             | DockerError::DiskCapUnsupported { .. }
             | DockerError::ResetUnavailable { .. }
             | DockerError::PoolNeedsReset { .. } => BackendErrorKind::Unsupported,
-            DockerError::IsolationUnconfirmed { .. } | DockerError::BundleUnhealthy { .. } => {
-                BackendErrorKind::IsolationUnconfirmed
-            }
+            DockerError::IsolationUnconfirmed { .. }
+            | DockerError::BundleUnhealthy { .. }
+            | DockerError::NotUnderGvisor { .. } => BackendErrorKind::IsolationUnconfirmed,
             _ => BackendErrorKind::Failed,
         }
     }
@@ -433,6 +467,9 @@ impl Coded for DockerError {
             DockerError::DiskCapUnsupported { .. } => "BOT-D080",
             DockerError::NoSystemTrustStore { .. } => "BOT-D081",
             DockerError::UpstreamCa { .. } => "BOT-D082",
+            DockerError::GvisorMissing { .. } => "BOT-D090",
+            DockerError::GvisorUnfit { .. } => "BOT-D091",
+            DockerError::NotUnderGvisor { .. } => "BOT-D092",
             DockerError::ResetUnavailable { .. } => "BOT-D100",
             DockerError::ResetMounted { .. } => "BOT-D101",
             DockerError::ResetCopy { .. } => "BOT-D102",
@@ -477,6 +514,12 @@ impl Coded for DockerError {
             DockerError::DiskCapUnsupported { .. } => "remove `disk` from the agent's [agents.<name>.limits] to run with the writable layer uncapped, or put Docker's data root (/var/lib/docker) on xfs mounted with `pquota` (or use the btrfs or zfs storage driver)".into(),
             DockerError::NoSystemTrustStore { .. } => "install the distribution's CA bundle (Debian: `apt-get install ca-certificates`), or set egress.upstream_trust = \"web\" and name your network's CA in egress.upstream_ca".into(),
             DockerError::UpstreamCa { .. } => "make egress.upstream_ca name a readable PEM file holding the CA certificate (`bottle check` says which)".into(),
+            DockerError::GvisorMissing { .. } => bottle_core::isolation::GVISOR_FIX.into(),
+            DockerError::GvisorUnfit { runtime, .. } => format!(
+                "register `{runtime}` in /etc/docker/daemon.json as bottle's CI does ({}) and reload the daemon without restarting it: `kill -HUP $(pidof dockerd)`; or set isolation = \"container\"",
+                bottle_core::isolation::GVISOR_DAEMON_JSON
+            ),
+            DockerError::NotUnderGvisor { .. } => "nothing was left running; check that the daemon's `runsc` runtime is gVisor's runsc (`bottle doctor`, `docker info`) and report this if it persists".into(),
             DockerError::ResetUnavailable { .. } => "run bottle as root on the daemon's host with the overlay2 storage driver (`docker info`), then stop the bottle and start it again".into(),
             DockerError::ResetMounted { .. } | DockerError::ResetState { .. } => "read `docker inspect` of the agent container and the daemon's log; stop the bottle and start a new one".into(),
             DockerError::ResetCopy { .. } => "check the free space and the permissions under the state dir and /var/lib/docker; stop the bottle and start a new one".into(),
@@ -613,6 +656,16 @@ mod tests {
                 subnets: text(),
                 bundles: 1,
             },
+            DockerError::GvisorMissing {
+                runtime: text(),
+                registered: text(),
+            },
+            DockerError::GvisorUnfit {
+                runtime: text(),
+                path: text(),
+                problems: text(),
+            },
+            DockerError::NotUnderGvisor { what: text() },
         ]
     }
 

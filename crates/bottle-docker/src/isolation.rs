@@ -8,6 +8,8 @@ use bollard::models::{ContainerInspectResponse, EndpointSettings, NetworkInspect
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
+use bottle_core::isolation::Isolation;
+
 use crate::config::OPT_INHIBIT_IPV4;
 use crate::launch::LaunchMode;
 use crate::names::EGRESS_NETWORK;
@@ -83,12 +85,16 @@ pub(crate) fn check_bundle(
 
 /// The agent runs at its pinned address on the bottle network and on no
 /// other, with every capability dropped, no new privileges and not
-/// privileged.
+/// privileged, and (a gVisor box) under the Engine's gVisor runtime.
 pub(crate) fn check_agent(
     network: &str,
     agent: &ContainerInspectResponse,
     pinned: Ipv4Addr,
+    tier: Isolation,
 ) -> Result<(), String> {
+    if let Some(runtime) = tier.engine_runtime() {
+        crate::gvisor::check_runtime(agent, runtime)?;
+    }
     if agent.state.as_ref().and_then(|s| s.running) != Some(true) {
         return Err("the agent container is not running".into());
     }
@@ -183,6 +189,31 @@ mod tests {
         }
     }
 
+    fn check_agent_runc(
+        network: &str,
+        agent: &ContainerInspectResponse,
+        pinned: Ipv4Addr,
+    ) -> Result<(), String> {
+        check_agent(network, agent, pinned, Isolation::Container)
+    }
+
+    #[test]
+    fn a_gvisor_agent_must_run_under_runsc() {
+        let mut agent = container(&[(NET, AGENT_IP)], confined());
+        assert!(
+            check_agent(NET, &agent, AGENT_IP, Isolation::Gvisor)
+                .unwrap_err()
+                .contains("not runsc")
+        );
+        if let Some(host) = agent.host_config.as_mut() {
+            host.runtime = Some("runsc".into());
+        }
+        assert_eq!(
+            check_agent(NET, &agent, AGENT_IP, Isolation::Gvisor),
+            Ok(())
+        );
+    }
+
     fn confined() -> HostConfig {
         HostConfig {
             cap_drop: Some(vec!["ALL".into()]),
@@ -249,18 +280,18 @@ mod tests {
     #[test]
     fn the_agent_must_be_confined_to_the_bottle_network_without_privileges() {
         assert_eq!(
-            check_agent(NET, &container(&[(NET, AGENT_IP)], confined()), AGENT_IP),
+            check_agent_runc(NET, &container(&[(NET, AGENT_IP)], confined()), AGENT_IP),
             Ok(())
         );
         let two_networks = container(&[(NET, AGENT_IP), (EGRESS_NETWORK, AGENT_IP)], confined());
         assert!(
-            check_agent(NET, &two_networks, AGENT_IP)
+            check_agent_runc(NET, &two_networks, AGENT_IP)
                 .unwrap_err()
                 .contains("not only")
         );
         let moved = container(&[(NET, BUNDLE_IP)], confined());
         assert!(
-            check_agent(NET, &moved, AGENT_IP)
+            check_agent_runc(NET, &moved, AGENT_IP)
                 .unwrap_err()
                 .contains("not at the pinned")
         );
@@ -269,7 +300,7 @@ mod tests {
             ..confined()
         };
         assert!(
-            check_agent(NET, &container(&[(NET, AGENT_IP)], caps), AGENT_IP)
+            check_agent_runc(NET, &container(&[(NET, AGENT_IP)], caps), AGENT_IP)
                 .unwrap_err()
                 .contains("capabilities")
         );
@@ -278,7 +309,7 @@ mod tests {
             ..confined()
         };
         assert!(
-            check_agent(NET, &container(&[(NET, AGENT_IP)], nnp), AGENT_IP)
+            check_agent_runc(NET, &container(&[(NET, AGENT_IP)], nnp), AGENT_IP)
                 .unwrap_err()
                 .contains("gain privileges")
         );
@@ -287,14 +318,14 @@ mod tests {
             ..confined()
         };
         assert!(
-            check_agent(NET, &container(&[(NET, AGENT_IP)], privileged), AGENT_IP)
+            check_agent_runc(NET, &container(&[(NET, AGENT_IP)], privileged), AGENT_IP)
                 .unwrap_err()
                 .contains("privileged")
         );
         let mut stopped = container(&[(NET, AGENT_IP)], confined());
         stopped.state = None;
         assert!(
-            check_agent(NET, &stopped, AGENT_IP)
+            check_agent_runc(NET, &stopped, AGENT_IP)
                 .unwrap_err()
                 .contains("not running")
         );

@@ -35,6 +35,7 @@ pub mod client;
 pub mod config;
 pub mod data;
 mod error;
+pub mod gvisor;
 pub mod images;
 mod isolation;
 pub mod launch;

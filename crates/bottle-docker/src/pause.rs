@@ -11,6 +11,11 @@
 //! - x86_64: `mov eax, 34 (pause); syscall; jmp -9`.
 //! - aarch64 (which has no `pause`): `x0..x3 = 0; x8 = 73 (ppoll); svc 0;
 //!   b -6` — `ppoll` with no fds and no timeout blocks until a signal.
+//!
+//! A gVisor box also gets [`UNAME_PATH`], as tiny and as image-independent:
+//! it asks the box's kernel `uname(2)` and writes the answer (the 390 bytes
+//! of `struct new_utsname`) to stdout, so launch can tell from inside the
+//! box that a kernel other than the host's answers it.
 
 /// Where the keep-alive program lives inside the agent container.
 pub const PAUSE_PATH: &str = "/.bottle/pause";
@@ -35,17 +40,94 @@ const AARCH64_CODE: [u32; 7] = [
     0x17ff_fffa, // b back to the first mov
 ];
 
+/// Where the kernel-identity program lives inside a gVisor box.
+pub const UNAME_PATH: &str = "/.bottle/uname";
+
+/// An empty directory in a gVisor box's `/tmp`, so gVisor does not mount
+/// a tmpfs of its own there (it does over an empty `/tmp`, and the host
+/// would never see what is in it).
+pub const GVISOR_TMP_KEEP: &str = "/tmp/.bottle";
+
+/// The size of `struct new_utsname`: six fields of 65 bytes.
+pub const UTSNAME_LEN: usize = 6 * 65;
+
+const X86_64_UNAME: &[u8] = &[
+    0x48, 0x81, 0xec, 0x90, 0x01, 0x00, 0x00, // sub rsp, 400
+    0x48, 0x89, 0xe7, // mov rdi, rsp
+    0xb8, 0x3f, 0x00, 0x00, 0x00, // mov eax, 63 (SYS_uname)
+    0x0f, 0x05, // syscall
+    0xb8, 0x01, 0x00, 0x00, 0x00, // mov eax, 1 (SYS_write)
+    0xbf, 0x01, 0x00, 0x00, 0x00, // mov edi, 1 (stdout)
+    0x48, 0x89, 0xe6, // mov rsi, rsp
+    0xba, 0x86, 0x01, 0x00, 0x00, // mov edx, 390
+    0x0f, 0x05, // syscall
+    0xb8, 0x3c, 0x00, 0x00, 0x00, // mov eax, 60 (SYS_exit)
+    0x31, 0xff, // xor edi, edi
+    0x0f, 0x05, // syscall
+];
+
+const AARCH64_UNAME: [u32; 12] = [
+    0xd106_43ff, // sub sp, sp, #400
+    0x9100_03e0, // mov x0, sp
+    0xd280_1408, // mov x8, #160 (SYS_uname)
+    0xd400_0001, // svc #0
+    0xd280_0020, // mov x0, #1 (stdout)
+    0x9100_03e1, // mov x1, sp
+    0xd280_30c2, // mov x2, #390
+    0xd280_0808, // mov x8, #64 (SYS_write)
+    0xd400_0001, // svc #0
+    0xd280_0000, // mov x0, #0
+    0xd280_0ba8, // mov x8, #93 (SYS_exit)
+    0xd400_0001, // svc #0
+];
+
 /// The keep-alive ELF for a Docker architecture name (`x86_64`/`amd64`,
 /// `aarch64`/`arm64`), or `None` if we have none.
 pub fn pause_elf(arch: &str) -> Option<Vec<u8>> {
-    let (machine, code): (u16, Vec<u8>) = match arch {
-        "x86_64" | "amd64" => (0x3e, X86_64_CODE.to_vec()),
-        "aarch64" | "arm64" => (
+    match arch {
+        "x86_64" | "amd64" => elf(0x3e, X86_64_CODE.to_vec()),
+        "aarch64" | "arm64" => elf(
             0xb7,
             AARCH64_CODE.iter().flat_map(|i| i.to_le_bytes()).collect(),
         ),
-        _ => return None,
+        _ => None,
+    }
+}
+
+/// The kernel-identity ELF ([`UNAME_PATH`]) for a Docker architecture
+/// name, or `None` if we have none.
+pub fn uname_elf(arch: &str) -> Option<Vec<u8>> {
+    match arch {
+        "x86_64" | "amd64" => elf(0x3e, X86_64_UNAME.to_vec()),
+        "aarch64" | "arm64" => elf(
+            0xb7,
+            AARCH64_UNAME.iter().flat_map(|i| i.to_le_bytes()).collect(),
+        ),
+        _ => None,
+    }
+}
+
+/// What the box's kernel says it is, from [`UNAME_PATH`]'s output: the
+/// `release` and `version` fields, or `None` when the output is not a
+/// `struct new_utsname`.
+pub fn parse_utsname(out: &[u8]) -> Option<(String, String)> {
+    if out.len() != UTSNAME_LEN {
+        return None;
+    }
+    let field = |i: usize| {
+        let raw = &out[i * 65..(i + 1) * 65];
+        let end = raw.iter().position(|b| *b == 0)?;
+        std::str::from_utf8(&raw[..end]).ok().map(str::to_string)
     };
+    if field(0)? != "Linux" {
+        return None;
+    }
+    Some((field(2)?, field(3)?))
+}
+
+/// A static ELF for `machine` whose one segment is `code`, entered at its
+/// first byte.
+fn elf(machine: u16, code: Vec<u8>) -> Option<Vec<u8>> {
     let code_offset = u64::from(EHDR_SIZE + PHDR_SIZE);
     let total = code_offset + code.len() as u64;
     let mut elf = Vec::with_capacity(usize::try_from(total).ok()?);
@@ -96,6 +178,60 @@ mod tests {
             assert_eq!((entry - BASE) % 4, 0);
         }
         assert_eq!(pause_elf("s390x"), None);
+        for arch in ["x86_64", "arm64"] {
+            let elf = uname_elf(arch).unwrap();
+            let filesz = u64::from_le_bytes(elf[96..104].try_into().unwrap());
+            assert_eq!(filesz, elf.len() as u64);
+        }
+        assert_eq!(uname_elf("s390x"), None);
+    }
+
+    #[test]
+    fn utsname_output_is_read_field_by_field() {
+        let mut out = vec![0u8; UTSNAME_LEN];
+        for (i, text) in [
+            "Linux",
+            "bottle",
+            "4.4.0",
+            "#1 SMP Sun Jan 10 15:06:54 PST 2016",
+        ]
+        .iter()
+        .enumerate()
+        {
+            out[i * 65..i * 65 + text.len()].copy_from_slice(text.as_bytes());
+        }
+        assert_eq!(
+            parse_utsname(&out),
+            Some(("4.4.0".into(), "#1 SMP Sun Jan 10 15:06:54 PST 2016".into()))
+        );
+        assert_eq!(parse_utsname(&out[..100]), None);
+        out[0] = b'X';
+        assert_eq!(parse_utsname(&out), None);
+    }
+
+    #[test]
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    fn the_x86_64_uname_program_prints_this_kernel() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("uname");
+        std::fs::write(&path, uname_elf("x86_64").unwrap()).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "the test runs the generated program itself"
+        )]
+        let out = std::process::Command::new(&path).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let (release, version) = parse_utsname(&out.stdout).expect("a utsname");
+        let host = |f: &str| {
+            std::fs::read_to_string(format!("/proc/sys/kernel/{f}"))
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        assert_eq!(release, host("osrelease"));
+        assert_eq!(version, host("version"));
     }
 
     #[test]

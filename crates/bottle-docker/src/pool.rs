@@ -559,6 +559,7 @@ fn recheck(
         &names.agent,
         &names.bundle,
         dir,
+        plan.isolation,
     );
     let diverged: Vec<String> = check_against_baseline(&substrate, &files)
         .into_iter()
@@ -601,7 +602,11 @@ fn isolated_as_launched(
         LaunchMode::Bottle,
     )?;
     isolation::check_bundle(network_name, bundle, data.bundle.ip)?;
-    isolation::check_agent(network_name, agent, data.agent.ip)
+    isolation::check_agent(network_name, agent, data.agent.ip, plan.isolation)?;
+    if plan.isolation == bottle_core::isolation::Isolation::Gvisor {
+        crate::gvisor::check_sandbox_process(agent, std::path::Path::new("/proc"))?;
+    }
+    Ok(())
 }
 
 /// One health probe of the bundle's proxy, from inside the bundle, at the

@@ -18,6 +18,13 @@
 //!   content and metadata (no timestamps), the descriptors open in the
 //!   container's pid namespace read from the host's `/proc`, and the
 //!   Engine's inspect of the container.
+//! - A gVisor box: the box's processes live in gVisor's kernel, which the
+//!   kill ends with the sandbox, and the sandbox shares the host's pid
+//!   namespace, so the descriptor source counts what could outlive the
+//!   revert instead: descriptors of host processes in the box's cgroup
+//!   that are not the running sandbox's (0 as launched;
+//!   [`crate::gvisor::stray_descriptors`]). The keep-alive cannot be seen
+//!   from the host either: the revert waits for the sandbox's process.
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
@@ -29,6 +36,7 @@ use bollard::models::ContainerInspectResponse;
 use bollard::query_parameters::KillContainerOptionsBuilder;
 use bottle_core::backend::BackendError;
 use bottle_core::exec::{CommandRunner, CommandSpec, SystemRunner};
+use bottle_core::isolation::Isolation;
 use bottle_core::sandbox::{ResetFiles, ResetSubstrate};
 use sha2::{Digest, Sha256};
 
@@ -55,17 +63,20 @@ pub struct DockerResetSubstrate {
     bundle: String,
     files: ResetFiles,
     runner: Box<dyn CommandRunner>,
+    isolation: Isolation,
 }
 
 impl DockerResetSubstrate {
     /// The substrate of bottle `bottle`, whose agent and bundle containers
-    /// are `agent` and `bundle` and whose state dir is `state_dir`.
+    /// are `agent` and `bundle`, whose state dir is `state_dir` and whose
+    /// box is of tier `isolation`.
     pub fn new(
         engine: Engine,
         bottle: &str,
         agent: &str,
         bundle: &str,
         state_dir: &Path,
+        isolation: Isolation,
     ) -> DockerResetSubstrate {
         DockerResetSubstrate {
             engine,
@@ -74,6 +85,7 @@ impl DockerResetSubstrate {
             bundle: bundle.to_string(),
             files: ResetFiles::new(state_dir),
             runner: Box::new(SystemRunner),
+            isolation,
         }
     }
 
@@ -194,6 +206,14 @@ impl DockerResetSubstrate {
     /// Waits until the keep-alive runs in the container again (the start
     /// returns once its init runs; init starts the keep-alive after).
     fn wait_for_keep_alive(&self) -> Result<(), DockerError> {
+        if self.isolation == Isolation::Gvisor {
+            // The keep-alive runs in gVisor's kernel, out of the host's
+            // sight: the box is back once its sandbox runs.
+            let inspect = self.inspect()?;
+            return crate::gvisor::check_sandbox_process(&inspect, Path::new("/proc"))
+                .map(drop)
+                .map_err(|what| DockerError::ResetState { what });
+        }
         let (_, namespace) = self.init_namespace()?;
         let deadline = Instant::now() + SETTLE;
         loop {
@@ -264,7 +284,11 @@ impl DockerResetSubstrate {
     }
 
     fn open_fds_inner(&self) -> Result<u64, DockerError> {
-        let (_, namespace) = self.init_namespace()?;
+        let (pid, namespace) = self.init_namespace()?;
+        if self.isolation == Isolation::Gvisor {
+            return crate::gvisor::stray_descriptors(Path::new("/proc"), pid)
+                .map_err(|what| DockerError::ResetState { what });
+        }
         // A process may end between listing and counting: it then holds
         // nothing.
         Ok(processes_in(&namespace)
@@ -568,6 +592,24 @@ pub(crate) fn engine_facts(inspect: &ContainerInspectResponse) -> BTreeMap<Strin
         ("devices".into(), list(Some(devices))),
         ("binds".into(), list(host.binds)),
         ("network_mode".into(), host.network_mode.unwrap_or_default()),
+        ("runtime".into(), host.runtime.unwrap_or_default()),
+        ("ulimits".into(), {
+            let mut ulimits: Vec<String> = host
+                .ulimits
+                .unwrap_or_default()
+                .into_iter()
+                .map(|u| {
+                    format!(
+                        "{}={}:{}",
+                        u.name.unwrap_or_default(),
+                        number(u.soft),
+                        number(u.hard)
+                    )
+                })
+                .collect();
+            ulimits.sort();
+            ulimits.join(",")
+        }),
         (
             "user".into(),
             inspect

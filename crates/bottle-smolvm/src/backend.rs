@@ -204,6 +204,12 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
     }
 
     fn prepare_inner(&self, spec: &BottleSpec) -> Result<SmolvmPlan<H::Prepared>, SmolvmError> {
+        if spec.agent.isolation != bottle_core::isolation::Isolation::Container {
+            return Err(SmolvmError::IsolationUnsupported {
+                agent: spec.agent_name.clone(),
+                isolation: spec.agent.isolation.to_string(),
+            });
+        }
         let version = self.smolvm.version()?;
         require_enforced(version)?;
         let Some(reference) = spec.agent.image.as_deref() else {

@@ -192,6 +192,17 @@ pub enum SmolvmError {
         /// The machine.
         machine: String,
     },
+    /// The manifest asks for an isolation tier the smolmachines backend
+    /// does not run: its microVM is already the box's own kernel.
+    #[error(
+        "agent {agent:?} asks for isolation = \"{isolation}\", which the smolmachines backend does not run: its box is a libkrun microVM with a kernel of its own, not a container whose runtime could be gVisor"
+    )]
+    IsolationUnsupported {
+        /// The agent.
+        agent: String,
+        /// The tier asked for.
+        isolation: String,
+    },
     /// A collaborator (the bundle host, the host check) failed; its error is
     /// passed through unchanged.
     #[error(transparent)]
@@ -212,6 +223,7 @@ impl SmolvmError {
             | SmolvmError::AllowlistNotPersisted { .. }
             | SmolvmError::BundleAddress { .. } => BackendErrorKind::IsolationUnconfirmed,
             SmolvmError::VmMissing { .. } => BackendErrorKind::NotFound,
+            SmolvmError::IsolationUnsupported { .. } => BackendErrorKind::Unsupported,
             SmolvmError::External(err) => err.kind,
             _ => BackendErrorKind::Failed,
         }
@@ -242,6 +254,7 @@ impl Coded for SmolvmError {
             SmolvmError::VmMissing { .. } => "BOT-K070",
             SmolvmError::Provision { .. } => "BOT-K071",
             SmolvmError::AlreadyExists { .. } => "BOT-K072",
+            SmolvmError::IsolationUnsupported { .. } => "BOT-K094",
             SmolvmError::External(err) => err.code,
         }
     }
@@ -302,6 +315,9 @@ impl Coded for SmolvmError {
             }
             SmolvmError::AlreadyExists { .. } => {
                 "stop the running bottle with `bottle stop NAME`, or remove leftovers with `bottle cleanup`".into()
+            }
+            SmolvmError::IsolationUnsupported { .. } => {
+                "remove `isolation` from the agent (a microVM needs no other tier), or run it with --backend docker, where isolation = \"gvisor\" runs the box under gVisor".into()
             }
             SmolvmError::External(err) => return err.fix(),
         };
@@ -414,6 +430,10 @@ mod tests {
                 detail: text(),
             },
             SmolvmError::AlreadyExists { machine: text() },
+            SmolvmError::IsolationUnsupported {
+                agent: text(),
+                isolation: text(),
+            },
             SmolvmError::External(BackendError::new(
                 BackendErrorKind::Failed,
                 "BOT-D003",

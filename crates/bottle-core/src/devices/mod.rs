@@ -208,6 +208,31 @@ impl ResolvedDevices {
 /// GPU nodes), and refusing to start would make the defaults fatal on any GPU
 /// host.
 pub fn unsupported_warning(backend: BackendKind, resolved: &ResolvedDevices) -> Option<String> {
+    dropped_nodes(resolved).map(|nodes| {
+        format!(
+            "the {backend} backend does not support device passthrough: starting without {nodes}; use --backend docker to pass them, or set devices = [] to silence this"
+        )
+    })
+}
+
+/// Takes the device nodes out of `resolved` for a box of `isolation` that
+/// cannot be given host devices (gVisor's kernel does not drive them), and
+/// says so in `resolved.warnings`. Like [`unsupported_warning`], the bottle
+/// still starts without them.
+pub fn drop_for_isolation(resolved: &mut ResolvedDevices, isolation: crate::isolation::Isolation) {
+    if isolation == crate::isolation::Isolation::Container {
+        return;
+    }
+    if let Some(nodes) = dropped_nodes(resolved) {
+        resolved.warnings.push(format!(
+            "isolation = \"{isolation}\" passes no host devices (gVisor's kernel does not drive them): starting without {nodes}; use isolation = \"container\" to pass them, or set devices = [] to silence this"
+        ));
+        resolved.passed.clear();
+    }
+}
+
+/// "N device node(s) (a, b, c and M more)", or `None` when none passed.
+fn dropped_nodes(resolved: &ResolvedDevices) -> Option<String> {
     if resolved.passed.is_empty() {
         return None;
     }
@@ -227,7 +252,7 @@ pub fn unsupported_warning(backend: BackendKind, resolved: &ResolvedDevices) -> 
     let count = resolved.passed.len();
     let nodes = if count == 1 { "node" } else { "nodes" };
     Some(format!(
-        "the {backend} backend does not support device passthrough: starting without {count} device {nodes} ({}{more}); use --backend docker to pass them, or set devices = [] to silence this",
+        "{count} device {nodes} ({}{more})",
         names.join(", ")
     ))
 }

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::isolation::Isolation;
 use crate::upstream_trust::UpstreamTrust;
 
 /// The whole `bottle.toml`.
@@ -66,6 +67,10 @@ pub struct Agent {
     /// when it is given no count; with it set, each `start` that claims a
     /// pooled bottle refills the pool in the background.
     pub pool: Option<u32>,
+    /// The box's isolation tier: `container` (runc, the default) or
+    /// `gvisor` (the Engine's `runsc` runtime; docker backend only).
+    #[serde(default)]
+    pub isolation: Isolation,
 }
 
 /// A Dockerfile build context.

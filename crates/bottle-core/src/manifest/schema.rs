@@ -52,6 +52,10 @@ const AGENT: Shape = Shape::Table(&[
     ("devices_blacklist", Shape::Free),
     ("limits", LIMITS),
     ("pool", Shape::Free),
+    (
+        "isolation",
+        Shape::OneOf(&crate::isolation::Isolation::CHOICES),
+    ),
 ]);
 
 const BUILD: Shape = Shape::Table(&[
@@ -116,6 +120,7 @@ const AGENT_KEYS: &[&str] = &[
     "devices_blacklist",
     "limits",
     "pool",
+    "isolation",
 ];
 
 /// Keys of the agent's sub-tables that people write one level too high.
@@ -302,6 +307,7 @@ mod tests {
                 audit_log: Some("64m".into()),
             },
             pool: Some(2),
+            isolation: crate::isolation::Isolation::Gvisor,
         };
         Manifest {
             version: 1,

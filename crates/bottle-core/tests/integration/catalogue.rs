@@ -168,4 +168,6 @@ fn the_full_manifest_uses_every_feature() {
     assert_eq!(claude.limits.cpus, Some(2.5));
     let built = m.agents.values().find_map(|a| a.build.as_ref()).unwrap();
     assert!(built.dockerfile.is_some() && !built.args.is_empty());
+    assert_eq!(claude.isolation, manifest::Isolation::Container);
+    assert_eq!(m.agents["builder"].isolation, manifest::Isolation::Gvisor);
 }

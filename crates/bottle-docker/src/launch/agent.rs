@@ -22,10 +22,11 @@ use crate::config::{self, AGENT_PROMPT_PATH, AGENT_SKILLS_DIR};
 use crate::data::{self, AgentData, DockerPlanData};
 use crate::error::DockerError;
 use crate::names::role;
-use crate::pause::{PAUSE_PATH, pause_elf};
+use crate::pause::{GVISOR_TMP_KEEP, PAUSE_PATH, UNAME_PATH, pause_elf, uname_elf};
 use crate::reset::DockerResetSubstrate;
 use crate::tarball::{Ownership, TarBuilder, entry_name};
 use crate::toolbox::{self, InBoxAgent};
+use bottle_core::isolation::Isolation;
 
 /// The agent container's steps: a docker bottle's plan only.
 impl<'a> Launch<'a, DockerPlanData> {
@@ -39,8 +40,8 @@ impl<'a> Launch<'a, DockerPlanData> {
         let data = self.agent();
         // The agent's files are read and packed while the Engine works on
         // the bundle's steps.
-        let (arch, bundle_ip) = (data.arch.clone(), self.bundle.ip);
-        let files = std::thread::spawn(move || agent_files(&arch, bundle_ip));
+        let (arch, bundle_ip, isolation) = (data.arch.clone(), self.bundle.ip, self.plan.isolation);
+        let files = std::thread::spawn(move || agent_files(&arch, bundle_ip, isolation));
         self.prepare_bundle()?;
         let (network, agent) = (self.bundle.network.clone(), data.container.clone());
         let (network, agent) = (&network, &agent);
@@ -148,6 +149,7 @@ impl<'a> Launch<'a, DockerPlanData> {
             agent,
             &bundle,
             &self.paths.root,
+            self.plan.isolation,
         );
         // A bottle without reset still runs: the operator is told, and a
         // reset later halts it with "none recorded" rather than pass.
@@ -174,6 +176,7 @@ impl<'a> Launch<'a, DockerPlanData> {
             toolbox: InBoxAgent::new(&self.plan.bottle, &self.plan.state_dir),
             bundle,
             state_dir: self.paths.root.clone(),
+            isolation: self.plan.isolation,
         })
     }
 
@@ -326,14 +329,42 @@ impl<'a> Launch<'a, DockerPlanData> {
 
     /// Fails closed unless the agent runs on the bottle network only, at
     /// its pinned address, with every capability dropped and no privilege
-    /// gain.
+    /// gain, under the runtime its tier asks for; a gVisor box must also
+    /// be gVisor's on the host and inside ([`crate::gvisor`]).
     fn verify_agent(&self, network: &str, agent: &str) -> Result<(), DockerError> {
         self.check_network(network)?;
         let inspect = self.block(&format!("inspect container {agent}"), async {
             self.engine.docker.inspect_container(agent, None).await
         })?;
-        isolation::check_agent(network, &inspect, self.agent().ip)
-            .map_err(|what| DockerError::IsolationUnconfirmed { what })
+        isolation::check_agent(network, &inspect, self.agent().ip, self.plan.isolation)
+            .map_err(|what| DockerError::IsolationUnconfirmed { what })?;
+        if self.plan.isolation == Isolation::Gvisor {
+            let kernel = self.confirm_gvisor(agent, &inspect)?;
+            self.note(&format!("gvisor: the box's kernel is {kernel}"));
+        }
+        Ok(())
+    }
+
+    /// The host kernel sees gVisor's sandbox as the container's process,
+    /// and the box's own `uname(2)` answers with a kernel that is not the
+    /// host's. Returns the box's kernel.
+    fn confirm_gvisor(
+        &self,
+        agent: &str,
+        inspect: &bollard::models::ContainerInspectResponse,
+    ) -> Result<String, DockerError> {
+        let refused = |what: String| DockerError::NotUnderGvisor { what };
+        crate::gvisor::check_sandbox_process(inspect, std::path::Path::new("/proc"))
+            .map_err(refused)?;
+        let (release, version) = crate::gvisor::host_kernel().map_err(refused)?;
+        let out = self.engine.block_on(exec_captured(
+            self.engine,
+            agent,
+            &[UNAME_PATH.to_string()],
+            Some(crate::names::KEEPALIVE_USER),
+        ))?;
+        crate::gvisor::check_box_kernel(&out.stdout, out.exit_code, &release, &version)
+            .map_err(refused)
     }
 }
 
@@ -419,13 +450,25 @@ impl CaBox for ContainerCaBox<'_> {
 fn agent_files(
     arch: &str,
     bundle_ip: std::net::Ipv4Addr,
+    isolation: Isolation,
 ) -> Result<(Vec<u8>, String), DockerError> {
-    let pause = pause_elf(arch).ok_or_else(|| DockerError::UnsupportedArch {
+    let unsupported = || DockerError::UnsupportedArch {
         arch: arch.to_string(),
-    })?;
+    };
+    let pause = pause_elf(arch).ok_or_else(unsupported)?;
     let mut tar = TarBuilder::new();
     tar.dir(&entry_name("/.bottle"), 0o755, Ownership::ROOT)?;
     tar.file(&entry_name(PAUSE_PATH), &pause, 0o755, Ownership::ROOT)?;
+    if isolation == Isolation::Gvisor {
+        let uname = uname_elf(arch).ok_or_else(unsupported)?;
+        tar.file(&entry_name(UNAME_PATH), &uname, 0o755, Ownership::ROOT)?;
+        // gVisor mounts a tmpfs of its own over an empty /tmp at boot,
+        // which the host (`bottle cp`, the reset's snapshot) never sees:
+        // a /tmp that is not empty stays the box's own directory, as in a
+        // container.
+        tar.dir(&entry_name("/tmp"), 0o1777, Ownership::ROOT)?;
+        tar.dir(&entry_name(GVISOR_TMP_KEEP), 0o755, Ownership::ROOT)?;
+    }
     tar.dir(&entry_name(AGENT_DIR), 0o755, Ownership::ROOT)?;
     let mcp = bottle_core::bundle::mcp_config(&bundle_ip.to_string());
     tar.file(

@@ -1,0 +1,541 @@
+//! The isolation tier of an agent's box (`isolation` in the manifest):
+//! `container` (the default: the Engine's default runtime, runc, on the
+//! host kernel) or `gvisor` (the Engine's `runsc` runtime: gVisor's
+//! user-space kernel answers the box's system calls, and only gVisor's own
+//! few host processes, under its own seccomp filter, talk to the host
+//! kernel).
+//!
+//! What a gVisor registration must look like for bottle, and what its
+//! limits become, is decided here from plain data (the Engine's
+//! `/info` Runtimes entry, `runsc --version`), so the docker backend and
+//! `bottle doctor` judge a host alike. Nothing here does I/O.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// How an agent's box is isolated from the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    /// A container on the host kernel (runc): today's docker bottle.
+    #[default]
+    Container,
+    /// A container under gVisor (the Engine's `runsc` runtime): the box's
+    /// system calls are answered by gVisor's kernel in user space.
+    Gvisor,
+}
+
+impl Isolation {
+    /// Every value as the manifest writes it.
+    pub const CHOICES: [&'static str; 2] = ["container", "gvisor"];
+
+    /// The value as written.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::Container => "container",
+            Isolation::Gvisor => "gvisor",
+        }
+    }
+
+    /// The Engine runtime a box of this tier runs under, by its registered
+    /// name; `None`: the daemon's default (runc).
+    pub fn engine_runtime(self) -> Option<&'static str> {
+        match self {
+            Isolation::Container => None,
+            Isolation::Gvisor => Some(GVISOR_RUNTIME),
+        }
+    }
+
+    /// One line for the plan.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Isolation::Container => "container (runc: the host kernel answers the box)",
+            Isolation::Gvisor => {
+                "gvisor (runsc: gVisor's user-space kernel answers the box; the bundle stays runc)"
+            }
+        }
+    }
+}
+
+impl fmt::Display for Isolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The name the gVisor runtime must be registered under in the Engine
+/// (`/etc/docker/daemon.json`, `runtimes`).
+pub const GVISOR_RUNTIME: &str = "runsc";
+
+/// The registration bottle asks for, as `daemon.json` holds it: the
+/// platform this host has (ptrace works everywhere; systrap or kvm where
+/// the build and the host have them), the box's own network namespace,
+/// and revalidated file access to the root filesystem.
+pub const GVISOR_DAEMON_JSON: &str = r#"{ "runtimes": { "runsc": { "path": "/usr/bin/runsc", "runtimeArgs": ["--platform=ptrace", "--network=host", "--file-access=shared"] } } }"#;
+
+/// How to get a usable gVisor runtime, for error fixes and the doctor.
+pub const GVISOR_FIX: &str = "install gVisor (Debian: `apt-get install runsc`), register it with the docker daemon as `runsc` in /etc/docker/daemon.json (bottle's CI writes { \"runtimes\": { \"runsc\": { \"path\": \"/usr/bin/runsc\", \"runtimeArgs\": [\"--platform=ptrace\", \"--network=host\", \"--file-access=shared\"] } } }) and reload the daemon without restarting it: `kill -HUP $(pidof dockerd)`; `bottle doctor` checks it";
+
+/// Host tasks (threads) gVisor's own machinery takes in the box's pids
+/// cgroup before the box runs anything: the Sentry's threads and its stub
+/// processes (38 to 55 measured idle with runsc 20221219, ptrace).
+pub const GVISOR_BASE_TASKS: i64 = 256;
+
+/// Host tasks each process in the box costs under gVisor: on the ptrace
+/// platform every process of the box has a stub process of its own on the
+/// host, with threads, and the Sentry's threads grow with the box (7.3 per
+/// process measured with 168 processes, runsc 20221219).
+pub const GVISOR_TASKS_PER_PROCESS: i64 = 12;
+
+/// Memory gVisor's own kernel takes inside the box's memory limit (61 MiB
+/// idle against runc's 16 measured): added to `limits.memory` so the agent
+/// has what the manifest gives it.
+pub const GVISOR_MEMORY_HEADROOM: u64 = 128 << 20;
+
+/// What the Engine enforces for a box of `isolation` whose manifest says
+/// `memory` bytes and `pids` processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineLimits {
+    /// The box's memory cgroup limit (and swap limit), in bytes.
+    pub memory: u64,
+    /// The box's pids cgroup limit: host tasks.
+    pub pids: i64,
+    /// `RLIMIT_NPROC` inside the box, where the box's kernel enforces the
+    /// process count itself (gVisor does; the host's pids cgroup counts
+    /// gVisor's own threads, not the box's processes).
+    pub nproc: Option<u64>,
+}
+
+/// The limits the Engine is given for a box of `isolation`.
+///
+/// - `container`: the manifest's, as they are.
+/// - `gvisor`: the box's process count is gVisor's to enforce
+///   (`RLIMIT_NPROC` = `limits.pids`, which gVisor's kernel enforces per
+///   user in the box: fork fails with EAGAIN); the host's pids cgroup,
+///   which counts gVisor's own threads and stub processes, gets room for
+///   them ([`GVISOR_BASE_TASKS`] + [`GVISOR_TASKS_PER_PROCESS`] per
+///   process) and stays a backstop. The memory cgroup holds the whole
+///   sandbox, gVisor's kernel included, and the host kills the whole
+///   sandbox when it is exceeded (there is no OOM killer inside gVisor
+///   that picks one process): it gets [`GVISOR_MEMORY_HEADROOM`] on top,
+///   so the agent has what the manifest gives it before that kill.
+pub fn engine_limits(isolation: Isolation, memory: u64, pids: u32) -> EngineLimits {
+    match isolation {
+        Isolation::Container => EngineLimits {
+            memory,
+            pids: i64::from(pids),
+            nproc: None,
+        },
+        Isolation::Gvisor => EngineLimits {
+            memory: memory.saturating_add(GVISOR_MEMORY_HEADROOM),
+            pids: GVISOR_BASE_TASKS + GVISOR_TASKS_PER_PROCESS * i64::from(pids),
+            nproc: Some(u64::from(pids)),
+        },
+    }
+}
+
+/// gVisor's network modes (`--network`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GvisorNetwork {
+    /// gVisor's own network stack (netstack), on the box's interfaces: the
+    /// default, and the stronger one.
+    Sandbox,
+    /// The box's network system calls go to the host kernel's stack, in
+    /// the box's own network namespace.
+    Host,
+    /// No network at all: the box could not reach its bundle.
+    None,
+}
+
+impl GvisorNetwork {
+    /// The flag's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GvisorNetwork::Sandbox => "sandbox",
+            GvisorNetwork::Host => "host",
+            GvisorNetwork::None => "none",
+        }
+    }
+}
+
+/// A runtime registration as the Engine reports it (`GET /info`,
+/// `Runtimes`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Registration {
+    /// The binary.
+    pub path: String,
+    /// The arguments the Engine passes before its own.
+    pub args: Vec<String>,
+}
+
+/// What a gVisor registration gives a box, read from its arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GvisorSetup {
+    /// `--platform` (`ptrace` unless set).
+    pub platform: String,
+    /// `--network`.
+    pub network: GvisorNetwork,
+    /// Whether the root filesystem is revalidated against the host
+    /// (`--file-access=shared`).
+    pub file_access_shared: bool,
+}
+
+impl GvisorSetup {
+    /// One line for plans and the doctor.
+    pub fn describe(&self) -> String {
+        format!(
+            "platform {}, network {}{}",
+            self.platform,
+            self.network.as_str(),
+            if self.file_access_shared {
+                ", file access shared"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+/// Why a gVisor registration cannot run bottle's boxes, or would weaken
+/// them: each a lowercase fragment naming the flag.
+pub type Unfit = Vec<String>;
+
+/// Reads a runsc registration's arguments: the setup it gives, or every
+/// reason bottle refuses it.
+///
+/// Refused: `--network=none` (the box could not reach its bundle); a root
+/// filesystem not revalidated against the host (`--file-access`
+/// `exclusive`, the default: what bottle writes into a running box, its CA
+/// and `bottle cp`, would stay unseen by the box); a root overlay in
+/// memory (`--overlay`, `--overlay2` on the root: the box's writes would
+/// bypass the layer reset snapshots); and flags that open the sandbox
+/// (`--host-uds`, `--host-fifo` other than `none`, `--net-raw`,
+/// `--profile`, `--ignore-cgroups`, `--TESTONLY-*`).
+pub fn assess(registration: &Registration) -> Result<GvisorSetup, Unfit> {
+    let mut setup = GvisorSetup {
+        platform: "ptrace".into(),
+        network: GvisorNetwork::Sandbox,
+        file_access_shared: false,
+    };
+    let mut unfit = Vec::new();
+    let flags = parse_flags(&registration.args);
+    for (name, value) in &flags {
+        let value = value.as_deref();
+        match name.as_str() {
+            "platform" => setup.platform = value.unwrap_or_default().to_string(),
+            "network" => match value {
+                Some("sandbox") => setup.network = GvisorNetwork::Sandbox,
+                Some("host") => setup.network = GvisorNetwork::Host,
+                Some("none") => {
+                    setup.network = GvisorNetwork::None;
+                    unfit.push("--network=none: the box could not reach its bundle".into());
+                }
+                other => unfit.push(format!(
+                    "--network={}: not a network mode bottle knows",
+                    other.unwrap_or_default()
+                )),
+            },
+            "file-access" => setup.file_access_shared = value == Some("shared"),
+            "overlay" if is_true(value) => unfit.push(
+                "--overlay: the box's writes would stay in gVisor's memory, out of the layer bottle's reset snapshots".into(),
+            ),
+            "overlay2" if value.is_some_and(|v| !v.starts_with("none")) => unfit.push(format!(
+                "--overlay2={}: the box's writes would stay in gVisor's overlay, out of the layer bottle's reset snapshots",
+                value.unwrap_or_default()
+            )),
+            "host-uds" | "host-fifo" if value.is_some_and(|v| v != "none") => unfit.push(format!(
+                "--{name}={}: the box could reach host sockets or fifos",
+                value.unwrap_or_default()
+            )),
+            "net-raw" if is_true(value) => {
+                unfit.push("--net-raw: raw sockets in the box".into())
+            }
+            "profile" if is_true(value) => unfit.push(
+                "--profile: loosens the sandbox's own seccomp filter".into(),
+            ),
+            "ignore-cgroups" if is_true(value) => unfit.push(
+                "--ignore-cgroups: the box's memory and pids limits would not hold".into(),
+            ),
+            other if other.starts_with("TESTONLY") => {
+                unfit.push(format!("--{other}: a test-only flag"))
+            }
+            _ => {}
+        }
+    }
+    if !setup.file_access_shared {
+        unfit.push(
+            "--file-access is not `shared`: gVisor would cache the root filesystem and never see what bottle writes into a running box (its CA, `bottle cp`)".into(),
+        );
+    }
+    if unfit.is_empty() {
+        Ok(setup)
+    } else {
+        Err(unfit)
+    }
+}
+
+fn is_true(value: Option<&str>) -> bool {
+    matches!(value, None | Some("true") | Some("1"))
+}
+
+/// Flags whose value may follow as the next argument (Go's flag package).
+const VALUE_FLAGS: &[&str] = &[
+    "platform",
+    "network",
+    "file-access",
+    "overlay2",
+    "host-uds",
+    "host-fifo",
+    "root",
+    "log",
+    "debug-log",
+];
+
+/// `--name=value`, `-name=value`, `--name value` (for flags that take a
+/// value) and `--name` (booleans), in order.
+fn parse_flags(args: &[String]) -> Vec<(String, Option<String>)> {
+    let mut out = Vec::new();
+    let mut it = args.iter().peekable();
+    while let Some(arg) = it.next() {
+        let Some(flag) = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) else {
+            continue;
+        };
+        match flag.split_once('=') {
+            Some((name, value)) => out.push((name.to_string(), Some(value.to_string()))),
+            None if VALUE_FLAGS.contains(&flag) => {
+                let value = it.next_if(|next| !next.starts_with('-')).cloned();
+                out.push((flag.to_string(), value));
+            }
+            None => out.push((flag.to_string(), None)),
+        }
+    }
+    out
+}
+
+/// What `runsc --version` says, and the gaps of that build bottle knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GvisorBuild {
+    /// The version as printed (`0.0~20221219.0`, `release-20240513.0`).
+    pub version: String,
+    /// The build's date, `YYYYMMDD`, when the version carries one.
+    pub date: Option<u32>,
+}
+
+/// Builds older than this have no systrap platform: every system call of
+/// the box costs two ptrace stops (ptrace) or needs KVM.
+pub const SYSTRAP_SINCE: u32 = 2023_0417;
+
+/// Builds of 2022 refuse `statx(2)` with `AT_NO_AUTOMOUNT` (EINVAL, seen
+/// with 20221219), which GNU coreutils 9 passes.
+pub const STATX_FIXED_SINCE: u32 = 2023_0101;
+
+/// Builds older than this refuse to start their own network stack on
+/// recent kernels ("cannot run with network enabled in root network
+/// namespace", google/gvisor#10704, fixed upstream later): they need
+/// `--network=host`.
+pub const NETSTACK_FIXED_SINCE: u32 = 2024_0801;
+
+impl GvisorBuild {
+    /// Reads the first line of `runsc --version`.
+    pub fn parse(output: &str) -> Option<GvisorBuild> {
+        let line = output.lines().find(|l| l.starts_with("runsc version"))?;
+        let version = line.trim_start_matches("runsc version").trim().to_string();
+        if version.is_empty() {
+            return None;
+        }
+        let date = version
+            .as_bytes()
+            .windows(8)
+            .filter(|w| w.iter().all(u8::is_ascii_digit))
+            .filter_map(|w| std::str::from_utf8(w).ok()?.parse::<u32>().ok())
+            .find(|d| (2018_0101..2100_0101).contains(d));
+        Some(GvisorBuild { version, date })
+    }
+
+    /// The gaps of this build bottle knows of, each a sentence; `setup` is
+    /// how the Engine runs it.
+    pub fn known_gaps(&self, setup: Option<&GvisorSetup>) -> Vec<String> {
+        let mut gaps = Vec::new();
+        let Some(date) = self.date else {
+            return gaps;
+        };
+        if date < SYSTRAP_SINCE {
+            gaps.push(format!(
+                "runsc {} predates the systrap platform: the box's system calls go through ptrace (slow; `docker run` took 1.63x runc here), or kvm where /dev/kvm is usable",
+                self.version
+            ));
+        }
+        if date < STATX_FIXED_SINCE {
+            gaps.push(format!(
+                "runsc {} refuses statx(2) with AT_NO_AUTOMOUNT (EINVAL), which GNU coreutils 9 passes: `ls -l`, `stat` and friends of Debian 12 and newer images fail in the box (python, git, curl, pip and npm do not use it)",
+                self.version
+            ));
+        }
+        if date < NETSTACK_FIXED_SINCE {
+            let how = match setup.map(|s| s.network) {
+                Some(GvisorNetwork::Host) => {
+                    "registered with --network=host, so the box's network calls reach the host kernel's stack in its own namespace (docs/SECURITY.md)"
+                }
+                _ => "register it with --network=host, or its boxes will not start on this kernel",
+            };
+            gaps.push(format!(
+                "runsc {}'s own network stack refuses to start on recent kernels (\"cannot run with network enabled in root network namespace\", google/gvisor#10704): {how}",
+                self.version
+            ));
+        }
+        gaps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registration(args: &[&str]) -> Registration {
+        Registration {
+            path: "/usr/bin/runsc".into(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn the_manifest_spellings_round_trip() {
+        for choice in Isolation::CHOICES {
+            let parsed: Isolation = serde_json::from_str(&format!("{choice:?}")).unwrap();
+            assert_eq!(parsed.as_str(), choice);
+        }
+        assert_eq!(Isolation::default(), Isolation::Container);
+        assert_eq!(Isolation::Container.engine_runtime(), None);
+        assert_eq!(Isolation::Gvisor.engine_runtime(), Some("runsc"));
+    }
+
+    #[test]
+    fn the_registration_bottle_writes_is_fit() {
+        let setup = assess(&registration(&[
+            "--platform=ptrace",
+            "--network=host",
+            "--file-access=shared",
+        ]))
+        .unwrap();
+        assert_eq!(setup.platform, "ptrace");
+        assert_eq!(setup.network, GvisorNetwork::Host);
+        assert_eq!(
+            setup.describe(),
+            "platform ptrace, network host, file access shared"
+        );
+        // Go's other spellings.
+        let setup = assess(&registration(&[
+            "-platform",
+            "kvm",
+            "--file-access",
+            "shared",
+        ]))
+        .unwrap();
+        assert_eq!(setup.platform, "kvm");
+        assert_eq!(setup.network, GvisorNetwork::Sandbox);
+        // The daemon.json the fixes quote is the one described.
+        let json: serde_json::Value = serde_json::from_str(GVISOR_DAEMON_JSON).unwrap();
+        let args: Vec<String> = json["runtimes"]["runsc"]["runtimeArgs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect();
+        assert!(
+            assess(&Registration {
+                path: String::new(),
+                args
+            })
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn registrations_that_break_or_open_the_box_are_refused_with_every_reason() {
+        let unfit = assess(&registration(&["--network=host"])).unwrap_err();
+        assert_eq!(unfit.len(), 1, "{unfit:?}");
+        assert!(unfit[0].contains("--file-access"), "{unfit:?}");
+
+        let unfit = assess(&registration(&[
+            "--file-access=shared",
+            "--network=none",
+            "--host-uds=all",
+            "--net-raw",
+            "--overlay2=root:memory",
+            "--ignore-cgroups",
+            "--profile=true",
+            "--TESTONLY-unsafe-nonroot",
+        ]))
+        .unwrap_err();
+        let text = unfit.join("\n");
+        for flag in [
+            "--network=none",
+            "--host-uds=all",
+            "--net-raw",
+            "--overlay2=root:memory",
+            "--ignore-cgroups",
+            "--profile",
+            "--TESTONLY-unsafe-nonroot",
+        ] {
+            assert!(text.contains(flag), "{flag} missing from {text}");
+        }
+        // Off is fine.
+        assert!(
+            assess(&registration(&[
+                "--file-access=shared",
+                "--host-uds=none",
+                "--net-raw=false",
+                "--overlay2=none"
+            ]))
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn limits_are_translated_for_gvisor_only() {
+        let runc = engine_limits(Isolation::Container, 256 << 20, 128);
+        assert_eq!(
+            runc,
+            EngineLimits {
+                memory: 256 << 20,
+                pids: 128,
+                nproc: None
+            }
+        );
+        let gvisor = engine_limits(Isolation::Gvisor, 256 << 20, 128);
+        assert_eq!(gvisor.memory, (256 << 20) + GVISOR_MEMORY_HEADROOM);
+        assert_eq!(gvisor.nproc, Some(128));
+        assert_eq!(gvisor.pids, 256 + 12 * 128);
+    }
+
+    #[test]
+    fn debians_build_and_its_gaps() {
+        let build = GvisorBuild::parse("runsc version 0.0~20221219.0\nspec: 1.0.2-dev\n").unwrap();
+        assert_eq!(build.version, "0.0~20221219.0");
+        assert_eq!(build.date, Some(2022_1219));
+        let setup = GvisorSetup {
+            platform: "ptrace".into(),
+            network: GvisorNetwork::Host,
+            file_access_shared: true,
+        };
+        let gaps = build.known_gaps(Some(&setup));
+        assert_eq!(gaps.len(), 3, "{gaps:?}");
+        assert!(gaps[0].contains("systrap"), "{gaps:?}");
+        assert!(gaps[1].contains("AT_NO_AUTOMOUNT"), "{gaps:?}");
+        assert!(gaps[2].contains("10704") && gaps[2].contains("registered with --network=host"));
+        let sandbox = build.known_gaps(None);
+        assert!(sandbox[2].contains("will not start"), "{sandbox:?}");
+
+        let current = GvisorBuild::parse("runsc version release-20261116.0\n").unwrap();
+        assert_eq!(current.date, Some(2026_1116));
+        assert!(current.known_gaps(Some(&setup)).is_empty());
+        assert!(
+            GvisorBuild::parse("runsc version custom-build\n")
+                .unwrap()
+                .known_gaps(None)
+                .is_empty()
+        );
+        assert_eq!(GvisorBuild::parse("something else"), None);
+    }
+}
