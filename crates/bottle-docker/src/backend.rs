@@ -74,7 +74,15 @@ pub struct DockerOptions {
     /// `bottle start --timings`: each launch step ends a lap here and the
     /// Engine's round trips are counted into it.
     pub timeline: Option<Timeline>,
+    /// The name gVisor is registered under in the daemon. `None`:
+    /// [`GVISOR_RUNTIME_ENV`], then `runsc`. Whatever the name, a gVisor
+    /// box is confirmed to run under gVisor after its launch.
+    pub gvisor_runtime: Option<String>,
 }
+
+/// The environment variable naming the daemon's gVisor runtime when
+/// [`DockerOptions::gvisor_runtime`] does not (default `runsc`).
+pub const GVISOR_RUNTIME_ENV: &str = "BOTTLE_GVISOR_RUNTIME";
 
 /// The environment variable naming the range bottle subnets come from
 /// (`a.b.c.d/len`, a `/24` to a `/8`), when [`DockerOptions::subnet_pool`]
@@ -96,6 +104,7 @@ impl DockerOptions {
             interrupt: bottle_core::undo::Interrupt::default(),
             subnet_pool: None,
             timeline: None,
+            gvisor_runtime: None,
         }
     }
 }
@@ -112,6 +121,7 @@ impl std::fmt::Debug for DockerOptions {
             .field("failpoint", &self.failpoint)
             .field("dns_upstream", &self.dns_upstream)
             .field("timeline", &self.timeline.is_some())
+            .field("gvisor_runtime", &self.gvisor_runtime)
             .finish()
     }
 }
@@ -156,10 +166,26 @@ impl DockerBackend {
         if options.subnet_pool.is_none() {
             options.subnet_pool = subnet_pool_from_env(std::env::var_os(SUBNET_POOL_ENV))?;
         }
+        if options.gvisor_runtime.is_none() {
+            options.gvisor_runtime = Some(
+                std::env::var(GVISOR_RUNTIME_ENV)
+                    .ok()
+                    .filter(|name| !name.trim().is_empty())
+                    .unwrap_or_else(|| isolation::GVISOR_RUNTIME.to_string()),
+            );
+        }
         Ok(DockerBackend {
             options,
             engine: OnceLock::new(),
         })
+    }
+
+    /// The name of the daemon's gVisor runtime this backend asks for.
+    pub fn gvisor_runtime(&self) -> &str {
+        self.options
+            .gvisor_runtime
+            .as_deref()
+            .unwrap_or(isolation::GVISOR_RUNTIME)
     }
 
     /// The options this backend was made with.
@@ -230,9 +256,11 @@ impl DockerBackend {
         // one: refused here, before anything is built or created.
         let gvisor = match spec.agent.isolation {
             Isolation::Container => None,
-            Isolation::Gvisor => Some(crate::gvisor::runtime_of(&info, &|path: &Path| {
-                path.is_file()
-            })?),
+            Isolation::Gvisor => Some(crate::gvisor::runtime_of(
+                &info,
+                self.gvisor_runtime(),
+                &|path: &Path| path.is_file(),
+            )?),
         };
 
         // Images next: a missing image or bundle binary should fail before
@@ -253,6 +281,7 @@ impl DockerBackend {
             arch,
             storage: layer_cap.storage().to_string(),
             dns_upstream: self.options.dns_upstream.unwrap_or(bundle.ip),
+            runtime: gvisor.as_ref().map(|runtime| runtime.name.clone()),
             env: bottle_core::agent::agent_env_of(
                 spec,
                 bundle.ip,
@@ -431,7 +460,7 @@ impl DockerBackend {
                     .host_config
                     .as_ref()
                     .and_then(|h| h.runtime.as_deref());
-                if runtime == Some(bottle_core::isolation::GVISOR_RUNTIME) {
+                if runtime == Some(self.gvisor_runtime()) {
                     Isolation::Gvisor
                 } else {
                     Isolation::Container

@@ -244,7 +244,7 @@ pub fn agent_container(
     let memory = i64::try_from(limits.memory).unwrap_or(i64::MAX);
     let mut host = HostConfig {
         network_mode: Some(bundle.network.clone()),
-        runtime: plan.isolation.engine_runtime().map(str::to_string),
+        runtime: agent.runtime.clone(),
         memory: Some(memory),
         // Equal to memory: no swap on top of the limit.
         memory_swap: Some(memory),
@@ -470,6 +470,7 @@ pub(crate) mod tests {
                 arch: "x86_64".into(),
                 storage: "overlay2 on xfs".into(),
                 dns_upstream: Ipv4Addr::new(192, 168, 40, 2),
+                runtime: None,
                 env: vec![("EDITOR".into(), "vi".into())],
                 prompt: None,
                 skills: Vec::new(),
@@ -638,6 +639,7 @@ pub(crate) mod tests {
         assert_eq!(runc.runtime, None, "the daemon's default runtime");
         assert_eq!(runc.ulimits, None);
         plan.isolation = bottle_core::isolation::Isolation::Gvisor;
+        plan.backend_data.agent.runtime = Some("runsc".into());
         let body = agent_container(&plan, "/r", HashMap::new());
         let host = body.host_config.unwrap();
         assert_eq!(host.runtime.as_deref(), Some("runsc"));

@@ -132,6 +132,11 @@ pub struct AgentData {
     /// The DNS server the agent's embedded resolver forwards to: the
     /// bundle's own address, which answers no DNS.
     pub dns_upstream: Ipv4Addr,
+    /// The Engine runtime the agent container runs under, by its
+    /// registered name: `None` for the daemon's default (the container
+    /// tier), the gVisor runtime's name for a gVisor box.
+    #[serde(default)]
+    pub runtime: Option<String>,
     /// The agent's whole environment (`bottle_core::agent::agent_env`).
     pub env: Vec<(String, String)>,
     /// Prompt file on the host.

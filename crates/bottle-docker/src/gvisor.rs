@@ -22,7 +22,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use bollard::models::{ContainerInspectResponse, SystemInfo};
-use bottle_core::isolation::{GVISOR_RUNTIME, GvisorSetup, Registration};
+use bottle_core::isolation::{GvisorSetup, Registration};
 
 use crate::error::DockerError;
 use crate::pause::{UNAME_PATH, parse_utsname};
@@ -45,19 +45,21 @@ impl GvisorRuntime {
     }
 }
 
-/// The daemon's gVisor runtime, or why a gVisor bottle cannot run on it.
+/// The daemon's gVisor runtime registered as `name`, or why a gVisor
+/// bottle cannot run on it.
 /// `binary_exists` says whether an absolute path names a file on this host
 /// (the daemon runs here: bind mounts and resets already need that).
 pub fn runtime_of(
     info: &SystemInfo,
+    name: &str,
     binary_exists: &dyn Fn(&Path) -> bool,
 ) -> Result<GvisorRuntime, DockerError> {
     let runtimes = info.runtimes.clone().unwrap_or_default();
-    let Some(runtime) = runtimes.get(GVISOR_RUNTIME) else {
+    let Some(runtime) = runtimes.get(name) else {
         let mut names: Vec<&String> = runtimes.keys().collect();
         names.sort();
         return Err(DockerError::GvisorMissing {
-            runtime: GVISOR_RUNTIME.into(),
+            runtime: name.into(),
             registered: if names.is_empty() {
                 "none reported".into()
             } else {
@@ -78,7 +80,7 @@ pub fn runtime_of(
     let mut problems = match bottle_core::isolation::assess(&registration) {
         Ok(setup) if !missing => {
             return Ok(GvisorRuntime {
-                name: GVISOR_RUNTIME.into(),
+                name: name.into(),
                 path,
                 setup,
             });
@@ -90,7 +92,7 @@ pub fn runtime_of(
         problems.insert(0, format!("{path} does not exist"));
     }
     Err(DockerError::GvisorUnfit {
-        runtime: GVISOR_RUNTIME.into(),
+        runtime: name.into(),
         path,
         problems: problems.join("; "),
     })
@@ -188,7 +190,8 @@ pub(crate) fn host_kernel() -> Result<(String, String), String> {
 /// shows here.
 pub(crate) fn stray_descriptors(proc_root: &Path, sandbox_pid: u32) -> Result<u64, String> {
     let cgroup_of = |pid: u32| -> Option<String> {
-        std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")).ok()
+        let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")).ok()?;
+        pids_cgroup(&text)
     };
     let own = cgroup_of(sandbox_pid)
         .ok_or_else(|| format!("cannot read the cgroup of the sandbox {sandbox_pid}"))?;
@@ -229,6 +232,24 @@ pub(crate) fn stray_descriptors(proc_root: &Path, sandbox_pid: u32) -> Result<u6
         .filter_map(|pid| std::fs::read_dir(proc_root.join(pid.to_string()).join("fd")).ok())
         .map(|fds| fds.count() as u64)
         .sum())
+}
+
+/// The box's cgroup from a `/proc/<pid>/cgroup` text: the `pids`
+/// controller's path (cgroup v1), else the unified one (v2). The pids
+/// cgroup is the one whose limit holds the box's host tasks.
+fn pids_cgroup(text: &str) -> Option<String> {
+    let mut unified = None;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if controllers.split(',').any(|c| c == "pids") {
+            return Some(path.to_string());
+        }
+        if controllers.is_empty() {
+            unified = Some(path.to_string());
+        }
+    }
+    unified
 }
 
 /// The parent pid from a `/proc/<pid>/stat` line.
@@ -290,14 +311,14 @@ mod tests {
 
     #[test]
     fn a_daemon_without_runsc_is_refused_naming_what_it_has() {
-        let err = runtime_of(&info(&[("runc", "runc", &[])]), &|_| true).unwrap_err();
+        let err = runtime_of(&info(&[("runc", "runc", &[])]), "runsc", &|_| true).unwrap_err();
         assert_eq!(bottle_core::Coded::code(&err), "BOT-D090");
         assert!(err.to_string().contains("its runtimes: runc"), "{err}");
         let fix = bottle_core::Coded::fix(&err).unwrap();
         for step in ["apt-get install runsc", "daemon.json", "kill -HUP"] {
             assert!(fix.contains(step), "{fix}");
         }
-        let none = runtime_of(&SystemInfo::default(), &|_| true).unwrap_err();
+        let none = runtime_of(&SystemInfo::default(), "runsc", &|_| true).unwrap_err();
         assert!(none.to_string().contains("none reported"), "{none}");
     }
 
@@ -305,6 +326,7 @@ mod tests {
     fn an_unfit_or_missing_registration_is_refused_with_every_reason() {
         let runtime = runtime_of(
             &info(&[("runc", "runc", &[]), ("runsc", "/usr/bin/runsc", FIT)]),
+            "runsc",
             &|_| true,
         )
         .unwrap();
@@ -315,13 +337,17 @@ mod tests {
 
         let err = runtime_of(
             &info(&[("runsc", "/usr/bin/runsc", &["--network=host"])]),
+            "runsc",
             &|_| true,
         )
         .unwrap_err();
         assert_eq!(bottle_core::Coded::code(&err), "BOT-D091");
         assert!(err.to_string().contains("--file-access"), "{err}");
 
-        let gone = runtime_of(&info(&[("runsc", "/usr/bin/runsc", FIT)]), &|_| false).unwrap_err();
+        let gone = runtime_of(&info(&[("runsc", "/usr/bin/runsc", FIT)]), "runsc", &|_| {
+            false
+        })
+        .unwrap_err();
         assert_eq!(bottle_core::Coded::code(&gone), "BOT-D091");
         assert!(
             gone.to_string().contains("/usr/bin/runsc does not exist"),
@@ -449,6 +475,15 @@ mod tests {
         ]);
         assert_eq!(stray_descriptors(stray.path(), 40), Ok(4));
         assert!(stray_descriptors(stray.path(), 99).is_err());
+        // v1 and v2 layouts.
+        assert_eq!(
+            pids_cgroup("9:name=systemd:/a\n8:pids:/docker/x\n0::/\n").as_deref(),
+            Some("/docker/x")
+        );
+        assert_eq!(
+            pids_cgroup("0::/system.slice/docker-x.scope\n").as_deref(),
+            Some("/system.slice/docker-x.scope")
+        );
         // A sandbox without a shim counts only itself as its own.
         let orphan = fake_proc(&[
             (40, 1, "runsc-sandbox boot", box_cgroup, 30),

@@ -8,8 +8,6 @@ use bollard::models::{ContainerInspectResponse, EndpointSettings, NetworkInspect
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
-use bottle_core::isolation::Isolation;
-
 use crate::config::OPT_INHIBIT_IPV4;
 use crate::launch::LaunchMode;
 use crate::names::EGRESS_NETWORK;
@@ -85,14 +83,15 @@ pub(crate) fn check_bundle(
 
 /// The agent runs at its pinned address on the bottle network and on no
 /// other, with every capability dropped, no new privileges and not
-/// privileged, and (a gVisor box) under the Engine's gVisor runtime.
+/// privileged, and under the Engine runtime `runtime` when the plan names
+/// one (a gVisor box).
 pub(crate) fn check_agent(
     network: &str,
     agent: &ContainerInspectResponse,
     pinned: Ipv4Addr,
-    tier: Isolation,
+    runtime: Option<&str>,
 ) -> Result<(), String> {
-    if let Some(runtime) = tier.engine_runtime() {
+    if let Some(runtime) = runtime {
         crate::gvisor::check_runtime(agent, runtime)?;
     }
     if agent.state.as_ref().and_then(|s| s.running) != Some(true) {
@@ -194,24 +193,21 @@ mod tests {
         agent: &ContainerInspectResponse,
         pinned: Ipv4Addr,
     ) -> Result<(), String> {
-        check_agent(network, agent, pinned, Isolation::Container)
+        check_agent(network, agent, pinned, None)
     }
 
     #[test]
     fn a_gvisor_agent_must_run_under_runsc() {
         let mut agent = container(&[(NET, AGENT_IP)], confined());
         assert!(
-            check_agent(NET, &agent, AGENT_IP, Isolation::Gvisor)
+            check_agent(NET, &agent, AGENT_IP, Some("runsc"))
                 .unwrap_err()
                 .contains("not runsc")
         );
         if let Some(host) = agent.host_config.as_mut() {
             host.runtime = Some("runsc".into());
         }
-        assert_eq!(
-            check_agent(NET, &agent, AGENT_IP, Isolation::Gvisor),
-            Ok(())
-        );
+        assert_eq!(check_agent(NET, &agent, AGENT_IP, Some("runsc")), Ok(()));
     }
 
     fn confined() -> HostConfig {

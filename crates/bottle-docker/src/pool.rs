@@ -602,7 +602,12 @@ fn isolated_as_launched(
         LaunchMode::Bottle,
     )?;
     isolation::check_bundle(network_name, bundle, data.bundle.ip)?;
-    isolation::check_agent(network_name, agent, data.agent.ip, plan.isolation)?;
+    isolation::check_agent(
+        network_name,
+        agent,
+        data.agent.ip,
+        data.agent.runtime.as_deref(),
+    )?;
     if plan.isolation == bottle_core::isolation::Isolation::Gvisor {
         crate::gvisor::check_sandbox_process(agent, std::path::Path::new("/proc"))?;
     }

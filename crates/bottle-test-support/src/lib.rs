@@ -151,6 +151,59 @@ pub fn require_docker<T, E: Display>(test: &str, probe: Result<T, E>) -> Option<
     }
 }
 
+/// The variable under which a daemon without gVisor (the `runsc` runtime)
+/// fails the gVisor tests instead of skipping them (CI sets it: its setup
+/// registers runsc).
+pub const REQUIRE_GVISOR_ENV: &str = "BOTTLE_REQUIRE_GVISOR";
+
+/// Whether `BOTTLE_REQUIRE_GVISOR=1`.
+pub fn gvisor_required() -> bool {
+    std::env::var(REQUIRE_GVISOR_ENV).is_ok_and(|value| value == "1")
+}
+
+/// `test` needs gVisor, which this daemon lacks (`why`): prints a skip
+/// line, or panics when gVisor is required.
+#[track_caller]
+#[expect(
+    clippy::print_stdout,
+    reason = "a skipped test says so in the test output, where cargo test shows it"
+)]
+pub fn skip_gvisor_test(test: &str, why: impl Display) {
+    assert!(
+        !gvisor_required(),
+        "{test}: {why} ({REQUIRE_GVISOR_ENV}=1, so this fails instead of skipping)"
+    );
+    println!("SKIP {test}: {why}; set {REQUIRE_GVISOR_ENV}=1 to make this a failure");
+}
+
+/// Whether the daemon behind `DOCKER_HOST` (or the local socket) has a
+/// runtime registered as `name`, from `GET /info`: `Err` says why not.
+pub fn daemon_has_runtime(name: &str) -> Result<(), String> {
+    let endpoint = std::env::var("DOCKER_HOST").unwrap_or_default();
+    let socket = endpoint
+        .strip_prefix("unix://")
+        .unwrap_or("/var/run/docker.sock")
+        .to_string();
+    let mut stream = std::os::unix::net::UnixStream::connect(&socket)
+        .map_err(|err| format!("cannot reach the docker daemon at {socket}: {err}"))?;
+    std::io::Write::write_all(
+        &mut stream,
+        b"GET /info HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n",
+    )
+    .map_err(|err| format!("cannot ask the daemon: {err}"))?;
+    let mut raw = String::new();
+    std::io::Read::read_to_string(&mut stream, &mut raw)
+        .map_err(|err| format!("cannot read the daemon's answer: {err}"))?;
+    let needle = format!("\"{name}\":{{");
+    if raw.contains(&needle) {
+        Ok(())
+    } else {
+        Err(format!(
+            "the docker daemon has no `{name}` runtime (.ci/setup registers gVisor's)"
+        ))
+    }
+}
+
 /// A private, empty state root (what `XDG_STATE_HOME` or a backend's state
 /// dir points at), removed when dropped.
 pub fn temp_state_root() -> tempfile::TempDir {

@@ -336,8 +336,13 @@ impl<'a> Launch<'a, DockerPlanData> {
         let inspect = self.block(&format!("inspect container {agent}"), async {
             self.engine.docker.inspect_container(agent, None).await
         })?;
-        isolation::check_agent(network, &inspect, self.agent().ip, self.plan.isolation)
-            .map_err(|what| DockerError::IsolationUnconfirmed { what })?;
+        isolation::check_agent(
+            network,
+            &inspect,
+            self.agent().ip,
+            self.agent().runtime.as_deref(),
+        )
+        .map_err(|what| DockerError::IsolationUnconfirmed { what })?;
         if self.plan.isolation == Isolation::Gvisor {
             let kernel = self.confirm_gvisor(agent, &inspect)?;
             self.note(&format!("gvisor: the box's kernel is {kernel}"));

@@ -14,6 +14,7 @@ mod disk;
 mod execute;
 mod failure;
 mod git;
+mod gvisor;
 mod isolation;
 mod lifecycle;
 mod pools;

@@ -108,6 +108,12 @@ impl Fixture {
     /// Like [`Fixture::manifest`], appending `extra` TOML (tables under
     /// `[agents.demo]`). The first call writes the file.
     pub(crate) fn manifest_with(&self, extra: &str) -> PathBuf {
+        self.manifest_with_keys("", extra)
+    }
+
+    /// Like [`Fixture::manifest_with`], with `keys` (lines of keys of
+    /// `[agents.demo]` itself, e.g. `isolation = "gvisor"`) too.
+    pub(crate) fn manifest_with_keys(&self, keys: &str, extra: &str) -> PathBuf {
         let path = self.dir.path().join("bottle.toml");
         if !path.exists() {
             std::fs::write(self.dir.path().join("prompt.md"), "do the thing\n").unwrap();
@@ -123,6 +129,7 @@ image = "{}"
 command = ["/bin/sh"]
 prompt = "prompt.md"
 skills = ["skills/review"]
+{keys}
 
 [agents.demo.env]
 BOTTLE_TEST = "yes"
