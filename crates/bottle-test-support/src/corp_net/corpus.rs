@@ -48,15 +48,26 @@ pub fn corpus_bytes(request: &RecordedRequest) -> Vec<u8> {
     out
 }
 
+/// Headers whose value is new on every request (npm's session id, a
+/// WebSocket handshake's nonce): two requests differing only there are
+/// the same request to the corpus.
+const VOLATILE_HEADERS: &[&str] = &["npm-session", "sec-websocket-key"];
+
 /// What makes two requests the same for the corpus: host, method, target,
-/// the client (`user-agent`) and the body. Headers that change on every run
-/// (npm's session id, dates) do not count.
+/// every header but the [`VOLATILE_HEADERS`], and the body.
 fn identity(request: &RecordedRequest) -> u64 {
     let mut hasher = DefaultHasher::new();
     request.host.hash(&mut hasher);
     request.method.as_str().hash(&mut hasher);
     request.target.hash(&mut hasher);
-    request.header("user-agent").hash(&mut hasher);
+    for (name, value) in &request.headers {
+        if !VOLATILE_HEADERS
+            .iter()
+            .any(|v| v.eq_ignore_ascii_case(name))
+        {
+            (name, value).hash(&mut hasher);
+        }
+    }
     request.body.hash(&mut hasher);
     hasher.finish()
 }
