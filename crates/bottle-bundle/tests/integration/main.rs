@@ -18,6 +18,7 @@ mod fuzz;
 mod gitgate;
 mod h2;
 mod limits;
+mod real_client_corpus;
 mod secrets;
 mod supervise;
 mod tls;
