@@ -14,6 +14,7 @@ mod exit_codes;
 mod interrupted;
 mod pool;
 mod real_agent;
+mod real_clients;
 mod requests;
 mod reset;
 mod serve;
