@@ -154,6 +154,27 @@ async fn exit_code(engine: &Engine, exec_id: &str, container: &str) -> Result<i3
     })
 }
 
+impl DockerBottle {
+    /// `argv` on the operator's terminal (when there is one); `started`
+    /// is told once the Engine has seen its process.
+    fn interactive(
+        &self,
+        argv: &[String],
+        started: Option<&mut dyn FnMut()>,
+    ) -> Result<i32, BackendError> {
+        let argv = self.command(argv)?;
+        let terminal = tty::stdin_and_stdout_are_terminals();
+        Ok(attached(
+            &self.engine,
+            &self.container,
+            &argv,
+            self.exec_user(),
+            terminal,
+            started,
+        )?)
+    }
+}
+
 impl Bottle for DockerBottle {
     fn launch_warnings(&self) -> &[String] {
         &self.warnings
@@ -174,16 +195,7 @@ impl Bottle for DockerBottle {
     }
 
     fn exec_interactive(&self, argv: &[String]) -> Result<i32, BackendError> {
-        let argv = self.command(argv)?;
-        let terminal = tty::stdin_and_stdout_are_terminals();
-        Ok(attached(
-            &self.engine,
-            &self.container,
-            &argv,
-            self.exec_user(),
-            terminal,
-            None,
-        )?)
+        self.interactive(argv, None)
     }
 
     fn exec_session(
@@ -191,16 +203,7 @@ impl Bottle for DockerBottle {
         argv: &[String],
         started: &mut dyn FnMut(),
     ) -> Result<i32, BackendError> {
-        let argv = self.command(argv)?;
-        let terminal = tty::stdin_and_stdout_are_terminals();
-        Ok(attached(
-            &self.engine,
-            &self.container,
-            &argv,
-            self.exec_user(),
-            terminal,
-            Some(started),
-        )?)
+        self.interactive(argv, Some(started))
     }
 
     fn exec_piped(&self, argv: &[String]) -> Result<i32, BackendError> {

@@ -27,6 +27,8 @@ pub mod bench;
 pub mod corp_net;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
+#[cfg(any(feature = "fuzz", feature = "secret-corpus"))]
+pub mod rng;
 #[cfg(feature = "secret-corpus")]
 pub mod secret_corpus;
 

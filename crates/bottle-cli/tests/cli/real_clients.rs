@@ -20,17 +20,16 @@
 //! `BOTTLE_REQUIRE_DOCKER=1`.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
-use bottle_core::exec::{CommandOutput, CommandRunner as _, CommandSpec, SystemRunner};
+use bottle_core::exec::{CommandOutput, CommandSpec};
 use bottle_test_support::corp_net::{
     CorpNet, NPM_BULK_ADVISORIES, NpmPackage, PythonFile, SDIST_PROJECT, Site, TestInterface,
     Version, WHEEL_PROJECT, make_bare_repo, npm_registry, python_index, write_corpus,
 };
 use bottle_test_support::{skip_docker_test, temp_state_root};
 
-use crate::bottle;
+use crate::e2e::{Bottles, both, host_curl as curl_via, run, shell_quote};
 
 const TEST: &str = "real_clients_work_through_a_bottle_with_no_finding";
 const IMAGE_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
@@ -54,30 +53,7 @@ const AWS: &str = "AKIAZ7Q3HN2XK5WJ4T6M";
 const AWS_EXAMPLE: &str = "AKIAIOSFODNN7EXAMPLE";
 const ECHO_PATH: &str = "/echo";
 const HELLO: &str = "hello from the h2 upstream\n";
-/// How long one client command may run inside the bottle (`timeout`
-/// there), and how long `bottle exec` may take around it.
-const IN_BOX_LIMIT_SECS: u64 = 150;
-const EXEC_LIMIT: Duration = Duration::from_secs(IN_BOX_LIMIT_SECS + 30);
-/// How long a host-side control may take.
-const HOST_LIMIT: Duration = Duration::from_secs(60);
 
-fn run(spec: CommandSpec) -> CommandOutput {
-    SystemRunner
-        .run(&spec.timeout(HOST_LIMIT))
-        .expect("command starts")
-}
-
-/// Both outputs of a command, for assertions and failure messages.
-fn both(out: &CommandOutput) -> String {
-    format!("{}{}", out.stdout_text(), out.stderr_text())
-}
-
-fn shell_quote(text: &str) -> String {
-    format!("'{}'", text.replace('\'', r"'\''"))
-}
-
-/// Three packages, a dependency chain through a scoped one:
-/// `bottle-hello` → `@bottle-test/greet` → `bottle-pad`.
 fn npm_packages() -> Vec<NpmPackage> {
     vec![
         NpmPackage::new(
@@ -122,32 +98,9 @@ fn upstreams(dir: &Path) -> Upstreams {
     Upstreams { site, python }
 }
 
-/// The host's curl through the corporate proxy, trusting its CA: the
-/// positive control that each upstream works before a bottle tries it.
+/// The host's curl through this test's corporate network.
 fn host_curl(net: &CorpNet, ca: &Path, url: &str, extra: &[&str]) -> CommandOutput {
-    let host = url
-        .trim_start_matches("https://")
-        .split('/')
-        .next()
-        .unwrap();
-    run(CommandSpec::new("curl")
-        .args([
-            "-sS",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code} %{http_version}",
-            "--max-time",
-            "20",
-            "--cacert",
-        ])
-        .arg(ca)
-        .args([
-            "--connect-to",
-            &format!("{host}:443:{}:{}", CORP_PROXY, net.proxy_addr.port()),
-        ])
-        .args(extra.iter().copied())
-        .arg(url))
+    curl_via(net, CORP_PROXY, ca, url, extra)
 }
 
 /// The host's git through the corporate network (its CONNECT front door),
@@ -163,77 +116,6 @@ fn host_git(net: &CorpNet, ca: &Path, cwd: &Path, args: &[&str]) -> CommandOutpu
         .cwd(cwd)
         .env("GIT_SSL_CAINFO", ca)
         .env("GIT_CONFIG_NOSYSTEM", "1"))
-}
-
-/// Bottles this test started, stopped however it ends.
-struct Bottles {
-    state: PathBuf,
-    manifest: PathBuf,
-    names: Vec<String>,
-}
-
-impl Bottles {
-    fn start(&mut self, agent: &str) -> String {
-        let name = format!("e2e-{agent}-{}", std::process::id());
-        self.names.push(name.clone());
-        let out = bottle(&self.state)
-            .args(["--backend", "docker", "--yes", "--manifest"])
-            .arg(&self.manifest)
-            .args(["start", agent, "--name", &name, "--detach"])
-            .timeout(Duration::from_secs(300))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "start {agent}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        name
-    }
-
-    /// `bottle exec NAME -- timeout N sh -c SCRIPT`: its exit code and both
-    /// streams.
-    fn exec(&self, name: &str, script: &str) -> (bool, String) {
-        let out = bottle(&self.state)
-            .args(["--backend", "docker", "exec", name, "--", "timeout"])
-            .arg(IN_BOX_LIMIT_SECS.to_string())
-            .args(["sh", "-c", script])
-            .timeout(EXEC_LIMIT)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        )
-    }
-
-    /// `bottle logs NAME --json`, one parsed line each.
-    fn audit(&self, name: &str) -> Vec<serde_json::Value> {
-        let out = bottle(&self.state)
-            .args(["--backend", "docker", "logs", "--json", name])
-            .timeout(Duration::from_secs(60))
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|line| serde_json::from_str(line).ok())
-            .collect()
-    }
-}
-
-impl Drop for Bottles {
-    fn drop(&mut self) {
-        for name in &self.names {
-            let _ = bottle(&self.state)
-                .args(["--backend", "docker", "stop", name])
-                .timeout(Duration::from_secs(120))
-                .output();
-        }
-    }
 }
 
 /// node's `fetch` through the proxy: node 18 ignores the proxy variables,
