@@ -25,6 +25,9 @@ fn main() -> std::process::ExitCode {
     let stdout = std::io::stdout();
     let mut reader = BufReader::new(stdin.lock());
     let mut writer = BufWriter::new(stdout.lock());
+    // Every frame this agent writes is numbered, from 1; the host takes a
+    // frame only with the next number and its request's id.
+    let mut seq = 0u64;
     loop {
         let request: Request = match wire::read_frame(&mut reader) {
             Ok(Some(request)) => request,
@@ -35,10 +38,12 @@ fn main() -> std::process::ExitCode {
             }
         };
         let reply = answer(request.op);
+        seq += 1;
         if let Err(err) = wire::write_frame(
             &mut writer,
             &Response {
                 id: request.id,
+                seq,
                 reply,
             },
         ) {
