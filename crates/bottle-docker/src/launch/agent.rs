@@ -13,8 +13,8 @@ use crate::isolation;
 use bottle_core::agent::AGENT_DIR;
 use bottle_core::ca_install::{self, CaBox, Entry, Refused, ToolRun};
 use bottle_core::display::escape_for_terminal;
-use bottle_core::sandbox::TOOLBOX_PATH;
 use bottle_core::sandbox::{SandboxError, reset};
+use bottle_core::sandbox::{TOOLBOX_MODE, TOOLBOX_PATH};
 
 use crate::bottle::{DockerBottle, container_entry, container_owner, exec_captured, upload};
 use crate::client::Engine;
@@ -439,7 +439,7 @@ fn agent_files(
             tar.file(
                 &entry_name(TOOLBOX_PATH),
                 &binary.bytes,
-                0o755,
+                TOOLBOX_MODE,
                 Ownership::ROOT,
             )?;
             format!("toolbox: {} at {TOOLBOX_PATH}", binary.path.display())
