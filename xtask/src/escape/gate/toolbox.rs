@@ -60,6 +60,20 @@ impl Gate {
             false,
         );
         self.report.rows.extend(rows);
+        let killed = self.cli.command(
+            &[
+                "execute",
+                &bottle.guard.name,
+                "--json",
+                "--",
+                "sh",
+                "-c",
+                "kill -KILL $PPID; sleep 2; echo after-the-kill",
+            ],
+            PROBE_RUN_BOUND,
+        );
+        let out = self.sys.output(&killed)?;
+        self.report.rows.push(kill_row(phase, &out));
         // Run as a tool call, no toolbox probe may have found nothing to
         // attack: a skip here would hide that the phase tested nothing.
         for name in TOOLBOX_PROBES {
@@ -78,6 +92,49 @@ impl Gate {
         }
         Ok(())
     }
+}
+
+/// The row for a call that ends its own in-box agent
+/// (`toolbox-kill-fails-closed`). The agent may signal the in-box agent,
+/// its own user's process, and that is not what this row checks: it
+/// checks that the call then has no result, only the channel's error
+/// (`BOT-X004`), so a signal can fail a call but never answer one.
+fn kill_row(phase: &str, out: &Output) -> Row {
+    let result = serde_json::from_str::<ToolResult>(&out.stdout);
+    let (observed, detail) = match result {
+        Ok(result) => (
+            Observed::Reached,
+            format!(
+                "a result came back from a channel whose agent was killed: exit {}, {:?}",
+                result.exit_code,
+                String::from_utf8_lossy(&result.stdout)
+            ),
+        ),
+        Err(_) if out.stderr.contains("BOT-X004") => (
+            Observed::Blocked,
+            format!(
+                "the in-box agent was killed (same uid, not prevented); the call had no result: {}",
+                out.stderr.trim()
+            ),
+        ),
+        Err(_) => (
+            Observed::Error,
+            format!(
+                "neither a result nor BOT-X004 (exit {:?}): {}",
+                out.code,
+                out.stderr.trim()
+            ),
+        ),
+    };
+    Row::new(
+        phase,
+        "toolbox-kill-fails-closed",
+        "toolbox",
+        Expect::Blocked,
+        observed,
+        None,
+        detail,
+    )
 }
 
 /// The row for the call's own result (`toolbox-result-real`: blocked when
@@ -172,5 +229,31 @@ mod tests {
         assert_eq!(row.observed, Observed::Reached);
         let (row, _) = result_row("p", &out("error[BOT-X007]: ..."));
         assert_eq!(row.observed, Observed::Error);
+    }
+
+    #[test]
+    fn a_killed_agent_must_leave_the_call_without_a_result() {
+        let failed = |stderr: &str| Output {
+            code: Some(1),
+            stdout: String::new(),
+            stderr: stderr.into(),
+            timed_out: false,
+        };
+        let broke = failed("error[BOT-X004]: the in-box agent's channel broke");
+        assert_eq!(kill_row("p", &broke).observed, Observed::Blocked);
+        assert_eq!(
+            kill_row("p", &failed("error[BOT-D031]: no such bottle")).observed,
+            Observed::Error
+        );
+        let answered = serde_json::to_string(&ToolResult {
+            exit_code: 0,
+            stdout: b"after-the-kill\n".to_vec(),
+            stderr: Vec::new(),
+            truncated: false,
+            duration: std::time::Duration::from_millis(1),
+            evidence_hash: "sha256:00".into(),
+        })
+        .unwrap();
+        assert_eq!(kill_row("p", &out(&answered)).observed, Observed::Reached);
     }
 }
