@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use bottle_core::sandbox::{SandboxError, ToolCall};
-use bottle_core::{Bottle, BottleBackend, Coded};
+use bottle_core::{BottleBackend, Coded};
 
 use crate::support::{self, name, sh};
 
@@ -52,9 +52,11 @@ fn tool_calls_run_through_one_in_box_agent_as_the_agents_user() {
     let name = name("execute");
     let (_guard, bottle) = fx.start(&name);
 
-    // The launch put the agent there, root's and execute-only.
-    let installed = sh(&*bottle, "stat -c '%u %a' /.bottle/toolbox");
-    assert_eq!(text(&installed.stdout), "0 111\n");
+    // The launch put the agent there, execute-only, on a read-only mount.
+    let installed = sh(&*bottle, "stat -c '%a' /.bottle/toolbox");
+    assert_eq!(text(&installed.stdout), "111\n");
+    let mounted = sh(&*bottle, "grep ' /.bottle ' /proc/mounts");
+    assert!(text(&mounted.stdout).contains(" ro,"), "{mounted:?}");
     let listening_before = listeners(&*bottle);
     assert_eq!(toolbox_processes(&*bottle), 0);
 
@@ -164,27 +166,49 @@ fn tool_calls_run_through_one_in_box_agent_as_the_agents_user() {
     assert_eq!(text(&again.stdout), "again\n");
     assert_eq!(toolbox_processes(&*attached), 1);
 
-    // A bottle without the agent (as one launched without a static
-    // bottle-toolbox) says execute is unavailable and how to install it.
+    // Not even root in the box (which owns `/`) can put a program of its
+    // own where the host starts the in-box agent: the mount can be neither
+    // written nor renamed away.
     let docker_bottle = fx
         .backend
         .attach_bottle(&format!("bot-bottle-{name}"))
         .unwrap();
     let engine = fx.backend.engine().unwrap();
-    let removed = engine
-        .block_on(bottle_docker::bottle::exec_captured(
-            engine,
-            docker_bottle.container(),
-            &["rm".to_string(), "/.bottle/toolbox".to_string()],
-            Some("0:0"),
-        ))
-        .unwrap();
-    assert_eq!(removed.exit_code, 0, "{}", text(&removed.stderr));
-    let err = docker_bottle
-        .execute(&ToolCall::argv(["true"]))
+    for attempt in [
+        "rm -f /.bottle/toolbox",
+        "cp /bin/sh /.bottle/toolbox",
+        "mv /.bottle /bottle-moved",
+        "chmod 755 /.bottle/toolbox",
+    ] {
+        let tried = engine
+            .block_on(bottle_docker::bottle::exec_captured(
+                engine,
+                docker_bottle.container(),
+                &["sh".to_string(), "-c".to_string(), attempt.to_string()],
+                Some("0:0"),
+            ))
+            .unwrap();
+        assert_ne!(tried.exit_code, 0, "{attempt} worked as root in the box");
+    }
+    // The agent may end the in-box agent (its own user's process): the
+    // call in flight fails, and the next one starts the one from the mount
+    // again.
+    let killed = sh(
+        &*attached,
+        "for p in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $p/cmdline)\" in '/.bottle/toolbox '*) kill -9 ${p#/proc/};; esac; done",
+    );
+    assert_eq!(killed.exit_code, 0, "{}", text(&killed.stderr));
+    bottle_test_support::wait_until("the in-box agent to die", Duration::from_secs(10), || {
+        toolbox_processes(&*attached) == 0
+    });
+    let err = attached
+        .execute(&ToolCall::argv(["echo", "lost"]))
         .unwrap_err();
-    assert_eq!(err.code(), "BOT-X001", "{err}");
-    assert!(err.fix().unwrap().contains("BOTTLE_TOOLBOX_BIN"), "{err}");
+    assert_eq!(err.code(), "BOT-X004", "{err}");
+    let again = attached
+        .execute(&ToolCall::argv(["echo", "still"]))
+        .unwrap();
+    assert_eq!(text(&again.stdout), "still\n");
 
     // A bottle whose container is gone cannot start an agent; that is not
     // a bottle without one (BOT-X001). The first call finds its channel
