@@ -88,6 +88,12 @@ class ResetDivergence(SandboxError):
         self.report = report
 
 
+class ChannelError(SandboxError):
+    """BOT-X007: the in-box agent's channel carried a frame the host did not
+    ask for; the call has no result and the channel was closed (the next
+    call opens a new one)."""
+
+
 class NoSuchBottle(SandboxError):
     """404: no bottle has that name."""
 
@@ -104,6 +110,7 @@ ERRORS: dict[str, type[SandboxError]] = {
     "BOT-X004": ToolError,
     "BOT-X005": ResetError,
     "BOT-X006": ResetDivergence,
+    "BOT-X007": ChannelError,
 }
 
 

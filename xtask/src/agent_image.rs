@@ -1,6 +1,7 @@
 //! `cargo xtask agent-image`: a real-distribution agent image (Debian
-//! bookworm with curl, git, python3, pip and node) made without any
-//! registry: `debootstrap` a root filesystem, then `docker import` it.
+//! bookworm with curl, git, python3, pip, venv, node, npm and yarn, and the
+//! WebSocket and proxy libraries agents use) made without any registry:
+//! `debootstrap` a root filesystem, then `docker import` it.
 //!
 //! The tag carries a hash of the build's inputs (suite, mirror, packages
 //! and this file), so an image that exists is never rebuilt. The root
@@ -20,16 +21,29 @@ use crate::process::{capture, command, describe_exit, watch};
 const SUITE: &str = "bookworm";
 /// Where debootstrap downloads the packages.
 const MIRROR: &str = "http://deb.debian.org/debian";
-/// What the end-to-end test runs inside a bottle; debootstrap adds their
-/// dependencies. `python3-pip` brings setuptools and wheel with it.
+/// What the end-to-end tests run inside a bottle; debootstrap adds their
+/// dependencies. `python3-pip` brings setuptools and wheel with it (an
+/// sdist builds offline with `--no-build-isolation`); `python3-venv` makes
+/// the virtual environments agents install into; `python3-websockets` and
+/// `python3-websocket` are Python's WebSocket clients.
 const PACKAGES: &[&str] = &[
     "ca-certificates",
     "curl",
     "git",
     "python3",
     "python3-pip",
+    "python3-venv",
+    "python3-websockets",
+    "python3-websocket",
     "nodejs",
 ];
+/// Installed by apt in the debootstrapped root, not by debootstrap: their
+/// dependencies go through virtual packages (`node-call-bind`, provided by
+/// `node-deep-equal`, and dozens more), which debootstrap does not resolve.
+/// The package managers agents run (`npm`, `yarnpkg`) and node's
+/// WebSocket client (`node-ws`) and proxy-capable `fetch` (`node-undici`,
+/// whose `ProxyAgent` node 18's `fetch` needs to use a proxy).
+const APT_PACKAGES: &[&str] = &["npm", "yarnpkg", "node-ws", "node-undici"];
 /// The image's repository; the tag is the inputs' hash.
 const REPOSITORY: &str = "bottle-test/debian-agent";
 /// Root filesystem tarballs, one per inputs' hash.
@@ -58,17 +72,34 @@ pub(crate) fn ensure() -> anyhow::Result<String> {
     Ok(tag)
 }
 
-/// Removes the tarballs and tags of earlier inputs: the disk is shared and
-/// nothing uses them once the inputs changed. Best effort: an image still
-/// in use by a container stays.
+/// How long another inputs' tarball is kept: several worktrees of this
+/// repository on one machine build images from different inputs, and one
+/// build must not take away the image another is testing with.
+const KEEP_OTHER_BUILDS: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
+
+/// Removes the tarballs of other inputs older than [`KEEP_OTHER_BUILDS`],
+/// and the tags whose tarball is gone: the disk is shared and nothing uses
+/// them once the inputs changed. Best effort: an image still in use by a
+/// container stays.
 fn prune_stale(current_tag: &str, current_tarball: &Path) {
+    let mut kept = Vec::new();
     if let Ok(entries) = std::fs::read_dir(CACHE_DIR) {
         for path in entries.flatten().map(|e| e.path()) {
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if name.starts_with("debian-agent-")
-                && name.ends_with(".tar")
-                && path != current_tarball
-            {
+            let Some(hash) = name
+                .strip_prefix("debian-agent-")
+                .and_then(|n| n.strip_suffix(".tar"))
+            else {
+                continue;
+            };
+            let age = std::fs::metadata(&path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|modified| modified.elapsed().ok());
+            let fresh = age.is_some_and(|age| age < KEEP_OTHER_BUILDS);
+            if path == current_tarball || fresh {
+                kept.push(format!("{REPOSITORY}:{hash}"));
+            } else {
                 let _ = std::fs::remove_file(&path);
             }
         }
@@ -85,7 +116,7 @@ fn prune_stale(current_tag: &str, current_tarball: &Path) {
         .unwrap_or_default()
         .lines()
     {
-        if tag != current_tag {
+        if tag != current_tag && !kept.iter().any(|k| k == tag) {
             let _ = capture(&command("docker").args(["image", "rm", tag]));
         }
     }
@@ -98,6 +129,7 @@ fn inputs_hash() -> String {
         SUITE,
         MIRROR,
         &PACKAGES.join(","),
+        &APT_PACKAGES.join(","),
         include_str!("agent_image.rs"),
     ] {
         hasher.update(part.as_bytes());
@@ -167,10 +199,37 @@ fn build_rootfs(tarball: &Path) -> anyhow::Result<()> {
             AGENT_USER,
         ]),
     )?;
+    step(
+        "updating apt's package lists",
+        command("chroot")
+            .arg(&root)
+            .args(["apt-get", "update", "-q"]),
+    )?;
+    step(
+        &format!("installing {}", APT_PACKAGES.join(", ")),
+        command("chroot")
+            .arg(&root)
+            .args(["apt-get", "install", "-y", "-q", "--no-install-recommends"])
+            .args(APT_PACKAGES.iter().copied())
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )?;
     // The package lists and downloaded .debs are half the size and of no
     // use to an agent that cannot reach Debian's mirror.
-    for dir in ["var/cache/apt/archives", "var/lib/apt/lists"] {
+    for dir in [
+        "var/cache/apt/archives",
+        "var/cache/apt",
+        "var/lib/apt/lists",
+    ] {
         remove_files_under(&root.join(dir))?;
+    }
+    // Nor are the packages' documentation and manual pages, a tenth of the
+    // image once npm's dependencies are in.
+    for dir in ["usr/share/doc", "usr/share/man", "usr/share/info"] {
+        let dir = root.join(dir);
+        if dir.is_dir() {
+            std::fs::remove_dir_all(&dir)
+                .with_context(|| format!("could not remove {}", dir.display()))?;
+        }
     }
     let partial: PathBuf = work.path().join("rootfs.tar");
     step(

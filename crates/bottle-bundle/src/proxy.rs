@@ -889,22 +889,24 @@ impl Proxy {
     ) -> Response<BoxBody> {
         let method = parts.method.as_str().to_string();
         let host_s = target.host.to_string();
-        let Some(agent_side) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() else {
-            // hyper serves every HTTP/1.1 connection of the proxy with
-            // upgrades; without a handle there is nothing to switch.
+        let failed = |status: StatusCode, reason: &str, message: &str| {
             let rec = self.record(
                 Decision::Error,
                 &host_s,
                 target.port,
                 &method,
                 pq,
-                "websocket_unavailable",
+                reason,
                 &target.rule,
             );
-            return self.refuse(
+            self.refuse(status, rec, start, message)
+        };
+        let Some(agent_side) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() else {
+            // hyper serves every HTTP/1.1 connection of the proxy with
+            // upgrades; without a handle there is nothing to switch.
+            return failed(
                 StatusCode::BAD_REQUEST,
-                rec,
-                start,
+                "websocket_unavailable",
                 "bottle: this connection cannot switch to a WebSocket",
             );
         };
@@ -938,19 +940,9 @@ impl Proxy {
         {
             // Nothing was offered: an extension would hide payloads (a
             // compressed frame) from the scan.
-            let rec = self.record(
-                Decision::Error,
-                &host_s,
-                target.port,
-                &method,
-                pq,
-                "websocket_extension",
-                &target.rule,
-            );
-            return self.refuse(
+            return failed(
                 StatusCode::BAD_GATEWAY,
-                rec,
-                start,
+                "websocket_extension",
                 "bottle: the upstream agreed to a WebSocket extension that was not offered",
             );
         }
@@ -976,12 +968,7 @@ impl Proxy {
         });
         let (mut parts, _) = response.into_parts();
         parts.extensions = http::Extensions::new();
-        parts
-            .headers
-            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        parts
-            .headers
-            .insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        websocket::set_upgrade_headers(&mut parts.headers);
         Response::from_parts(parts, crate::body::empty())
     }
 }

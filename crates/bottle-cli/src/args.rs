@@ -68,8 +68,9 @@ pub(crate) enum Command {
     Cp(CpArgs),
     /// Return a bottle's agent to its golden snapshot and verify it from
     /// three sources (filesystem, open descriptors, engine); a divergence
-    /// halts the bottle and exits 5.
-    Reset(BottleArg),
+    /// halts the bottle and exits 5. A detached agent starts again in a new
+    /// session.
+    Reset(ResetArgs),
     /// Show a bottle's audit log.
     #[command(visible_alias = "audit")]
     Logs(LogsArgs),
@@ -134,6 +135,17 @@ pub(crate) struct PlanArgs {
 pub(crate) struct BottleArg {
     /// The bottle (`bot-bottle-<slug>` or just `<slug>`).
     pub bottle: String,
+}
+
+/// `bottle reset`.
+#[derive(Debug, Args)]
+pub(crate) struct ResetArgs {
+    /// The bottle (`bot-bottle-<slug>` or just `<slug>`).
+    pub bottle: String,
+    /// Leave a detached agent stopped after the reset instead of starting
+    /// its command again in a new session.
+    #[arg(long)]
+    pub keep_stopped: bool,
 }
 
 /// `bottle exec`.

@@ -38,7 +38,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Exec(args) => exec(global, &args),
         Command::Execute(args) => crate::execute::run(global, &args),
         Command::Cp(args) => cp(global, &args),
-        Command::Reset(args) => crate::reset::reset(global, &args.bottle),
+        Command::Reset(args) => crate::reset::reset(global, &args),
         Command::Logs(args) => crate::logs::logs(global, &args, &state_root()?),
         Command::Requests(args) => crate::requests::list(global, &args, &state_root()?),
         Command::Approve(args) => crate::requests::decide(
@@ -286,13 +286,19 @@ impl Started<'_> {
             let name = bottle.name().to_string();
             drop(bottle);
             let paths = bottle_core::state::SessionPaths::new(&state_root()?, slug::slug_of(&name));
-            crate::session::spawn_host(
+            if let Err(failure) = crate::session::spawn_host(
                 &bottle_core::exec::SystemRunner,
                 &paths,
                 kind,
                 &name,
                 command,
-            )?;
+            ) {
+                // A detached start whose agent does not run leaves nothing
+                // behind: it says why, and the bottle goes.
+                crate::session::end(&paths);
+                let _ = backend.stop(&name);
+                return Err(failure);
+            }
             self.lap("session-spawn");
             self.print_timings();
             out(&format!("{name}\n"));
@@ -499,11 +505,19 @@ pub(crate) fn find_bottle(
     global: &Global,
     bottle: &str,
 ) -> Result<Box<dyn bottle_core::Bottle>, Failure> {
+    find_bottle_and_backend(global, bottle).map(|(found, _)| found)
+}
+
+/// [`find_bottle`], and the backend that runs it.
+pub(crate) fn find_bottle_and_backend(
+    global: &Global,
+    bottle: &str,
+) -> Result<(Box<dyn bottle_core::Bottle>, bottle_core::BackendKind), Failure> {
     let name = slug::bottle_name(slug::slug_of(bottle));
     let mut last_error = None;
     for backend in backends_to_ask(global)? {
         match backend.attach(&name) {
-            Ok(found) => return Ok(found),
+            Ok(found) => return Ok((found, backend.kind())),
             Err(err) if err.kind == BackendErrorKind::NotFound => {
                 last_error = Some(err);
             }

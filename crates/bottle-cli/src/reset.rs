@@ -1,14 +1,19 @@
 //! `bottle reset NAME`: returns a bottle to its golden snapshot and prints
 //! the three sources' verdicts (or, with `--json`, the `ResetReport`). A
 //! halted reset exits 5 and its message says which source diverged and
-//! how.
+//! how. The revert ends every process of the box, a detached agent's
+//! with them: once the reset is verified, its command starts again in a
+//! new session (`--keep-stopped` leaves it stopped), and `reset` says so.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use bottle_core::sandbox::{ResetReport, SandboxError};
 
-use crate::args::Global;
+use bottle_core::slug;
+use bottle_core::state::SessionPaths;
+
+use crate::args::{Global, ResetArgs};
 use crate::failure::Failure;
 use crate::output;
 
@@ -17,11 +22,20 @@ use crate::output;
 const SHOWN_VALUE_CHARS: usize = 71;
 
 /// Runs `bottle reset`.
-pub(crate) fn reset(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
-    let bottle = crate::commands::find_bottle(global, bottle)?;
+pub(crate) fn reset(global: &Global, args: &ResetArgs) -> Result<ExitCode, Failure> {
+    let (bottle, kind) = crate::commands::find_bottle_and_backend(global, &args.bottle)?;
+    let session = SessionPaths::new(
+        &crate::commands::state_root()?,
+        slug::slug_of(bottle.name()),
+    );
+    // Read before the revert ends the agent: the command its session ran.
+    let detached_agent = detached_command(&session);
     match bottle.reset() {
         Ok(report) => {
             print_report(global, &report)?;
+            if let Some(command) = detached_agent {
+                restart_agent(global, args, bottle.name(), kind, &session, &command)?;
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(err) => {
@@ -31,6 +45,49 @@ pub(crate) fn reset(global: &Global, bottle: &str) -> Result<ExitCode, Failure> 
             Err(Failure::coded(&err, err.exit_code()))
         }
     }
+}
+
+/// The command of the bottle's detached agent, when a session ran one.
+fn detached_command(session: &SessionPaths) -> Option<Vec<String>> {
+    if !session.started().exists() {
+        return None;
+    }
+    serde_json::from_slice(&std::fs::read(session.command()).ok()?).ok()
+}
+
+/// After a verified reset: ends the old session (its agent died with the
+/// revert) and, unless `--keep-stopped`, starts the command again in a new
+/// one.
+fn restart_agent(
+    global: &Global,
+    args: &ResetArgs,
+    name: &str,
+    kind: bottle_core::BackendKind,
+    session: &SessionPaths,
+    command: &[String],
+) -> Result<(), Failure> {
+    crate::session::end(session);
+    if args.keep_stopped {
+        output::note(
+            global.quiet,
+            &format!("the reset ended {name}'s detached agent; it stays stopped (--keep-stopped)"),
+        );
+        return Ok(());
+    }
+    crate::session::spawn_host(
+        &bottle_core::exec::SystemRunner,
+        session,
+        kind,
+        name,
+        command,
+    )?;
+    output::note(
+        global.quiet,
+        &format!(
+            "the reset ended {name}'s detached agent; its command runs again in a new session (`bottle attach {name}`)"
+        ),
+    );
+    Ok(())
 }
 
 fn print_report(global: &Global, report: &ResetReport) -> Result<(), Failure> {

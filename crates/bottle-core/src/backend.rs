@@ -293,6 +293,20 @@ pub trait Bottle {
     /// window resize) and returns its exit code.
     fn exec_interactive(&self, argv: &[String]) -> Result<i32, BackendError>;
 
+    /// [`Self::exec_interactive`] for an agent's session: `started` is
+    /// called once the command is known to run, before it ends; a command
+    /// that cannot start (not found, not executable) returns its exit code
+    /// without the call, and its error is in its output. A backend that
+    /// cannot tell calls `started` as the exec begins.
+    fn exec_session(
+        &self,
+        argv: &[String],
+        started: &mut dyn FnMut(),
+    ) -> Result<i32, BackendError> {
+        started();
+        self.exec_interactive(argv)
+    }
+
     /// Runs a command with this process's stdin, stdout and stderr passed
     /// through as byte streams, without a terminal (`docker exec -i`):
     /// stdin streams in until its end, which the command sees as EOF;

@@ -53,9 +53,27 @@ pub struct SessionPaths {
 impl SessionPaths {
     /// The session files of the bottle `slug` under `state_root`.
     pub fn new(state_root: &Path, slug: &str) -> SessionPaths {
+        Self::of_state_dir(&state_root.join(slug))
+    }
+
+    /// The session files of the bottle whose state dir is `state_dir`.
+    pub fn of_state_dir(state_dir: &Path) -> SessionPaths {
         SessionPaths {
-            dir: state_root.join(slug).join("session"),
+            dir: state_dir.join("session"),
         }
+    }
+
+    /// Written by the holder once the agent's command is known to run: a
+    /// detached launch is complete only then (before it, a `start` that
+    /// died left an incomplete bottle).
+    pub fn started(&self) -> PathBuf {
+        self.dir.join("started")
+    }
+
+    /// The agent's command as the session ran it (JSON argv; empty: the
+    /// image's), so that a reset can start it again.
+    pub fn command(&self) -> PathBuf {
+        self.dir.join("command.json")
     }
 
     /// The unix socket `bottle attach` connects to while the agent runs.

@@ -157,6 +157,27 @@ async fn exit_code(engine: &Engine, exec_id: &str, container: &str) -> Result<i3
     })
 }
 
+impl DockerBottle {
+    /// `argv` on the operator's terminal (when there is one); `started`
+    /// is told once the Engine has seen its process.
+    fn interactive(
+        &self,
+        argv: &[String],
+        started: Option<&mut dyn FnMut()>,
+    ) -> Result<i32, BackendError> {
+        let argv = self.command(argv)?;
+        let terminal = tty::stdin_and_stdout_are_terminals();
+        Ok(attached(
+            &self.engine,
+            &self.container,
+            &argv,
+            self.exec_user(),
+            terminal,
+            started,
+        )?)
+    }
+}
+
 impl Bottle for DockerBottle {
     fn launch_warnings(&self) -> &[String] {
         &self.warnings
@@ -177,15 +198,15 @@ impl Bottle for DockerBottle {
     }
 
     fn exec_interactive(&self, argv: &[String]) -> Result<i32, BackendError> {
-        let argv = self.command(argv)?;
-        let terminal = tty::stdin_and_stdout_are_terminals();
-        Ok(attached(
-            &self.engine,
-            &self.container,
-            &argv,
-            self.exec_user(),
-            terminal,
-        )?)
+        self.interactive(argv, None)
+    }
+
+    fn exec_session(
+        &self,
+        argv: &[String],
+        started: &mut dyn FnMut(),
+    ) -> Result<i32, BackendError> {
+        self.interactive(argv, Some(started))
     }
 
     fn exec_piped(&self, argv: &[String]) -> Result<i32, BackendError> {
@@ -196,6 +217,7 @@ impl Bottle for DockerBottle {
             &argv,
             self.exec_user(),
             false,
+            None,
         )?)
     }
 
@@ -385,6 +407,7 @@ fn attached(
     argv: &[String],
     user: &str,
     use_tty: bool,
+    started: Option<&mut dyn FnMut()>,
 ) -> Result<i32, DockerError> {
     // Dropped at the end of this function, after the exec, whatever happens.
     let _raw = if use_tty {
@@ -392,7 +415,48 @@ fn attached(
     } else {
         None
     };
-    engine.block_on(attached_async(engine, container, argv, user, use_tty))
+    engine.block_on(attached_async(
+        engine, container, argv, user, use_tty, started,
+    ))
+}
+
+/// How long an exec's start is watched for its process (or its failure to
+/// start) before the session is told it runs anyway.
+const START_WATCH: Duration = Duration::from_secs(10);
+
+/// Waits until the Engine has seen the exec's process (a pid, running or
+/// already exited) and calls `started`; an exec that ended with no process
+/// (an executable not found or not executable: the OCI runtime's 126)
+/// never started, and `started` is not called.
+async fn watch_start(
+    engine: &Engine,
+    exec_id: &str,
+    container: &str,
+    started: &mut dyn FnMut(),
+) -> Result<(), DockerError> {
+    let deadline = tokio::time::Instant::now() + START_WATCH;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        let inspect = engine
+            .docker
+            .inspect_exec(exec_id)
+            .await
+            .map_err(DockerError::api(format!("inspect an exec in {container}")))?;
+        if inspect.pid.is_some_and(|pid| pid > 0) {
+            started();
+            return Ok(());
+        }
+        if inspect.running != Some(true) && inspect.exit_code.is_some() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            // The daemon says neither: do not call a running agent dead.
+            started();
+            return Ok(());
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
 }
 
 async fn attached_async(
@@ -401,6 +465,7 @@ async fn attached_async(
     argv: &[String],
     user: &str,
     use_tty: bool,
+    started: Option<&mut dyn FnMut()>,
 ) -> Result<i32, DockerError> {
     use tokio::signal::unix::{SignalKind, signal};
     // Watched before the first size is read, so a resize in between (a
@@ -432,7 +497,7 @@ async fn attached_async(
         )
         .await
         .map_err(DockerError::api(format!("create an exec in {container}")))?;
-    let started = docker
+    let begun = docker
         .start_exec(
             &exec.id,
             Some(StartExecOptions {
@@ -443,9 +508,12 @@ async fn attached_async(
         )
         .await
         .map_err(DockerError::api(format!("start an exec in {container}")))?;
-    let StartExecResults::Attached { mut output, input } = started else {
+    let StartExecResults::Attached { mut output, input } = begun else {
         return exit_code(engine, &exec.id, container).await;
     };
+    if let Some(started) = started {
+        watch_start(engine, &exec.id, container, started).await?;
+    }
     let resize = |size: Option<(u16, u16)>| {
         let id = exec.id.clone();
         async move {

@@ -215,12 +215,22 @@ pub fn bundle_container(
     }
 }
 
+/// Where the agent container mounts its box directory (`agent_box` in the
+/// state dir: the keep-alive program and the in-box agent), read-only. A
+/// mount point cannot be renamed or removed and a read-only mount cannot
+/// be written, without capabilities, so not even an agent that runs as
+/// root (and owns `/`) can put a program of its own where the host starts
+/// the in-box agent.
+pub const AGENT_BOX_MOUNT: &str = "/.bottle";
+
 /// The agent container: on the internal network only, every capability
 /// dropped, no privilege gain, the plan's limits, and the keep-alive
-/// program as its main process (commands run through exec).
+/// program as its main process (commands run through exec). `agent_box`
+/// is the host directory mounted read-only at [`AGENT_BOX_MOUNT`].
 pub fn agent_container(
     plan: &DockerPlan,
     resolv_conf: &str,
+    agent_box: &str,
     mut labels: HashMap<String, String>,
 ) -> ContainerCreateBody {
     labels.insert(
@@ -262,7 +272,10 @@ pub fn agent_container(
         dns: Some(vec![agent.dns_upstream.to_string()]),
         dns_search: Some(Vec::new()),
         dns_options: Some(Vec::new()),
-        binds: Some(vec![format!("{resolv_conf}:/etc/resolv.conf:ro")]),
+        binds: Some(vec![
+            format!("{resolv_conf}:/etc/resolv.conf:ro"),
+            format!("{agent_box}:{AGENT_BOX_MOUNT}:ro"),
+        ]),
         sysctls: Some(HashMap::from([
             // Link-local IPv6 would reach the host's bridge interface.
             (
@@ -565,10 +578,10 @@ pub(crate) mod tests {
     #[test]
     fn the_disk_cap_is_the_agent_containers_storage_size_in_bytes() {
         let mut plan = sample_plan();
-        let body = agent_container(&plan, "/r", HashMap::new());
+        let body = agent_container(&plan, "/r", "/b", HashMap::new());
         assert_eq!(body.host_config.unwrap().storage_opt, None);
         plan.disk_bytes = Some(10 << 30);
-        let body = agent_container(&plan, "/r", HashMap::new());
+        let body = agent_container(&plan, "/r", "/b", HashMap::new());
         let json = serde_json::to_value(&body).unwrap();
         assert_eq!(
             json["HostConfig"]["StorageOpt"],
@@ -583,7 +596,12 @@ pub(crate) mod tests {
     #[test]
     fn agent_container_shape() {
         let plan = sample_plan();
-        let body = agent_container(&plan, "/state/demo/stage/resolv.conf", HashMap::new());
+        let body = agent_container(
+            &plan,
+            "/state/demo/stage/resolv.conf",
+            "/state/demo/box",
+            HashMap::new(),
+        );
         let host = body.host_config.clone().unwrap();
         assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
         assert_eq!(
@@ -599,9 +617,17 @@ pub(crate) mod tests {
         assert_eq!(
             host.binds,
             Some(vec![
-                "/state/demo/stage/resolv.conf:/etc/resolv.conf:ro".to_string()
+                "/state/demo/stage/resolv.conf:/etc/resolv.conf:ro".to_string(),
+                "/state/demo/box:/.bottle:ro".to_string(),
             ])
         );
+        // Both programs the host starts in the box live on that mount.
+        for program in [crate::pause::PAUSE_PATH, bottle_core::sandbox::TOOLBOX_PATH] {
+            assert_eq!(
+                std::path::Path::new(program).parent(),
+                Some(std::path::Path::new(AGENT_BOX_MOUNT))
+            );
+        }
         assert_eq!(host.init, Some(true));
         assert_eq!(host.cap_add, None);
         assert_eq!(host.privileged, Some(false));
@@ -633,14 +659,14 @@ pub(crate) mod tests {
     #[test]
     fn a_gvisor_box_runs_under_runsc_with_translated_limits() {
         let mut plan = sample_plan();
-        let runc = agent_container(&plan, "/r", HashMap::new())
+        let runc = agent_container(&plan, "/r", "/b", HashMap::new())
             .host_config
             .unwrap();
         assert_eq!(runc.runtime, None, "the daemon's default runtime");
         assert_eq!(runc.ulimits, None);
         plan.isolation = bottle_core::isolation::Isolation::Gvisor;
         plan.backend_data.agent.runtime = Some("runsc".into());
-        let body = agent_container(&plan, "/r", HashMap::new());
+        let body = agent_container(&plan, "/r", "/b", HashMap::new());
         let host = body.host_config.unwrap();
         assert_eq!(host.runtime.as_deref(), Some("runsc"));
         let headroom = bottle_core::isolation::GVISOR_MEMORY_HEADROOM as i64;
@@ -662,7 +688,7 @@ pub(crate) mod tests {
 
     #[test]
     fn the_agent_container_carries_the_planned_environment() {
-        let body = agent_container(&sample_plan(), "/r", HashMap::new());
+        let body = agent_container(&sample_plan(), "/r", "/b", HashMap::new());
         assert_eq!(body.env, Some(vec!["EDITOR=vi".to_string()]));
     }
 

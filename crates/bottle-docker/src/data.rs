@@ -202,6 +202,11 @@ impl StatePaths {
     pub fn stage(&self) -> PathBuf {
         self.root.join("stage")
     }
+    /// `box/`: the keep-alive program and the in-box agent, mounted
+    /// read-only at `/.bottle` in the agent container.
+    pub fn agent_box(&self) -> PathBuf {
+        self.root.join("box")
+    }
     /// `stage/resolv.conf`: the agent's resolver config, with no servers.
     pub fn agent_resolv_conf(&self) -> PathBuf {
         self.stage().join("resolv.conf")

@@ -496,7 +496,7 @@ impl Coded for DockerError {
                 "install bottle with its bundle (`cargo xtask install` from a clone), or build it with `{BUNDLE_BUILD_HINT}` and point BOTTLE_BUNDLE_BIN at target/x86_64-unknown-linux-gnu/release/bottle-bundle"
             ),
             DockerError::AlreadyExists { name } => format!(
-                "attach to it with `bottle exec {name}`, or remove it with `bottle stop {name}`; use --name to run a second bottle of the same agent"
+                "join its agent with `bottle attach {name}`, or remove it with `bottle stop {name}`; use --name to run a second bottle of the same agent"
             ),
             DockerError::NotFound { .. } => "list running bottles with `bottle list`".into(),
             DockerError::NotRunning { name, .. } => format!("remove it with `bottle stop {name}` and start it again"),

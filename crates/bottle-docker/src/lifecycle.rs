@@ -335,6 +335,10 @@ fn bottles_with_containers(engine: &Engine) -> Result<Vec<BottleInfo>, DockerErr
                 .is_some_and(|dir| crate::pool::is_ready(Path::new(dir)));
             let state = if state_dir.is_some_and(stopping::is_stopping) {
                 "stopping".to_string()
+            } else if is_orphan(&any.labels) {
+                // Its `start` died before the bottle was complete: what
+                // runs is what `bottle cleanup` removes.
+                format!("incomplete ({state})")
             } else if halted.is_some() {
                 "halted".to_string()
             } else if pooled && state == "running" {
@@ -581,33 +585,45 @@ pub(crate) fn remove_resources(
 
 /// Whether a bottle is an orphan: it is recorded as stopping (whoever
 /// began the stop may have died before finishing it), or its owner died
-/// and it was not a completed detached launch.
+/// and it was not a completed detached launch. A detached launch is
+/// complete once launched and, when a `start --detach` gave it a session,
+/// once its agent's command runs there (the holder's `started` marker);
+/// a pool entry no `start` has claimed runs no agent until one does.
 fn is_orphan(labels: &HashMap<String, String>) -> bool {
-    if labels
-        .get(LABEL_STATE_DIR)
-        .is_some_and(|dir| stopping::is_stopping(Path::new(dir)))
-    {
+    let state_dir = labels.get(LABEL_STATE_DIR).map(Path::new);
+    if state_dir.is_some_and(stopping::is_stopping) {
         return true;
     }
     let owner_alive = owner_from_labels(labels).is_some_and(|o| o.is_alive());
     if owner_alive {
         return false;
     }
+    let Some(dir) = state_dir else {
+        return true;
+    };
     let detached = labels.get(LABEL_DETACHED).map(String::as_str) == Some("1");
-    let completed = labels
-        .get(LABEL_STATE_DIR)
-        .is_some_and(|dir| StatePaths::new(dir).launched().exists());
+    let launched = StatePaths::new(dir).launched().exists();
     // A pool entry is launched detached; the `start` that claimed it
     // decides whether it still is, and owns it if not.
-    let claim = labels
-        .get(LABEL_STATE_DIR)
-        .and_then(|dir| crate::pool::claim_record(Path::new(dir)));
-    if let Some(claim) = claim
-        && !claim.detached
-    {
-        return !claim.owner.is_alive();
+    match crate::pool::claim_record(dir) {
+        Some(claim) if !claim.detached => !claim.owner.is_alive(),
+        Some(_) => !(launched && agent_started(dir)),
+        None if crate::pool::is_ready(dir) => !(detached && launched),
+        None => !(detached && launched && agent_started(dir)),
     }
-    !(detached && completed)
+}
+
+/// Whether the bottle in `state_dir` has no session waiting for its agent:
+/// none was made for it (a detached launch through the library), or its
+/// agent's command ran there. A holder from before the `started` marker
+/// wrote no command record; its session counts as started, so that
+/// `cleanup` after an upgrade does not take running bottles for crashed
+/// launches.
+fn agent_started(state_dir: &Path) -> bool {
+    let session = bottle_core::state::SessionPaths::of_state_dir(state_dir);
+    !session.dir.exists()
+        || session.started().exists()
+        || (session.holder().exists() && !session.command().exists())
 }
 
 /// Removes what crashed launches and dead owners left behind: their
@@ -719,7 +735,21 @@ mod tests {
         // Detached but never completed: an orphan.
         assert!(is_orphan(&labels(dead, true, dir.path())));
         std::fs::write(dir.path().join("launched"), "1\n").unwrap();
+        // Launched detached with no session (through the library).
         assert!(!is_orphan(&labels(dead, true, dir.path())));
+        // Launched by `start --detach`, which died before its agent ran.
+        let session = dir.path().join("session");
+        std::fs::create_dir_all(&session).unwrap();
+        std::fs::write(session.join("command.json"), "[]").unwrap();
+        assert!(is_orphan(&labels(dead, true, dir.path())));
+        std::fs::write(session.join("started"), "1\n").unwrap();
+        assert!(!is_orphan(&labels(dead, true, dir.path())));
+        // A session from before the marker: started if its holder wrote.
+        std::fs::remove_file(session.join("started")).unwrap();
+        std::fs::remove_file(session.join("command.json")).unwrap();
+        std::fs::write(session.join("holder.json"), "{}").unwrap();
+        assert!(!is_orphan(&labels(dead, true, dir.path())));
+        std::fs::remove_dir_all(&session).unwrap();
         assert!(is_orphan(&HashMap::new()));
         // A pooled bottle (launched detached) claimed by an attached
         // `start` is that start's: an orphan once it died.

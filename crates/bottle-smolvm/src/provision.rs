@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use bottle_core::agent::{AGENT_DIR, AGENT_MCP_CONFIG, AGENT_PROMPT_PATH, AGENT_SKILLS_DIR};
 use bottle_core::bundle_host::BundleEndpoint;
-use bottle_core::sandbox::TOOLBOX_PATH;
+use bottle_core::sandbox::{TOOLBOX_MODE, TOOLBOX_PATH};
 use bottle_core::spec::BottleSpec;
 use serde::{Deserialize, Serialize};
 
@@ -125,7 +125,8 @@ pub fn find_toolbox() -> Option<PathBuf> {
 }
 
 /// Puts the in-box agent `binary` at [`TOOLBOX_PATH`], root-owned and
-/// 0755: the agent may run it, not change it.
+/// execute-only ([`TOOLBOX_MODE`]): the agent may run it, not read or
+/// change it, and the process is never dumpable.
 pub fn install_toolbox(
     smolvm: &Smolvm,
     machine: &str,
@@ -151,8 +152,10 @@ pub fn install_toolbox(
         smolvm,
         machine,
         env,
-        "make the in-box agent root-owned and 0755",
-        &format!("chown 0:0 {TOOLBOX_PATH} && chmod 0755 {TOOLBOX_PATH} {dir}"),
+        "make the in-box agent root-owned and execute-only",
+        &format!(
+            "chown 0:0 {TOOLBOX_PATH} && chmod {TOOLBOX_MODE:o} {TOOLBOX_PATH} && chmod 0755 {dir}"
+        ),
     )
 }
 

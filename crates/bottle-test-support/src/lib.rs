@@ -11,6 +11,8 @@
 //! - [`temp_state_root`]: a private state root per test;
 //! - `corp_net` (feature `corp-net`): a TLS-re-signing "corporate
 //!   network" and the HTTPS upstreams behind it, for end-to-end tests;
+//! - [`forge`]: the forged-tool-result attack an agent runs against its
+//!   in-box agent, for the docker and smolmachines tests;
 //! - [`mod@bench`]: the `docker` baseline and table rows the Docker-backed
 //!   benches share;
 //! - `fuzz` (feature `fuzz`): the seeded fuzz campaign against the real
@@ -25,8 +27,11 @@
 pub mod bench;
 #[cfg(feature = "corp-net")]
 pub mod corp_net;
+pub mod forge;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
+#[cfg(any(feature = "fuzz", feature = "secret-corpus"))]
+pub mod rng;
 #[cfg(feature = "secret-corpus")]
 pub mod secret_corpus;
 

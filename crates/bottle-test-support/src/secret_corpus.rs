@@ -34,96 +34,10 @@ pub use benign::{BenignCase, FileBound, FileCorpus};
 pub use formats::{FORMATS, Format};
 pub use measure::{Flag, Measurement, Verdict};
 
-/// A small seeded generator (SplitMix64): the corpus is a pure function of
-/// the seed, and nothing here needs more than well-spread bits.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// The generator for `stream` under `seed`: different streams (one per
-    /// format and sample, one per benign generator and index) are
-    /// independent, so adding one leaves every other unchanged.
-    pub fn new(seed: u64, stream: &str) -> Self {
-        // FNV-1a over the stream's name, mixed with the seed.
-        let mut state = seed ^ 0xCBF2_9CE4_8422_2325;
-        for byte in stream.bytes() {
-            state = (state ^ u64::from(byte)).wrapping_mul(0x0100_0000_01B3);
-        }
-        let mut rng = Rng(state);
-        rng.next_u64();
-        rng
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..n` (`0` when `n` is 0).
-    pub fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            return 0;
-        }
-        usize::try_from(self.next_u64() % n as u64).unwrap_or(0)
-    }
-
-    /// A number in `lo..=hi`.
-    pub fn between(&mut self, lo: usize, hi: usize) -> usize {
-        lo + self.below(hi.saturating_sub(lo) + 1)
-    }
-
-    /// One element of a non-empty slice.
-    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-
-    /// `len` characters drawn uniformly from `alphabet` (ASCII).
-    pub fn string(&mut self, alphabet: &[u8], len: usize) -> String {
-        (0..len).map(|_| char::from(*self.pick(alphabet))).collect()
-    }
-
-    /// `len` decimal digits, the first not `0` (an id, not a padded number).
-    pub fn number(&mut self, len: usize) -> String {
-        let mut out = self.string(b"123456789", 1.min(len));
-        out.push_str(&self.string(DIGITS, len.saturating_sub(1)));
-        out
-    }
-
-    /// `len` random bytes.
-    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
-        (0..len).map(|_| self.next_u64() as u8).collect()
-    }
-
-    /// `len` random bytes as lower-case hex (what a digest looks like).
-    pub fn hex(&mut self, len: usize) -> String {
-        self.string(HEX, len)
-    }
-
-    /// A random (version 4) UUID.
-    pub fn uuid(&mut self) -> String {
-        let h = self.hex(32);
-        let variant = char::from(*self.pick(b"89ab"));
-        format!(
-            "{}-{}-4{}-{variant}{}-{}",
-            &h[..8],
-            &h[8..12],
-            &h[13..16],
-            &h[17..20],
-            &h[20..]
-        )
-    }
-}
+pub use crate::rng::{DIGITS, HEX, Rng};
 
 /// `0-9A-Za-z`, in the order base62 encoders use for digits.
 pub const BASE62: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
-/// Decimal digits.
-pub const DIGITS: &[u8] = b"0123456789";
-/// Lower-case hex.
-pub const HEX: &[u8] = b"0123456789abcdef";
 /// Upper-case hex.
 pub const HEX_UPPER: &[u8] = b"0123456789ABCDEF";
 /// The URL-safe base64 alphabet (`-` and `_`).

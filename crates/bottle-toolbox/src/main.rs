@@ -6,6 +6,12 @@
 //! its stdin and stdout. It opens no socket and listens on nothing; it ends
 //! when its stdin ends. Each call runs in its own process group, which is
 //! killed at the call's deadline.
+//!
+//! Its stdin and stdout are the channel every result travels on, so before
+//! anything else it makes itself unreachable to the agent's processes
+//! ([`guard`]): not dumpable (so no process without `CAP_SYS_PTRACE` can
+//! open its descriptors, read its memory or trace it), no capability and
+//! no way to gain one, which every call it runs inherits.
 
 #![expect(
     clippy::print_stderr,
@@ -14,6 +20,7 @@
 
 mod builtin;
 mod fds;
+mod guard;
 mod run;
 
 use std::io::{BufReader, BufWriter};
@@ -21,10 +28,20 @@ use std::io::{BufReader, BufWriter};
 use bottle_core::sandbox::wire::{self, Op, PROTOCOL_VERSION, Reply, Request, Response};
 
 fn main() -> std::process::ExitCode {
+    // First, before a thread or a descriptor of its own exists: capability
+    // sets are per thread, and the channel must be out of reach before a
+    // call can run.
+    if let Err(why) = guard::guard() {
+        eprintln!("bottle-toolbox: refusing to serve: {why}");
+        return std::process::ExitCode::FAILURE;
+    }
     let stdin = std::io::stdin();
     let stdout = std::io::stdout();
     let mut reader = BufReader::new(stdin.lock());
     let mut writer = BufWriter::new(stdout.lock());
+    // Every frame this agent writes is numbered, from 1; the host takes a
+    // frame only with the next number and its request's id.
+    let mut seq = 0u64;
     loop {
         let request: Request = match wire::read_frame(&mut reader) {
             Ok(Some(request)) => request,
@@ -35,10 +52,12 @@ fn main() -> std::process::ExitCode {
             }
         };
         let reply = answer(request.op);
+        seq += 1;
         if let Err(err) = wire::write_frame(
             &mut writer,
             &Response {
                 id: request.id,
+                seq,
                 reply,
             },
         ) {

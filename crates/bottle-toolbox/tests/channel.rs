@@ -153,3 +153,84 @@ fn the_agent_counts_open_descriptors_and_a_dead_agent_is_replaced() {
         .unwrap();
     assert_eq!(children.lock().unwrap().len(), 2);
 }
+
+/// One of the agent's processes (left behind by a call, as the call's own
+/// user) tries to write forged answers into the in-box agent's stdout:
+/// during a call, and ahead of later ones on the kept channel. It is
+/// refused, while the same write into a process of its own uid works, and
+/// every call returns its real result.
+#[test]
+fn an_agent_process_cannot_forge_or_plant_a_result() {
+    use bottle_test_support::forge;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("forge.log");
+    let attack = forge::attack_script(
+        env!("CARGO_BIN_EXE_bottle-toolbox"),
+        log.to_str().unwrap(),
+        12,
+        "0.1",
+    );
+    let (toolbox, children) = toolbox(None);
+    let call = ToolCall::argv([
+        "sh".to_string(),
+        "-c".to_string(),
+        format!("( {attack} ) > /dev/null 2>&1 & sleep 0.3; echo real-output; exit 3"),
+    ]);
+    let result = toolbox.execute(&call, open(&children)).unwrap();
+    assert_eq!(
+        (result.exit_code, &result.stdout[..]),
+        (3, &b"real-output\n"[..])
+    );
+    // Later calls on the same channel while the attack goes on.
+    let mut said = String::new();
+    bottle_test_support::wait_until("the attack to finish", Duration::from_secs(30), || {
+        let result = toolbox
+            .execute(&ToolCall::argv(["echo", "real-later"]), open(&children))
+            .unwrap();
+        assert_eq!(result.stdout, b"real-later\n");
+        said = std::fs::read_to_string(&log).unwrap_or_default();
+        said.ends_with("done\n")
+    });
+    assert_eq!(
+        children.lock().unwrap().len(),
+        1,
+        "the channel was never broken"
+    );
+    assert!(!said.contains("toolbox: not found"), "{said}");
+    assert!(
+        said.lines()
+            .filter(|l| l.starts_with("toolbox"))
+            .all(|l| l.ends_with(": denied")),
+        "{said}"
+    );
+    assert!(said.contains("control: wrote\n"), "{said}");
+    assert!(!said.contains("control: denied"), "{said}");
+}
+
+/// Calls inherit the in-box agent's state: no capability, no way to gain
+/// one (the agent gives up what it was started with: as root here).
+#[test]
+fn calls_hold_no_capability_and_cannot_gain_one() {
+    let (toolbox, children) = toolbox(None);
+    let result = toolbox
+        .execute(
+            &ToolCall::argv([
+                "sh",
+                "-c",
+                "grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status",
+            ]),
+            open(&children),
+        )
+        .unwrap();
+    let status = String::from_utf8(result.stdout).unwrap();
+    for line in status.lines() {
+        let (field, value) = line.split_once(':').unwrap();
+        let expected = if field == "NoNewPrivs" {
+            "1"
+        } else {
+            "0000000000000000"
+        };
+        assert_eq!(value.trim(), expected, "{status}");
+    }
+    assert_eq!(status.lines().count(), 6, "{status}");
+}

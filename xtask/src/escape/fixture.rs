@@ -219,9 +219,10 @@ build = { context = "/tmp/ctx" }
 command = ["/bin/sh"]
 
 [agents.escape-a.egress]
-allow = ["allowed-a.bottle.test", "cred-a.bottle.test", "rebind-loopback.bottle.test", "rebind-metadata.bottle.test", "rebind-private.bottle.test", "rebind-bundle-a.bottle.test"]
+allow = ["allowed-a.bottle.test", "cred-a.bottle.test", "redact-a.bottle.test", "rebind-loopback.bottle.test", "rebind-metadata.bottle.test", "rebind-private.bottle.test", "rebind-bundle-a.bottle.test"]
 ports = [80, 443]
-resolve = { "allowed-a.bottle.test" = "198.51.100.10", "cred-a.bottle.test" = "198.51.100.10" }
+resolve = { "allowed-a.bottle.test" = "198.51.100.10", "cred-a.bottle.test" = "198.51.100.10", "redact-a.bottle.test" = "198.51.100.10" }
+on_secret = { "redact-a.bottle.test" = "redact" }
 
 [[agents.escape-a.credentials]]
 name = "canary"
@@ -245,9 +246,10 @@ build = { context = "/tmp/ctx" }
 command = ["/bin/sh"]
 
 [agents.escape-p1.egress]
-allow = ["allowed-p1.bottle.test", "cred-p1.bottle.test"]
+allow = ["allowed-p1.bottle.test", "cred-p1.bottle.test", "redact-p1.bottle.test"]
 ports = [80, 443]
-resolve = { "allowed-p1.bottle.test" = "198.51.100.10", "cred-p1.bottle.test" = "198.51.100.10" }
+resolve = { "allowed-p1.bottle.test" = "198.51.100.10", "cred-p1.bottle.test" = "198.51.100.10", "redact-p1.bottle.test" = "198.51.100.10" }
+on_secret = { "redact-p1.bottle.test" = "redact" }
 
 [[agents.escape-p1.credentials]]
 name = "canary"
@@ -294,7 +296,7 @@ audit_log = "1m"
         .unwrap();
         let parsed = bottle_core::manifest::load(&path).unwrap();
         let agent = &parsed.agents["escape-a"];
-        assert_eq!(agent.egress.allow.len(), 6);
+        assert_eq!(agent.egress.allow.len(), 7);
         assert_eq!(agent.credentials[0].host, "cred-a.bottle.test");
         let git = &agent.git[0];
         assert_eq!(git.name, GIT_REPO);

@@ -263,8 +263,13 @@ pub(crate) fn check_inspect(phase: &str, inspect: &Value, spec: &Spec) -> Vec<Ro
         let kind = mount["Type"].as_str().unwrap_or("");
         let dest = mount["Destination"].as_str().unwrap_or("");
         let rw = mount["RW"].as_bool().unwrap_or(true);
-        // The one bind the backend makes: the agent's empty resolv.conf.
-        let allowed = kind == "bind" && dest == "/etc/resolv.conf" && !rw;
+        // The two binds the backend makes, read-only: the agent's empty
+        // resolv.conf, and the box directory of its state dir holding the
+        // keep-alive and the in-box agent.
+        let source = mount["Source"].as_str().unwrap_or("");
+        let allowed = kind == "bind"
+            && !rw
+            && (dest == "/etc/resolv.conf" || (dest == "/.bottle" && source.ends_with("/box")));
         if !allowed && (kind == "bind" || rw) {
             mounts.push(format!(
                 "{kind} {} -> {dest}{}",
@@ -287,7 +292,7 @@ pub(crate) fn check_inspect(phase: &str, inspect: &Value, spec: &Spec) -> Vec<Ro
         phase,
         "host-mounts",
         mounts,
-        "no host mounts besides a read-only resolv.conf",
+        "no host mounts besides a read-only resolv.conf and box (/.bottle)",
     ));
     rows
 }
@@ -514,10 +519,13 @@ mod tests {
                 "SecurityOpt": ["no-new-privileges"],
                 "Memory": 268435456, "MemorySwap": 268435456, "PidsLimit": 128,
                 "NetworkMode": "bot-bottle-a", "PidMode": "", "IpcMode": "private",
-                "Devices": [], "Binds": ["/state/a/stage/resolv.conf:/etc/resolv.conf:ro"]
+                "Devices": [], "Binds": ["/state/a/stage/resolv.conf:/etc/resolv.conf:ro", "/state/a/box:/.bottle:ro"]
             },
             "NetworkSettings": { "Networks": { "bot-bottle-a": {} } },
-            "Mounts": [{ "Type": "bind", "Source": "/state/a/stage/resolv.conf", "Destination": "/etc/resolv.conf", "RW": false }]
+            "Mounts": [
+                { "Type": "bind", "Source": "/state/a/stage/resolv.conf", "Destination": "/etc/resolv.conf", "RW": false },
+                { "Type": "bind", "Source": "/state/a/box", "Destination": "/.bottle", "RW": false }
+            ]
         })
     }
 
@@ -578,6 +586,14 @@ mod tests {
                 Box::new(
                     |v| v["Mounts"] = json!([{ "Type": "bind", "Source": "/", "Destination": "/host", "RW": false }]),
                 ),
+            ),
+            (
+                "host-mounts",
+                Box::new(|v| v["Mounts"][1]["RW"] = json!(true)),
+            ),
+            (
+                "host-mounts",
+                Box::new(|v| v["Mounts"][1]["Source"] = json!("/")),
             ),
         ];
         for (probe, weaken) in weakenings {

@@ -324,12 +324,7 @@ impl Egress {
         // the agent spoke; an upgrade goes over HTTP/1.1 only.
         parts.version = http::Version::HTTP_11;
         let client = if websocket {
-            parts
-                .headers
-                .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-            parts
-                .headers
-                .insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+            crate::websocket::set_upgrade_headers(&mut parts.headers);
             &self.upgrade_client
         } else {
             &self.client

@@ -20,6 +20,20 @@ use http::{Method, Version};
 /// The agent's offer of extensions, which is not passed on.
 pub(crate) const SEC_WEBSOCKET_EXTENSIONS: &str = "sec-websocket-extensions";
 
+/// Sets the hop-by-hop headers of a switch to WebSocket, which the
+/// bundle strips from every message it relays and puts back on the
+/// handshake's two legs.
+pub(crate) fn set_upgrade_headers(headers: &mut HeaderMap) {
+    headers.insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("upgrade"),
+    );
+    headers.insert(
+        header::UPGRADE,
+        header::HeaderValue::from_static("websocket"),
+    );
+}
+
 /// Whether a request asks to become a WebSocket (RFC 6455 §4.1): a GET
 /// over HTTP/1.1 with `Upgrade: websocket` and `Connection: upgrade`.
 pub(crate) fn is_upgrade(method: &Method, version: Version, headers: &HeaderMap) -> bool {

@@ -8,6 +8,10 @@
 
 mod support;
 
+/// A request scanned as the proxy scans it, shared with the scanner bench.
+#[path = "../../benches/scanner/like_proxy.rs"]
+mod like_proxy;
+
 mod allowlist;
 mod audit;
 mod credentials;
@@ -18,6 +22,7 @@ mod fuzz;
 mod gitgate;
 mod h2;
 mod limits;
+mod real_client_corpus;
 mod scanner_quality;
 mod secrets;
 mod supervise;

@@ -13,11 +13,9 @@
 //! registry's sources in the benign corpus. This test is a small subset,
 //! fast in a debug build.
 
-#[path = "../../benches/scanner/like_proxy.rs"]
-mod like_proxy;
-
 use bottle_test_support::secret_corpus::{Measurement, Rng, benign, secret_corpus};
-use like_proxy::LikeProxy;
+
+use crate::like_proxy::LikeProxy;
 
 /// The bench's seed: the test's corpus is a subset of the bench's.
 const SEED: u64 = 24;

@@ -103,7 +103,8 @@ impl From<SandboxError> for ApiError {
             }
             SandboxError::NotAvailable { .. }
             | SandboxError::Boot { .. }
-            | SandboxError::Tool { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            | SandboxError::Tool { .. }
+            | SandboxError::Channel { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let (code, message, fix) = (err.code(), err.to_string(), err.fix());
         ApiError {

@@ -87,6 +87,10 @@ fn exited(paths: &SessionPaths, name: &str) -> Result<ExitCode, Failure> {
         .ok()
         .and_then(|text| text.trim().parse::<i32>().ok())
     else {
+        // No state dir at all: there is no such bottle, session or not.
+        if !paths.dir.parent().is_some_and(std::path::Path::exists) {
+            return Err(crate::commands::no_bottle_named(name));
+        }
         return Err(Failure::new(
             "BOT-C013",
             crate::failure::EXIT_USAGE,

@@ -65,13 +65,19 @@ pub(crate) fn run(
         UnixListener::bind(&socket).map_err(io_failure("listen on the session socket"))?;
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
         .map_err(io_failure("make the session socket owner-only"))?;
+    // Before the holder's identity: a session with an identity and no
+    // command record is one from before the `started` marker (see
+    // bottle-docker's orphan rule). The command also lets a reset start
+    // the agent again.
+    let argv = serde_json::to_vec(command).map_err(std::io::Error::other);
+    argv.and_then(|argv| std::fs::write(paths.command(), argv))
+        .map_err(io_failure("record the agent's command"))?;
     let holder = serde_json::to_vec(&Owner::current()).map_err(std::io::Error::other);
     holder
         .and_then(|bytes| std::fs::write(paths.holder(), bytes))
         .map_err(io_failure("record its identity"))?;
     become_stdio(&slave).map_err(io_failure("give the agent its terminal"))?;
     drop(slave);
-    super::signal_ready(&paths);
 
     let master = Arc::new(master);
     let session = Arc::new(Mutex::new(Shared::default()));
@@ -88,7 +94,13 @@ pub(crate) fn run(
         std::thread::spawn(move || serve(&listener, &master, &session));
     }
 
-    let code = match found.exec_interactive(command) {
+    // `start` waits for the agent's command to run (or for this holder to
+    // exit when it cannot start): only then is a detached launch complete.
+    let mut started = || {
+        let _ = std::fs::write(paths.started(), b"1\n");
+        super::signal_ready(&paths);
+    };
+    let code = match found.exec_session(command, &mut started) {
         Ok(code) => code,
         Err(err) => {
             // Onto the pty: the operator reads it on attach.

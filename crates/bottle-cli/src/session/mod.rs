@@ -61,15 +61,16 @@ pub(crate) fn host_spec(
         .cwd("/")
 }
 
-/// The named pipe the holder writes one byte to once it serves its
-/// socket: `start` waits on it (and on the holder's exit) rather than
-/// polling for the socket.
+/// The named pipe the holder writes one byte to once it serves its socket
+/// and the agent's command runs: `start` waits on it (and on the holder's
+/// exit) rather than polling.
 pub(crate) fn ready_pipe(paths: &SessionPaths) -> PathBuf {
     paths.dir.join("ready")
 }
 
-/// The holder's side of [`ready_pipe`]: one byte once it serves. Best
-/// effort: a `start` that is gone has no reader, and nothing waits.
+/// The holder's side of [`ready_pipe`]: one byte once it serves and the
+/// agent runs. Best effort: a `start` that is gone has no reader, and
+/// nothing waits.
 pub(crate) fn signal_ready(paths: &SessionPaths) {
     use rustix::fs::{Mode, OFlags};
     let flags = OFlags::WRONLY | OFlags::NONBLOCK | OFlags::CLOEXEC;
@@ -79,7 +80,9 @@ pub(crate) fn signal_ready(paths: &SessionPaths) {
 }
 
 /// Spawns the holder for the launched bottle `name` and waits until it
-/// serves its socket; a holder that dies first is reported with its log.
+/// serves its socket and the agent's command runs; a command that could
+/// not start is reported with its exit code and what it printed, a holder
+/// that dies first with its log.
 pub(crate) fn spawn_host(
     runner: &dyn CommandRunner,
     paths: &SessionPaths,
@@ -91,11 +94,11 @@ pub(crate) fn spawn_host(
         Failure::new(
             "BOT-C010",
             EXIT_BACKEND,
-            format!("{name} is running but its agent session did not start: {detail}"),
+            format!("the agent session of {name} did not start: {detail}"),
         )
-        .with_fix(format!(
-            "run the agent by hand with `bottle exec -t {name} -- COMMAND`, or remove the bottle with `bottle stop {name}`"
-        ))
+        .with_fix(
+            "the bottle was removed; `bottle doctor` checks this host, and `bottle start` without --detach runs the agent on this terminal",
+        )
     };
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -117,16 +120,55 @@ pub(crate) fn spawn_host(
     let _ = std::fs::remove_file(ready_pipe(paths));
     match waited.map_err(|err| failed(err.to_string()))? {
         Ready::Serving => Ok(()),
-        Ready::Exited => {
-            let log = std::fs::read_to_string(paths.log()).unwrap_or_default();
-            let log = bottle_core::display::escape_for_terminal(log.trim()).into_owned();
-            Err(failed(format!("the session holder exited: {log}")))
-        }
+        Ready::Exited => match did_not_start(paths, command) {
+            Some(failure) => Err(failure),
+            None => {
+                let log = std::fs::read_to_string(paths.log()).unwrap_or_default();
+                let log = bottle_core::display::escape_for_terminal(log.trim()).into_owned();
+                Err(failed(format!("the session holder exited: {log}")))
+            }
+        },
         Ready::TimedOut => Err(failed(format!(
             "the session holder did not serve {} within {READY_WITHIN:?}",
             paths.socket().display()
         ))),
     }
+}
+
+/// How much of what a command that could not start printed goes into the
+/// error (the OCI runtime's reason fits easily).
+const CAUSE_BYTES: usize = 1024;
+
+/// The failure of an agent's command that ended without ever running
+/// (the holder wrote its exit code and never its `started` marker).
+fn did_not_start(paths: &SessionPaths, command: &[String]) -> Option<Failure> {
+    if paths.started().exists() {
+        return None;
+    }
+    let code = std::fs::read_to_string(paths.exit_code()).ok()?;
+    let output = std::fs::read(paths.scrollback()).unwrap_or_default();
+    let tail = &output[output.len().saturating_sub(CAUSE_BYTES)..];
+    let cause = String::from_utf8_lossy(tail);
+    let cause = bottle_core::display::escape_for_terminal(cause.trim()).into_owned();
+    let shown = if command.is_empty() {
+        "the image's default command".to_string()
+    } else {
+        format!("`{}`", command.join(" "))
+    };
+    Some(
+        Failure::new(
+            "BOT-C014",
+            EXIT_BACKEND,
+            format!(
+                "the agent's command {} did not start (exit {}): {cause}",
+                bottle_core::display::escape_for_terminal(&shown),
+                code.trim()
+            ),
+        )
+        .with_fix(
+            "check `command` in the manifest: the program must exist in the image and be executable by its user; the bottle was removed",
+        ),
+    )
 }
 
 /// A fresh [`ready_pipe`] (owner-only), opened for reading without

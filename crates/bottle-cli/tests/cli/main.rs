@@ -8,12 +8,14 @@
 mod audit_logs;
 mod catalogue;
 mod commands;
+mod e2e;
 mod example;
 mod execute;
 mod exit_codes;
 mod interrupted;
 mod pool;
 mod real_agent;
+mod real_clients;
 mod requests;
 mod reset;
 mod serve;

@@ -12,11 +12,16 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
-use bottle_core::exec::{CommandOutput, CommandRunner as _, CommandSpec, SystemRunner};
+use bottle_core::exec::{CommandOutput, CommandSpec};
 use bottle_test_support::corp_net::{CorpNet, Site, TestInterface, Version};
 use bottle_test_support::{skip_docker_test, temp_state_root};
 
-use crate::bottle;
+use crate::e2e::{Bottles, both, host_curl as curl_via, run, shell_quote};
+
+/// The host's curl through this test's corporate network.
+fn host_curl(net: &CorpNet, ca: &Path, url: &str, extra: &[&str]) -> CommandOutput {
+    curl_via(net, CORP_PROXY, ca, url, extra)
+}
 
 const TEST: &str = "a_real_agents_day_behind_a_corporate_network";
 const IMAGE_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
@@ -35,15 +40,6 @@ const WHEEL: &str = "packages/demo_pkg-1.0-py3-none-any.whl";
 /// override), failing at once instead of retrying.
 const PIP: &str = "pip install --user --break-system-packages --retries 0";
 const HELLO: &str = "hello from the corporate upstream\n";
-
-fn run(spec: CommandSpec) -> CommandOutput {
-    SystemRunner.run(&spec).expect("command starts")
-}
-
-/// Both outputs of a command, for assertions and failure messages.
-fn both(out: &CommandOutput) -> String {
-    format!("{}{}", out.stdout_text(), out.stderr_text())
-}
 
 /// A pure-Python wheel, `demo_pkg` 1.0, made with the host's python3.
 fn make_wheel(dir: &Path) -> PathBuf {
@@ -130,96 +126,6 @@ fn site(dir: &Path) -> Site {
         .unwrap()
 }
 
-/// The host's curl through the corporate proxy, trusting its CA: the
-/// positive control that each upstream works before a bottle tries it.
-fn host_curl(net: &CorpNet, ca: &Path, url: &str, extra: &[&str]) -> CommandOutput {
-    let host = url
-        .trim_start_matches("https://")
-        .split('/')
-        .next()
-        .unwrap();
-    run(CommandSpec::new("curl")
-        .args([
-            "-sS",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code} %{http_version}",
-            "--max-time",
-            "20",
-            "--cacert",
-        ])
-        .arg(ca)
-        .args([
-            "--connect-to",
-            &format!("{host}:443:{}:{}", CORP_PROXY, net.proxy_addr.port()),
-        ])
-        .args(extra.iter().copied())
-        .arg(url))
-}
-
-/// Bottles this test started, stopped however it ends.
-struct Bottles {
-    state: PathBuf,
-    manifest: PathBuf,
-    names: Vec<String>,
-}
-
-impl Bottles {
-    fn start(&mut self, agent: &str) -> String {
-        let name = format!("e2e-{agent}-{}", std::process::id());
-        self.names.push(name.clone());
-        let out = bottle(&self.state)
-            .args(["--backend", "docker", "--yes", "--manifest"])
-            .arg(&self.manifest)
-            .args(["start", agent, "--name", &name, "--detach"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "start {agent}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        name
-    }
-
-    /// `bottle exec NAME -- sh -c SCRIPT`: its exit code and both streams.
-    fn exec(&self, name: &str, script: &str) -> (bool, String) {
-        let out = bottle(&self.state)
-            .args([
-                "--backend",
-                "docker",
-                "exec",
-                name,
-                "--",
-                "sh",
-                "-c",
-                script,
-            ])
-            .timeout(std::time::Duration::from_secs(180))
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        )
-    }
-}
-
-impl Drop for Bottles {
-    fn drop(&mut self) {
-        for name in &self.names {
-            let _ = bottle(&self.state)
-                .args(["--backend", "docker", "stop", name])
-                .output();
-        }
-    }
-}
-
 /// node 18 ignores proxy variables: a CONNECT tunnel by hand, then https
 /// (`https` mode) or an h2-only session (`h2` mode) over TLS inside it.
 const NODE_CLIENT: &str = r#"
@@ -253,10 +159,6 @@ req.on('connect', (res, socket) => {
 });
 req.end();
 "#;
-
-fn shell_quote(text: &str) -> String {
-    format!("'{}'", text.replace('\'', r"'\''"))
-}
 
 #[test]
 fn a_real_agents_day_behind_a_corporate_network() {

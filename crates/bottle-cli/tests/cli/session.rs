@@ -360,13 +360,24 @@ fn stop_ends_a_running_session_holder_that_kept_no_inherited_fd() {
 #[test]
 fn attach_to_a_bottle_without_a_session_says_how() {
     let state = tempfile::tempdir().unwrap();
+    // A bottle that does not exist is no bottle, not a missing session.
     bottle(state.path())
         .args(["attach", "nothing-here"])
         .assert()
         .code(2)
+        .stderr(predicate::str::contains("BOT-C004"))
+        .stderr(predicate::str::contains(
+            "no bottle named bot-bottle-nothing-here",
+        ));
+    // A bottle (its state dir) started without a session.
+    std::fs::create_dir_all(state.path().join("bottle").join("attached-one")).unwrap();
+    bottle(state.path())
+        .args(["attach", "attached-one"])
+        .assert()
+        .code(2)
         .stderr(predicate::str::contains("BOT-C013"))
         .stderr(predicate::str::contains(
-            "bot-bottle-nothing-here has no agent session",
+            "bot-bottle-attached-one has no agent session",
         ))
         .stderr(predicate::str::contains("bottle start --detach"));
 }
@@ -384,4 +395,136 @@ fn scopeguard(world: &World) -> impl Drop + '_ {
         }
     }
     Stop(world)
+}
+
+/// `start -d` of a command that is not in the image exits non-zero naming
+/// the command and the Engine's cause, and leaves no bottle behind.
+#[test]
+fn a_detached_start_of_a_missing_command_fails_and_leaves_nothing() {
+    let Some(world) = setup(
+        "a_detached_start_of_a_missing_command_fails_and_leaves_nothing",
+        "missing",
+        false,
+    ) else {
+        return;
+    };
+    std::fs::write(
+        world.dir.path().join("bottle.toml"),
+        format!("[agents.echo]\nimage = \"{IMAGE}\"\ncommand = [\"/no/such/agent\", \"--flag\"]\n"),
+    )
+    .unwrap();
+    let _stop = scopeguard(&world);
+    let out = world
+        .bottle()
+        .args(["--yes", "start", "echo", "--detach", "--name", &world.name])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("BOT-C014"), "{stderr}");
+    assert!(stderr.contains("`/no/such/agent --flag`"), "{stderr}");
+    assert!(stderr.contains("no such file or directory"), "{stderr}");
+    assert!(stderr.contains("the bottle was removed"), "{stderr}");
+    let list = world.bottle().args(["--json", "list"]).output().unwrap();
+    let all: Vec<Value> = serde_json::from_slice(&list.stdout).unwrap();
+    assert!(
+        !all.iter()
+            .any(|b| b["name"] == format!("bot-bottle-{}", world.name).as_str()),
+        "{all:?}"
+    );
+    assert!(!world.state().join("bottle").join(&world.name).exists());
+}
+
+/// A `start -d` killed after its bottle's containers run but before its
+/// agent does lists as `incomplete`, and `cleanup` removes it.
+#[test]
+fn a_start_killed_before_its_agent_ran_lists_as_incomplete() {
+    let Some(world) = setup(
+        "a_start_killed_before_its_agent_ran_lists_as_incomplete",
+        "killed",
+        false,
+    ) else {
+        return;
+    };
+    let _stop = scopeguard(&world);
+    let mut start = std::process::Command::cargo_bin("bottle").unwrap();
+    start
+        .env("XDG_STATE_HOME", world.state())
+        .env_remove("BOT_BOTTLE_BACKEND")
+        // Holds the launch once the agent's container runs, before the
+        // agent does.
+        .env("BOTTLE_FAILPOINT", "agent-verify:sleep")
+        .arg("--manifest")
+        .arg(world.dir.path().join("bottle.toml"))
+        .args(["--backend", "docker", "--yes", "start", "echo", "--detach"])
+        .args(["--name", &world.name])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = start.spawn().unwrap();
+    wait_until("the agent's container to run", WAIT, || {
+        let out = world.bottle().args(["--json", "list"]).output().unwrap();
+        let all: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        all.iter().any(|b| {
+            b["name"] == format!("bot-bottle-{}", world.name).as_str() && b["state"] == "running"
+        })
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let listed = world.listed();
+    assert_eq!(listed["state"], "incomplete (running)", "{listed}");
+    world.bottle().args(["--yes", "cleanup"]).assert().success();
+    let out = world.bottle().args(["--json", "list"]).output().unwrap();
+    let all: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        !all.iter()
+            .any(|b| b["name"] == format!("bot-bottle-{}", world.name).as_str()),
+        "{all:?}"
+    );
+}
+
+/// A reset of a bottle with a detached agent starts the agent's command
+/// again in a new session, and says so; `--keep-stopped` leaves it
+/// stopped.
+#[test]
+fn a_reset_starts_a_detached_agent_again() {
+    let Some(world) = setup(
+        "a_reset_starts_a_detached_agent_again",
+        "reset-session",
+        false,
+    ) else {
+        return;
+    };
+    let _stop = scopeguard(&world);
+    world
+        .bottle()
+        .args(["--yes", "start", "echo", "--detach", "--name", &world.name])
+        .assert()
+        .success();
+    let first = holder_pid(&world);
+    let out = world
+        .bottle()
+        .args(["reset", &world.name])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(6) || stderr.contains("reset is unavailable") {
+        eprintln!("skipping: this host cannot reset ({stderr})");
+        return;
+    }
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("runs again in a new session"), "{stderr}");
+    wait_until("the new session's agent to run", WAIT, || {
+        world.listed()["agent_running"] == true
+    });
+    assert_ne!(holder_pid(&world), first, "a new holder");
+    let out = world
+        .bottle()
+        .args(["reset", &world.name, "--keep-stopped"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("stays stopped"), "{stderr}");
+    assert_ne!(world.listed()["agent_running"], true);
 }

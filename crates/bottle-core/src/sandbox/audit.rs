@@ -73,6 +73,19 @@ impl SandboxRecord {
         }
     }
 
+    /// The line of a call the host refused an answer for, because the
+    /// in-box agent's channel carried a frame it did not ask for
+    /// (`channel_violation`, denied, no evidence: there is no result).
+    pub fn channel_violation(bottle: &str, summary: &str) -> SandboxRecord {
+        SandboxRecord {
+            decision: "deny",
+            method: "EXEC",
+            path: summary.to_string(),
+            reason: "channel_violation".into(),
+            ..SandboxRecord::base(bottle)
+        }
+    }
+
     /// The line of one reset: `verified`, or what diverged (the bottle is
     /// then halted).
     pub fn reset(bottle: &str, outcome: &str, halted: bool, duration: Duration) -> SandboxRecord {

@@ -54,6 +54,19 @@ pub enum SandboxError {
         /// Why, a lowercase fragment.
         why: String,
     },
+    /// The in-box agent's channel carried what the host did not ask for:
+    /// a frame for another call, out of sequence, before a call was sent
+    /// or after its answer. The channel was closed and the call has no
+    /// result; the next call opens a new channel.
+    #[error("{bottle}: `{call}` has no result: the in-box agent's channel {why}, so it was closed")]
+    Channel {
+        /// The bottle.
+        bottle: String,
+        /// The call's summary, sanitized.
+        call: String,
+        /// What the channel carried, a lowercase fragment.
+        why: String,
+    },
     /// Reverting to the golden snapshot failed; the bottle was halted.
     #[error("{bottle}: reset failed and the bottle was halted: {why}")]
     Reset {
@@ -90,6 +103,7 @@ impl Coded for SandboxError {
             SandboxError::Tool { .. } => "BOT-X004",
             SandboxError::Reset { .. } => "BOT-X005",
             SandboxError::ResetDivergence { .. } => "BOT-X006",
+            SandboxError::Channel { .. } => "BOT-X007",
         }
     }
 
@@ -105,6 +119,9 @@ impl Coded for SandboxError {
             SandboxError::Tool { .. } => {
                 "check the program exists in the agent's image and the parameters are right".into()
             }
+            SandboxError::Channel { bottle, .. } => format!(
+                "run the call again (it gets a new channel); something in the box wrote to the channel, so read `bottle logs {bottle}` and do not trust what the box printed outside a result"
+            ),
             SandboxError::Reset { bottle, .. } => bottle_fix(bottle),
             SandboxError::ResetDivergence { report } => bottle_fix(&report.bottle),
         })

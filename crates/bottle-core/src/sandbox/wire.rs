@@ -3,8 +3,9 @@
 //!
 //! A frame is a 4-byte big-endian length followed by that many bytes of
 //! JSON. The host sends one [`Request`], the agent answers with one
-//! [`Response`] carrying the same `id`, one call at a time. The same code
-//! reads and writes frames on both ends, so they cannot disagree.
+//! [`Response`] carrying the same `id` and the channel's next `seq`, one
+//! call at a time. The same code reads and writes frames on both ends, so
+//! they cannot disagree.
 
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
@@ -14,7 +15,8 @@ use serde::{Deserialize, Serialize};
 use crate::sandbox::call::{Command, base64_bytes};
 
 /// The protocol's version; the agent states it in its [`Reply::Hello`].
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Version 2 numbers every response (`seq`).
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The largest frame either end accepts (a call's stdin, or a result's two
 /// capped outputs in base64, fit well below it).
@@ -60,6 +62,11 @@ pub enum Op {
 pub struct Response {
     /// The request's `id`.
     pub id: u64,
+    /// The response's place on its channel: 1 for the first (the hello's),
+    /// then one more for each. The host refuses any other, so a frame
+    /// repeated, dropped or slipped in between two of the agent's is
+    /// never taken for an answer.
+    pub seq: u64,
     /// The answer.
     #[serde(flatten)]
     pub reply: Reply,
@@ -197,6 +204,7 @@ mod tests {
             &mut buf,
             &Response {
                 id: 3,
+                seq: 2,
                 reply: Reply::OpenFds {
                     count: 9,
                     processes: 2,
@@ -206,7 +214,7 @@ mod tests {
         )
         .unwrap();
         expect_test::expect![[
-            r#"{"id":3,"reply":"open_fds","count":9,"processes":2,"unreadable":0}"#
+            r#"{"id":3,"seq":2,"reply":"open_fds","count":9,"processes":2,"unreadable":0}"#
         ]]
         .assert_eq(std::str::from_utf8(&buf[4..]).unwrap());
         assert_eq!(&buf[..4], &(buf.len() as u32 - 4).to_be_bytes());

@@ -13,8 +13,8 @@ use crate::isolation;
 use bottle_core::agent::AGENT_DIR;
 use bottle_core::ca_install::{self, CaBox, Entry, Refused, ToolRun};
 use bottle_core::display::escape_for_terminal;
-use bottle_core::sandbox::TOOLBOX_PATH;
 use bottle_core::sandbox::{SandboxError, reset};
+use bottle_core::sandbox::{TOOLBOX_MODE, TOOLBOX_PATH};
 
 use crate::bottle::{DockerBottle, container_entry, container_owner, exec_captured, upload};
 use crate::client::Engine;
@@ -40,8 +40,8 @@ impl<'a> Launch<'a, DockerPlanData> {
         let data = self.agent();
         // The agent's files are read and packed while the Engine works on
         // the bundle's steps.
-        let (arch, bundle_ip, isolation) = (data.arch.clone(), self.bundle.ip, self.plan.isolation);
-        let files = std::thread::spawn(move || agent_files(&arch, bundle_ip, isolation));
+        let (bundle_ip, isolation) = (self.bundle.ip, self.plan.isolation);
+        let files = std::thread::spawn(move || agent_files(bundle_ip, isolation));
         self.prepare_bundle()?;
         let (network, agent) = (self.bundle.network.clone(), data.container.clone());
         let (network, agent) = (&network, &agent);
@@ -63,12 +63,11 @@ impl<'a> Launch<'a, DockerPlanData> {
         self.create_agent(agent)?;
         self.step_done(Step::AgentCreate)?;
 
-        let (tar, toolbox_note) = files.join().unwrap_or_else(|_| {
+        let tar = files.join().unwrap_or_else(|_| {
             Err(DockerError::PlanData {
                 detail: "packing the agent's files panicked".into(),
             })
         })?;
-        self.note(&toolbox_note);
         upload(self.engine, agent, tar)?;
         // An image without a trust tool gets its CA through the archive
         // API alone, on a thread, while both containers start.
@@ -183,9 +182,13 @@ impl<'a> Launch<'a, DockerPlanData> {
     fn create_agent(&mut self, agent: &str) -> Result<(), DockerError> {
         let resolv = self.paths.agent_resolv_conf();
         data::write_file(&resolv, config::AGENT_RESOLV_CONF.as_bytes(), 0o644)?;
+        let agent_box = self.paths.agent_box();
+        let toolbox_note = fill_box(&agent_box, &self.agent().arch, self.plan.isolation)?;
+        self.note(&toolbox_note);
         let body = config::agent_container(
             self.plan,
             &resolv.display().to_string(),
+            &agent_box.display().to_string(),
             self.labels.for_role(role::AGENT),
         );
         let options = CreateContainerOptionsBuilder::default().name(agent).build();
@@ -448,25 +451,15 @@ impl CaBox for ContainerCaBox<'_> {
 /// `err` is: overlay2 answers "--storage-opt is supported only for overlay
 /// over xfs with 'pquota' mount option", other drivers name the option
 /// similarly. Only this refusal means "the storage cannot cap the layer".
-/// The `agent-files` archive: the keep-alive program, the in-box agent
-/// when one is found, and `/etc/bottle` with the MCP config (they depend
-/// on nothing that runs, so they go in this one upload rather than one
-/// each after the start); and the note saying which in-box agent.
+/// The `agent-files` archive: `/etc/bottle` with the MCP config (it
+/// depends on nothing that runs, so it goes in this one upload rather than
+/// after the start), and for a gVisor box a `/tmp` that is not empty.
 fn agent_files(
-    arch: &str,
     bundle_ip: std::net::Ipv4Addr,
     isolation: Isolation,
-) -> Result<(Vec<u8>, String), DockerError> {
-    let unsupported = || DockerError::UnsupportedArch {
-        arch: arch.to_string(),
-    };
-    let pause = pause_elf(arch).ok_or_else(unsupported)?;
+) -> Result<Vec<u8>, DockerError> {
     let mut tar = TarBuilder::new();
-    tar.dir(&entry_name("/.bottle"), 0o755, Ownership::ROOT)?;
-    tar.file(&entry_name(PAUSE_PATH), &pause, 0o755, Ownership::ROOT)?;
     if isolation == Isolation::Gvisor {
-        let uname = uname_elf(arch).ok_or_else(unsupported)?;
-        tar.file(&entry_name(UNAME_PATH), &uname, 0o755, Ownership::ROOT)?;
         // gVisor mounts a tmpfs of its own over an empty /tmp at boot,
         // which the host (`bottle cp`, the reset's snapshot) never sees:
         // a /tmp that is not empty stays the box's own directory, as in a
@@ -482,22 +475,44 @@ fn agent_files(
         0o644,
         Ownership::ROOT,
     )?;
-    let note = match toolbox::find_binary() {
+    tar.finish()
+}
+
+/// Fills the agent's box directory on the host, mounted read-only at
+/// `/.bottle`: the keep-alive program, and the in-box agent when one is
+/// found (execute-only, [`TOOLBOX_MODE`]), and in a gVisor box the
+/// kernel-identity program ([`UNAME_PATH`]). Returns the note saying which
+/// in-box agent. The directory is world-searchable: the keep-alive runs as
+/// a uid of its own.
+fn fill_box(
+    dir: &std::path::Path,
+    arch: &str,
+    isolation: Isolation,
+) -> Result<String, DockerError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let unsupported = || DockerError::UnsupportedArch {
+        arch: arch.to_string(),
+    };
+    let pause = pause_elf(arch).ok_or_else(unsupported)?;
+    let program = |path: &str| dir.join(path.rsplit('/').next().unwrap_or(path));
+    data::write_file(&program(PAUSE_PATH), &pause, 0o555)?;
+    if isolation == Isolation::Gvisor {
+        // Asks the box's kernel who it is, at the launch's check.
+        let uname = uname_elf(arch).ok_or_else(unsupported)?;
+        data::write_file(&program(UNAME_PATH), &uname, 0o555)?;
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+        .map_err(DockerError::io("set permissions of", dir))?;
+    Ok(match toolbox::find_binary() {
         Ok(binary) => {
-            tar.file(
-                &entry_name(TOOLBOX_PATH),
-                &binary.bytes,
-                0o755,
-                Ownership::ROOT,
-            )?;
+            data::write_file(&program(TOOLBOX_PATH), &binary.bytes, TOOLBOX_MODE)?;
             format!("toolbox: {} at {TOOLBOX_PATH}", binary.path.display())
         }
         Err(why) => format!(
             "toolbox: not installed, `bottle execute` is unavailable: {}",
             escape_for_terminal(&why)
         ),
-    };
-    Ok((tar.finish()?, note))
+    })
 }
 
 fn storage_opt_refusal(err: &bollard::errors::Error) -> Option<String> {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use bottle_core::sandbox::{SandboxError, ToolCall};
-use bottle_core::{Bottle, BottleBackend, Coded};
+use bottle_core::{BottleBackend, Coded};
 
 use crate::support::{self, name, sh};
 
@@ -52,9 +52,11 @@ fn tool_calls_run_through_one_in_box_agent_as_the_agents_user() {
     let name = name("execute");
     let (_guard, bottle) = fx.start(&name);
 
-    // The launch put the agent there, root's and read-only to the agent.
-    let installed = sh(&*bottle, "stat -c '%u %a' /.bottle/toolbox");
-    assert_eq!(text(&installed.stdout), "0 755\n");
+    // The launch put the agent there, execute-only, on a read-only mount.
+    let installed = sh(&*bottle, "stat -c '%a' /.bottle/toolbox");
+    assert_eq!(text(&installed.stdout), "111\n");
+    let mounted = sh(&*bottle, "grep ' /.bottle ' /proc/mounts");
+    assert!(text(&mounted.stdout).contains(" ro,"), "{mounted:?}");
     let listening_before = listeners(&*bottle);
     assert_eq!(toolbox_processes(&*bottle), 0);
 
@@ -164,27 +166,49 @@ fn tool_calls_run_through_one_in_box_agent_as_the_agents_user() {
     assert_eq!(text(&again.stdout), "again\n");
     assert_eq!(toolbox_processes(&*attached), 1);
 
-    // A bottle without the agent (as one launched without a static
-    // bottle-toolbox) says execute is unavailable and how to install it.
+    // Not even root in the box (which owns `/`) can put a program of its
+    // own where the host starts the in-box agent: the mount can be neither
+    // written nor renamed away.
     let docker_bottle = fx
         .backend
         .attach_bottle(&format!("bot-bottle-{name}"))
         .unwrap();
     let engine = fx.backend.engine().unwrap();
-    let removed = engine
-        .block_on(bottle_docker::bottle::exec_captured(
-            engine,
-            docker_bottle.container(),
-            &["rm".to_string(), "/.bottle/toolbox".to_string()],
-            Some("0:0"),
-        ))
-        .unwrap();
-    assert_eq!(removed.exit_code, 0, "{}", text(&removed.stderr));
-    let err = docker_bottle
-        .execute(&ToolCall::argv(["true"]))
+    for attempt in [
+        "rm -f /.bottle/toolbox",
+        "cp /bin/sh /.bottle/toolbox",
+        "mv /.bottle /bottle-moved",
+        "chmod 755 /.bottle/toolbox",
+    ] {
+        let tried = engine
+            .block_on(bottle_docker::bottle::exec_captured(
+                engine,
+                docker_bottle.container(),
+                &["sh".to_string(), "-c".to_string(), attempt.to_string()],
+                Some("0:0"),
+            ))
+            .unwrap();
+        assert_ne!(tried.exit_code, 0, "{attempt} worked as root in the box");
+    }
+    // The agent may end the in-box agent (its own user's process): the
+    // call in flight fails, and the next one starts the one from the mount
+    // again.
+    let killed = sh(
+        &*attached,
+        "for p in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $p/cmdline)\" in '/.bottle/toolbox '*) kill -9 ${p#/proc/};; esac; done",
+    );
+    assert_eq!(killed.exit_code, 0, "{}", text(&killed.stderr));
+    bottle_test_support::wait_until("the in-box agent to die", Duration::from_secs(10), || {
+        toolbox_processes(&*attached) == 0
+    });
+    let err = attached
+        .execute(&ToolCall::argv(["echo", "lost"]))
         .unwrap_err();
-    assert_eq!(err.code(), "BOT-X001", "{err}");
-    assert!(err.fix().unwrap().contains("BOTTLE_TOOLBOX_BIN"), "{err}");
+    assert_eq!(err.code(), "BOT-X004", "{err}");
+    let again = attached
+        .execute(&ToolCall::argv(["echo", "still"]))
+        .unwrap();
+    assert_eq!(text(&again.stdout), "still\n");
 
     // A bottle whose container is gone cannot start an agent; that is not
     // a bottle without one (BOT-X001). The first call finds its channel
@@ -193,4 +217,118 @@ fn tool_calls_run_through_one_in_box_agent_as_the_agents_user() {
     assert!(attached.execute(&ToolCall::argv(["true"])).is_err());
     let err = attached.execute(&ToolCall::argv(["true"])).unwrap_err();
     assert_eq!(err.code(), "BOT-X002", "{err}");
+}
+
+/// What a forging attack's log says, once its last round is done.
+fn attack_log(bottle: &dyn bottle_core::Bottle, log: &str) -> String {
+    let mut said = String::new();
+    bottle_test_support::wait_until("the attack to finish", Duration::from_secs(30), || {
+        said = text(&sh(bottle, &format!("cat {log} 2>/dev/null")).stdout).to_string();
+        said.ends_with("done\n")
+    });
+    said
+}
+
+/// A call's outcome: the real one, or a `BOT-X` error; never the forged.
+fn real_or_refused(
+    outcome: Result<bottle_core::sandbox::ToolResult, SandboxError>,
+    real: &[u8],
+    exit_code: i32,
+) {
+    match outcome {
+        Ok(result) => {
+            assert!(
+                !text(&result.stdout).contains(bottle_test_support::forge::FORGED),
+                "a forged result was taken: {result:?}"
+            );
+            assert_eq!((result.exit_code, &result.stdout[..]), (exit_code, real));
+        }
+        Err(err) => assert!(err.code().starts_with("BOT-X"), "{err}"),
+    }
+}
+
+#[test]
+fn the_agent_cannot_forge_or_plant_a_tool_result() {
+    let test = "the_agent_cannot_forge_or_plant_a_tool_result";
+    if std::env::var_os("BOTTLE_TOOLBOX_BIN").is_none() {
+        support::unavailable(
+            test,
+            "BOTTLE_TOOLBOX_BIN is not set (`cargo xtask dist` builds the static bottle-toolbox)",
+        );
+        return;
+    }
+    let Some(fx) = support::setup(test) else {
+        return;
+    };
+    let name = name("forge");
+    let (_guard, bottle) = fx.start(&name);
+
+    // The attack of issue 25, from inside the call itself: while the call
+    // runs, the agent (the call's own user) writes a forged answer into
+    // the in-box agent's stdout, then the call prints its real output.
+    let attack = bottle_test_support::forge::attack_script(
+        bottle_test_support::forge::IN_BOX,
+        "/tmp/forge.log",
+        1,
+        "0",
+    );
+    let call = ToolCall::argv([
+        "sh".to_string(),
+        "-c".to_string(),
+        format!("( {attack} ) > /dev/null 2>&1 & sleep 0.3; echo real-output; exit 3"),
+    ]);
+    real_or_refused(bottle.execute(&call), b"real-output\n", 3);
+    let said = attack_log(&*bottle, "/tmp/forge.log");
+    // The attack found the in-box agent and was refused; the same write
+    // to a process of its own uid went through, so the method works.
+    assert!(
+        said.contains(": denied\n") && !said.contains("toolbox: not found"),
+        "{said}"
+    );
+    assert!(
+        !said
+            .lines()
+            .any(|l| l.starts_with("toolbox") && l.ends_with("wrote")),
+        "{said}"
+    );
+    assert!(said.contains("control: wrote\n"), "{said}");
+
+    // Planted ahead: a process the first call leaves behind keeps writing
+    // forged answers into the channel the bottle keeps open, while later
+    // calls (a program, then a built-in tool) are sent.
+    let attack = bottle_test_support::forge::attack_script(
+        bottle_test_support::forge::IN_BOX,
+        "/tmp/plant.log",
+        10,
+        "0.1",
+    );
+    let planter = ToolCall::argv([
+        "sh".to_string(),
+        "-c".to_string(),
+        format!("( {attack} ) > /dev/null 2>&1 &"),
+    ]);
+    real_or_refused(bottle.execute(&planter), b"", 0);
+    for _ in 0..5 {
+        real_or_refused(
+            bottle.execute(&ToolCall::argv(["echo", "real-later"])),
+            b"real-later\n",
+            0,
+        );
+        real_or_refused(
+            bottle.execute(&ToolCall::tool(
+                "read_file",
+                serde_json::json!({"path": "/etc/hostname"}),
+            )),
+            &sh(&*bottle, "cat /etc/hostname").stdout,
+            0,
+        );
+    }
+    let said = attack_log(&*bottle, "/tmp/plant.log");
+    assert!(
+        !said
+            .lines()
+            .any(|l| l.starts_with("toolbox") && l.ends_with("wrote")),
+        "{said}"
+    );
+    assert!(said.contains("control: wrote\n"), "{said}");
 }

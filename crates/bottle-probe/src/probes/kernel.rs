@@ -169,7 +169,7 @@ fn tiocsti() -> Attempt {
     Attempt::blocked(seen.join("; "))
 }
 
-fn ptrace_pid(pid: nix::unistd::Pid, timeout: Duration) -> Attempt {
+pub(super) fn ptrace_pid(pid: nix::unistd::Pid, timeout: Duration) -> Attempt {
     use nix::sys::ptrace;
     use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
     match ptrace::attach(pid) {

@@ -18,6 +18,7 @@ mod privilege;
 mod proxy;
 mod resources;
 mod secrets;
+mod toolbox;
 
 use std::io::Write;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -198,6 +199,7 @@ pub fn catalogue(config: &ProbeConfig) -> Vec<Probe> {
     all.extend(filesystem::probes());
     all.extend(kernel::probes());
     all.extend(privilege::probes());
+    all.extend(toolbox::probes());
     all.extend(secrets::probes());
     all.extend(operator::probes());
     all.extend(git::probes());

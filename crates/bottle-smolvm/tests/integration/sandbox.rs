@@ -292,3 +292,109 @@ fn a_record_changed_behind_bottles_back_halts_the_reset_and_is_never_started() {
     );
     stopped_clean(&s);
 }
+
+/// Waits for the forging attack logging to `log` to finish its rounds.
+fn attack_log(bottle: &dyn Bottle, log: &str) -> String {
+    let mut said = String::new();
+    bottle_test_support::wait_until("the attack to finish", Duration::from_secs(30), || {
+        said = sh(bottle, &format!("cat {log} 2>/dev/null || true"));
+        said.ends_with("done\n")
+    });
+    said
+}
+
+/// A call's outcome: the real one, or a `BOT-X` error; never the forged.
+fn real_or_refused(
+    outcome: Result<bottle_core::sandbox::ToolResult, SandboxError>,
+    real: &[u8],
+    exit_code: i32,
+) {
+    match outcome {
+        Ok(result) => {
+            assert!(
+                !String::from_utf8_lossy(&result.stdout)
+                    .contains(bottle_test_support::forge::FORGED),
+                "a forged result was taken: {result:?}"
+            );
+            assert_eq!((result.exit_code, &result.stdout[..]), (exit_code, real));
+        }
+        Err(err) => assert!(err.code().starts_with("BOT-X"), "{err}"),
+    }
+}
+
+fn no_toolbox_write(said: &str) -> bool {
+    !said
+        .lines()
+        .any(|l| l.starts_with("toolbox") && l.ends_with("wrote"))
+}
+
+#[test]
+fn the_agent_cannot_forge_or_plant_a_tool_result() {
+    let Some((s, bottle)) = launched("") else {
+        return;
+    };
+    // The attack of issue 25 from inside a call: a forged answer written
+    // into the in-box agent's stdout while the call runs.
+    let attack = bottle_test_support::forge::attack_script(
+        bottle_test_support::forge::IN_BOX,
+        "/tmp/forge.log",
+        1,
+        "0",
+    );
+    let call = ToolCall::argv([
+        "sh".to_string(),
+        "-c".to_string(),
+        format!("( {attack} ) > /dev/null 2>&1 & sleep 0.3; echo real-output; exit 3"),
+    ]);
+    real_or_refused(bottle.execute(&call), b"real-output\n", 3);
+    let said = attack_log(bottle.as_ref(), "/tmp/forge.log");
+    assert!(
+        said.contains(": denied\n") && !said.contains("toolbox: not found"),
+        "{said}"
+    );
+    assert!(no_toolbox_write(&said), "{said}");
+    // The same write into a process of the call's own uid goes through.
+    assert!(said.contains("control: wrote\n"), "{said}");
+    // The calls hold no capability (the fake's guest root has them all):
+    // none to trace the in-box agent with.
+    assert_eq!(
+        sh(
+            bottle.as_ref(),
+            "grep -E '^Cap(Prm|Eff|Bnd|Amb)' /proc/self/status | cut -f2 | sort -u"
+        ),
+        "0000000000000000\n"
+    );
+
+    // Planted ahead, through the channel the bottle keeps open.
+    let attack = bottle_test_support::forge::attack_script(
+        bottle_test_support::forge::IN_BOX,
+        "/tmp/plant.log",
+        10,
+        "0.1",
+    );
+    let planter = ToolCall::argv([
+        "sh".to_string(),
+        "-c".to_string(),
+        format!("( {attack} ) > /dev/null 2>&1 &"),
+    ]);
+    real_or_refused(bottle.execute(&planter), b"", 0);
+    for _ in 0..5 {
+        real_or_refused(
+            bottle.execute(&ToolCall::argv(["echo", "real-later"])),
+            b"real-later\n",
+            0,
+        );
+        real_or_refused(
+            bottle.execute(&ToolCall::tool(
+                "read_file",
+                serde_json::json!({"path": "/etc/bottle/env"}),
+            )),
+            sh(bottle.as_ref(), "cat /etc/bottle/env").as_bytes(),
+            0,
+        );
+    }
+    let said = attack_log(bottle.as_ref(), "/tmp/plant.log");
+    assert!(no_toolbox_write(&said), "{said}");
+    assert!(said.contains("control: wrote\n"), "{said}");
+    stopped_clean(&s);
+}

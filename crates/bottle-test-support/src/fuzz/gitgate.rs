@@ -4,7 +4,7 @@
 //! packets, oversize lines and HTTP framing.
 
 use super::mutate::{Case, framed_body, mutate_bytes};
-use super::rng::Rng;
+use crate::rng::Rng;
 
 const ZERO: &str = "0000000000000000000000000000000000000000";
 const ONE: &str = "1111111111111111111111111111111111111111";
@@ -125,7 +125,7 @@ fn receive_body(rng: &mut Rng) -> Vec<u8> {
     }
     out.extend_from_slice(b"0000");
     out.extend_from_slice(b"PACK\0\0\0\x02\0\0\0\x01");
-    out.extend(rng.bytes(64));
+    out.extend(rng.bytes_below(64));
     out
 }
 
@@ -137,7 +137,7 @@ fn mutate_pkt(rng: &mut Rng, body: &mut Vec<u8>) {
             // Any length 0000-ffff, with or without the bytes it promises.
             let len = rng.below(0x1_0000);
             let mut line = format!("{len:04x}").into_bytes();
-            line.extend(rng.bytes(len.min(2048) + 1));
+            line.extend(rng.bytes_below(len.min(2048) + 1));
             body.splice(at..at, line);
         }
         1 => {

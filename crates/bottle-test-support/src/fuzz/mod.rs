@@ -23,7 +23,6 @@ pub mod bundle;
 pub mod gitgate;
 pub mod mutate;
 pub mod proxy;
-pub mod rng;
 pub mod supervise;
 
 use std::collections::BTreeMap;
@@ -31,12 +30,12 @@ use std::fmt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::rng::Rng;
 use bundle::{
     Bundle, DENIED_HOST, HEADER_READ_TIMEOUT, HalfClose, IDLE_TIMEOUT, MARGIN, REPO, exchange,
 };
 use mutate::{Case, Delivery};
 use proxy::ProxyHosts;
-use rng::Rng;
 
 /// A daemon under fuzz.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::rng::Rng;
+use crate::rng::Rng;
 
 /// How a case's bytes reach the daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,7 +93,7 @@ pub fn mutate_bytes(rng: &mut Rng, input: &mut Vec<u8>) {
             }
             4 => input.truncate(at),
             5 => {
-                let random = rng.bytes(32);
+                let random = rng.bytes_below(32);
                 input.splice(at..at, random);
             }
             6 => {

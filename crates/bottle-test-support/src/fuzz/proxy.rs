@@ -3,7 +3,7 @@
 //! bodies), then mutated at the HTTP level and below.
 
 use super::mutate::{Case, find, framed_body, mutate_bytes, replace_first};
-use super::rng::Rng;
+use crate::rng::Rng;
 
 /// The authorities a proxy case may name.
 #[derive(Debug, Clone)]
@@ -45,12 +45,12 @@ fn seed(rng: &mut Rng, allowed: &str, denied: &str) -> Vec<u8> {
             if rng.one_in(2) {
                 out.extend(format!("GET /x HTTP/1.1\r\nHost: {other}\r\n\r\n").into_bytes());
             } else {
-                out.extend(rng.bytes(300));
+                out.extend(rng.bytes_below(300));
             }
             out
         }
         3 => {
-            let body = rng.bytes(200);
+            let body = rng.bytes_below(200);
             let (framing, body) = framed_body(rng, &body);
             let mut out = format!("POST http://{target}/upload HTTP/1.1\r\nHost: {target}\r\n{framing}\r\n")
                 .into_bytes();

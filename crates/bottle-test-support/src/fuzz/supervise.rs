@@ -3,7 +3,7 @@
 //! inside valid and mutated HTTP.
 
 use super::mutate::{Case, framed_body, mutate_bytes};
-use super::rng::Rng;
+use crate::rng::Rng;
 
 /// Case `rng` for supervise; `denied` is a host the proxy must keep
 /// refusing whatever supervise is asked.

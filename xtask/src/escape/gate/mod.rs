@@ -20,7 +20,8 @@
 //! the host; `faults`: the fault phases; `prepare`: what the run builds
 //! first; `leftovers`: what a run must not leave behind; `operator`: what
 //! agent text does to the operator's terminal; `git_repos`: each agent's
-//! bare repository on the host, seeded and read back with real git.
+//! bare repository on the host, seeded and read back with real git;
+//! `toolbox`: the in-box agent's channel attacked from a tool call.
 
 mod audit_log;
 mod bottle_posture;
@@ -33,6 +34,7 @@ mod operator;
 mod prepare;
 mod probing;
 mod split;
+mod toolbox;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -384,6 +386,8 @@ impl Gate {
             targets_a.clone(),
             ProbeSet::Full,
         )?;
+        progress("attacking A's in-box agent from a tool call");
+        self.toolbox_phase("bottle A", &a, targets_a.clone())?;
         progress("probing bottle B");
         let targets_b = self.targets(&b, &a);
         self.probe_phase("bottle B", &mut b, Some(&a), targets_b, ProbeSet::Full)?;
