@@ -18,6 +18,14 @@
 //!   nothing a call starts, can hold `CAP_SYS_PTRACE` (or any other)
 //!   either.
 //!
+//! - **a channel nobody can reopen**: its stdin, stdout and stderr (the
+//!   pipes of the exec the host started it through) get mode 0, so a
+//!   reopen through `/proc/<pid>/fd/N`, which checks the pipe's own mode,
+//!   fails for every uid without `CAP_DAC_OVERRIDE`. On Linux dumpability
+//!   already stops it; gVisor 20221219 lets the same uid list and reopen a
+//!   non-dumpable process's descriptors, and this is what keeps the agent
+//!   off the channel in a gVisor box (it does refuse `ptrace`).
+//!
 //! What stays possible: the agent can signal it (same uid), which ends the
 //! channel: the host then answers the call with an error, never a result.
 
@@ -39,15 +47,35 @@ pub(crate) fn guard() -> Result<(), String> {
                 .map_err(|err| format!("cannot clear its bounding set: {err}"))?;
         }
     }
-    for set in [
-        CapSet::Ambient,
-        CapSet::Inheritable,
-        CapSet::Effective,
-        CapSet::Permitted,
-    ] {
+    for set in [CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
         caps::clear(None, set).map_err(|err| format!("cannot clear its {set:?} set: {err}"))?;
     }
+    // The ambient set is a subset of permitted and inheritable, both empty
+    // now; a kernel without ambient capabilities (gVisor 20221219 answers
+    // PR_CAP_AMBIENT_CLEAR_ALL with EINVAL) has nothing to clear.
+    if let Err(err) = caps::clear(None, CapSet::Ambient) {
+        let empty = |set| caps::read(None, set).is_ok_and(|caps| caps.is_empty());
+        if !(empty(CapSet::Permitted) && empty(CapSet::Inheritable)) {
+            return Err(format!("cannot clear its Ambient set: {err}"));
+        }
+    }
     nix::sys::prctl::set_no_new_privs().map_err(|err| format!("cannot set no_new_privs: {err}"))?;
+    // Pipes and sockets only (a terminal's mode is its owner's, and shared
+    // with everything on it), and best effort: the escape gate's toolbox
+    // probes check the result in each tier.
+    use std::os::fd::AsFd as _;
+    let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
+    for fd in [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()] {
+        let kind = nix::sys::stat::fstat(fd).map(|st| {
+            nix::sys::stat::SFlag::from_bits_truncate(
+                st.st_mode & nix::sys::stat::SFlag::S_IFMT.bits(),
+            )
+        });
+        if matches!(kind, Ok(k) if k == nix::sys::stat::SFlag::S_IFIFO || k == nix::sys::stat::SFlag::S_IFSOCK)
+        {
+            let _ = nix::sys::stat::fchmod(fd, nix::sys::stat::Mode::empty());
+        }
+    }
     if nix::sys::prctl::get_dumpable().unwrap_or(true) {
         return Err("it is still dumpable".into());
     }

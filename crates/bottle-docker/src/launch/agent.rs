@@ -478,6 +478,10 @@ fn agent_files(
     tar.finish()
 }
 
+/// The in-box agent's mode in a gVisor box: readable, because gVisor
+/// cannot execute a program its caller cannot read.
+const GVISOR_TOOLBOX_MODE: u32 = 0o555;
+
 /// Fills the agent's box directory on the host, mounted read-only at
 /// `/.bottle`: the keep-alive program, and the in-box agent when one is
 /// found (execute-only, [`TOOLBOX_MODE`]), and in a gVisor box the
@@ -505,7 +509,15 @@ fn fill_box(
         .map_err(DockerError::io("set permissions of", dir))?;
     Ok(match toolbox::find_binary() {
         Ok(binary) => {
-            data::write_file(&program(TOOLBOX_PATH), &binary.bytes, TOOLBOX_MODE)?;
+            // gVisor (20221219) loads a program with its caller's
+            // credentials and cannot run one they cannot read: there the
+            // in-box agent is readable and makes itself non-dumpable with
+            // its first instructions (docs/SECURITY.md, gVisor).
+            let mode = match isolation {
+                Isolation::Container => TOOLBOX_MODE,
+                Isolation::Gvisor => GVISOR_TOOLBOX_MODE,
+            };
+            data::write_file(&program(TOOLBOX_PATH), &binary.bytes, mode)?;
             format!("toolbox: {} at {TOOLBOX_PATH}", binary.path.display())
         }
         Err(why) => format!(

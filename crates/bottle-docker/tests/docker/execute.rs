@@ -262,7 +262,12 @@ fn the_agent_cannot_forge_or_plant_a_tool_result() {
     };
     let name = name("forge");
     let (_guard, bottle) = fx.start(&name);
+    the_agent_is_kept_off_the_channel(&*bottle);
+}
 
+/// The forged-result and planted-frame attacks of issue 25 against
+/// `bottle`'s in-box agent (a container's or a gVisor box's).
+pub(crate) fn the_agent_is_kept_off_the_channel(bottle: &dyn bottle_core::Bottle) {
     // The attack of issue 25, from inside the call itself: while the call
     // runs, the agent (the call's own user) writes a forged answer into
     // the in-box agent's stdout, then the call prints its real output.
@@ -278,7 +283,7 @@ fn the_agent_cannot_forge_or_plant_a_tool_result() {
         format!("( {attack} ) > /dev/null 2>&1 & sleep 0.3; echo real-output; exit 3"),
     ]);
     real_or_refused(bottle.execute(&call), b"real-output\n", 3);
-    let said = attack_log(&*bottle, "/tmp/forge.log");
+    let said = attack_log(bottle, "/tmp/forge.log");
     // The attack found the in-box agent and was refused; the same write
     // to a process of its own uid went through, so the method works.
     assert!(
@@ -319,11 +324,11 @@ fn the_agent_cannot_forge_or_plant_a_tool_result() {
                 "read_file",
                 serde_json::json!({"path": "/etc/hostname"}),
             )),
-            &sh(&*bottle, "cat /etc/hostname").stdout,
+            &sh(bottle, "cat /etc/hostname").stdout,
             0,
         );
     }
-    let said = attack_log(&*bottle, "/tmp/plant.log");
+    let said = attack_log(bottle, "/tmp/plant.log");
     assert!(
         !said
             .lines()

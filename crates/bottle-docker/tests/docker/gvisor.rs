@@ -169,6 +169,24 @@ fn a_gvisor_box_runs_under_runsc_and_works_like_a_container() {
 }
 
 #[test]
+fn the_agent_cannot_forge_or_plant_a_tool_result_in_a_gvisor_box() {
+    let test = "the_agent_cannot_forge_or_plant_a_tool_result_in_a_gvisor_box";
+    if std::env::var_os("BOTTLE_TOOLBOX_BIN").is_none() {
+        support::unavailable(
+            test,
+            "BOTTLE_TOOLBOX_BIN is not set (`cargo xtask dist` builds the static bottle-toolbox)",
+        );
+        return;
+    }
+    let Some(fx) = setup_with_runtime(test, "runsc") else {
+        return;
+    };
+    let name = name("gvforge");
+    let (_guard, bottle) = start_gvisor(&fx, &name);
+    crate::execute::the_agent_is_kept_off_the_channel(&bottle);
+}
+
+#[test]
 fn a_host_process_left_in_the_boxs_cgroup_halts_the_reset() {
     let test = "a_host_process_left_in_the_boxs_cgroup_halts_the_reset";
     let Some(fx) = setup_with_runtime(test, "runsc") else {
