@@ -127,6 +127,16 @@ fn probe<T: serde::de::DeserializeOwned>(
     serde_json::from_slice(&body).map_err(ProbeError::Json)
 }
 
+/// `GET` `request`'s JSON answer from the daemon at `socket`, or why it
+/// could not be had, in one line.
+pub(crate) fn probe_json<T: serde::de::DeserializeOwned>(
+    socket: &Path,
+    timeout: Duration,
+    request: &[u8],
+) -> Result<T, String> {
+    probe(socket, timeout, request).map_err(|err| err.summary())
+}
+
 fn snippet(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(body);
     let text = text.trim();

@@ -124,6 +124,9 @@ pub struct Context<'a> {
     pub toolbox_bin: Option<OsString>,
     /// The running `bottle`, whose directory the bundle is looked up from.
     pub exe: Option<PathBuf>,
+    /// The name the daemon's gVisor runtime is registered under
+    /// (`BOTTLE_GVISOR_RUNTIME`; `None`: `runsc`).
+    pub gvisor_runtime: Option<String>,
 }
 
 impl<'a> Context<'a> {
@@ -143,6 +146,9 @@ impl<'a> Context<'a> {
             bundle_bin: std::env::var_os(bottle_core::bundle_binary::BUNDLE_BIN_ENV),
             toolbox_bin: std::env::var_os(bottle_core::bundle_binary::TOOLBOX_BIN_ENV),
             exe: std::env::current_exe().ok(),
+            gvisor_runtime: std::env::var(crate::gvisor::RUNTIME_ENV)
+                .ok()
+                .filter(|name| !name.trim().is_empty()),
         }
     }
 
@@ -166,6 +172,7 @@ impl std::fmt::Debug for Context<'_> {
             .field("bundle_bin", &self.bundle_bin)
             .field("toolbox_bin", &self.toolbox_bin)
             .field("exe", &self.exe)
+            .field("gvisor_runtime", &self.gvisor_runtime)
             .finish_non_exhaustive()
     }
 }

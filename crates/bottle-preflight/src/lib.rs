@@ -1,5 +1,6 @@
 //! `bottle-preflight` owns host checks (platform, KVM, smolvm, Docker,
-//! kernel, the bundle binary, the in-box agent binary) for `bottle doctor` and for each backend's `preflight()`. It only
+//! the daemon's gVisor runtime, kernel, the bundle binary, the in-box agent
+//! binary) for `bottle doctor` and for each backend's `preflight()`. It only
 //! observes; it never changes the host.
 //!
 //! Every check returns a [`Check`] (stable id, status, message, remediation).
@@ -19,6 +20,7 @@ pub mod bundle;
 pub mod check;
 pub mod docker;
 pub mod error;
+pub mod gvisor;
 pub mod host;
 pub mod kernel;
 pub mod kvm;
@@ -37,7 +39,7 @@ pub use kernel::kernel_version;
 pub use report::Report;
 
 /// Every check id, in the order [`run_all`] reports them.
-pub const ALL_IDS: [&str; 13] = [
+pub const ALL_IDS: [&str; 14] = [
     platform::ID,
     kernel::ID,
     kvm::DEVICE_ID,
@@ -49,6 +51,7 @@ pub const ALL_IDS: [&str; 13] = [
     smolvm::ID,
     docker::ID,
     docker::DISK_QUOTA_ID,
+    gvisor::ID,
     bundle::ID,
     toolbox::ID,
 ];
@@ -92,6 +95,16 @@ pub fn run_all(ctx: &Context<'_>) -> Vec<Check> {
     } else {
         docker::check_disk_quota(ctx)
     };
+    let gvisor = if daemon.status == Status::Fail {
+        Check::new(
+            gvisor::ID,
+            gvisor::TITLE,
+            Status::Skip,
+            "not checked: the docker daemon is not reachable".to_owned(),
+        )
+    } else {
+        gvisor::check_gvisor(ctx)
+    };
     vec![
         platform::check_platform(ctx),
         settle(kernel::ID, kernel::TITLE, false, kernel::check_kernel(ctx)),
@@ -124,6 +137,7 @@ pub fn run_all(ctx: &Context<'_>) -> Vec<Check> {
         smolvm::check_smolvm(ctx),
         daemon,
         disk_quota,
+        gvisor,
         settle(bundle::ID, bundle::TITLE, true, bundle::check_bundle(ctx)),
         settle(
             toolbox::ID,

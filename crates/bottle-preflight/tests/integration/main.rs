@@ -8,6 +8,7 @@
 
 mod bundle;
 mod docker;
+mod gvisor;
 mod kernel;
 mod kvm;
 mod platform;

@@ -77,6 +77,7 @@ impl FakeHost {
             bundle_bin: None,
             toolbox_bin: None,
             exe: None,
+            gvisor_runtime: None,
         }
     }
 }
