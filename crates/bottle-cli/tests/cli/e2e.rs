@@ -99,6 +99,24 @@ impl Bottles {
         name
     }
 
+    /// `bottle ARGS` on the docker backend: its exit code and both streams.
+    pub(crate) fn cli(&self, args: &[&str]) -> (Option<i32>, String) {
+        let out = bottle(&self.state)
+            .args(["--backend", "docker"])
+            .args(args)
+            .timeout(EXEC_LIMIT)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
+
     /// `bottle exec NAME -- timeout N sh -c SCRIPT`: whether it succeeded,
     /// and both streams.
     pub(crate) fn exec(&self, name: &str, script: &str) -> (bool, String) {

@@ -14,6 +14,12 @@
 //! format of `bottle_test_support::corp_net::write_corpus`): the corpus
 //! bottle-bundle's scanner replay test reads.
 //!
+//! The same day runs again in a gVisor bottle of the same image
+//! (`isolation = "gvisor"`, issue 29), which the operator then drives the
+//! way an orchestrator does: `bottle cp` in, `bottle execute` a tool call,
+//! a verified `bottle reset`. Without the daemon's `runsc` that test skips
+//! with a printed line (a failure under `BOTTLE_REQUIRE_GVISOR=1`).
+//!
 //! Run by `cargo xtask test`, which builds the image. Run directly, it
 //! skips with a printed line unless `BOTTLE_TEST_DEBIAN_IMAGE` and
 //! `BOTTLE_BUNDLE_BIN` are set, and fails instead under
@@ -32,6 +38,7 @@ use bottle_test_support::{skip_docker_test, temp_state_root};
 use crate::e2e::{Bottles, both, host_curl as curl_via, run, shell_quote};
 
 const TEST: &str = "real_clients_work_through_a_bottle_with_no_finding";
+const GVISOR_TEST: &str = "real_clients_work_through_a_gvisor_bottle_with_no_finding";
 const IMAGE_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
 /// Where the corpus of recorded requests is written, when set.
 const CORPUS_ENV: &str = "BOTTLE_RECORD_CLIENT_CORPUS";
@@ -236,10 +243,33 @@ print("websocket-client echoed both")
 
 #[test]
 fn real_clients_work_through_a_bottle_with_no_finding() {
+    a_clients_day(TEST, "container");
+}
+
+#[test]
+fn real_clients_work_through_a_gvisor_bottle_with_no_finding() {
+    if let Err(why) = bottle_test_support::daemon_has_runtime("runsc") {
+        if why.starts_with("cannot") {
+            skip_docker_test(GVISOR_TEST, why);
+        } else {
+            bottle_test_support::skip_gvisor_test(GVISOR_TEST, why);
+        }
+        return;
+    }
+    a_clients_day(GVISOR_TEST, "gvisor");
+}
+
+/// The real clients' day in one bottle of tier `isolation`; a gVisor one
+/// is then driven as an orchestrator drives it.
+#[expect(
+    clippy::print_stderr,
+    reason = "the test's timings and the corpus it wrote go to the test output"
+)]
+fn a_clients_day(test: &str, isolation: &str) {
     let _serial = crate::one_launch_at_a_time();
     let Ok(image) = std::env::var(IMAGE_ENV) else {
         skip_docker_test(
-            TEST,
+            test,
             format!(
                 "{IMAGE_ENV} is not set (run `cargo xtask agent-image` and set it to the tag it prints, or run `cargo xtask test`)"
             ),
@@ -248,7 +278,7 @@ fn real_clients_work_through_a_bottle_with_no_finding() {
     };
     if std::env::var_os("BOTTLE_BUNDLE_BIN").is_none() {
         skip_docker_test(
-            TEST,
+            test,
             "BOTTLE_BUNDLE_BIN is not set (run `cargo xtask dist`)",
         );
         return;
@@ -259,7 +289,7 @@ fn real_clients_work_through_a_bottle_with_no_finding() {
     let _iface = match TestInterface::create(INTERFACE, &[IpAddr::V4(CORP_PROXY)]) {
         Ok(iface) => iface,
         Err(why) => {
-            skip_docker_test(TEST, why);
+            skip_docker_test(test, why);
             return;
         }
     };
@@ -324,7 +354,7 @@ fn real_clients_work_through_a_bottle_with_no_finding() {
     std::fs::write(
         &manifest,
         format!(
-            "[agents.clients]\nimage = \"{image}\"\ncommand = [\"/bin/bash\"]\n\n[agents.clients.egress]\n\
+            "[agents.clients]\nimage = \"{image}\"\ncommand = [\"/bin/bash\"]\nisolation = \"{isolation}\"\n\n[agents.clients.egress]\n\
              allow = [{}]\nports = [443]\nresolve = {{ {} }}\nupstream_ca = [\"{}\"]\n\
              on_secret = {{ \"{REDACT}\" = \"redact\" }}\n",
             allow.join(", "),
@@ -638,19 +668,24 @@ fn real_clients_work_through_a_bottle_with_no_finding() {
         .any(|r| String::from_utf8_lossy(&r.body).contains(AWS));
     check("no upstream received the real key", !leaked, "");
 
-    // The corpus: what the clients in the bottle sent, as the upstream got it.
-    if let Some(corpus) = std::env::var_os(CORPUS_ENV) {
+    if isolation == "gvisor" {
+        orchestrated(&bottles, &name, dir.path(), &mut check);
+    }
+
+    // The corpus: what the clients in the bottle sent, as the upstream got
+    // it (from the container tier's run).
+    if let Some(corpus) = std::env::var_os(CORPUS_ENV).filter(|_| isolation == "container") {
         let recorded = net.recorded_requests();
         let written = write_corpus(Path::new(&corpus), &recorded[controls..clients_sent]).unwrap();
         eprintln!(
-            "{TEST}: wrote {} requests ({} recorded) to {}",
+            "{test}: wrote {} requests ({} recorded) to {}",
             written.len(),
             clients_sent - controls,
             Path::new(&corpus).display()
         );
     }
     eprintln!(
-        "{TEST}: launched in {:.1}s, done in {:.1}s",
+        "{test}: launched in {:.1}s, done in {:.1}s",
         launched.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
@@ -660,5 +695,62 @@ fn real_clients_work_through_a_bottle_with_no_finding() {
         failures.len(),
         failures.join("\n"),
         answered_errors.join("\n")
+    );
+}
+
+/// What an orchestrator does with a bottle through the CLI: `bottle cp` a
+/// file in, run a tool call through `bottle execute`, and return the box
+/// to its golden snapshot with a verified `bottle reset`, after which the
+/// bundle still serves it.
+fn orchestrated(
+    bottles: &Bottles,
+    name: &str,
+    dir: &Path,
+    check: &mut dyn FnMut(&str, bool, &str),
+) {
+    let file = dir.join("handed-in.txt");
+    std::fs::write(&file, "handed in by the operator\n").unwrap();
+    let (code, out) = bottles.cli(&["cp", file.to_str().unwrap(), &format!("{name}:/tmp")]);
+    check("bottle cp copies in", code == Some(0), &out);
+    let (ok, out) = bottles.exec(name, "cat /tmp/handed-in.txt");
+    check(
+        "the box sees the copied file",
+        ok && out == "handed in by the operator\n",
+        &out,
+    );
+    if std::env::var_os("BOTTLE_TOOLBOX_BIN").is_some() {
+        let (code, out) = bottles.cli(&[
+            "execute",
+            name,
+            "--",
+            "sh",
+            "-c",
+            "echo tool > ~/from-a-tool && cat ~/from-a-tool",
+        ]);
+        check(
+            "bottle execute runs a tool call",
+            code == Some(0) && out == "tool\n",
+            &out,
+        );
+    }
+    let (code, out) = bottles.cli(&["reset", name]);
+    check(
+        "bottle reset verifies from three sources",
+        code == Some(0) && out.contains("reset verified"),
+        &out,
+    );
+    let (_, out) = bottles.exec(
+        name,
+        "for f in ~/from-a-tool ~/npm-app ~/venv ~/app /tmp/handed-in.txt; do [ -e $f ] && echo left $f; done; echo checked",
+    );
+    check("the reset reverted the box", out == "checked\n", &out);
+    let (ok, out) = bottles.exec(
+        name,
+        &format!("curl -sS -o /dev/null -w '%{{http_code}}' https://{FILES}/hello.txt"),
+    );
+    check(
+        "after the reset the bundle still serves the box",
+        ok && out == "200",
+        &out,
     );
 }
