@@ -20,6 +20,14 @@ pub struct ProbeConfig {
     /// Run only these probes (by name); empty: all.
     #[serde(default)]
     pub only: Vec<String>,
+    /// Leave these probes out (by name), after `only`.
+    #[serde(default)]
+    pub skip: Vec<String>,
+    /// The bottle's isolation tier (`container`, `gvisor`; empty:
+    /// `container`). Where a limit is enforced differently under gVisor,
+    /// the probe reads it where gVisor keeps it.
+    #[serde(default)]
+    pub isolation: String,
     /// Per-attempt timeout in milliseconds (connects, reads).
     pub timeout_ms: u64,
     /// The addresses and names the probes aim at.

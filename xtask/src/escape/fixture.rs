@@ -115,13 +115,15 @@ impl AgentSource {
 /// canary), so the bundle never looks them up; the rebinding names are not
 /// pinned and go through the Engine's resolver to the DNS recorder. The
 /// credential's secret is read from `credential`. Each agent's git
-/// repository is its bare repository under `git_root`.
+/// repository is its bare repository under `git_root`. With `gvisor`,
+/// every agent's box runs under gVisor.
 pub(crate) fn manifest(
     source: &AgentSource,
     agents: &[AgentDef],
     pin: &str,
     credential: &Path,
     git_root: &Path,
+    gvisor: bool,
 ) -> String {
     let mut out =
         String::from("# Written by `cargo xtask sandbox-escape` for one run.\nversion = 1\n");
@@ -147,7 +149,7 @@ pub(crate) fn manifest(
             .join(", ");
         let _ = write!(
             out,
-            "\n[agents.{key}]\n{source}\ncommand = [\"/bin/sh\"]\n\n\
+            "\n[agents.{key}]\n{source}\ncommand = [\"/bin/sh\"]\n{isolation}\n\
              [agents.{key}.egress]\nallow = [{allow}]\nports = [{ports}]\nresolve = {{ {pinned:?} = {pin:?}, {cred:?} = {pin:?}, {redact:?} = {pin:?} }}\non_secret = {{ {redact:?} = \"redact\" }}\n\n\
              [[agents.{key}.credentials]]\nname = \"canary\"\nsource = {{ file = {file:?} }}\nhost = {cred:?}\nheader = \"{CREDENTIAL_HEADER}\"\n\n\
              [[agents.{key}.git]]\nname = \"{GIT_REPO}\"\nurl = {repo:?}\nmode = \"read-write\"\npush = [\"{GIT_PUSH}\"]\n\n\
@@ -159,6 +161,11 @@ pub(crate) fn manifest(
             redact = redact_host(&agent.key),
             file = credential.display().to_string(),
             source = source.line(),
+            isolation = if gvisor {
+                "isolation = \"gvisor\"\n"
+            } else {
+                ""
+            },
         );
     }
     out
@@ -210,6 +217,7 @@ mod tests {
             "198.51.100.10",
             Path::new("/tmp/credential"),
             Path::new("/tmp/git"),
+            false,
         );
         let expected = r#"# Written by `cargo xtask sandbox-escape` for one run.
 version = 1
@@ -291,6 +299,7 @@ audit_log = "1m"
                 "198.51.100.10",
                 &dir.path().join("credential"),
                 &dir.path().join("git"),
+                false,
             ),
         )
         .unwrap();
@@ -315,6 +324,7 @@ audit_log = "1m"
                 "198.51.100.10",
                 &dir.path().join("credential"),
                 &dir.path().join("git"),
+                false,
             ),
         )
         .unwrap();
@@ -323,6 +333,27 @@ audit_log = "1m"
             text.contains("\nimage = \"bottle-escape-agent:latest\"\n"),
             "{text}"
         );
-        bottle_core::manifest::load(&path).unwrap();
+        let parsed = bottle_core::manifest::load(&path).unwrap();
+        assert_eq!(
+            parsed.agents["escape-a"].isolation,
+            bottle_core::isolation::Isolation::Container
+        );
+        // The gVisor run's: every agent under gVisor, nothing else changed.
+        std::fs::write(
+            &path,
+            manifest(
+                &AgentSource::Build(dir.path().to_path_buf()),
+                &agents,
+                "198.51.100.10",
+                &dir.path().join("credential"),
+                &dir.path().join("git"),
+                true,
+            ),
+        )
+        .unwrap();
+        let parsed = bottle_core::manifest::load(&path).unwrap();
+        let agent = &parsed.agents["escape-a"];
+        assert_eq!(agent.isolation, bottle_core::isolation::Isolation::Gvisor);
+        assert_eq!(agent.egress.allow.len(), 7);
     }
 }

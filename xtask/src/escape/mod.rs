@@ -1,6 +1,7 @@
-//! `cargo xtask sandbox-escape [--backend docker|smolmachines] [--json]
-//! [--keep-going] [--skip-dockerd-restart]`: the acceptance gate every
-//! backend must pass.
+//! `cargo xtask sandbox-escape [--backend docker|smolmachines]
+//! [--isolation container|gvisor] [--json] [--keep-going]
+//! [--skip-dockerd-restart]`: the acceptance gate every backend, and every
+//! isolation tier of the docker backend, must pass.
 //!
 //! Exit codes: 0 only when every attack was blocked and every positive
 //! control passed; 10 on any escape; 1 on a failed control, a probe that
@@ -37,6 +38,8 @@ use self::sys::{RealSys, Sys};
 pub(crate) struct Args {
     /// `docker` or `smolmachines`.
     pub backend: String,
+    /// The agents' isolation tier: `container` or `gvisor` (docker only).
+    pub isolation: String,
     /// Print the report as JSON instead of the table.
     pub json: bool,
     /// Go on after a harness error in a fault phase.
@@ -49,6 +52,7 @@ pub(crate) struct Args {
 pub(crate) fn parse_args(args: &[String]) -> anyhow::Result<Args> {
     let mut parsed = Args {
         backend: "docker".into(),
+        isolation: "container".into(),
         json: false,
         keep_going: false,
         skip_dockerd_restart: false,
@@ -63,13 +67,32 @@ pub(crate) fn parse_args(args: &[String]) -> anyhow::Result<Args> {
                 Some(b) => parsed.backend = b.clone(),
                 None => bail!("--backend needs a value: docker or smolmachines"),
             },
-            other => match other.strip_prefix("--backend=") {
-                Some(b) => parsed.backend = b.to_string(),
-                None => bail!(
-                    "unknown argument {other:?}\n  usage: cargo xtask sandbox-escape [--backend docker|smolmachines] [--json] [--keep-going] [--skip-dockerd-restart]"
+            "--isolation" => match it.next() {
+                Some(i) => parsed.isolation = i.clone(),
+                None => bail!("--isolation needs a value: container or gvisor"),
+            },
+            other => match (
+                other.strip_prefix("--backend="),
+                other.strip_prefix("--isolation="),
+            ) {
+                (Some(b), _) => parsed.backend = b.to_string(),
+                (_, Some(i)) => parsed.isolation = i.to_string(),
+                _ => bail!(
+                    "unknown argument {other:?}\n  usage: cargo xtask sandbox-escape [--backend docker|smolmachines] [--isolation container|gvisor] [--json] [--keep-going] [--skip-dockerd-restart]"
                 ),
             },
         }
+    }
+    if !bottle_core::isolation::Isolation::CHOICES.contains(&parsed.isolation.as_str()) {
+        bail!(
+            "unknown isolation {:?}\n  fix: --isolation container or --isolation gvisor",
+            parsed.isolation
+        );
+    }
+    if parsed.isolation == "gvisor" && parsed.backend != "docker" {
+        bail!(
+            "--isolation gvisor is a tier of the docker backend\n  fix: --backend docker --isolation gvisor"
+        );
     }
     if !["docker", "smolmachines"].contains(&parsed.backend.as_str()) {
         bail!(
@@ -105,6 +128,7 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<ExitCode> {
     let sys: Arc<dyn Sys> = Arc::new(RealSys);
     let mut report = Report {
         backend: args.backend.clone(),
+        isolation: args.isolation.clone(),
         token: token(),
         ..Report::default()
     };
@@ -134,6 +158,7 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<ExitCode> {
     };
     let options = gate::Options {
         backend,
+        gvisor: args.isolation == "gvisor",
         keep_going: args.keep_going,
         skip_dockerd_restart: args.skip_dockerd_restart,
     };
@@ -176,6 +201,14 @@ mod tests {
                 .keep_going
         );
         assert!(args(&["--backend", "podman"]).is_err());
+        let a = args(&["--isolation", "gvisor"]).unwrap();
+        assert_eq!(
+            (a.backend.as_str(), a.isolation.as_str()),
+            ("docker", "gvisor")
+        );
+        assert_eq!(args(&[]).unwrap().isolation, "container");
+        assert!(args(&["--isolation=kata"]).is_err());
+        assert!(args(&["--backend", "smolmachines", "--isolation", "gvisor"]).is_err());
         assert!(args(&["--backend"]).is_err());
         assert!(args(&["--frobnicate"]).is_err());
     }

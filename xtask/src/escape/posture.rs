@@ -18,6 +18,9 @@ pub(crate) struct Spec {
     pub pids: i64,
     /// The bottle's internal network (the only one the agent may be on).
     pub network: String,
+    /// The Engine runtime the agent must run under (`Some("runsc")` for a
+    /// gVisor box; `None`: the daemon's default, not checked).
+    pub runtime: Option<String>,
 }
 
 /// The fields of `/proc/<pid>/status` the gate checks.
@@ -200,6 +203,21 @@ pub(crate) fn check_inspect(phase: &str, inspect: &Value, spec: &Spec) -> Vec<Ro
         sec,
         "no-new-privileges, default seccomp",
     ));
+
+    if let Some(runtime) = &spec.runtime {
+        let found = host["Runtime"].as_str().unwrap_or("");
+        let problems = if found == runtime {
+            Vec::new()
+        } else {
+            vec![format!("Runtime {found:?}, want {runtime:?}")]
+        };
+        rows.push(row(
+            phase,
+            "host-runtime",
+            problems,
+            &format!("the Engine runs the agent under {runtime}"),
+        ));
+    }
 
     let mut limits = Vec::new();
     if host["Memory"].as_i64() != Some(spec.memory) {
@@ -456,6 +474,142 @@ pub(crate) fn check_processes(phase: &str, pids: &[u32], spec: &Spec) -> Vec<Row
     rows
 }
 
+/// gVisor's host processes may hold these capabilities and no other: the
+/// gofer serves the box's files (chown, dac_override, dac_read_search,
+/// fowner, fsetid, sys_chroot); the Sentry and its stubs hold
+/// sys_ptrace, which the ptrace platform traces the box's threads with.
+const GVISOR_GOFER_CAPS: u64 = 0x4001f;
+const GVISOR_SENTRY_CAPS: u64 = 1 << 19;
+
+/// The host processes of a gVisor box: every process in the pids cgroup
+/// of its sandbox (`sandbox_pid`, the Engine's `State.Pid`).
+pub(crate) fn gvisor_processes(sandbox_pid: u32) -> Result<Vec<u32>, String> {
+    let text = std::fs::read_to_string(format!("/proc/{sandbox_pid}/cgroup"))
+        .map_err(|err| format!("cannot read the sandbox's cgroup: {err}"))?;
+    let path = cgroup_path(&text, "pids").ok_or("the sandbox has no pids cgroup")?;
+    let path = path.trim_start_matches('/');
+    let v1 = Path::new("/sys/fs/cgroup/pids")
+        .join(path)
+        .join("cgroup.procs");
+    let v2 = Path::new("/sys/fs/cgroup").join(path).join("cgroup.procs");
+    let procs = std::fs::read_to_string(&v1)
+        .or_else(|_| std::fs::read_to_string(&v2))
+        .map_err(|err| format!("cannot read the box's cgroup.procs: {err}"))?;
+    Ok(procs
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect())
+}
+
+/// Checks a gVisor box's host processes (`pids`, from
+/// [`gvisor_processes`]) in the kernel's view: each runs gVisor's own
+/// binary (`runtime_path`), never a program of the agent; each has
+/// NoNewPrivs 1 and a seccomp filter; none holds a capability beyond
+/// gVisor's own (the gofer's file capabilities, the Sentry's sys_ptrace);
+/// and each sits under the box's translated limits.
+pub(crate) fn check_gvisor_processes(
+    phase: &str,
+    pids: &[u32],
+    spec: &Spec,
+    runtime_path: &str,
+) -> Vec<Row> {
+    let mut proc_problems = Vec::new();
+    let mut limit_problems = Vec::new();
+    let mut seen = 0;
+    let runtime = std::fs::canonicalize(runtime_path).unwrap_or_else(|_| runtime_path.into());
+    for &pid in pids {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            continue;
+        };
+        seen += 1;
+        let status = parse_status(&text);
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let gofer = cmdline.starts_with(b"runsc-gofer");
+        if exe != runtime {
+            proc_problems.push(format!(
+                "pid {pid} runs {}, not gVisor's {}",
+                exe.display(),
+                runtime.display()
+            ));
+        }
+        if status.no_new_privs != "1" {
+            proc_problems.push(format!("pid {pid}: NoNewPrivs={}", status.no_new_privs));
+        }
+        if status.seccomp != "2" {
+            proc_problems.push(format!("pid {pid}: Seccomp={} (want 2)", status.seccomp));
+        }
+        let allowed = if gofer {
+            GVISOR_GOFER_CAPS
+        } else {
+            GVISOR_SENTRY_CAPS
+        };
+        for (field, value) in [
+            ("CapEff", &status.cap_eff),
+            ("CapPrm", &status.cap_prm),
+            ("CapBnd", &status.cap_bnd),
+            ("CapAmb", &status.cap_amb),
+        ] {
+            match u64::from_str_radix(value, 16) {
+                Ok(caps) if caps & !allowed == 0 => {}
+                _ => proc_problems.push(format!(
+                    "pid {pid} ({}): {field}={value}, beyond gVisor's own {allowed:#x}",
+                    if gofer { "gofer" } else { "sentry" }
+                )),
+            }
+        }
+        match cgroup_limit(pid, "pids", "pids.max", "pids.max") {
+            Some(v) if v == spec.pids.to_string() => {}
+            other => {
+                limit_problems.push(format!("pid {pid}: pids.max {other:?}, want {}", spec.pids))
+            }
+        }
+        match cgroup_limit(pid, "memory", "memory.limit_in_bytes", "memory.max") {
+            Some(v) if v == spec.memory.to_string() => {}
+            other => limit_problems.push(format!(
+                "pid {pid}: memory limit {other:?}, want {}",
+                spec.memory
+            )),
+        }
+    }
+    if seen == 0 {
+        return ["host-proc-status", "host-cgroup-limits"]
+            .iter()
+            .map(|probe| {
+                Row::new(
+                    phase,
+                    probe,
+                    "posture",
+                    Expect::Blocked,
+                    Observed::Error,
+                    None,
+                    "no host process of the gVisor box could be read",
+                )
+            })
+            .collect();
+    }
+    vec![
+        row(
+            phase,
+            "host-proc-status",
+            proc_problems,
+            &format!(
+                "{seen} host processes of the gVisor box: each runs {}, NoNewPrivs 1, Seccomp 2, capabilities only gVisor's (gofer {GVISOR_GOFER_CAPS:#x}, sentry {GVISOR_SENTRY_CAPS:#x}); none runs the agent's programs",
+                runtime.display()
+            ),
+        ),
+        row(
+            phase,
+            "host-cgroup-limits",
+            limit_problems,
+            &format!(
+                "{seen} host processes: pids.max {}, memory {} (translated for gVisor)",
+                spec.pids, spec.memory
+            ),
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -509,7 +663,41 @@ mod tests {
             memory: 256 << 20,
             pids: 128,
             network: "bot-bottle-a".into(),
+            runtime: None,
         }
+    }
+
+    #[test]
+    fn a_gvisor_box_must_run_under_its_runtime() {
+        let mut spec = spec();
+        spec.runtime = Some("runsc".into());
+        let mut inspect = good_inspect();
+        inspect["HostConfig"]["Runtime"] = json!("runsc");
+        let rows = check_inspect("p", &inspect, &spec);
+        let runtime = rows.iter().find(|r| r.probe == "host-runtime").unwrap();
+        assert_eq!(runtime.verdict, Verdict::Pass, "{runtime:?}");
+        inspect["HostConfig"]["Runtime"] = json!("runc");
+        let rows = check_inspect("p", &inspect, &spec);
+        let runtime = rows.iter().find(|r| r.probe == "host-runtime").unwrap();
+        assert_eq!(runtime.verdict, Verdict::Escape, "{runtime:?}");
+        // The container tier has no such row.
+        assert!(
+            check_inspect("p", &good_inspect(), &self::spec())
+                .iter()
+                .all(|r| r.probe != "host-runtime")
+        );
+    }
+
+    #[test]
+    fn gvisor_processes_that_are_not_gvisors_are_caught() {
+        // This test process is no gVisor sandbox: it runs cargo's test
+        // binary, so the check names it.
+        let rows = check_gvisor_processes("p", &[std::process::id()], &spec(), "/usr/bin/runsc");
+        let status = rows.iter().find(|r| r.probe == "host-proc-status").unwrap();
+        assert_eq!(status.verdict, Verdict::Escape, "{status:?}");
+        assert!(status.detail.contains("not gVisor's"), "{}", status.detail);
+        let none = check_gvisor_processes("p", &[], &spec(), "/usr/bin/runsc");
+        assert!(none.iter().all(|r| r.verdict == Verdict::Error));
     }
 
     fn good_inspect() -> Value {

@@ -207,6 +207,8 @@ pub(crate) fn bottle_config(
         token: token.to_string(),
         control: false,
         only,
+        skip: Vec::new(),
+        isolation: String::new(),
         timeout_ms,
         targets,
     }
@@ -235,6 +237,8 @@ pub(crate) fn control_config(
         token: token.to_string(),
         control: true,
         only: Vec::new(),
+        skip: Vec::new(),
+        isolation: String::new(),
         timeout_ms,
         targets,
     }

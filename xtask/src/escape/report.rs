@@ -171,6 +171,8 @@ pub(crate) struct Summary {
 pub(crate) struct Report {
     /// The backend under test.
     pub backend: String,
+    /// The agents' isolation tier (`container`, `gvisor`).
+    pub isolation: String,
     /// The run's canary token.
     pub token: String,
     /// Every row, in the order they were produced.
@@ -281,8 +283,13 @@ impl Report {
         let s = self.summary();
         let _ = writeln!(
             out,
-            "\nsandbox-escape ({}): {} passed, {} escaped, {} control failed, {} errors in {:.1}s -> exit {}",
+            "\nsandbox-escape ({}{}): {} passed, {} escaped, {} control failed, {} errors in {:.1}s -> exit {}",
             self.backend,
+            if self.isolation.is_empty() || self.isolation == "container" {
+                String::new()
+            } else {
+                format!(", {}", self.isolation)
+            },
             s.pass,
             s.escape,
             s.control_failed,
@@ -297,6 +304,7 @@ impl Report {
     pub(crate) fn render_json(&self) -> String {
         let value = serde_json::json!({
             "backend": self.backend,
+            "isolation": self.isolation,
             "token": self.token,
             "exit_code": self.exit_code(),
             "summary": self.summary(),
@@ -349,6 +357,7 @@ mod tests {
     fn report(rows: Vec<Row>) -> Report {
         Report {
             backend: "docker".into(),
+            isolation: "container".into(),
             token: "t".into(),
             rows,
             harness_errors: Vec::new(),

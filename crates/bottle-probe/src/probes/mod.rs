@@ -208,13 +208,14 @@ pub fn catalogue(config: &ProbeConfig) -> Vec<Probe> {
     all
 }
 
-/// The probes this config selects: `only` by name, and in a control run
-/// only the network probes.
+/// The probes this config selects: `only` by name less `skip`, and in a
+/// control run only the network probes.
 pub fn select(config: &ProbeConfig) -> Vec<Probe> {
     catalogue(config)
         .into_iter()
         .filter(|p| !config.control || p.network)
         .filter(|p| config.only.is_empty() || config.only.contains(&p.name))
+        .filter(|p| !config.skip.contains(&p.name))
         .collect()
 }
 

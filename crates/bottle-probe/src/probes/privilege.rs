@@ -21,8 +21,8 @@ pub(super) fn probes() -> Vec<Probe> {
             "priv-no-new-privs",
             CAT,
             false,
-            "NoNewPrivs in /proc/self/status: blocked when it is 1 (setuid binaries cannot raise privileges)",
-            |_| field_is(&sys_status(), "NoNewPrivs", "1"),
+            "NoNewPrivs in /proc/self/status (or prctl(PR_GET_NO_NEW_PRIVS) where the status has no such line, as gVisor's): blocked when it is 1 (setuid binaries cannot raise privileges)",
+            |_| no_new_privs(&sys_status(), nix::sys::prctl::get_no_new_privs().ok()),
         ),
         Probe::new(
             "priv-seccomp",
@@ -61,6 +61,23 @@ pub(super) fn capabilities(status: &Option<String>) -> Attempt {
         Ok(0) => Attempt::blocked(fields),
         Ok(_) => Attempt::reached(format!("effective capabilities present: {fields}")),
         Err(_) => Attempt::error(format!("CapEff {eff:?} is not hex")),
+    }
+}
+
+/// NoNewPrivs from the status, else the kernel's own answer (`prctl`):
+/// gVisor's `/proc/<pid>/status` has no NoNewPrivs line.
+pub(super) fn no_new_privs(status: &Option<String>, prctl: Option<bool>) -> Attempt {
+    let in_status = status
+        .as_deref()
+        .and_then(|text| sys::status_field_in(text, "NoNewPrivs"));
+    match (in_status, prctl) {
+        (Some(_), _) | (None, None) => field_is(status, "NoNewPrivs", "1"),
+        (None, Some(true)) => {
+            Attempt::blocked("prctl(PR_GET_NO_NEW_PRIVS): 1 (no NoNewPrivs line in the status)")
+        }
+        (None, Some(false)) => Attempt::reached(
+            "prctl(PR_GET_NO_NEW_PRIVS): 0 (no NoNewPrivs line in the status; want 1)",
+        ),
     }
 }
 
@@ -111,5 +128,15 @@ mod tests {
         assert_eq!(field_is(&root, "NoNewPrivs", "1").outcome, Outcome::Reached);
         assert_eq!(field_is(&root, "Seccomp", "2").outcome, Outcome::Reached);
         assert_eq!(capabilities(&None).outcome, Outcome::Error);
+    }
+
+    #[test]
+    fn no_new_privs_comes_from_the_kernel_where_the_status_lacks_it() {
+        let linux = Some("NoNewPrivs:\t1\nSeccomp:\t2\n".to_string());
+        assert_eq!(no_new_privs(&linux, Some(false)).outcome, Outcome::Blocked);
+        let gvisor = Some("CapEff:\t0000000000000000\nSeccomp:\t0\n".to_string());
+        assert_eq!(no_new_privs(&gvisor, Some(true)).outcome, Outcome::Blocked);
+        assert_eq!(no_new_privs(&gvisor, Some(false)).outcome, Outcome::Reached);
+        assert_eq!(no_new_privs(&gvisor, None).outcome, Outcome::Reached);
     }
 }

@@ -28,28 +28,51 @@ pub(super) fn probes() -> Vec<Probe> {
             "resource-fork-bomb",
             CAT,
             false,
-            "spawn up to pids.max + 64 sleeping children (all killed and reaped after): blocked when a spawn fails with EAGAIN before that",
+            "spawn up to pids.max (where the cgroup is not visible, as in gVisor: RLIMIT_NPROC) + 64 sleeping children (all killed and reaped after): blocked when a spawn fails with EAGAIN before that",
             fork_bomb,
         ),
         Probe::new(
             "resource-memory",
             CAT,
             false,
-            "a child touches up to 2x memory.max before a deadline: blocked when it is OOM-killed or its allocation fails",
-            |_| memory(),
+            "a child touches up to 2x memory.max (in a gVisor box, whose cgroup is not visible inside: 2x MemTotal, which gVisor sets to it) before a deadline: blocked when it is OOM-killed or its allocation fails",
+            |c| memory(c.config.isolation == "gvisor"),
         ),
     ]
 }
 
 fn pids_limit() -> Result<Option<u64>, String> {
-    sys::cgroup_limit(&["/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max"])
+    sys::cgroup_limit(&["/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max"]).or_else(
+        |cgroup| match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NPROC) {
+            Ok((soft, _)) if soft != nix::sys::resource::RLIM_INFINITY => Ok(Some(soft)),
+            _ => Err(cgroup),
+        },
+    )
 }
 
-fn memory_limit() -> Result<Option<u64>, String> {
+/// The memory limit: the cgroup's, or in a gVisor box (`gvisor`), whose
+/// cgroup is not visible inside, MemTotal, which gVisor sets to it.
+fn memory_limit(gvisor: bool) -> Result<Option<u64>, String> {
     sys::cgroup_limit(&[
         "/sys/fs/cgroup/memory.max",
         "/sys/fs/cgroup/memory/memory.limit_in_bytes",
     ])
+    .or_else(|cgroup| {
+        if !gvisor {
+            return Err(cgroup);
+        }
+        let meminfo = std::fs::read_to_string("/proc/meminfo").map_err(|e| e.to_string())?;
+        mem_total(&meminfo)
+            .map(Some)
+            .ok_or_else(|| format!("{cgroup}; no MemTotal in /proc/meminfo"))
+    })
+}
+
+/// MemTotal of a `/proc/meminfo`, in bytes.
+fn mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 fn fork_bomb(c: &Ctx) -> Attempt {
@@ -114,8 +137,8 @@ fn fork_bomb(c: &Ctx) -> Attempt {
     }
 }
 
-fn memory() -> Attempt {
-    let limit = match memory_limit() {
+fn memory(gvisor: bool) -> Attempt {
+    let limit = match memory_limit(gvisor) {
         Ok(Some(l)) => l,
         Ok(None) => {
             return Attempt::reached("memory.max is max: no memory limit (nothing allocated)");
@@ -174,5 +197,19 @@ fn memory() -> Attempt {
         Some(st) => Attempt::blocked(format!(
             "limit {limit}: the hog stopped ({st}) before {target} bytes: {report}"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_total_is_read_in_bytes() {
+        assert_eq!(
+            mem_total("MemTotal:         393216 kB\nMemFree: 1 kB\n"),
+            Some(393216 * 1024)
+        );
+        assert_eq!(mem_total("MemFree: 1 kB\n"), None);
     }
 }

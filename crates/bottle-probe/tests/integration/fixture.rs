@@ -204,6 +204,8 @@ pub(crate) fn config(token: &str, targets: Targets, control: bool, only: &[&str]
         token: token.into(),
         control,
         only: only.iter().map(|s| (*s).to_string()).collect(),
+        skip: Vec::new(),
+        isolation: String::new(),
         timeout_ms: 1500,
         targets,
     }

@@ -20,15 +20,29 @@ impl Gate {
             return self.vm_posture(phase, bottle);
         }
         let agent = format!("{}-agent", bottle.guard.name);
-        let spec = posture::Spec {
-            memory: fixture::MEMORY_BYTES,
-            pids: fixture::PIDS,
-            network: bottle.guard.name.clone(),
-        };
+        let spec = self.posture_spec(&bottle.guard.name);
         let inspect = self.engine.inspect_container(&agent)?;
         self.report
             .rows
             .extend(posture::check_inspect(phase, &inspect, &spec));
+        if let Some(runtime_path) = self.gvisor.clone() {
+            // The box's processes live in gVisor's kernel; on the host
+            // there are gVisor's own, in the box's cgroup.
+            let sandbox = inspect["State"]["Pid"].as_u64().unwrap_or(0);
+            let pids = u32::try_from(sandbox)
+                .ok()
+                .filter(|p| *p > 0)
+                .map(posture::gvisor_processes)
+                .unwrap_or_else(|| Err("the Engine reports no process".into()));
+            let pids = pids.map_err(|why| anyhow::anyhow!("{}: {why}", bottle.guard.name))?;
+            self.report.rows.extend(posture::check_gvisor_processes(
+                phase,
+                &pids,
+                &spec,
+                &runtime_path,
+            ));
+            return Ok(());
+        }
         let cli = self.cli.clone();
         let name = bottle.guard.name.clone();
         let sleeper =
@@ -45,6 +59,28 @@ impl Gate {
             .extend(posture::check_processes(phase, &pids, &spec));
         let _ = sleeper.join();
         Ok(())
+    }
+
+    /// What the agent container of bottle `name` must look like: the
+    /// manifest's limits, translated for gVisor in a gVisor run.
+    pub(super) fn posture_spec(&self, name: &str) -> posture::Spec {
+        let tier = if self.gvisor.is_some() {
+            bottle_core::isolation::Isolation::Gvisor
+        } else {
+            bottle_core::isolation::Isolation::Container
+        };
+        let pids = u32::try_from(fixture::PIDS).unwrap_or(u32::MAX);
+        let limits =
+            bottle_core::isolation::engine_limits(tier, fixture::MEMORY_BYTES as u64, pids);
+        posture::Spec {
+            memory: i64::try_from(limits.memory).unwrap_or(i64::MAX),
+            pids: limits.pids,
+            network: name.to_string(),
+            runtime: self
+                .gvisor
+                .as_ref()
+                .map(|_| bottle_core::isolation::GVISOR_RUNTIME.to_string()),
+        }
     }
 
     /// Whether the bottle's agent (container or VM) still runs.

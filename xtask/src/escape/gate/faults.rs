@@ -139,9 +139,9 @@ impl Gate {
                         "wget through the proxy: exit {:?}{}",
                         out.code,
                         if reached {
-                            ", canary token in the body"
+                            ", canary token in the body".to_string()
                         } else {
-                            ""
+                            format!(": {}", out.stderr.trim())
                         }
                     ),
                 ));

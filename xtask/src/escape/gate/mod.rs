@@ -29,6 +29,7 @@ mod bottles;
 mod controls;
 mod faults;
 mod git_repos;
+mod gvisor;
 mod leftovers;
 mod operator;
 mod prepare;
@@ -112,6 +113,8 @@ impl Backend {
 pub(crate) struct Options {
     /// The backend under test.
     pub backend: Backend,
+    /// Every agent runs under gVisor (`isolation = "gvisor"`, docker).
+    pub gvisor: bool,
     /// Go on to the next phase after a harness error in one.
     pub keep_going: bool,
     /// Skip the daemon restart (it disturbs everything else using this
@@ -159,6 +162,8 @@ struct Gate {
     split_detectors: BTreeMap<&'static str, bool>,
     /// Each agent's seeded `main` in its bare repository, by agent key.
     git_seeds: BTreeMap<String, String>,
+    /// A gVisor run: the binary the daemon's `runsc` runtime names.
+    gvisor: Option<String>,
     report: Report,
 }
 
@@ -225,6 +230,7 @@ pub(crate) fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> 
                 &canary::INTERNET.to_string(),
                 &credential,
                 &work.join("git"),
+                options.gvisor,
             ),
         )?;
         let cli = BottleCli {
@@ -326,6 +332,19 @@ fn run_with_canaries(
         Backend::Docker => None,
         Backend::Smolmachines(target) => Some(smolvm_of(target, &sys)),
     };
+    let gvisor = if options.gvisor {
+        let info = engine.get("/info")?;
+        let runtime = &info["Runtimes"][bottle_core::isolation::GVISOR_RUNTIME];
+        let Some(path) = runtime["path"].as_str() else {
+            bail!(
+                "--isolation gvisor: the docker daemon has no `runsc` runtime\n  fix: {}",
+                bottle_core::isolation::GVISOR_FIX
+            );
+        };
+        Some(path.to_string())
+    } else {
+        None
+    };
     let mut gate = Gate {
         sys,
         smolvm,
@@ -345,6 +364,7 @@ fn run_with_canaries(
         credential_detector: None,
         split_detectors: BTreeMap::new(),
         git_seeds,
+        gvisor,
         report: std::mem::take(report),
     };
     let result = gate.phases(options);
@@ -433,6 +453,11 @@ impl Gate {
         progress("fault: three bottles at once, each with its own allowed host");
         let r = self.fault_parallel();
         step(self, "fault: parallel bottles", r)?;
+
+        if self.gvisor.is_some() {
+            let r = self.gvisor_memory_phase();
+            step(self, "gvisor: memory past the limit", r)?;
+        }
         Ok(())
     }
 }

@@ -54,6 +54,18 @@ impl ProbeSet {
 }
 
 impl Gate {
+    /// Tells the probe the bottle's tier. A gVisor box's memory hog ends
+    /// the whole box (the host kills the sandbox), so in a gVisor run it
+    /// runs alone, last, in a bottle of its own (`gvisor.rs`).
+    pub(super) fn for_the_tier(&self, config: &mut ProbeConfig) {
+        if self.gvisor.is_some() {
+            config.isolation = "gvisor".into();
+            if config.only.is_empty() {
+                config.skip.push(super::gvisor::MEMORY_PROBE.to_string());
+            }
+        }
+    }
+
     pub(super) fn write_config(&mut self, config: &ProbeConfig) -> anyhow::Result<PathBuf> {
         self.config_seq += 1;
         let path = self.work.join(format!("probe-{}.json", self.config_seq));
@@ -96,12 +108,13 @@ impl Gate {
         targets: Targets,
         probes: ProbeSet,
     ) -> anyhow::Result<Vec<ProbeResult>> {
-        let config = probe::bottle_config(
+        let mut config = probe::bottle_config(
             &self.token,
             PROBE_TIMEOUT_MS,
             targets.clone(),
             probes.only(),
         );
+        self.for_the_tier(&mut config);
         match other {
             Some(other) => {
                 let alive = self.proxy_alive(phase, other)?;

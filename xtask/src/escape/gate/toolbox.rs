@@ -27,7 +27,8 @@ impl Gate {
         targets: Targets,
     ) -> anyhow::Result<()> {
         let only = TOOLBOX_PROBES.iter().map(ToString::to_string).collect();
-        let config = probe::bottle_config(&self.token, PROBE_TIMEOUT_MS, targets, only);
+        let mut config = probe::bottle_config(&self.token, PROBE_TIMEOUT_MS, targets, only);
+        self.for_the_tier(&mut config);
         let path = self.write_config(&config)?;
         self.cli.cp(&path, &bottle.guard.name, BOTTLE_DIR)?;
         let file = path
