@@ -14,6 +14,7 @@ const BENCHES: &[(&str, &str)] = &[
     ("bottle-docker", "sandbox"),
     ("bottle-docker", "scale"),
     ("bottle-docker", "pool"),
+    ("bottle-docker", "gvisor"),
     ("bottle-cli", "start"),
     ("bottle-cli", "stop"),
 ];
