@@ -182,6 +182,16 @@ pub fn git_probe_ref(kind: &str, token: &str) -> String {
 /// audit log by it and checks that they were coalesced into counted ones.
 pub const AUDIT_FLOOD_SAME_PATH: &str = "/bottle-probe/audit-flood-same";
 
+/// The start of the paths of the audit-flood probe's denials to distinct
+/// hosts: the harness finds their records by it and checks that they were
+/// merged.
+pub const AUDIT_FLOOD_DENY_PREFIX: &str = "/bottle-probe/audit-flood/deny/";
+
+/// The start of the paths of the audit-flood probe's allowed requests,
+/// each with a method of its own, which no merging can save: they fill the
+/// log past its whole stream, so that rotation drops what came before.
+pub const AUDIT_FLOOD_ROTATE_PREFIX: &str = "/bottle-probe/audit-flood/rotate/";
+
 /// The fake AWS access key id `proxy-secret-split` sends in two chunks of
 /// one body: `AKIA` and 16 upper-case letters and digits drawn from the
 /// run's token, so it is new each run and the harness can look for it.
