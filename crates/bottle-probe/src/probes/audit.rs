@@ -11,7 +11,8 @@
 //!    credential injection, the harness's tool call);
 //! 2. denied requests with distinct ~4 KiB paths alternating between the
 //!    denied host and varying denied names (which must be merged);
-//! 3. a run of identical denied ones (which must be counted).
+//! 3. after a pause longer than the bundle's merging window, a run of
+//!    identical denied ones (which must be counted).
 //!
 //! The verdict here is only that the proxy kept refusing the denied ones;
 //! whether the log stayed bounded, merged and counted, kept what came
@@ -38,11 +39,15 @@ pub(crate) const DISTINCT_MAX: usize = 6000;
 /// Identical requests at most.
 pub(crate) const IDENTICAL_MAX: usize = 2000;
 /// How long the allowed run may take.
-const ROTATE_TIME: Duration = Duration::from_secs(20);
+const ROTATE_TIME: Duration = Duration::from_secs(30);
 /// How long the distinct flood may take.
 const DISTINCT_TIME: Duration = Duration::from_secs(15);
 /// How long the identical run may take.
 const IDENTICAL_TIME: Duration = Duration::from_secs(5);
+/// The pause between the denied runs: longer than the bundle's merging
+/// window (a second), so that each run's merged lines name its own paths
+/// and the harness can judge the runs apart.
+const BETWEEN_RUNS: Duration = Duration::from_millis(1500);
 /// Keep-alive connections the allowed and distinct runs use at once.
 const CONNECTIONS: usize = 4;
 /// Bytes of each distinct path (the bundle keeps 1 KiB of it).
@@ -175,6 +180,7 @@ fn flood(c: &Ctx) -> Attempt {
         request(&host, &padded(AUDIT_FLOOD_DENY_PREFIX, i))
     };
     let distinct = parallel(c, addr, DISTINCT_MAX, DISTINCT_TIME, &distinct);
+    std::thread::sleep(BETWEEN_RUNS);
     let same_host = format!("audit-same.{denied}");
     let same = request(&same_host, AUDIT_FLOOD_SAME_PATH);
     let identical = hammer(
