@@ -154,7 +154,8 @@ enum Format {
     Readable,
 }
 
-/// Prints the audit log, its rotated generations first, and with `follow`
+/// Prints the audit log, its kept lines, summary of dropped ones and
+/// rotated generations first, and with `follow`
 /// waits for more, across rotations.
 fn follow_file(path: &Path, follow: bool, format: &Format) -> Result<(), Failure> {
     std::fs::metadata(path).map_err(|err| {
