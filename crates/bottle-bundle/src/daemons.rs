@@ -219,6 +219,13 @@ impl RunningBundle {
             None => Ok(()),
         }
     }
+
+    /// Writes the counted lines of the audit log's open merging windows
+    /// now, as a clean shutdown does (for tests that read the log right
+    /// after their requests).
+    pub fn flush_audit(&self) {
+        self.audit.flush();
+    }
 }
 
 impl Drop for RunningBundle {

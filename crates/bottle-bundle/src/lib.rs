@@ -26,7 +26,7 @@ pub mod scan;
 pub mod supervise;
 pub mod websocket;
 
-pub use audit::{AuditFollower, AuditLog, AuditRecord, Decision, read_audit};
+pub use audit::{AuditFollower, AuditLog, AuditRecord, Decision, DroppedSummary, read_audit};
 pub use bottle_bundle_files::{CaPair, generate_ca};
 pub use daemons::{RunningBundle, load_config, start};
 pub use error::BundleError;

@@ -206,7 +206,10 @@ pub struct BundleLimits {
     /// Window for `max_restarts`.
     pub restart_window_ms: u64,
     /// Size at which the audit log is rotated; the bundle keeps
-    /// [`AUDIT_GENERATIONS`](crate::audit_files::AUDIT_GENERATIONS) old ones.
+    /// [`AUDIT_GENERATIONS`](crate::audit_files::AUDIT_GENERATIONS) old ones,
+    /// and the security-relevant lines of those it drops within
+    /// [`KEPT_CAPS`](crate::audit_files::KEPT_CAPS) times this
+    /// ([`audit_log_bound`](crate::audit_files::audit_log_bound)).
     pub audit_log_max_bytes: u64,
     /// The largest WebSocket message (and so frame) the agent may send; a
     /// larger one closes the socket with 1009.

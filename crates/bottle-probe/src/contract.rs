@@ -132,23 +132,46 @@ pub struct ProbeResult {
 /// Text an agent plants for the operator's terminal (`operator-hostile-text`):
 /// a screen clear through the C1 CSI byte, an OSC title through the C1 OSC
 /// and ST bytes, an OSC 8 hyperlink, a right-to-left override, an isolate,
-/// line and paragraph separators, BEL and DEL. The harness reads them back
-/// through `bottle requests` and `bottle logs`, where none may come out raw.
+/// line and paragraph separators, BEL and DEL, and text that does not show:
+/// zero-width space and joiner, word joiner, byte-order mark, soft hyphen, a
+/// message in tag characters and private-use characters. The harness reads
+/// them back through `bottle requests` and `bottle logs`, where none may
+/// come out raw.
 pub const HOSTILE_TEXT: &[&str] = &[
     "\u{9b}2J\u{202e}moc.live",
     "\u{9d}0;owned\u{9c}\u{2066}ok\u{2069}",
     "\u{1b}]8;;http://x/\u{1b}\\click\u{1b}]8;;\u{1b}\\\u{2028}\u{2029}\u{7}\u{7f}",
+    "pay\u{200b}pal\u{200d}\u{2060}\u{feff}.com\u{ad}\u{e0068}\u{e0069}\u{e007f}\u{e000}\u{f0000}",
 ];
 
 /// The host the planted `request_egress` asks for (so the harness can tell
 /// that the operator's listing shows the planted request).
 pub const HOSTILE_EGRESS_HOST: &str = "hostile-text.bottle.test";
 
-/// The characters of [`HOSTILE_TEXT`] that act on a terminal; none may
-/// reach the operator's output raw.
+/// The characters of [`HOSTILE_TEXT`] that act on a terminal or do not
+/// show; none may reach the operator's output raw.
 pub const TERMINAL_ACTIVE: &[char] = &[
-    '\u{1b}', '\u{7}', '\u{7f}', '\u{9b}', '\u{9c}', '\u{9d}', '\u{202e}', '\u{2066}', '\u{2069}',
-    '\u{2028}', '\u{2029}',
+    '\u{1b}',
+    '\u{7}',
+    '\u{7f}',
+    '\u{9b}',
+    '\u{9c}',
+    '\u{9d}',
+    '\u{202e}',
+    '\u{2066}',
+    '\u{2069}',
+    '\u{2028}',
+    '\u{2029}',
+    '\u{200b}',
+    '\u{200d}',
+    '\u{2060}',
+    '\u{feff}',
+    '\u{ad}',
+    '\u{e0068}',
+    '\u{e0069}',
+    '\u{e007f}',
+    '\u{e000}',
+    '\u{f0000}',
 ];
 
 /// The ref the git probe `kind` creates (`control`: the plain push that
@@ -163,6 +186,16 @@ pub fn git_probe_ref(kind: &str, token: &str) -> String {
 /// (`audit-flood`): the harness finds the run's records in the bottle's
 /// audit log by it and checks that they were coalesced into counted ones.
 pub const AUDIT_FLOOD_SAME_PATH: &str = "/bottle-probe/audit-flood-same";
+
+/// The start of the paths of the audit-flood probe's denials to distinct
+/// hosts: the harness finds their records by it and checks that they were
+/// merged.
+pub const AUDIT_FLOOD_DENY_PREFIX: &str = "/bottle-probe/audit-flood/deny/";
+
+/// The start of the paths of the audit-flood probe's allowed requests,
+/// each with a method of its own, which no merging can save: they fill the
+/// log past its whole stream, so that rotation drops what came before.
+pub const AUDIT_FLOOD_ROTATE_PREFIX: &str = "/bottle-probe/audit-flood/rotate/";
 
 /// The fake AWS access key id `proxy-secret-split` sends in two chunks of
 /// one body: `AKIA` and 16 upper-case letters and digits drawn from the

@@ -361,7 +361,9 @@ impl Env {
         self.bundle.proxy_addr
     }
 
+    /// The audit log, its merging windows' counts written first.
     pub(crate) fn audit(&self) -> Vec<AuditRecord> {
+        self.bundle.flush_audit();
         bottle_bundle::read_audit(Path::new(&self.config.audit_log)).unwrap()
     }
 

@@ -3,7 +3,11 @@
 //! The host appends them to the same `audit.jsonl` the bundle writes (with
 //! `O_APPEND`, one `write` per line, so lines never interleave), in the
 //! bundle's record shape with `daemon = "sandbox"`, so `bottle logs` shows
-//! tool calls and resets among the bottle's traffic.
+//! tool calls and resets among the bottle's traffic. They are
+//! security-relevant ([`crate::audit_files::is_security_relevant`]): when
+//! the bundle's rotation drops their generation it keeps them, so a flood
+//! of the agent's traffic cannot erase a tool call's evidence. The bundle
+//! counts them in the live file's size and rotates it when they fill it.
 
 use std::fs::OpenOptions;
 use std::io::Write as _;
@@ -13,8 +17,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 /// The audit record version these lines are written with (the bundle's
-/// `AUDIT_VERSION`).
-const RECORD_VERSION: u32 = 2;
+/// `AUDIT_VERSION`: the shape is unchanged since 2).
+const RECORD_VERSION: u32 = 3;
 
 /// One audit line of the sandbox interface.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

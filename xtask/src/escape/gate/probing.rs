@@ -117,6 +117,8 @@ impl Gate {
         }
         let hits_before = self.listeners.hits().len();
         let dns_before = self.dns.queries().len();
+        // A tool call before the flood, whose audit line must outlive it.
+        let seed = (probes == ProbeSet::Full).then(|| self.audit_seed(&bottle.guard.name));
         let out = self.exec_probe(bottle, &config)?;
         if probes == ProbeSet::Full {
             // Before the probe's rows: the host's refs are the control of
@@ -155,10 +157,10 @@ impl Gate {
                 targets.redact_host.clone(),
             ],
         );
-        if probes == ProbeSet::Full {
+        if let Some(seed) = &seed {
             self.redaction_evidence(phase, hits_before);
             self.operator_output(phase, &bottle.guard.name)?;
-            self.audit_evidence(phase, &bottle.guard.name)?;
+            self.audit_evidence(phase, &bottle.guard.name, &bottle.key, seed, &results)?;
         }
         Ok(results)
     }
