@@ -8,6 +8,7 @@
 mod audit_logs;
 mod catalogue;
 mod commands;
+mod cp;
 mod example;
 mod execute;
 mod exit_codes;

@@ -86,40 +86,80 @@ impl HostTarget {
     }
 }
 
-/// Writes the box's `archive` of one path to `target`, checking every
-/// entry first ([`super::check`], [`Shape::OneTop`]); returns where it
-/// landed. On any error nothing is left behind.
+/// Writes the box's `archive` of one path into a fresh directory beside
+/// `target`, checking every entry first ([`super::check`],
+/// [`Shape::OneTop`]). Nothing is at `target` until [`Received::commit`],
+/// which the caller runs once the box's side also said it succeeded;
+/// dropped instead, it leaves nothing behind.
 pub fn receive(
     archive: impl Read,
     from: &ArchiveSource,
     target: &HostTarget,
     limit: u64,
     interrupt: Option<&Interrupt>,
-) -> Result<PathBuf, CopyError> {
+) -> Result<Received, CopyError> {
     let mut staging = Staging::new(target, from.clone())?;
     let summary = check_archive(archive, from, Shape::OneTop, limit, interrupt, &mut staging)?;
-    staging.commit(target, &summary)
+    Ok(Received {
+        staging,
+        summary,
+        target: target.clone(),
+    })
 }
 
-/// Writes the box's `archive` of one path, checked, as a clean archive to
-/// `out` (owned by `owner`); nothing is written to `out` unless the whole
-/// archive passed, since it is spooled to an anonymous temporary file
-/// first.
+/// A copy out whose every entry passed, not yet in place.
+#[derive(Debug)]
+pub struct Received {
+    staging: Staging,
+    summary: Summary,
+    target: HostTarget,
+}
+
+impl Received {
+    /// Renames it into place ([`Staging::commit`]); returns where.
+    pub fn commit(self) -> Result<PathBuf, CopyError> {
+        self.staging.commit(&self.target, &self.summary)
+    }
+
+    /// What the walk saw.
+    pub fn summary(&self) -> &Summary {
+        &self.summary
+    }
+}
+
+/// The box's `archive` of one path, checked and written as a clean archive
+/// (owned by `owner`) to an anonymous temporary file: nothing reaches the
+/// caller's output until [`Repacked::write_to`], run once the whole
+/// archive passed and the box's side said it succeeded.
 pub fn repack(
     archive: impl Read,
     from: &ArchiveSource,
     limit: u64,
     interrupt: Option<&Interrupt>,
     owner: (u64, u64),
-    out: &mut dyn Write,
-) -> Result<(), CopyError> {
+) -> Result<Repacked, CopyError> {
     let spool = tempfile::tempfile().map_err(host_io("create", &std::env::temp_dir()))?;
     let mut repack = Repack::new(spool, from.clone(), owner);
     check_archive(archive, from, Shape::OneTop, limit, interrupt, &mut repack)?;
-    let mut spool = repack.finish()?;
-    std::io::Seek::rewind(&mut spool).map_err(host_io("read", &std::env::temp_dir()))?;
-    std::io::copy(&mut spool, out).map_err(host_io("write", Path::new("stdout")))?;
-    out.flush().map_err(host_io("write", Path::new("stdout")))
+    Ok(Repacked {
+        spool: repack.finish()?,
+    })
+}
+
+/// A checked, clean archive waiting to be written out.
+#[derive(Debug)]
+pub struct Repacked {
+    spool: File,
+}
+
+impl Repacked {
+    /// Writes the archive to `out` (stdout).
+    pub fn write_to(mut self, out: &mut dyn Write) -> Result<(), CopyError> {
+        let temp = std::env::temp_dir();
+        std::io::Seek::rewind(&mut self.spool).map_err(host_io("read", &temp))?;
+        std::io::copy(&mut self.spool, out).map_err(host_io("write", Path::new("stdout")))?;
+        out.flush().map_err(host_io("write", Path::new("stdout")))
+    }
 }
 
 /// A file's mode on the host: the box's owner bits and read-write for the
@@ -508,7 +548,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("mine"), "operator").unwrap();
         let target = HostTarget::resolve(dir.path(), "top").unwrap();
-        let result = receive(archive, &bottle(), &target, limit, None);
+        let result = receive(archive, &bottle(), &target, limit, None).and_then(Received::commit);
         (result, dir)
     }
 
@@ -799,7 +839,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("top")).unwrap();
         let target = HostTarget::resolve(dir.path(), "top").unwrap();
-        let err = receive(tree.as_slice(), &bottle(), &target, 1 << 20, None).unwrap_err();
+        let err = receive(tree.as_slice(), &bottle(), &target, 1 << 20, None)
+            .and_then(Received::commit)
+            .unwrap_err();
         assert_eq!(err.code(), "BOT-F020");
         assert_eq!(listing(dir.path()), ["top"]);
 
@@ -809,12 +851,16 @@ mod tests {
         std::fs::write(&dest, "old").unwrap();
         let target = HostTarget::resolve(&dest, "top").unwrap();
         assert_eq!(target.path(), dest);
-        receive(file.as_slice(), &bottle(), &target, 1 << 20, None).unwrap();
+        receive(file.as_slice(), &bottle(), &target, 1 << 20, None)
+            .and_then(Received::commit)
+            .unwrap();
         assert_eq!(std::fs::read_to_string(&dest).unwrap(), "new");
 
         // As a new name in an existing directory.
         let target = HostTarget::resolve(&dir.path().join("fresh"), "top").unwrap();
-        receive(tree.as_slice(), &bottle(), &target, 1 << 20, None).unwrap();
+        receive(tree.as_slice(), &bottle(), &target, 1 << 20, None)
+            .and_then(Received::commit)
+            .unwrap();
         assert_eq!(
             std::fs::read_to_string(dir.path().join("fresh/x")).unwrap(),
             "new"
@@ -852,15 +898,9 @@ mod tests {
             .symlink("top/in", "suid")
             .done();
         let mut out = Vec::new();
-        repack(
-            archive.as_slice(),
-            &bottle(),
-            1 << 20,
-            None,
-            (1000, 1000),
-            &mut out,
-        )
-        .unwrap();
+        repack(archive.as_slice(), &bottle(), 1 << 20, None, (1000, 1000))
+            .and_then(|r| r.write_to(&mut out))
+            .unwrap();
         let mut reader = tar::Archive::new(out.as_slice());
         let got: Vec<(String, u32, u64)> = reader
             .entries()
@@ -887,15 +927,9 @@ mod tests {
             .dir("top")
             .symlink("top/x", "/etc")
             .done();
-        let err = repack(
-            hostile.as_slice(),
-            &bottle(),
-            1 << 20,
-            None,
-            (0, 0),
-            &mut out,
-        )
-        .unwrap_err();
+        let err = repack(hostile.as_slice(), &bottle(), 1 << 20, None, (0, 0))
+            .and_then(|r| r.write_to(&mut out))
+            .unwrap_err();
         assert_eq!(err.code(), "BOT-F010");
         assert!(
             out.is_empty(),
