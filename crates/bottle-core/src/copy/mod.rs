@@ -28,7 +28,3 @@ pub mod host;
 pub use archive::{ArchiveEntry, CopyIn, CopySource, EntryKind, Owner};
 pub use error::{ArchiveSource, CopyError};
 pub use guest::{GuestEntry, GuestPath, Placement};
-
-/// The default bound on an archive read out of a box (or from stdin):
-/// 1 GiB. `bottle cp --max-size` raises it.
-pub const DEFAULT_MAX_SIZE: u64 = 1 << 30;

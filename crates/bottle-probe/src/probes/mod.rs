@@ -8,6 +8,7 @@
 //! cannot spoil the others.
 
 mod audit;
+mod copy;
 mod dns;
 mod filesystem;
 mod git;
@@ -200,6 +201,7 @@ pub fn catalogue(config: &ProbeConfig) -> Vec<Probe> {
     all.extend(privilege::probes());
     all.extend(secrets::probes());
     all.extend(operator::probes());
+    all.extend(copy::probes());
     all.extend(git::probes());
     all.extend(audit::probes());
     all.extend(resources::probes());

@@ -158,6 +158,7 @@ impl Gate {
         if probes == ProbeSet::Full {
             self.redaction_evidence(phase, hits_before);
             self.operator_output(phase, &bottle.guard.name)?;
+            self.copy_evidence(phase, &bottle.guard.name, &results)?;
             self.audit_evidence(phase, &bottle.guard.name)?;
         }
         Ok(results)
