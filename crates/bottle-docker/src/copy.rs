@@ -4,13 +4,14 @@
 //!
 //! The Engine's `PUT /containers/{id}/archive` runs as root and resolves
 //! its destination, and every name in the archive, with symbolic links
-//! followed inside the container's rootfs (`containerExtractToDir`: the
-//! path through `filepath.EvalSymlinks` in the container's filesystem,
-//! then `UntarWithRoot`, whose `Unpack` creates each entry through
-//! whatever link is on its way). Docker's own fix for CVE-2018-15664 keeps
-//! that inside the container; it does nothing for what bottle owns inside
-//! the container. An agent that plants `~/drop -> /etc/bottle` would get
-//! the operator's file written as root over `/etc/bottle/mcp.json`.
+//! followed inside the container's rootfs (`containerExtractToDir` in
+//! moby's `daemon/archive.go`: the path through `GetResourcePath`, i.e.
+//! `FollowSymlinkInScope`, then `chrootarchive.UntarWithRoot`, whose
+//! unpacking creates each entry through whatever link is on its way).
+//! Docker's fix for CVE-2018-15664 (moby#39292, the chroot) keeps that
+//! inside the container, which is where `/etc/bottle` is: an agent that
+//! plants `~/drop -> /etc/bottle` would get the operator's file written as
+//! root over `/etc/bottle/mcp.json`.
 //!
 //! So before the upload bottle walks the destination and everything the
 //! archive would land on ([`bottle_core::copy::guest`]) with the archive
@@ -19,12 +20,15 @@
 //! paused**: the cgroup freezer stops every process in it (the agent's
 //! execs included, they join its cgroup), so nothing can swap a directory
 //! for a link between the check and the write. Nothing else can write the
-//! agent's rootfs: it has no volume or host mount, and the bundle is
-//! another container. Once the walk saw only directories, the daemon's own
-//! resolution of the destination is the lexical path, and each entry is
-//! created under directories that either were checked or were made by the
-//! archive itself. The container is unpaused however the copy ends (an
-//! already paused container is left paused, as found).
+//! agent's filesystem: no volume is mounted into it (only its own
+//! `/etc/resolv.conf`, read-only), and the bundle is another container.
+//! Once the walk saw only directories, the daemon's own resolution of the
+//! destination is the lexical path, and each entry is created under
+//! directories that either were checked or were made by the archive
+//! itself. The container is unpaused however the copy ends (an
+//! already paused container is left paused, as found). Pausing is what
+//! moby#39252 proposed for the daemon itself and set aside because of
+//! volumes shared with other containers; an agent container shares none.
 //!
 //! Why not the other ways: extracting into a fresh directory and renaming
 //! it into place needs a process in the box to rename without following
