@@ -64,7 +64,8 @@ pub(crate) enum Command {
     Exec(ExecArgs),
     /// Run one tool call through a bottle's in-box agent.
     Execute(crate::execute::ExecuteArgs),
-    /// Copy a host file or directory into a bottle.
+    /// Copy files into a bottle or out of one (never through a link in
+    /// it, never anything unsafe onto the host).
     Cp(CpArgs),
     /// Return a bottle's agent to its golden snapshot and verify it from
     /// three sources (filesystem, open descriptors, engine); a divergence
@@ -198,10 +199,18 @@ pub(crate) struct RefillPoolArgs {
 /// `bottle cp`.
 #[derive(Debug, Args)]
 pub(crate) struct CpArgs {
-    /// The host file or directory.
-    pub source: std::path::PathBuf,
-    /// `BOTTLE:DIR`, the directory inside the bottle to copy into.
-    pub destination: String,
+    /// What to copy: a host file or directory (`DIR/.`: what is in it;
+    /// `-`: a tar archive on stdin), or `BOTTLE:PATH`.
+    #[arg(value_parser = clap::value_parser!(std::ffi::OsString))]
+    pub source: std::ffi::OsString,
+    /// Where to: `BOTTLE:PATH`, or a host path (`-`: a tar archive on
+    /// stdout).
+    #[arg(value_parser = clap::value_parser!(std::ffi::OsString))]
+    pub destination: std::ffi::OsString,
+    /// The largest archive read out of a bottle, or from stdin: binary
+    /// units, e.g. 1G, 500m.
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = crate::cp::parse_max_size)]
+    pub max_size: u64,
 }
 
 /// `bottle logs`.

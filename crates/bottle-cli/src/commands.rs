@@ -10,7 +10,7 @@ use bottle_core::timeline::Timeline;
 use bottle_core::{BottleInfo, BottleLauncher, BottleSpec, Manifest, Plan, manifest, slug};
 
 use crate::args::{
-    CleanupArgs, Cli, Command, CompletionsArgs, CpArgs, ExecArgs, Global, PlanArgs, StartArgs,
+    CleanupArgs, Cli, Command, CompletionsArgs, ExecArgs, Global, PlanArgs, StartArgs,
 };
 use crate::backends;
 use crate::devices;
@@ -37,7 +37,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::RefillPool(args) => crate::pool::refill(global, &args.agent),
         Command::Exec(args) => exec(global, &args),
         Command::Execute(args) => crate::execute::run(global, &args),
-        Command::Cp(args) => cp(global, &args),
+        Command::Cp(args) => crate::cp::run(global, &args),
         Command::Reset(args) => crate::reset::reset(global, &args),
         Command::Logs(args) => crate::logs::logs(global, &args, &state_root()?),
         Command::Requests(args) => crate::requests::list(global, &args, &state_root()?),
@@ -537,19 +537,6 @@ fn exec(global: &Global, args: &ExecArgs) -> Result<ExitCode, Failure> {
     }
     let code = bottle.exec_piped(&args.command)?;
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
-}
-
-fn cp(global: &Global, args: &CpArgs) -> Result<ExitCode, Failure> {
-    let Some((bottle, dir)) = args.destination.split_once(':') else {
-        return Err(Failure::new(
-            "BOT-C006",
-            EXIT_USAGE,
-            format!("destination {:?} does not name a bottle", args.destination),
-        )
-        .with_fix("write BOTTLE:DIR, e.g. demo:/tmp"));
-    };
-    find_bottle(global, bottle)?.copy_in(&args.source, dir)?;
-    Ok(ExitCode::SUCCESS)
 }
 
 fn doctor(global: &Global) -> Result<ExitCode, Failure> {

@@ -6,6 +6,7 @@
 mod args;
 mod backends;
 mod commands;
+mod cp;
 mod devices;
 mod execute;
 mod failure;

@@ -11,8 +11,17 @@ use std::net::Ipv4Addr;
 use crate::bundle::{GIT_GATE_PORT, PROXY_PORT, supervise_url};
 use crate::spec::BottleSpec;
 
-/// The directory inside the box holding everything bottle puts there.
+/// The directory inside the box holding the agent's files bottle puts
+/// there: its CA, prompt, skills, MCP configuration and environment.
 pub const AGENT_DIR: &str = "/etc/bottle";
+/// The directory inside the box holding bottle's own programs (the
+/// keep-alive, the in-box agent), root's and `0755`.
+pub const BOTTLE_BIN_DIR: &str = "/.bottle";
+/// What bottle owns inside a box: every path it provisions lies under one
+/// of these. `bottle cp` never writes there, named or through a link, so an
+/// operator's copy cannot replace what bottle put in the box for itself or
+/// the agent.
+pub const BOTTLE_OWNED_DIRS: [&str; 2] = [BOTTLE_BIN_DIR, AGENT_DIR];
 /// The bundle's CA certificate inside the box.
 pub const AGENT_CA_PATH: &str = "/etc/bottle/ca.pem";
 /// The prompt file inside the box.
@@ -218,6 +227,27 @@ mod tests {
 
     fn render(env: &[(String, String)]) -> String {
         env.iter().map(|(k, v)| format!("{k}={v}\n")).collect()
+    }
+
+    #[test]
+    fn every_provisioned_path_is_under_what_bottle_owns() {
+        let owned = |path: &str| {
+            BOTTLE_OWNED_DIRS
+                .iter()
+                .any(|dir| path.starts_with(&format!("{dir}/")))
+        };
+        for path in [
+            AGENT_CA_PATH,
+            AGENT_PROMPT_PATH,
+            AGENT_SKILLS_DIR,
+            AGENT_MCP_CONFIG,
+            crate::sandbox::TOOLBOX_PATH,
+        ] {
+            assert!(
+                owned(path),
+                "{path} is provisioned outside BOTTLE_OWNED_DIRS"
+            );
+        }
     }
 
     #[test]

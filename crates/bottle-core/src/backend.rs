@@ -5,11 +5,12 @@
 //! async API (bollard) owns its own runtime and blocks on it internally.
 
 use std::fmt;
-use std::path::Path;
+use std::io::Write;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::copy::{CopyIn, GuestPath};
 use crate::error::Coded;
 use crate::plan::Plan;
 use crate::sandbox::{ResetReport, SandboxError, ToolCall, ToolResult};
@@ -313,8 +314,21 @@ pub trait Bottle {
     /// output streams out as it comes. Returns the command's exit code.
     fn exec_piped(&self, argv: &[String]) -> Result<i32, BackendError>;
 
-    /// Copies a host file or directory into the bottle under `guest_dir`.
-    fn copy_in(&self, host_path: &Path, guest_dir: &str) -> Result<(), BackendError>;
+    /// Copies `copy` into the bottle at `dest`, by `docker cp`'s rules
+    /// ([`crate::copy::guest::place`]), owned by the agent's user and with
+    /// the times `copy` carries. Never follows a symbolic link inside the
+    /// box and never writes under what bottle owns there: the backend
+    /// checks the way with [`crate::copy::guest::walk`] where the agent
+    /// cannot change it before the write, or writes with no more than the
+    /// agent's own rights (each backend says which, `docs/SECURITY.md`).
+    fn copy_in(&self, copy: &CopyIn, dest: &GuestPath) -> Result<(), BackendError>;
+
+    /// Writes the box's tar archive of `path` to `out`: the entry itself (a
+    /// final link not followed) and, for a directory, what is below it.
+    /// What it writes is the box's word: the caller checks every entry
+    /// before writing any ([`crate::copy::host`]). A path that does not
+    /// exist is [`crate::copy::CopyError::Missing`].
+    fn copy_out(&self, path: &GuestPath, out: &mut dyn Write) -> Result<(), BackendError>;
 
     /// Runs one tool call through the in-box agent (started on the first
     /// call and kept), as the agent's user.

@@ -250,6 +250,17 @@ impl PipedChild {
         }
     }
 
+    /// Closes the child's stdin, waits for it to end and returns its exit
+    /// code: `None` when a signal ended it, or when there is no process
+    /// (a test double's).
+    pub fn wait(&mut self) -> io::Result<Option<i32>> {
+        self.stdin = Box::new(io::sink());
+        match self.child.take() {
+            Some(mut child) => Ok(child.wait()?.code()),
+            None => Ok(None),
+        }
+    }
+
     /// Kills the child and reaps it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

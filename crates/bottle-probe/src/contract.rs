@@ -117,7 +117,8 @@ pub struct ProbeResult {
     /// Stable probe name, e.g. `tcp-internet-v4`.
     pub probe: String,
     /// Category: `network`, `dns`, `proxy`, `filesystem`, `kernel`,
-    /// `privilege`, `resources`, `secrets`, `operator`, `git`, `audit`.
+    /// `privilege`, `resources`, `secrets`, `operator`, `copy`, `git`,
+    /// `audit`.
     pub category: String,
     /// What was attempted and what counts as blocked, for the report.
     pub expected: String,
@@ -196,6 +197,38 @@ pub const AUDIT_FLOOD_DENY_PREFIX: &str = "/bottle-probe/audit-flood/deny/";
 /// each with a method of its own, which no merging can save: they fill the
 /// log past its whole stream, so that rotation drops what came before.
 pub const AUDIT_FLOOD_ROTATE_PREFIX: &str = "/bottle-probe/audit-flood/rotate/";
+
+/// Where `cp-plant` plants what the harness then copies with the real
+/// `bottle cp`, both ways.
+pub const CP_DIR: &str = "/tmp/bottle-cp-probe";
+
+/// A plain directory in [`CP_DIR`]: the copies in to it are the controls.
+pub const CP_PLAIN_IN: &str = "plain-in";
+
+/// The links `cp-plant` makes in [`CP_DIR`] (name, target): to what bottle
+/// owns in the box, and to the directory above it. A copy in through any
+/// of them must be refused and change nothing there.
+pub const CP_LINKS: &[(&str, &str)] = &[
+    ("to-etc-bottle", "/etc/bottle"),
+    ("to-dot-bottle", "/.bottle"),
+    ("to-etc", "/etc"),
+];
+
+/// Trees in [`CP_DIR`] the harness copies out, each holding
+/// [`CP_DATA`] (the run's token): a plain one (the control), one with a
+/// link out of it (`abs` to `/etc/passwd`, `up` climbing out), one with a
+/// fifo, and one with a set-uid file ([`CP_SETUID_FILE`]).
+pub const CP_OUT_PLAIN: &str = "out-plain";
+/// See [`CP_OUT_PLAIN`].
+pub const CP_OUT_LINK: &str = "out-link";
+/// See [`CP_OUT_PLAIN`].
+pub const CP_OUT_FIFO: &str = "out-fifo";
+/// See [`CP_OUT_PLAIN`].
+pub const CP_OUT_SETUID: &str = "out-setuid";
+/// The file of the run's token in each tree of [`CP_OUT_PLAIN`].
+pub const CP_DATA: &str = "data";
+/// The set-uid file in [`CP_OUT_SETUID`].
+pub const CP_SETUID_FILE: &str = "tool";
 
 /// The fake AWS access key id `proxy-secret-split` sends in two chunks of
 /// one body: `AKIA` and 16 upper-case letters and digits drawn from the

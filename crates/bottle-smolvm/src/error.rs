@@ -186,6 +186,17 @@ pub enum SmolvmError {
         /// What the guest said.
         detail: String,
     },
+    /// `bottle cp`'s side in the guest (its `sh` and `tar`, run as the
+    /// agent's user) failed.
+    #[error("could not {what} in {machine}: {}", detail.trim())]
+    Copy {
+        /// The machine.
+        machine: String,
+        /// What the copy was doing.
+        what: String,
+        /// What the guest said.
+        detail: String,
+    },
     /// A machine of that name already exists.
     #[error("a smolvm machine named {machine:?} already exists")]
     AlreadyExists {
@@ -242,6 +253,7 @@ impl Coded for SmolvmError {
             SmolvmError::VmMissing { .. } => "BOT-K070",
             SmolvmError::Provision { .. } => "BOT-K071",
             SmolvmError::AlreadyExists { .. } => "BOT-K072",
+            SmolvmError::Copy { .. } => "BOT-K094",
             SmolvmError::External(err) => err.code,
         }
     }
@@ -302,6 +314,9 @@ impl Coded for SmolvmError {
             }
             SmolvmError::AlreadyExists { .. } => {
                 "stop the running bottle with `bottle stop NAME`, or remove leftovers with `bottle cleanup`".into()
+            }
+            SmolvmError::Copy { .. } => {
+                "`bottle cp` on smolmachines runs the agent image's /bin/sh and tar (busybox's will do) as the agent's user: check that the image has them and that the agent's user can read or write the path".into()
             }
             SmolvmError::External(err) => return err.fix(),
         };
@@ -414,6 +429,11 @@ mod tests {
                 detail: text(),
             },
             SmolvmError::AlreadyExists { machine: text() },
+            SmolvmError::Copy {
+                machine: text(),
+                what: text(),
+                detail: text(),
+            },
             SmolvmError::External(BackendError::new(
                 BackendErrorKind::Failed,
                 "BOT-D003",

@@ -252,7 +252,18 @@ mod tests {
         fn exec_piped(&self, _: &[String]) -> Result<i32, BackendError> {
             unreachable!("serve runs calls through execute")
         }
-        fn copy_in(&self, _: &Path, _: &str) -> Result<(), BackendError> {
+        fn copy_in(
+            &self,
+            _: &bottle_core::copy::CopyIn,
+            _: &bottle_core::copy::GuestPath,
+        ) -> Result<(), BackendError> {
+            unreachable!("serve copies nothing")
+        }
+        fn copy_out(
+            &self,
+            _: &bottle_core::copy::GuestPath,
+            _: &mut dyn std::io::Write,
+        ) -> Result<(), BackendError> {
             unreachable!("serve copies nothing")
         }
         fn execute(

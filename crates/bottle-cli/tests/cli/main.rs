@@ -8,6 +8,7 @@
 mod audit_logs;
 mod catalogue;
 mod commands;
+mod cp;
 mod e2e;
 mod example;
 mod execute;

@@ -820,3 +820,181 @@ fn the_python_client_demo_runs_against_a_microvm_bottle() {
     );
     assert_nothing_left(&world, &docker.engine);
 }
+
+/// What bottle owns in a guest, read from the guest root on the host:
+/// every path under it with its kind and contents.
+fn owned_in_guest(world: &World) -> Vec<(String, Vec<u8>)> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<(String, Vec<u8>)>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let contents = if meta.is_file() {
+                std::fs::read(&path).unwrap()
+            } else {
+                Vec::new()
+            };
+            out.push((path.display().to_string(), contents));
+            if meta.is_dir() {
+                walk(&path, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&world.guest().join("etc/bottle"), &mut out);
+    walk(&world.guest().join(".bottle"), &mut out);
+    out.sort();
+    out
+}
+
+#[test]
+fn cp_goes_both_ways_on_a_microvm_and_never_through_a_planted_link() {
+    let test = "cp_goes_both_ways_on_a_microvm_and_never_through_a_planted_link";
+    let Some(docker) = docker(test) else { return };
+    let world = World::new(&docker.image, "cp-vm");
+    if !sandbox_available(&world, test) {
+        return;
+    }
+    let name = world.name();
+    let at = |path: &str| format!("{name}:{path}");
+    let vm = || {
+        let mut cmd = world.bottle("1.9.3", "");
+        cmd.args(["--backend", "smolmachines"]);
+        cmd
+    };
+    let exec = |script: &str| -> String {
+        let out = vm()
+            .args(["exec", &name, "--", "sh", "-c", script])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{script}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    vm().args(["--yes", "start", "coder", "--name", &name, "--detach"])
+        .assert()
+        .success();
+
+    // In: a tree keeps its times and belongs to the user commands run as.
+    let proj = world.dir.path().join("proj");
+    std::fs::create_dir_all(proj.join("sub")).unwrap();
+    std::fs::write(proj.join("sub/a.txt"), "alpha\n").unwrap();
+    let when = std::time::UNIX_EPOCH + Duration::from_secs(1_650_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(proj.join("sub/a.txt"))
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+    vm().arg("cp").arg(&proj).arg(at("/tmp")).assert().success();
+    assert_eq!(
+        exec("echo \"$(stat -c '%u %Y' /tmp/proj/sub/a.txt) $(id -u)\""),
+        format!(
+            "{} 1650000000 {}\n",
+            exec("id -u").trim(),
+            exec("id -u").trim()
+        )
+    );
+    let mut stdin_tar = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(6);
+    header.set_mode(0o644);
+    stdin_tar
+        .append_data(&mut header, "piped.txt", &b"piped\n"[..])
+        .unwrap();
+    vm().args(["cp", "-", &at("/tmp/proj")])
+        .write_stdin(stdin_tar.into_inner().unwrap())
+        .assert()
+        .success();
+    assert_eq!(exec("cat /tmp/proj/piped.txt"), "piped\n");
+
+    // Out: a tree, and a tar on stdout.
+    let out = world.dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    vm().args(["cp", &at("/tmp/proj"), out.to_str().unwrap()])
+        .assert()
+        .success();
+    assert_eq!(
+        std::fs::read_to_string(out.join("proj/sub/a.txt")).unwrap(),
+        "alpha\n"
+    );
+    use std::os::unix::fs::MetadataExt as _;
+    assert_eq!(
+        std::fs::metadata(out.join("proj/sub/a.txt"))
+            .unwrap()
+            .mtime(),
+        1_650_000_000
+    );
+    let tar = vm()
+        .args(["cp", &at("/tmp/proj/sub"), "-"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let mut archive = tar::Archive::new(tar.as_slice());
+    let listed: Vec<String> = archive
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap().path().unwrap().display().to_string())
+        .collect();
+    assert_eq!(listed, ["sub", "sub/a.txt"]);
+
+    // The agent plants links; copies through them are refused and nothing
+    // bottle owns changes, while the same copy to a plain directory lands.
+    exec(
+        "mkdir -p /.bottle && cd /tmp && ln -s /etc/bottle drop && ln -s /.bottle bin && ln -s /etc up \
+         && mkdir plain hostile && echo x > hostile/data && ln -s /etc/passwd hostile/abs",
+    );
+    let before = owned_in_guest(&world);
+    assert!(
+        before
+            .iter()
+            .any(|(p, _)| p.ends_with("etc/bottle/mcp.json")),
+        "{before:?}"
+    );
+    let mcp = world.dir.path().join("mcp.json");
+    std::fs::write(&mcp, "{\"planted\": true}\n").unwrap();
+    for dest in ["/tmp/drop", "/tmp/bin", "/tmp/up/bottle", "/tmp/drop/x"] {
+        vm().arg("cp")
+            .arg(&mcp)
+            .arg(at(dest))
+            .assert()
+            .code(5)
+            .stderr(predicate::str::contains("error[BOT-F003]"));
+    }
+    vm().arg("cp")
+        .arg(&mcp)
+        .arg(at("/etc/bottle"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("error[BOT-F002]"));
+    assert_eq!(owned_in_guest(&world), before);
+    vm().arg("cp")
+        .arg(&mcp)
+        .arg(at("/tmp/plain"))
+        .assert()
+        .success();
+    assert_eq!(exec("cat /tmp/plain/mcp.json"), "{\"planted\": true}\n");
+
+    // A link out of the copied tree: refused, nothing written.
+    let empty = world.dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    vm().args(["cp", &at("/tmp/hostile"), empty.to_str().unwrap()])
+        .assert()
+        .code(5)
+        .stderr(predicate::str::contains("error[BOT-F010]"));
+    assert_eq!(std::fs::read_dir(&empty).unwrap().count(), 0);
+    vm().args(["cp", &at("/tmp/nothing"), empty.to_str().unwrap()])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("error[BOT-F004]"));
+
+    vm().args(["stop", &name]).assert().success();
+    assert_nothing_left(&world, &docker.engine);
+}

@@ -9,6 +9,7 @@
 )]
 
 mod ca;
+mod copy;
 mod devices;
 mod disk;
 mod execute;

@@ -8,6 +8,7 @@
 //! cannot spoil the others.
 
 mod audit;
+mod copy;
 mod dns;
 mod filesystem;
 mod git;
@@ -202,6 +203,7 @@ pub fn catalogue(config: &ProbeConfig) -> Vec<Probe> {
     all.extend(toolbox::probes());
     all.extend(secrets::probes());
     all.extend(operator::probes());
+    all.extend(copy::probes());
     all.extend(git::probes());
     all.extend(audit::probes());
     all.extend(resources::probes());

@@ -60,6 +60,7 @@ fn the_catalogue_has_every_category_and_unique_names() {
         "privilege",
         "resources",
         "secrets",
+        "copy",
     ] {
         assert!(all.iter().any(|p| p.category == cat), "no {cat} probe");
     }

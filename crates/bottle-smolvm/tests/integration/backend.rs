@@ -308,7 +308,9 @@ fn launch_and_check(version: &str) {
     );
     let file = s.world.dir.path().join("notes.txt");
     std::fs::write(&file, "n").unwrap();
-    bottle.copy_in(&file, "/tmp").unwrap();
+    let copy = bottle_core::copy::CopyIn::from_host(&file).unwrap();
+    let tmp = bottle_core::copy::GuestPath::parse("/tmp").unwrap();
+    bottle.copy_in(&copy, &tmp).unwrap();
     assert!(guest.join("tmp/notes.txt").is_file());
 
     // Listed, attachable, then stopped with nothing left.

@@ -19,14 +19,17 @@
 //! probing phase and its evidence; `bottle_posture`: a bottle seen from
 //! the host; `faults`: the fault phases; `prepare`: what the run builds
 //! first; `leftovers`: what a run must not leave behind; `operator`: what
-//! agent text does to the operator's terminal; `git_repos`: each agent's
-//! bare repository on the host, seeded and read back with real git;
-//! `toolbox`: the in-box agent's channel attacked from a tool call.
+//! agent text does to the operator's terminal; `copy`: what the agent's
+//! planted links and trees do to the operator's `bottle cp`; `git_repos`:
+//! each agent's bare repository on the host, seeded and read back with
+//! real git; `toolbox`: the in-box agent's channel attacked from a tool
+//! call.
 
 mod audit_log;
 mod bottle_posture;
 mod bottles;
 mod controls;
+mod copy;
 mod faults;
 mod git_repos;
 mod leftovers;

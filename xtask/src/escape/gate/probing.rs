@@ -160,6 +160,7 @@ impl Gate {
         if let Some(seed) = &seed {
             self.redaction_evidence(phase, hits_before);
             self.operator_output(phase, &bottle.guard.name)?;
+            self.copy_evidence(phase, &bottle.guard.name, &results)?;
             self.audit_evidence(phase, &bottle.guard.name, &bottle.key, seed, &results)?;
         }
         Ok(results)
