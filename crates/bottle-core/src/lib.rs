@@ -19,6 +19,7 @@ pub mod bundle;
 pub mod bundle_binary;
 pub mod bundle_host;
 pub mod ca_install;
+pub mod checkout;
 pub mod devices;
 pub mod disk;
 pub mod display;

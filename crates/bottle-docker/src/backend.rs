@@ -809,7 +809,10 @@ mod tests {
     fn host_paths_are_absolute_when_the_manifest_path_is_relative() {
         let dir = tempfile::tempdir().unwrap();
         let sub = std::fs::canonicalize(dir.path()).unwrap().join("sub");
-        std::fs::create_dir_all(sub.join("git/app.git")).unwrap();
+        for d in ["objects", "refs"] {
+            std::fs::create_dir_all(sub.join("git/app.git").join(d)).unwrap();
+        }
+        std::fs::write(sub.join("git/app.git/HEAD"), "ref: refs/heads/main\n").unwrap();
         std::fs::write(
             sub.join("bottle.toml"),
             "[agents.a]\nimage = \"x\"\negress.allow = [\"api.example.com\"]\n\
