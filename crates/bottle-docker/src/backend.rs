@@ -10,6 +10,7 @@ use bottle_core::backend::{
     BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupReport,
     StopProgress,
 };
+use bottle_core::checkout::RepoKind;
 use bottle_core::disk::{LayerCap, format_size};
 use bottle_core::manifest::{self, CredentialSource};
 use bottle_core::slug::slug_of;
@@ -559,9 +560,13 @@ pub(crate) fn git_refs(spec: &BottleSpec) -> Vec<GitRef> {
         .iter()
         .map(|repo| {
             let remote = manifest::is_remote_git_url(&repo.url);
+            let local_path = (!remote).then(|| expand_home(spec, &repo.url));
+            let checkout =
+                local_path.as_deref().and_then(RepoKind::of_path) == Some(RepoKind::Checkout);
             GitRef {
                 name: repo.name.clone(),
-                local_path: (!remote).then(|| expand_home(spec, &repo.url)),
+                local_path,
+                checkout,
                 upstream: remote.then(|| repo.url.clone()),
                 mode: repo.mode,
                 push: repo.push.clone(),

@@ -140,6 +140,10 @@ pub enum DockerError {
     /// The operator interrupted the launch; it unwound.
     #[error(transparent)]
     Interrupted(#[from] bottle_core::undo::Interrupted),
+    /// A working checkout's mirror could not be made, or its sync record
+    /// written.
+    #[error(transparent)]
+    Checkout(#[from] bottle_core::checkout::CheckoutError),
     /// Isolation could not be positively confirmed; the launch was refused.
     #[error("isolation not confirmed, bottle refused: {what}")]
     IsolationUnconfirmed {
@@ -425,6 +429,7 @@ impl Coded for DockerError {
             DockerError::Subnet(err) => err.code(),
             DockerError::RetainedLogs(err) => err.code(),
             DockerError::Interrupted(err) => err.code(),
+            DockerError::Checkout(err) => err.code(),
             DockerError::IsolationUnconfirmed { .. } => "BOT-D050",
             DockerError::BundleUnhealthy { .. } => "BOT-D051",
             DockerError::Failpoint { .. } => "BOT-D060",
@@ -469,6 +474,7 @@ impl Coded for DockerError {
             DockerError::Subnet(err) => return err.fix(),
             DockerError::RetainedLogs(err) => return err.fix(),
             DockerError::Interrupted(err) => return err.fix(),
+            DockerError::Checkout(err) => return err.fix(),
             DockerError::IsolationUnconfirmed { .. } => "nothing was left running; check `docker info` (the daemon must support internal bridge networks) and report this if it persists".into(),
             DockerError::BundleUnhealthy { .. } => "read the bundle logs above; `bottle doctor` checks the bundle binary and the daemon".into(),
             DockerError::Failpoint { .. } | DockerError::UnknownFailpoint { .. } => "unset BOTTLE_FAILPOINT".into(),
@@ -562,6 +568,10 @@ mod tests {
                 pool: bottle_net::SubnetPool::default().range(),
             }),
             DockerError::Interrupted(bottle_core::undo::Interrupted { step: text() }),
+            DockerError::Checkout(bottle_core::checkout::CheckoutError::Mirror {
+                checkout: "/x".into(),
+                detail: text(),
+            }),
             DockerError::RetainedLogs(bottle_core::audit_files::RetainedLogsError {
                 action: "keep the audit log in",
                 path: "/x".into(),
