@@ -56,7 +56,11 @@ pub(crate) enum Command {
     List,
     /// Stop a bottle and remove everything it owns.
     Stop(BottleArg),
-    /// Remove what crashed launches left behind, and old audit logs.
+    /// Bring the agent's accepted pushes into the working checkouts now
+    /// (the bottle's holder does it within seconds, and `stop` at the end).
+    Sync(BottleArg),
+    /// Remove what this install's crashed launches left behind (and, with
+    /// --logs-older-than, old audit logs), after listing it and asking.
     Cleanup(CleanupArgs),
     /// Join the agent of a bottle started with --detach.
     Attach(AttachArgs),

@@ -26,6 +26,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Start(args) => start(global, &args),
         Command::List => list(global),
         Command::Stop(args) => crate::stop::stop(global, &args.bottle),
+        Command::Sync(args) => crate::checkout::sync_command(global, &args.bottle),
         Command::Cleanup(args) => cleanup(global, &args),
         Command::Attach(args) => {
             crate::session::attach::run(global, &args.bottle, args.detach_keys)
@@ -311,9 +312,16 @@ impl Started<'_> {
             return Ok(ExitCode::SUCCESS);
         }
         self.print_timings();
+        let state_dir = state_root()?.join(slug::slug_of(bottle.name()));
+        let watcher = crate::checkout::Watcher::start(&state_dir);
         let code = bottle.exec_interactive(command);
         let name = bottle.name().to_string();
         drop(bottle);
+        // The agent is done: what it pushed goes into the checkouts before
+        // the stop removes the mirrors.
+        if let Some(watcher) = watcher {
+            crate::checkout::print_report(global, &watcher.finish());
+        }
         let stopped = backend.stop(&name);
         let code = code?;
         stopped?;

@@ -7,6 +7,7 @@
 
 mod audit_logs;
 mod catalogue;
+mod checkout;
 mod commands;
 mod e2e;
 mod example;
