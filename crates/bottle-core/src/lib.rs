@@ -42,8 +42,8 @@ pub mod undo;
 pub mod upstream_trust;
 
 pub use backend::{
-    BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupReport,
-    ExecOutput,
+    BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupItem,
+    CleanupPass, CleanupReport, ExecOutput,
 };
 pub use error::Coded;
 pub use manifest::{Manifest, ManifestError};

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use bollard::models::SystemInfo;
 use bottle_core::backend::{
-    BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupReport,
-    StopProgress,
+    BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupItem,
+    CleanupPass, CleanupReport, StopProgress,
 };
 use bottle_core::checkout::RepoKind;
 use bottle_core::disk::{LayerCap, format_size};
@@ -296,7 +296,7 @@ impl DockerBackend {
             &bundle_bin,
             &git_files,
             self.options.progress.as_ref(),
-            Some(&self.options.state_root.join(images::BUNDLE_DIGEST_CACHE)),
+            Some(&self.options.state_root),
         )?;
         let pool = self.options.subnet_pool.unwrap_or_default();
         let subnet = choose_subnet(engine, &pool, &spec.slug)?;
@@ -718,24 +718,34 @@ impl BottleBackend for DockerBackend {
         )?)
     }
 
-    fn cleanup_orphans(&self) -> Result<CleanupReport, BackendError> {
+    fn cleanup_plan(&self) -> Result<Vec<CleanupItem>, BackendError> {
+        let mut pass = CleanupPass::listing();
+        self.cleanup_pass(&mut pass)?;
+        Ok(pass.found)
+    }
+
+    fn cleanup_approved(&self, approved: &[CleanupItem]) -> Result<CleanupReport, BackendError> {
+        let mut pass = CleanupPass::removing(approved);
+        self.cleanup_pass(&mut pass)?;
+        Ok(pass.report)
+    }
+}
+
+impl DockerBackend {
+    /// One walk over this install's leftovers: broken pool entries,
+    /// orphaned bottles and state dirs, the unused egress network, and the
+    /// bundle images of older binaries.
+    fn cleanup_pass(&self, pass: &mut CleanupPass<'_>) -> Result<(), DockerError> {
         let engine = self.engine()?;
-        let mut report = crate::pool::cleanup_broken(engine, &self.options.state_root)?;
-        let orphans = lifecycle::cleanup_orphans(engine, &self.options.state_root)?;
-        report.removed.extend(orphans.removed);
-        report.failed.extend(orphans.failed);
-        report.kept.extend(orphans.kept);
+        let root = &self.options.state_root;
+        crate::pool::cleanup_broken(engine, root, pass)?;
+        lifecycle::cleanup(engine, root, pass)?;
         // Without the current binary there is no telling which image is
         // still wanted; then nothing is pruned.
         if let Ok(current) = images::find_bundle_binary(self.options.bundle_bin.as_deref()) {
-            match images::prune_bundle_images(engine, &current) {
-                Ok(tags) => report
-                    .removed
-                    .extend(tags.into_iter().map(|t| format!("image {t}"))),
-                Err(err) => report.failed.push(err.to_string()),
-            }
+            images::prune_bundle_images(engine, &current, root, pass)?;
         }
-        Ok(report)
+        Ok(())
     }
 }
 
