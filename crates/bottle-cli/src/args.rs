@@ -70,6 +70,10 @@ pub(crate) enum Command {
     Execute(crate::execute::ExecuteArgs),
     /// Copy a host file or directory into a bottle.
     Cp(CpArgs),
+    /// Make an image of a bottle's filesystem, with its image's own
+    /// configuration and nothing of bottle's, to start the next bottle from
+    /// (docker backend).
+    Commit(CommitArgs),
     /// Return a bottle's agent to its golden snapshot and verify it from
     /// three sources (filesystem, open descriptors, engine); a divergence
     /// halts the bottle and exits 5. A detached agent starts again in a new
@@ -206,6 +210,15 @@ pub(crate) struct CpArgs {
     pub source: std::path::PathBuf,
     /// `BOTTLE:DIR`, the directory inside the bottle to copy into.
     pub destination: String,
+}
+
+/// `bottle commit`.
+#[derive(Debug, Args)]
+pub(crate) struct CommitArgs {
+    /// The bottle (`bot-bottle-<slug>` or just `<slug>`).
+    pub bottle: String,
+    /// The image to make, `name:tag` (`latest` when no tag is given).
+    pub image: String,
 }
 
 /// `bottle logs`.

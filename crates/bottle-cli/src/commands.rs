@@ -10,7 +10,8 @@ use bottle_core::timeline::Timeline;
 use bottle_core::{BottleInfo, BottleLauncher, BottleSpec, Manifest, Plan, manifest, slug};
 
 use crate::args::{
-    CleanupArgs, Cli, Command, CompletionsArgs, CpArgs, ExecArgs, Global, PlanArgs, StartArgs,
+    CleanupArgs, Cli, Command, CommitArgs, CompletionsArgs, CpArgs, ExecArgs, Global, PlanArgs,
+    StartArgs,
 };
 use crate::backends;
 use crate::devices;
@@ -39,6 +40,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Exec(args) => exec(global, &args),
         Command::Execute(args) => crate::execute::run(global, &args),
         Command::Cp(args) => cp(global, &args),
+        Command::Commit(args) => commit(global, &args),
         Command::Reset(args) => crate::reset::reset(global, &args),
         Command::Logs(args) => crate::logs::logs(global, &args, &state_root()?),
         Command::Requests(args) => crate::requests::list(global, &args, &state_root()?),
@@ -610,6 +612,23 @@ fn cp(global: &Global, args: &CpArgs) -> Result<ExitCode, Failure> {
         .with_fix("write BOTTLE:DIR, e.g. demo:/tmp"));
     };
     find_bottle(global, bottle)?.copy_in(&args.source, dir)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `bottle commit BOTTLE IMAGE`: the image, and what of bottle's it left
+/// out.
+fn commit(global: &Global, args: &CommitArgs) -> Result<ExitCode, Failure> {
+    let bottle = find_bottle(global, &args.bottle)?;
+    let report = bottle.commit(&args.image)?;
+    for line in &report.removed {
+        let line = bottle_core::display::escape_for_terminal(line).into_owned();
+        note(global.quiet, &format!("left out {line}"));
+    }
+    if global.json {
+        output::json(&report)?;
+    } else {
+        out(&format!("{} {}\n", report.image, report.id));
+    }
     Ok(ExitCode::SUCCESS)
 }
 

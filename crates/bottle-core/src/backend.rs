@@ -206,6 +206,18 @@ pub struct CleanupReport {
     pub kept: Vec<String>,
 }
 
+/// What `bottle commit` made.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitReport {
+    /// The image's reference, as the operator named it.
+    pub image: String,
+    /// Its ID.
+    pub id: String,
+    /// What of bottle's was taken out of the agent's filesystem, one line
+    /// each (`/etc/bottle`, the bottle's CA from `/etc/ssl/certs/...`).
+    pub removed: Vec<String>,
+}
+
 /// One thing `cleanup` would remove, and why, as the operator confirms it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CleanupItem {
@@ -408,4 +420,12 @@ pub trait Bottle {
     /// Returns the box to its golden snapshot and verifies the revert from
     /// three sources; any divergence halts the bottle.
     fn reset(&self) -> Result<ResetReport, SandboxError>;
+
+    /// Makes the image `image` of the agent's filesystem as it is now, with
+    /// the configuration of the image the bottle started from (user,
+    /// entrypoint, command, environment, working dir, exposed ports,
+    /// labels) and nothing bottle put into the box: its files, its CA, its
+    /// environment, its entrypoint. A backend that cannot says why
+    /// ([`BackendErrorKind::Unsupported`]).
+    fn commit(&self, image: &str) -> Result<CommitReport, BackendError>;
 }

@@ -43,7 +43,7 @@ pub mod upstream_trust;
 
 pub use backend::{
     BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupItem,
-    CleanupPass, CleanupReport, ExecOutput,
+    CleanupPass, CleanupReport, CommitReport, ExecOutput,
 };
 pub use error::Coded;
 pub use manifest::{Manifest, ManifestError};

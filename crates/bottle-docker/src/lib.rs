@@ -32,6 +32,7 @@ pub mod backend;
 pub mod bottle;
 pub mod cache;
 pub mod client;
+pub mod commit;
 pub mod config;
 pub mod data;
 mod error;

@@ -9,6 +9,7 @@ mod audit_logs;
 mod catalogue;
 mod checkout;
 mod commands;
+mod commit;
 mod e2e;
 mod example;
 mod execute;

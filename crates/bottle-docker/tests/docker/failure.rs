@@ -125,6 +125,36 @@ fn cleanup_removes_the_orphan_of_a_killed_launch() {
         "the orphan should be there"
     );
 
+    // Another install on this host (another state root) neither lists nor
+    // removes this install's orphan.
+    let other_root = bottle_test_support::temp_state_root();
+    let mut options = bottle_docker::DockerOptions::new(other_root.path());
+    options.bundle_bin = fx.backend.options().bundle_bin.clone();
+    let other = bottle_docker::DockerBackend::new(options).unwrap();
+    let listed = other.cleanup_plan().unwrap();
+    assert!(
+        !listed
+            .iter()
+            .any(|item| item.name == format!("bot-bottle-{name}")),
+        "{listed:?}"
+    );
+    other.cleanup_orphans().unwrap();
+    assert_eq!(
+        resources_of(&fx.backend, &name).len(),
+        3,
+        "another install's cleanup removed this install's orphan"
+    );
+    // This install's lists it, and removes it only once approved.
+    let listed = fx.backend.cleanup_plan().unwrap();
+    assert!(
+        listed
+            .iter()
+            .any(|item| item.kind == "bottle" && item.name == format!("bot-bottle-{name}")),
+        "{listed:?}"
+    );
+    assert!(fx.backend.cleanup_approved(&[]).unwrap().removed.is_empty());
+    assert_eq!(resources_of(&fx.backend, &name).len(), 3);
+
     // A live owner's bottle is left alone (this test process owns nothing
     // here, so launch one that it does own).
     let (_live_guard, live) = fx.start(&support::name("orphan-live"));

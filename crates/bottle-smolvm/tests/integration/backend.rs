@@ -320,6 +320,10 @@ fn launch_and_check(version: &str) {
     assert_eq!(list[0].bundle_address.as_deref(), Some("192.168.77.2"));
     let attached = s.backend.attach("coder").unwrap();
     assert_eq!(attached.exec(&["true".into()]).unwrap().exit_code, 0);
+    // No image is made of a microVM: refused as unsupported, with why.
+    let refused = attached.commit("kept:1").unwrap_err();
+    assert_eq!(refused.kind, BackendErrorKind::Unsupported);
+    assert_eq!(refused.code, "BOT-K080");
 
     // The image is now a cache hit.
     let again = s.backend.prepare(&s.spec).unwrap();
