@@ -56,7 +56,11 @@ pub(crate) enum Command {
     List,
     /// Stop a bottle and remove everything it owns.
     Stop(BottleArg),
-    /// Remove what crashed launches left behind, and old audit logs.
+    /// Bring the agent's accepted pushes into the working checkouts now
+    /// (the bottle's holder does it within seconds, and `stop` at the end).
+    Sync(BottleArg),
+    /// Remove what this install's crashed launches left behind (and, with
+    /// --logs-older-than, old audit logs), after listing it and asking.
     Cleanup(CleanupArgs),
     /// Join the agent of a bottle started with --detach.
     Attach(AttachArgs),
@@ -67,6 +71,10 @@ pub(crate) enum Command {
     /// Copy files into a bottle or out of one (never through a link in
     /// it, never anything unsafe onto the host).
     Cp(CpArgs),
+    /// Make an image of a bottle's filesystem, with its image's own
+    /// configuration and nothing of bottle's, to start the next bottle from
+    /// (docker backend).
+    Commit(CommitArgs),
     /// Return a bottle's agent to its golden snapshot and verify it from
     /// three sources (filesystem, open descriptors, engine); a divergence
     /// halts the bottle and exits 5. A detached agent starts again in a new
@@ -211,6 +219,15 @@ pub(crate) struct CpArgs {
     /// units, e.g. 1G, 500m.
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = crate::cp::parse_max_size)]
     pub max_size: u64,
+}
+
+/// `bottle commit`.
+#[derive(Debug, Args)]
+pub(crate) struct CommitArgs {
+    /// The bottle (`bot-bottle-<slug>` or just `<slug>`).
+    pub bottle: String,
+    /// The image to make, `name:tag` (`latest` when no tag is given).
+    pub image: String,
 }
 
 /// `bottle logs`.

@@ -10,7 +10,8 @@ use bottle_core::timeline::Timeline;
 use bottle_core::{BottleInfo, BottleLauncher, BottleSpec, Manifest, Plan, manifest, slug};
 
 use crate::args::{
-    CleanupArgs, Cli, Command, CompletionsArgs, ExecArgs, Global, PlanArgs, StartArgs,
+    CleanupArgs, Cli, Command, CommitArgs, CompletionsArgs, ExecArgs, Global, PlanArgs,
+    StartArgs,
 };
 use crate::backends;
 use crate::devices;
@@ -26,6 +27,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Start(args) => start(global, &args),
         Command::List => list(global),
         Command::Stop(args) => crate::stop::stop(global, &args.bottle),
+        Command::Sync(args) => crate::checkout::sync_command(global, &args.bottle),
         Command::Cleanup(args) => cleanup(global, &args),
         Command::Attach(args) => {
             crate::session::attach::run(global, &args.bottle, args.detach_keys)
@@ -38,6 +40,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Exec(args) => exec(global, &args),
         Command::Execute(args) => crate::execute::run(global, &args),
         Command::Cp(args) => crate::cp::run(global, &args),
+        Command::Commit(args) => commit(global, &args),
         Command::Reset(args) => crate::reset::reset(global, &args),
         Command::Logs(args) => crate::logs::logs(global, &args, &state_root()?),
         Command::Requests(args) => crate::requests::list(global, &args, &state_root()?),
@@ -127,11 +130,19 @@ fn plan(global: &Global, args: &PlanArgs) -> Result<ExitCode, Failure> {
 
 /// Asks y/N on the terminal; anything but y/yes declines.
 pub(crate) fn confirm(question: &str) -> Result<bool, Failure> {
+    confirm_to(question, "the plan", "start")
+}
+
+/// [`confirm`] for `what` (`the plan`), which `--yes` would `act` on
+/// (`start`) without asking: with no terminal to ask on, an error saying so.
+pub(crate) fn confirm_to(question: &str, what: &str, act: &str) -> Result<bool, Failure> {
     if !output::interactive() {
-        return Err(
-            Failure::new("BOT-C003", EXIT_USAGE, "no terminal to confirm the plan on")
-                .with_fix("pass --yes to start without confirming"),
-        );
+        return Err(Failure::new(
+            "BOT-C003",
+            EXIT_USAGE,
+            format!("no terminal to confirm {what} on"),
+        )
+        .with_fix(format!("pass --yes to {act} without confirming")));
     }
     let mut stderr = io::stderr();
     let _ = write!(stderr, "{question} [y/N] ");
@@ -311,9 +322,16 @@ impl Started<'_> {
             return Ok(ExitCode::SUCCESS);
         }
         self.print_timings();
+        let state_dir = state_root()?.join(slug::slug_of(bottle.name()));
+        let watcher = crate::checkout::Watcher::start(&state_dir);
         let code = bottle.exec_interactive(command);
         let name = bottle.name().to_string();
         drop(bottle);
+        // The agent is done: what it pushed goes into the checkouts before
+        // the stop removes the mirrors.
+        if let Some(watcher) = watcher {
+            crate::checkout::print_report(global, &watcher.finish());
+        }
         let stopped = backend.stop(&name);
         let code = code?;
         stopped?;
@@ -470,21 +488,56 @@ pub(crate) fn no_bottle_named(name: &str) -> Failure {
     .with_fix("see `bottle list`")
 }
 
+/// `bottle cleanup`: lists what this install left behind (never another
+/// install's, never anything in use), asks, then removes what was listed
+/// and still qualifies.
 fn cleanup(global: &Global, args: &CleanupArgs) -> Result<ExitCode, Failure> {
-    let mut removed = 0;
+    let root = state_root()?;
     // Old audit logs need no backend: they are pruned even where none runs.
-    if let Some(age) = args.logs_older_than {
-        let pruned = crate::logs::prune(&state_root()?, age)?;
-        for run in &pruned {
-            note(
-                global.quiet,
-                &format!("removed audit log {}", run.display()),
-            );
-        }
-        removed += pruned.len();
-    }
+    let cutoff = args.logs_older_than.map(crate::logs::cutoff);
+    let logs = match &cutoff {
+        Some(cutoff) => crate::logs::prunable(&root, cutoff)?,
+        None => Vec::new(),
+    };
+    let mut plans = Vec::new();
     for backend in backends_to_ask(global)? {
-        let report = backend.cleanup_orphans()?;
+        let items = backend.cleanup_plan()?;
+        plans.push((backend, items));
+    }
+    let found = logs.len() + plans.iter().map(|(_, items)| items.len()).sum::<usize>();
+    if found == 0 {
+        out("cleanup: nothing to remove\n");
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !global.quiet || !global.yes {
+        let mut list = String::from("cleanup would remove:\n");
+        for (backend, items) in &plans {
+            for item in items {
+                let line = bottle_core::display::escape_for_terminal(&item.line()).into_owned();
+                list.push_str(&format!("  {}: {line}\n", backend.kind()));
+            }
+        }
+        for run in &logs {
+            list.push_str(&format!("  audit log {}\n", run.display()));
+        }
+        output::err(&list);
+    }
+    if !global.yes && !confirm_to("remove these?", "the cleanup", "clean up")? {
+        note(global.quiet, "nothing removed");
+        return Ok(ExitCode::from(EXIT_DECLINED));
+    }
+    let mut removed = 0;
+    for (backend, items) in &plans {
+        // What the agent of a bottle about to go pushed into a working
+        // checkout's mirror comes home first.
+        for item in items {
+            let dir = match item.kind.as_str() {
+                "state dir" => PathBuf::from(&item.name),
+                _ => root.join(slug::slug_of(&item.name)),
+            };
+            crate::checkout::print_report(global, &crate::checkout::sync_quietly(&dir));
+        }
+        let report = backend.cleanup_approved(items)?;
         for line in &report.removed {
             note(global.quiet, &format!("removed {line}"));
         }
@@ -495,6 +548,16 @@ fn cleanup(global: &Global, args: &CleanupArgs) -> Result<ExitCode, Failure> {
             note(false, &format!("could not remove {line}"));
         }
         removed += report.removed.len();
+    }
+    if let Some(cutoff) = &cutoff {
+        let pruned = crate::logs::prune(&root, cutoff)?;
+        for run in &pruned {
+            note(
+                global.quiet,
+                &format!("removed audit log {}", run.display()),
+            );
+        }
+        removed += pruned.len();
     }
     out(&format!("cleanup: removed {removed} resource(s)\n"));
     Ok(ExitCode::SUCCESS)
@@ -537,6 +600,23 @@ fn exec(global: &Global, args: &ExecArgs) -> Result<ExitCode, Failure> {
     }
     let code = bottle.exec_piped(&args.command)?;
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+/// `bottle commit BOTTLE IMAGE`: the image, and what of bottle's it left
+/// out.
+fn commit(global: &Global, args: &CommitArgs) -> Result<ExitCode, Failure> {
+    let bottle = find_bottle(global, &args.bottle)?;
+    let report = bottle.commit(&args.image)?;
+    for line in &report.removed {
+        let line = bottle_core::display::escape_for_terminal(line).into_owned();
+        note(global.quiet, &format!("left out {line}"));
+    }
+    if global.json {
+        output::json(&report)?;
+    } else {
+        out(&format!("{} {}\n", report.image, report.id));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn doctor(global: &Global) -> Result<ExitCode, Failure> {

@@ -132,18 +132,49 @@ fn list_runs(global: &Global, runs: &[RetainedRun]) {
     output::out(&output::table(&["RUN", "LOG"], &rows));
 }
 
-/// Removes the kept runs of every bottle stopped more than `age` ago;
-/// returns their directories.
-pub(crate) fn prune(state_root: &Path, age: Duration) -> Result<Vec<PathBuf>, Failure> {
+/// The cutoff of `bottle cleanup --logs-older-than age`: the RFC 3339
+/// time `age` ago, which run names (their stop times) are compared with.
+pub(crate) fn cutoff(age: Duration) -> String {
     let cutoff = SystemTime::now()
         .checked_sub(age)
         .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
         .unwrap_or_default();
-    let cutoff = bottle_core::time::rfc3339_millis(
+    bottle_core::time::rfc3339_millis(
         i64::try_from(cutoff.as_secs()).unwrap_or(i64::MAX),
         cutoff.subsec_millis(),
-    );
-    audit_files::prune_retained_logs(state_root, &cutoff).map_err(|err| Failure::coded(&err, 1))
+    )
+}
+
+/// The kept runs of every bottle stopped before `cutoff`, which
+/// [`prune`] removes: a run's name starts with its stop time.
+pub(crate) fn prunable(state_root: &Path, cutoff: &str) -> Result<Vec<PathBuf>, Failure> {
+    let root = state_root.join(audit_files::RETAINED_LOGS_DIR);
+    let Ok(bottles) = std::fs::read_dir(&root) else {
+        return Ok(Vec::new());
+    };
+    let mut runs = Vec::new();
+    for bottle in bottles.flatten() {
+        let Ok(slug) = bottle.file_name().into_string() else {
+            continue;
+        };
+        if !bottle.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let kept =
+            audit_files::retained_runs(state_root, &slug).map_err(|err| Failure::coded(&err, 1))?;
+        runs.extend(
+            kept.into_iter()
+                .filter(|run| run.name.as_str() < cutoff)
+                .map(|run| run.dir),
+        );
+    }
+    Ok(runs)
+}
+
+/// Removes the kept runs of every bottle stopped before `cutoff`; returns
+/// their directories.
+pub(crate) fn prune(state_root: &Path, cutoff: &str) -> Result<Vec<PathBuf>, Failure> {
+    audit_files::prune_retained_logs(state_root, cutoff).map_err(|err| Failure::coded(&err, 1))
 }
 
 /// How the lines are printed.

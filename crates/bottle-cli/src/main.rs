@@ -5,6 +5,7 @@
 
 mod args;
 mod backends;
+mod checkout;
 mod commands;
 mod cp;
 mod devices;

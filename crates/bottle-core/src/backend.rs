@@ -207,6 +207,91 @@ pub struct CleanupReport {
     pub kept: Vec<String>,
 }
 
+/// What `bottle commit` made.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitReport {
+    /// The image's reference, as the operator named it.
+    pub image: String,
+    /// Its ID.
+    pub id: String,
+    /// What of bottle's was taken out of the agent's filesystem, one line
+    /// each (`/etc/bottle`, the bottle's CA from `/etc/ssl/certs/...`).
+    pub removed: Vec<String>,
+}
+
+/// One thing `cleanup` would remove, and why, as the operator confirms it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CleanupItem {
+    /// What it is: `bottle`, `state dir`, `pool entry`, `network`, `image`,
+    /// `vm`, `bundle`.
+    pub kind: String,
+    /// Its name (a bottle's, a path, an image's tag).
+    pub name: String,
+    /// Why it is left over, one line.
+    pub why: String,
+}
+
+impl CleanupItem {
+    /// An item of `kind`.
+    pub fn new(kind: &str, name: impl Into<String>, why: impl Into<String>) -> CleanupItem {
+        CleanupItem {
+            kind: kind.to_string(),
+            name: name.into(),
+            why: why.into(),
+        }
+    }
+
+    /// One line for the operator: `image bottle-bundle:1a2b: why`.
+    pub fn line(&self) -> String {
+        format!("{} {} ({})", self.kind, self.name, self.why)
+    }
+}
+
+/// One pass of a backend's cleanup: what it found and, when the operator
+/// approved a list, which of those to remove now. A backend walks its
+/// leftovers once, the same way for the list it shows and for the removal,
+/// so the two cannot drift apart; an item is removed only when the
+/// operator approved it *and* it still qualifies when the removal runs.
+#[derive(Debug)]
+pub struct CleanupPass<'a> {
+    approved: Option<&'a [CleanupItem]>,
+    /// Everything found.
+    pub found: Vec<CleanupItem>,
+    /// What the removal did.
+    pub report: CleanupReport,
+}
+
+impl<'a> CleanupPass<'a> {
+    /// A pass that only lists.
+    pub fn listing() -> CleanupPass<'static> {
+        CleanupPass {
+            approved: None,
+            found: Vec::new(),
+            report: CleanupReport::default(),
+        }
+    }
+
+    /// A pass that removes what it finds of `approved` (by kind and name).
+    pub fn removing(approved: &'a [CleanupItem]) -> CleanupPass<'a> {
+        CleanupPass {
+            approved: Some(approved),
+            found: Vec::new(),
+            report: CleanupReport::default(),
+        }
+    }
+
+    /// Records `item` as found; whether to remove it now.
+    pub fn found(&mut self, item: CleanupItem) -> bool {
+        let remove = self.approved.is_some_and(|approved| {
+            approved
+                .iter()
+                .any(|a| a.kind == item.kind && a.name == item.name)
+        });
+        self.found.push(item);
+        remove
+    }
+}
+
 /// How far [`BottleBackend::begin_stop`] took a bottle.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StopProgress {
@@ -256,8 +341,20 @@ pub trait BottleBackend {
         self.stop(name)
     }
 
-    /// Removes what crashed launches left behind.
-    fn cleanup_orphans(&self) -> Result<CleanupReport, BackendError>;
+    /// What `cleanup` would remove now, removing nothing: only what this
+    /// install (this state root) made, and nothing in use.
+    fn cleanup_plan(&self) -> Result<Vec<CleanupItem>, BackendError>;
+
+    /// Removes the items of `approved` (a [`cleanup_plan`](Self::cleanup_plan)
+    /// the operator confirmed) that still qualify; nothing else.
+    fn cleanup_approved(&self, approved: &[CleanupItem]) -> Result<CleanupReport, BackendError>;
+
+    /// Removes everything [`cleanup_plan`](Self::cleanup_plan) finds,
+    /// unconfirmed (for callers that confirmed otherwise, and tests).
+    fn cleanup_orphans(&self) -> Result<CleanupReport, BackendError> {
+        let plan = self.cleanup_plan()?;
+        self.cleanup_approved(&plan)
+    }
 }
 
 /// A backend that launches bottles from plans it prepared, with its own
@@ -337,4 +434,12 @@ pub trait Bottle {
     /// Returns the box to its golden snapshot and verifies the revert from
     /// three sources; any divergence halts the bottle.
     fn reset(&self) -> Result<ResetReport, SandboxError>;
+
+    /// Makes the image `image` of the agent's filesystem as it is now, with
+    /// the configuration of the image the bottle started from (user,
+    /// entrypoint, command, environment, working dir, exposed ports,
+    /// labels) and nothing bottle put into the box: its files, its CA, its
+    /// environment, its entrypoint. A backend that cannot says why
+    /// ([`BackendErrorKind::Unsupported`]).
+    fn commit(&self, image: &str) -> Result<CommitReport, BackendError>;
 }

@@ -21,6 +21,7 @@ pub mod bundle;
 pub mod bundle_binary;
 pub mod bundle_host;
 pub mod ca_install;
+pub mod checkout;
 pub mod copy;
 pub mod devices;
 pub mod disk;
@@ -44,8 +45,8 @@ pub mod undo;
 pub mod upstream_trust;
 
 pub use backend::{
-    BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupReport,
-    ExecOutput,
+    BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupItem,
+    CleanupPass, CleanupReport, CommitReport, ExecOutput,
 };
 pub use error::Coded;
 pub use manifest::{Manifest, ManifestError};

@@ -36,6 +36,34 @@ pub struct PlannedRepo {
     /// Globs of the refs the agent may push to (see
     /// [`manifest::push_glob`](crate::manifest::push_glob)).
     pub push: Vec<String>,
+    /// What the manifest's `url` is; `None` in plans written before it was
+    /// recorded, or for a host path that is no longer a repository.
+    #[serde(default)]
+    pub kind: Option<crate::checkout::RepoKind>,
+    /// The host path, for a bare repository or a working checkout (a
+    /// remote's URL is not shown: it may hold a credential).
+    #[serde(default)]
+    pub path: Option<String>,
+}
+
+impl PlannedRepo {
+    /// What the plan says of the repository's kind: `: working checkout
+    /// /srv/app, served through a mirror; ...`.
+    fn describe(&self) -> String {
+        use crate::checkout::RepoKind;
+        let path = self.path.as_deref().unwrap_or_default();
+        match self.kind {
+            Some(RepoKind::Remote) => ": remote, mirrored by git-gate".into(),
+            Some(RepoKind::Bare) => format!(": bare repository {path}, served as it is"),
+            Some(RepoKind::Checkout) if self.mode == "read-write" => format!(
+                ": working checkout {path}, served through a mirror; accepted pushes come back to it as refs"
+            ),
+            Some(RepoKind::Checkout) => {
+                format!(": working checkout {path}, served through a mirror")
+            }
+            None => String::new(),
+        }
+    }
 }
 
 /// A device node the policy lets through.
@@ -174,6 +202,8 @@ impl Plan {
                         crate::manifest::GitMode::ReadWrite => "read-write".into(),
                     },
                     push: g.push.clone(),
+                    kind: crate::checkout::RepoKind::of_url(&g.url),
+                    path: (!crate::manifest::is_remote_git_url(&g.url)).then(|| g.url.clone()),
                 })
                 .collect(),
             devices: Vec::new(),
@@ -300,7 +330,10 @@ impl<D> Plan<D> {
             } else {
                 format!(", push: {}", repo.push.join(", "))
             };
-            line("git", &format!("{} ({}{push})", repo.name, repo.mode));
+            line(
+                "git",
+                &format!("{} ({}{push}){}", repo.name, repo.mode, repo.describe()),
+            );
         }
         for device in &self.devices {
             line("device", &device.summary);

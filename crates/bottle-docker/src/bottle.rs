@@ -243,6 +243,10 @@ impl Bottle for DockerBottle {
         let substrate = self.reset_substrate();
         bottle_core::sandbox::reset::reset(&substrate, substrate.files())
     }
+
+    fn commit(&self, image: &str) -> Result<bottle_core::backend::CommitReport, BackendError> {
+        Ok(crate::commit::commit(self, image)?)
+    }
 }
 
 /// The numeric owner of the container's configured user.

@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
+use std::path::Path;
 
 use bollard::models::{
     ContainerCreateBody, DeviceMapping, EndpointIpamConfig, EndpointSettings, HostConfig, Ipam,
@@ -167,9 +168,11 @@ fn hardening(host: &mut HostConfig) {
 /// The bundle container. It starts on the internal network only; the
 /// egress network is connected before it starts (API 1.41 takes one
 /// network at create time).
-/// `requests_dir` is the bottle's supervise queue on the host.
+/// `requests_dir` is the bottle's supervise queue on the host; a working
+/// checkout is served from its mirror in `state_dir`, never mounted itself.
 pub fn bundle_container(
     bundle: &BundleData,
+    state_dir: &Path,
     log_dir: &str,
     requests_dir: &str,
     labels: HashMap<String, String>,
@@ -178,15 +181,21 @@ pub fn bundle_container(
         format!("{log_dir}:{BUNDLE_LOG_DIR}:rw"),
         format!("{requests_dir}:{BUNDLE_REQUESTS_DIR}:rw"),
     ];
+    let mirrors = bottle_core::checkout::CheckoutPaths::of_state_dir(state_dir);
     for repo in &bundle.git {
         if let Some(path) = &repo.local_path {
             let access = match repo.mode {
                 bottle_core::manifest::GitMode::ReadWrite => "rw",
                 bottle_core::manifest::GitMode::ReadOnly => "ro",
             };
+            let source = if repo.checkout {
+                mirrors.mirror(&repo.name)
+            } else {
+                path.clone()
+            };
             binds.push(format!(
                 "{}:{}:{access}",
-                path.display(),
+                source.display(),
                 git_path_in_bundle(repo)
             ));
         }
@@ -437,6 +446,7 @@ pub(crate) mod tests {
                     crate::data::GitRef {
                         name: "local".into(),
                         local_path: Some("/home/op/repo.git".into()),
+                        checkout: false,
                         upstream: None,
                         mode: bottle_core::manifest::GitMode::ReadWrite,
                         push: vec!["agent/*".into()],
@@ -447,12 +457,24 @@ pub(crate) mod tests {
                     crate::data::GitRef {
                         name: "remote".into(),
                         local_path: None,
+                        checkout: false,
                         upstream: Some("https://git.example.com/r.git".into()),
                         mode: bottle_core::manifest::GitMode::ReadOnly,
                         push: vec![],
                         allow_force: false,
                         allow_delete: false,
                         credential: Some("/home/op/token".into()),
+                    },
+                    crate::data::GitRef {
+                        name: "work".into(),
+                        local_path: Some("/home/op/work".into()),
+                        checkout: true,
+                        upstream: None,
+                        mode: bottle_core::manifest::GitMode::ReadOnly,
+                        push: vec![],
+                        allow_force: false,
+                        allow_delete: false,
+                        credential: None,
                     },
                 ],
                 upstream_ca: vec!["/home/op/corp-ca.pem".into()],
@@ -574,7 +596,13 @@ pub(crate) mod tests {
         );
         // The cap is the agent's: the bundle, which the agent cannot write
         // to, gets none.
-        let bundle = bundle_container(&plan.backend_data.bundle, "/l", "/q", HashMap::new());
+        let bundle = bundle_container(
+            &plan.backend_data.bundle,
+            Path::new("/s"),
+            "/l",
+            "/q",
+            HashMap::new(),
+        );
         assert_eq!(bundle.host_config.unwrap().storage_opt, None);
     }
 
@@ -652,6 +680,7 @@ pub(crate) mod tests {
         let data = sample_data();
         let body = bundle_container(
             &data.bundle,
+            Path::new("/state/demo"),
             "/state/demo/logs",
             "/state/demo/requests",
             HashMap::new(),
@@ -668,6 +697,7 @@ pub(crate) mod tests {
                 "/state/demo/logs:/var/log/bottle:rw".to_string(),
                 "/state/demo/requests:/run/bottle/requests:rw".to_string(),
                 "/home/op/repo.git:/run/bottle/git/local.git:rw".to_string(),
+                "/state/demo/git/work.git:/run/bottle/git/work.git:ro".to_string(),
             ])
         );
         assert_eq!(body.user.as_deref(), Some("1000:1000"));

@@ -50,8 +50,14 @@ pub struct CredentialRef {
 pub struct GitRef {
     /// The name the agent sees.
     pub name: String,
-    /// A host-side repository, bind-mounted into the bundle.
+    /// A host-side repository: a bare one, bind-mounted into the bundle,
+    /// or a working checkout (`checkout`).
     pub local_path: Option<PathBuf>,
+    /// `local_path` is a working checkout: the launch makes a bare mirror
+    /// of it in the state dir (`bottle_core::checkout`), which is what the
+    /// bundle mounts; the checkout itself never reaches the bundle.
+    #[serde(default)]
+    pub checkout: bool,
     /// A remote URL the gate mirrors.
     pub upstream: Option<String>,
     /// Whether the agent may push.
@@ -290,7 +296,15 @@ pub fn read_owner(paths: &StatePaths) -> Option<Owner> {
 }
 
 /// The entries of a bottle's state dir that a bundle-only launch writes.
-const BUNDLE_FILES: [&str; 6] = ["owner.json", "launched", "ca", "logs", "stage", "requests"];
+const BUNDLE_FILES: [&str; 7] = [
+    "owner.json",
+    "launched",
+    "ca",
+    "logs",
+    "stage",
+    "requests",
+    bottle_core::checkout::CheckoutPaths::DIR_NAME,
+];
 
 /// What removing a bottle's files did.
 #[derive(Debug, Default, PartialEq, Eq)]

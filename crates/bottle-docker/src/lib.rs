@@ -34,6 +34,7 @@ pub mod backend;
 pub mod bottle;
 pub mod cache;
 pub mod client;
+pub mod commit;
 pub mod config;
 pub mod copy;
 pub mod data;

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use bottle_core::backend::{BackendError, BackendErrorKind, Bottle, ExecOutput};
+use bottle_core::backend::{BackendError, BackendErrorKind, Bottle, CommitReport, ExecOutput};
 use bottle_core::copy::{CopyIn, GuestPath};
 use bottle_core::exec::PipedChild;
 use bottle_core::sandbox::reset::ResetFiles;
@@ -235,5 +235,9 @@ impl Bottle for SmolvmBottle {
         let files = self.reset_files();
         let substrate = VmReset::new(self, files.golden_dir());
         bottle_core::sandbox::reset::reset(&substrate, &files)
+    }
+
+    fn commit(&self, _image: &str) -> Result<CommitReport, BackendError> {
+        Err(SmolvmError::CommitUnsupported.into())
     }
 }

@@ -203,6 +203,12 @@ pub enum SmolvmError {
         /// The machine.
         machine: String,
     },
+    /// `bottle commit` of a microVM bottle: there is nothing an image can
+    /// be made of that both the Engine and smolvm would start.
+    #[error(
+        "a smolmachines bottle cannot be committed to an image: its filesystem is the microVM's own disks, not a container layer the Docker Engine can commit, and smolvm makes no image of a running machine"
+    )]
+    CommitUnsupported,
     /// A collaborator (the bundle host, the host check) failed; its error is
     /// passed through unchanged.
     #[error(transparent)]
@@ -223,6 +229,7 @@ impl SmolvmError {
             | SmolvmError::AllowlistNotPersisted { .. }
             | SmolvmError::BundleAddress { .. } => BackendErrorKind::IsolationUnconfirmed,
             SmolvmError::VmMissing { .. } => BackendErrorKind::NotFound,
+            SmolvmError::CommitUnsupported => BackendErrorKind::Unsupported,
             SmolvmError::External(err) => err.kind,
             _ => BackendErrorKind::Failed,
         }
@@ -254,6 +261,7 @@ impl Coded for SmolvmError {
             SmolvmError::Provision { .. } => "BOT-K071",
             SmolvmError::AlreadyExists { .. } => "BOT-K072",
             SmolvmError::Copy { .. } => "BOT-K094",
+            SmolvmError::CommitUnsupported => "BOT-K095",
             SmolvmError::External(err) => err.code,
         }
     }
@@ -309,6 +317,9 @@ impl Coded for SmolvmError {
                 "the bundle host must publish the bundle on a per-bottle, non-loopback address (its docker bridge IP)".into()
             }
             SmolvmError::VmMissing { .. } => "run `bottle list` to see the bottles that exist".into(),
+            SmolvmError::CommitUnsupported => {
+                "to keep an environment, run the agent on the docker backend (`--backend docker`) and `bottle commit` that bottle, or bake what it needs into the agent image's build".into()
+            }
             SmolvmError::Provision { .. } => {
                 "check that the agent image has /bin/sh, mkdir and cat; `bottle cleanup` removes what the launch left".into()
             }
@@ -434,6 +445,7 @@ mod tests {
                 what: text(),
                 detail: text(),
             },
+            SmolvmError::CommitUnsupported,
             SmolvmError::External(BackendError::new(
                 BackendErrorKind::Failed,
                 "BOT-D003",

@@ -278,7 +278,11 @@ audit_log = "1m"
         std::fs::write(dir.path().join("credential"), "secret").unwrap();
         // The gate seeds the bare repositories before it starts a bottle;
         // a manifest naming a missing one does not load.
-        std::fs::create_dir_all(dir.path().join("git/escape-a.git")).unwrap();
+        let bare = dir.path().join("git/escape-a.git");
+        for d in ["objects", "refs"] {
+            std::fs::create_dir_all(bare.join(d)).unwrap();
+        }
+        std::fs::write(bare.join("HEAD"), "ref: refs/heads/main\n").unwrap();
         let agents = [AgentDef {
             key: "escape-a".into(),
             rebind: true,

@@ -300,6 +300,9 @@ mod tests {
         ) -> Result<bottle_core::sandbox::ResetReport, bottle_core::sandbox::SandboxError> {
             unreachable!("the worker tests run calls only")
         }
+        fn commit(&self, _: &str) -> Result<bottle_core::CommitReport, BackendError> {
+            unreachable!("serve commits nothing")
+        }
     }
 
     fn bottles(state_root: &Path) -> (Arc<Bottles>, Arc<Log>) {

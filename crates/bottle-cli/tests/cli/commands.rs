@@ -99,10 +99,21 @@ fn check_reports_a_missing_relative_git_repository_from_another_directory() {
              git repository \"git/app.git\" does not exist",
         ))
         .stderr(predicate::str::contains(
-            "fix: point url at an existing repository",
+            "fix: point url at an existing working checkout or bare repository",
         ));
-    // Created next to the manifest, not in the working directory: it loads.
+    // Created next to the manifest, not in the working directory: it loads
+    // once it is a repository.
     std::fs::create_dir(sub.join("git/app.git")).unwrap();
+    bottle(state.path())
+        .current_dir(state.path())
+        .args(["--manifest", "project/bottle.toml", "check"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::starts_with("error[BOT-M071]: "));
+    for d in ["objects", "refs"] {
+        std::fs::create_dir(sub.join("git/app.git").join(d)).unwrap();
+    }
+    std::fs::write(sub.join("git/app.git/HEAD"), "ref: refs/heads/main\n").unwrap();
     bottle(state.path())
         .current_dir(state.path())
         .args(["--manifest", "project/bottle.toml", "check"])

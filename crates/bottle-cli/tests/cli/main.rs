@@ -7,7 +7,9 @@
 
 mod audit_logs;
 mod catalogue;
+mod checkout;
 mod commands;
+mod commit;
 mod cp;
 mod e2e;
 mod example;

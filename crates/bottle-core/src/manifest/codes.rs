@@ -108,6 +108,9 @@ pub const UPSTREAM_CA_PEM: &str = "BOT-M061";
 pub const ON_SECRET_HOST: &str = "BOT-M063";
 /// A local git repository path (`git[].url`) is not a directory.
 pub const GIT_PATH: &str = "BOT-M070";
+/// A local git repository path (`git[].url`) is a directory but neither a
+/// working checkout nor a bare repository.
+pub const GIT_NOT_A_REPOSITORY: &str = "BOT-M071";
 
 /// Every code with a one-line summary, in code order.
 pub const ALL: &[(&str, &str)] = &[
@@ -201,5 +204,9 @@ pub const ALL: &[(&str, &str)] = &[
     (
         GIT_PATH,
         "a local git repository path that is not a directory",
+    ),
+    (
+        GIT_NOT_A_REPOSITORY,
+        "a local git repository path that is neither a working checkout nor a bare repository",
     ),
 ];

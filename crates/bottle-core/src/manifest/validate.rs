@@ -260,15 +260,36 @@ impl Checks<'_, '_> {
                 Expect::Unchecked => continue,
                 _ if value.is_empty() => continue,
                 Expect::File => "a file",
-                Expect::Dir => "a directory",
+                Expect::Dir | Expect::GitRepository => "a directory",
             };
-            let problem = match resolve_path(self.base_dir, value, home.as_deref())
-                .map(std::fs::metadata)
-            {
-                Some(Ok(meta)) if meta.is_file() && host_path.expect == Expect::File => continue,
-                Some(Ok(meta)) if meta.is_dir() && host_path.expect == Expect::Dir => continue,
-                Some(Ok(_)) => format!("is not {wanted}"),
-                Some(Err(_)) => "does not exist".to_string(),
+            let resolved = resolve_path(self.base_dir, value, home.as_deref());
+            let problem = match resolved.as_deref().map(|p| (p, std::fs::metadata(p))) {
+                Some((_, Ok(meta))) if meta.is_file() && host_path.expect == Expect::File => {
+                    continue;
+                }
+                Some((_, Ok(meta))) if meta.is_dir() && host_path.expect == Expect::Dir => continue,
+                Some((dir, Ok(meta)))
+                    if meta.is_dir() && host_path.expect == Expect::GitRepository =>
+                {
+                    if crate::checkout::RepoKind::of_path(dir).is_some() {
+                        continue;
+                    }
+                    self.report(
+                        codes::GIT_NOT_A_REPOSITORY,
+                        host_path.field,
+                        On::Value,
+                        format!(
+                            "{} {value:?} is neither a working checkout (no .git in it) nor a bare repository",
+                            host_path.noun
+                        ),
+                        "point url at a git working checkout or a bare repository, or make this \
+                         directory one (`git init`)"
+                            .to_string(),
+                    );
+                    continue;
+                }
+                Some((_, Ok(_))) => format!("is not {wanted}"),
+                Some((_, Err(_))) => "does not exist".to_string(),
                 None => "is in a home directory, but HOME is not set".to_string(),
             };
             self.report(
