@@ -494,6 +494,9 @@ pub(crate) mod tests {
             upstream_ca: vec!["corp-ca.pem".into()],
             credentials: vec![],
             git: vec![],
+            publish: vec![],
+            host_services: vec![],
+            tcp: vec![],
             devices: vec![bottle_core::plan::PlannedDevice {
                 host_path: "/dev/fuse".into(),
                 container_path: "/dev/fuse".into(),

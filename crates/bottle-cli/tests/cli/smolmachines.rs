@@ -585,6 +585,7 @@ fn both_backends_give_the_agent_the_same_environment() {
             own: &bottle_core::agent::OwnAddresses::default(),
             git: &[],
             prompt: true,
+            host_services: false,
         })
         .into_iter()
         .map(|(name, _)| name)
