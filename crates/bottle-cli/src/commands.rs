@@ -597,6 +597,7 @@ mod tests {
             created: None,
             pending_requests: 0,
             agent_running: None,
+            ports: Vec::new(),
             audit: AuditHealth::Unknown,
         }
     }

@@ -45,6 +45,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
                 created: machine.created(),
                 pending_requests: 0,
                 agent_running: None,
+                ports: Vec::new(),
                 audit: AuditHealth::Unknown,
             });
         }
@@ -65,6 +66,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
                 created: Some(state.created.to_string()),
                 pending_requests: 0,
                 agent_running: None,
+                ports: Vec::new(),
                 audit: AuditHealth::Unknown,
             });
         }

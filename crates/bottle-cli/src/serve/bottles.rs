@@ -289,6 +289,12 @@ mod tests {
         ) -> Result<bottle_core::sandbox::ResetReport, bottle_core::sandbox::SandboxError> {
             unreachable!("the worker tests run calls only")
         }
+        fn connect_port(
+            &self,
+            _: u16,
+        ) -> Result<bottle_core::sandbox::ToolboxStream, BackendError> {
+            unreachable!("serve publishes no port")
+        }
     }
 
     fn bottles(state_root: &Path) -> (Arc<Bottles>, Arc<Log>) {
