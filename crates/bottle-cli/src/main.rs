@@ -9,6 +9,7 @@ mod commands;
 mod devices;
 mod execute;
 mod failure;
+mod forward;
 mod interrupt;
 mod logs;
 mod output;

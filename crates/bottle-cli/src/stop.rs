@@ -38,6 +38,11 @@ pub(crate) fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
     if let Some(session) = &session {
         crate::session::signal_end(session);
     }
+    // The host's side of its ports and host services goes first: nothing
+    // reaches into a bottle that is stopping.
+    if let Some(root) = &root {
+        crate::forward::end_all(&root.join(slug));
+    }
     let mut last_error = None;
     let mut outcome = None;
     for backend in backends_for(global, root.as_deref(), slug)? {
