@@ -6,17 +6,43 @@
 //! ([`CONNECTED`], or [`NOT_CONNECTED`] and why, then exits), and copies
 //! stdin to the connection and the connection to stdout. The end of stdin
 //! (the host's client closed) shuts down the connection's sending side and
-//! the relay goes on until the server closes; the server closing ends it.
+//! the relay goes on until the server closes; the server closing ends it,
+//! and so does no byte either way for [`IDLE`] (the host's forwarder has
+//! the same bound), so no relay outlives a connection nobody uses.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpStream};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use bottle_core::port_relay::{CONNECTED, NOT_CONNECTED};
 
 /// How long a connect to the box's own loopback may take.
 const CONNECT_WITHIN: Duration = Duration::from_secs(5);
+/// A connection that carries no byte either way for this long ends.
+const IDLE: Duration = Duration::from_secs(600);
+/// How often a read from the server wakes to check [`IDLE`].
+const CHECK_EVERY: Duration = Duration::from_secs(15);
+
+/// When a byte last moved either way, in milliseconds since `origin`.
+struct Activity {
+    origin: Instant,
+    last: AtomicU64,
+}
+
+impl Activity {
+    fn touch(&self) {
+        let now = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last.store(now, Ordering::Relaxed);
+    }
+
+    fn idle(&self) -> bool {
+        let now = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        Duration::from_millis(now.saturating_sub(self.last.load(Ordering::Relaxed))) >= IDLE
+    }
+}
 
 /// Relays one connection to `port`; its exit code says whether it
 /// connected.
@@ -48,16 +74,27 @@ pub(crate) fn connect(port: &str) -> ExitCode {
     let Ok(mut to_server) = stream.try_clone() else {
         return ExitCode::FAILURE;
     };
+    let activity = Arc::new(Activity {
+        origin: Instant::now(),
+        last: AtomicU64::new(0),
+    });
     // stdin → server, on its own thread: its end shuts down our sending
     // side, and the server's answer still comes back.
-    std::thread::spawn(move || {
-        let mut stdin = std::io::stdin().lock();
-        let _ = copy(&mut stdin, &mut to_server);
-        let _ = to_server.shutdown(Shutdown::Write);
-    });
+    {
+        let activity = Arc::clone(&activity);
+        std::thread::spawn(move || {
+            let mut stdin = std::io::stdin().lock();
+            let _ = copy(&mut stdin, &mut to_server, &activity);
+            let _ = to_server.shutdown(Shutdown::Write);
+        });
+    }
     let mut from_server = stream;
-    let _ = copy(&mut from_server, &mut stdout);
-    // The server closed (or stdout is gone): the connection is over.
+    if from_server.set_read_timeout(Some(CHECK_EVERY)).is_err() {
+        return ExitCode::FAILURE;
+    }
+    let _ = copy(&mut from_server, &mut stdout, &activity);
+    // The server closed, stdout is gone, or nothing moved for IDLE: the
+    // connection is over.
     ExitCode::SUCCESS
 }
 
@@ -70,18 +107,27 @@ fn dial(port: u16) -> std::io::Result<TcpStream> {
         .or_else(|first| TcpStream::connect_timeout(&v6, CONNECT_WITHIN).map_err(|_| first))
 }
 
-/// Copies until the reader ends, flushing each chunk so no byte waits in a
+/// Copies until the reader ends, or times out once the connection has
+/// been idle for [`IDLE`], flushing each chunk so no byte waits in a
 /// buffer while the other side waits for it.
-fn copy(from: &mut dyn Read, to: &mut dyn Write) -> std::io::Result<()> {
+fn copy(from: &mut dyn Read, to: &mut dyn Write, activity: &Activity) -> std::io::Result<()> {
+    use std::io::ErrorKind;
     let mut buf = [0u8; 16 * 1024];
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) => return Ok(()),
             Ok(n) => n,
-            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(err) if err.kind() == ErrorKind::Interrupted => continue,
+            Err(err)
+                if matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
+                    && !activity.idle() =>
+            {
+                continue;
+            }
             Err(err) => return Err(err),
         };
         to.write_all(&buf[..n])?;
         to.flush()?;
+        activity.touch();
     }
 }
