@@ -81,7 +81,10 @@ fn published_ports_and_host_services_cross_without_a_route() {
     let mut response = Vec::new();
     stream.from_agent.read_to_end(&mut response).unwrap();
     let response = text(&response);
-    assert!(response.starts_with("HTTP/1.") && response.contains(" 200 "), "{response}");
+    assert!(
+        response.starts_with("HTTP/1.") && response.contains(" 200 "),
+        "{response}"
+    );
     assert!(response.contains("hello-from-the-box"), "{response}");
 
     // A port nothing listens on is said at once.
