@@ -22,6 +22,7 @@ pub mod gitgate;
 pub mod io;
 pub mod log;
 pub mod proxy;
+pub mod relay;
 pub mod scan;
 pub mod supervise;
 pub mod websocket;

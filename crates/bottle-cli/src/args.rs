@@ -75,6 +75,9 @@ pub(crate) enum Command {
     /// configuration and nothing of bottle's, to start the next bottle from
     /// (docker backend).
     Commit(CommitArgs),
+    /// Open an agent's port on this host's 127.0.0.1 (or list the open
+    /// ones, or close one).
+    Port(PortArgs),
     /// Return a bottle's agent to its golden snapshot and verify it from
     /// three sources (filesystem, open descriptors, engine); a divergence
     /// halts the bottle and exits 5. A detached agent starts again in a new
@@ -110,6 +113,38 @@ pub(crate) enum Command {
     /// that claimed a pooled bottle, detached).
     #[command(name = "__refill-pool", hide = true)]
     RefillPool(RefillPoolArgs),
+    /// Holds one published port or host service of a bottle (run by
+    /// `start` and `port`, detached).
+    #[command(name = "__forward", hide = true)]
+    Forward(ForwardArgs),
+}
+
+/// `bottle port`.
+#[derive(Debug, Args)]
+pub(crate) struct PortArgs {
+    /// The bottle (`bot-bottle-<slug>` or just `<slug>`).
+    pub bottle: String,
+    /// `PORT` (the agent's port on the same host port) or
+    /// `PORT:HOST_PORT` (`HOST_PORT` 0: any free one, printed). Without
+    /// it, the bottle's open ports are listed.
+    #[arg(value_name = "PORT[:HOST_PORT]", conflicts_with = "close")]
+    pub port: Option<String>,
+    /// Close the port published on this host port.
+    #[arg(long, value_name = "HOST_PORT")]
+    pub close: Option<u16>,
+}
+
+/// `bottle __forward`.
+#[derive(Debug, Args)]
+pub(crate) struct ForwardArgs {
+    /// The bottle it forwards for.
+    pub bottle: String,
+    /// A published port, `PORT:HOST_PORT`.
+    #[arg(long)]
+    pub publish: Option<String>,
+    /// A host service, `HOST:PORT` on the host's loopback.
+    #[arg(long)]
+    pub host_service: Option<String>,
 }
 
 /// `bottle start`.

@@ -10,7 +10,7 @@ use bottle_core::timeline::Timeline;
 use bottle_core::{BottleInfo, BottleLauncher, BottleSpec, Manifest, Plan, manifest, slug};
 
 use crate::args::{
-    CleanupArgs, Cli, Command, CommitArgs, CompletionsArgs, ExecArgs, Global, PlanArgs,
+    CleanupArgs, Cli, Command, CommitArgs, CompletionsArgs, ExecArgs, Global, PlanArgs, PortArgs,
     StartArgs,
 };
 use crate::backends;
@@ -41,6 +41,8 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Execute(args) => crate::execute::run(global, &args),
         Command::Cp(args) => crate::cp::run(global, &args),
         Command::Commit(args) => commit(global, &args),
+        Command::Port(args) => port(global, &args),
+        Command::Forward(args) => crate::forward::run(global, &args),
         Command::Reset(args) => crate::reset::reset(global, &args),
         Command::Logs(args) => crate::logs::logs(global, &args, &state_root()?),
         Command::Requests(args) => crate::requests::list(global, &args, &state_root()?),
@@ -279,20 +281,56 @@ impl Started<'_> {
         for warning in bottle.launch_warnings() {
             note(global.quiet, &format!("warning: {warning}"));
         }
-        self.run_agent(backend, bottle, &plan.command)
+        let forwards = crate::forward::Forward::of_plan(&plan.publish, &plan.host_services);
+        self.run_agent(backend, bottle, &plan.command, &forwards)
     }
 
     /// The end of `start` for a launched (or claimed) bottle: hand the
     /// agent's `command` to a detached session and print the name, or run
     /// it attached and stop the bottle when it ends.
+    ///
+    /// First the host's side of its published ports and host services
+    /// (`forwards`): a port that cannot be published fails the start, and
+    /// the bottle is removed.
     pub(crate) fn run_agent(
         &self,
         backend: &dyn bottle_core::BottleBackend,
         bottle: Box<dyn bottle_core::Bottle>,
         command: &[String],
+        forwards: &[crate::forward::Forward],
     ) -> Result<ExitCode, Failure> {
         let global = self.global;
         let kind = backend.kind();
+        let state_dir = crate::forward::state_dir_of(bottle.name())?;
+        match crate::forward::spawn_all(
+            &bottle_core::exec::SystemRunner,
+            &state_dir,
+            kind,
+            bottle.name(),
+            forwards,
+        ) {
+            Ok(records) => {
+                for record in records
+                    .iter()
+                    .filter(|r| r.kind == crate::forward::KIND_PORT)
+                {
+                    note(
+                        global.quiet,
+                        &format!(
+                            "the agent's port {} is on http://{}",
+                            record.port, record.listen
+                        ),
+                    );
+                }
+            }
+            Err(failure) => {
+                let name = bottle.name().to_string();
+                drop(bottle);
+                let _ = backend.stop(&name);
+                return Err(failure);
+            }
+        }
+        self.lap("forwards");
         if self.args.detach {
             let name = bottle.name().to_string();
             drop(bottle);
@@ -307,6 +345,7 @@ impl Started<'_> {
                 // A detached start whose agent does not run leaves nothing
                 // behind: it says why, and the bottle goes.
                 crate::session::end(&paths);
+                crate::forward::end_all(&state_dir);
                 let _ = backend.stop(&name);
                 return Err(failure);
             }
@@ -322,11 +361,11 @@ impl Started<'_> {
             return Ok(ExitCode::SUCCESS);
         }
         self.print_timings();
-        let state_dir = state_root()?.join(slug::slug_of(bottle.name()));
         let watcher = crate::checkout::Watcher::start(&state_dir);
         let code = bottle.exec_interactive(command);
         let name = bottle.name().to_string();
         drop(bottle);
+        crate::forward::end_all(&state_dir);
         // The agent is done: what it pushed goes into the checkouts before
         // the stop removes the mirrors.
         if let Some(watcher) = watcher {
@@ -445,6 +484,7 @@ fn read_host_state(state_root: &Path, bottles: &mut [BottleInfo]) {
             state_root,
             slug::slug_of(&b.name),
         ));
+        b.ports = crate::forward::open_ports(&state_root.join(slug::slug_of(&b.name)));
     }
 }
 
@@ -466,15 +506,29 @@ fn list_table(bottles: &[BottleInfo]) -> String {
                     None => "-",
                 }
                 .to_string(),
+                ports_cell(&b.ports),
             ]
         })
         .collect();
     output::table(
         &[
-            "NAME", "AGENT", "BACKEND", "STATE", "BUNDLE", "PENDING", "AUDIT", "SESSION",
+            "NAME", "AGENT", "BACKEND", "STATE", "BUNDLE", "PENDING", "AUDIT", "SESSION", "PORTS",
         ],
         &rows,
     )
+}
+
+/// A bottle's open ports for the table: `8000->127.0.0.1:13000`, comma
+/// separated; `-` for none.
+fn ports_cell(ports: &[bottle_core::backend::OpenPort]) -> String {
+    if ports.is_empty() {
+        return "-".into();
+    }
+    ports
+        .iter()
+        .map(|p| format!("{}->{}", p.port, p.listen))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// No backend asked has the bottle `name`: bad input, like a backend's own
@@ -500,11 +554,16 @@ fn cleanup(global: &Global, args: &CleanupArgs) -> Result<ExitCode, Failure> {
         None => Vec::new(),
     };
     let mut plans = Vec::new();
+    let mut running = Vec::new();
     for backend in backends_to_ask(global)? {
         let items = backend.cleanup_plan()?;
+        running.extend(backend.list_active()?.into_iter().map(|b| b.name));
         plans.push((backend, items));
     }
-    let found = logs.len() + plans.iter().map(|(_, items)| items.len()).sum::<usize>();
+    // The host's side of ports and host services of bottles that are gone.
+    let forwards = crate::forward::leftovers(&root, &running);
+    let found =
+        logs.len() + forwards.len() + plans.iter().map(|(_, items)| items.len()).sum::<usize>();
     if found == 0 {
         out("cleanup: nothing to remove\n");
         return Ok(ExitCode::SUCCESS);
@@ -516,6 +575,9 @@ fn cleanup(global: &Global, args: &CleanupArgs) -> Result<ExitCode, Failure> {
                 let line = bottle_core::display::escape_for_terminal(&item.line()).into_owned();
                 list.push_str(&format!("  {}: {line}\n", backend.kind()));
             }
+        }
+        for dir in &forwards {
+            list.push_str(&format!("  {}\n", crate::forward::leftover_line(dir)));
         }
         for run in &logs {
             list.push_str(&format!("  audit log {}\n", run.display()));
@@ -548,6 +610,10 @@ fn cleanup(global: &Global, args: &CleanupArgs) -> Result<ExitCode, Failure> {
             note(false, &format!("could not remove {line}"));
         }
         removed += report.removed.len();
+    }
+    for line in crate::forward::cleanup(&forwards) {
+        note(global.quiet, &format!("removed {line}"));
+        removed += 1;
     }
     if let Some(cutoff) = &cutoff {
         let pruned = crate::logs::prune(&root, cutoff)?;
@@ -619,6 +685,78 @@ fn commit(global: &Global, args: &CommitArgs) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `bottle port BOTTLE [PORT[:HOST_PORT]] [--close HOST_PORT]`.
+fn port(global: &Global, args: &PortArgs) -> Result<ExitCode, Failure> {
+    let (bottle, kind) = find_bottle_and_backend(global, &args.bottle)?;
+    let name = bottle.name().to_string();
+    drop(bottle);
+    let state_dir = crate::forward::state_dir_of(&name)?;
+    if let Some(host_port) = args.close {
+        if !crate::forward::close_port(&state_dir, host_port) {
+            return Err(Failure::new(
+                "BOT-C080",
+                EXIT_USAGE,
+                format!("{name} has no port published on 127.0.0.1:{host_port}"),
+            )
+            .with_fix(format!("see `bottle port {name}`")));
+        }
+        out(&format!("closed 127.0.0.1:{host_port}\n"));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let Some(spec) = &args.port else {
+        let ports = crate::forward::open_ports(&state_dir);
+        if global.json {
+            output::json(&ports)?;
+        } else if ports.is_empty() {
+            note(global.quiet, &format!("{name} has no published port"));
+        } else {
+            let rows: Vec<Vec<String>> = ports
+                .iter()
+                .map(|p| vec![p.port.to_string(), p.listen.clone()])
+                .collect();
+            out(&output::table(&["PORT", "HOST"], &rows));
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let mut published = bottle_core::manifest::Published::parse(spec, true).map_err(|err| {
+        Failure::new("BOT-C080", EXIT_USAGE, format!("{spec:?} {}", err.problem())).with_fix(
+            "write the agent's port, e.g. 8000, or PORT:HOST_PORT, e.g. 3000:13000 (HOST_PORT 0: any free port)",
+        )
+    })?;
+    if published.host_port == 0 {
+        published.host_port = crate::forward::free_host_port().map_err(|err| {
+            Failure::new(
+                "BOT-C081",
+                crate::failure::EXIT_BACKEND,
+                format!("no free port on 127.0.0.1: {err}"),
+            )
+        })?;
+    }
+    let record = crate::forward::spawn(
+        &bottle_core::exec::SystemRunner,
+        &state_dir,
+        kind,
+        &name,
+        &crate::forward::Forward::Port(published),
+    )?;
+    if global.json {
+        output::json(&bottle_core::backend::OpenPort {
+            port: record.port,
+            listen: record.listen,
+        })?;
+    } else {
+        out(&format!("{}\n", record.listen));
+        note(
+            global.quiet,
+            &format!(
+                "the agent's port {} of {name} is on http://{} (this host's loopback only); `bottle port {name} --close {}` closes it",
+                record.port, record.listen, published.host_port
+            ),
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn doctor(global: &Global) -> Result<ExitCode, Failure> {
     let kind = backends::selected(global)?;
     let runner = bottle_core::exec::SystemRunner;
@@ -664,6 +802,7 @@ mod tests {
             created: None,
             pending_requests: 0,
             agent_running: None,
+            ports: Vec::new(),
             audit: AuditHealth::Unknown,
         }
     }

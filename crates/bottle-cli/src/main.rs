@@ -11,6 +11,7 @@ mod cp;
 mod devices;
 mod execute;
 mod failure;
+mod forward;
 mod interrupt;
 mod logs;
 mod output;

@@ -270,7 +270,8 @@ pub(crate) fn start_claimed(
     if refill && !args.detach {
         spawn_refill(global, spec);
     }
-    let code = started.run_agent(backend, Box::new(bottle), &plan.command)?;
+    let forwards = crate::forward::Forward::of_plan(&plan.publish, &plan.host_services);
+    let code = started.run_agent(backend, Box::new(bottle), &plan.command, &forwards)?;
     if refill && args.detach {
         spawn_refill(global, spec);
     }

@@ -38,9 +38,14 @@ pub(crate) fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
     if let Some(session) = &session {
         crate::session::signal_end(session);
     }
+    // The host's side of its ports and host services goes first: nothing
+    // reaches into a bottle that is stopping.
+    let state_dir = root.as_deref().map(|root| root.join(slug));
+    if let Some(state_dir) = &state_dir {
+        crate::forward::end_all(state_dir);
+    }
     // What the agent pushed into working checkouts' mirrors goes into the
     // checkouts before anything of the bottle is removed.
-    let state_dir = root.as_deref().map(|root| root.join(slug));
     let mut synced = state_dir
         .as_deref()
         .map(crate::checkout::sync_quietly)

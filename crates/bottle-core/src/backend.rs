@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::copy::{CopyIn, GuestPath};
 use crate::error::Coded;
 use crate::plan::Plan;
-use crate::sandbox::{ResetReport, SandboxError, ToolCall, ToolResult};
+use crate::sandbox::{ResetReport, SandboxError, ToolCall, ToolResult, ToolboxStream};
 use crate::spec::BottleSpec;
 
 /// Which backend runs a bottle.
@@ -192,6 +192,19 @@ pub struct BottleInfo {
     /// session (started attached).
     #[serde(default)]
     pub agent_running: Option<bool>,
+    /// The bottle's published ports whose forwarder runs (read from the
+    /// host's state dir, like `pending_requests`).
+    #[serde(default)]
+    pub ports: Vec<OpenPort>,
+}
+
+/// A published port of a running bottle, as `bottle list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenPort {
+    /// The port inside the box.
+    pub port: u16,
+    /// Where the host listens for it: `127.0.0.1:<host port>`.
+    pub listen: String,
 }
 
 /// What `cleanup` removed.
@@ -442,4 +455,14 @@ pub trait Bottle {
     /// environment, its entrypoint. A backend that cannot says why
     /// ([`BackendErrorKind::Unsupported`]).
     fn commit(&self, image: &str) -> Result<CommitReport, BackendError>;
+
+    /// Opens one connection to `port` on the box's own loopback, for a
+    /// published port: the in-box agent's relay
+    /// ([`crate::port_relay`]) run as the agent's user over the stream
+    /// the backend already has (an attached exec, `machine exec -i`), so
+    /// the box gains no listener and no route. What the host writes
+    /// reaches the port; what comes back starts with the relay's status
+    /// line ([`crate::port_relay::read_status`]). Dropping the stream ends
+    /// the relay.
+    fn connect_port(&self, port: u16) -> Result<ToolboxStream, BackendError>;
 }

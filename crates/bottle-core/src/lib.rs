@@ -31,6 +31,7 @@ pub mod exec;
 pub mod images;
 pub mod manifest;
 pub mod plan;
+pub mod port_relay;
 pub mod process;
 pub mod requests;
 pub mod requirements;

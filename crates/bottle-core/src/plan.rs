@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::audit_files::DEFAULT_AUDIT_LOG_MAX_BYTES;
 use crate::backend::BackendKind;
+use crate::manifest::endpoint::HOST_SERVICES_NAME;
+use crate::manifest::{HostService, Published, TcpDestination};
 use crate::spec::{BottleSpec, DEFAULT_MEMORY_BYTES, DEFAULT_PIDS};
 use crate::upstream_trust::UpstreamTrust;
 
@@ -125,6 +127,18 @@ pub struct Plan<D = ()> {
     pub credentials: Vec<PlannedCredential>,
     /// Repositories behind git-gate.
     pub git: Vec<PlannedRepo>,
+    /// The agent's ports published on the host's loopback (`publish`),
+    /// forwarded once the bottle runs.
+    #[serde(default)]
+    pub publish: Vec<Published>,
+    /// Services on the host's loopback the agent reaches through the
+    /// bundle (`egress.host_services`).
+    #[serde(default)]
+    pub host_services: Vec<HostService>,
+    /// Remote TCP destinations the bundle relays, unscanned
+    /// (`egress.tcp`).
+    #[serde(default)]
+    pub tcp: Vec<TcpDestination>,
     /// Device nodes passed through.
     pub devices: Vec<PlannedDevice>,
     /// Device requests the policy dropped.
@@ -206,6 +220,9 @@ impl Plan {
                     path: (!crate::manifest::is_remote_git_url(&g.url)).then(|| g.url.clone()),
                 })
                 .collect(),
+            publish: spec.published_ports(),
+            host_services: spec.host_services(),
+            tcp: spec.tcp_destinations(),
             devices: Vec::new(),
             devices_dropped: Vec::new(),
             memory_bytes: memory_bytes.unwrap_or(DEFAULT_MEMORY_BYTES),
@@ -239,6 +256,9 @@ impl Plan {
             upstream_ca: self.upstream_ca,
             credentials: self.credentials,
             git: self.git,
+            publish: self.publish,
+            host_services: self.host_services,
+            tcp: self.tcp,
             devices: self.devices,
             devices_dropped: self.devices_dropped,
             memory_bytes: self.memory_bytes,
@@ -335,6 +355,34 @@ impl<D> Plan<D> {
                 &format!("{} ({}{push}){}", repo.name, repo.mode, repo.describe()),
             );
         }
+        for service in &self.host_services {
+            line(
+                "host service",
+                &format!(
+                    "{HOST_SERVICES_NAME}:{} -> this host's {} (relayed by the bundle, unscanned)",
+                    service.port,
+                    service.address()
+                ),
+            );
+        }
+        for destination in &self.tcp {
+            line(
+                "tcp",
+                &format!(
+                    "{} (resolved and dialled by the bundle, UNSCANNED)",
+                    destination.address()
+                ),
+            );
+        }
+        for published in &self.publish {
+            line(
+                "publish",
+                &format!(
+                    "the agent's port {} on this host's 127.0.0.1:{}",
+                    published.port, published.host_port
+                ),
+            );
+        }
         for device in &self.devices {
             line("device", &device.summary);
         }
@@ -427,6 +475,24 @@ mod tests {
             secrets_line(&mixed).as_deref(),
             Some("redact for api.anthropic.com; block for github.com")
         );
+    }
+
+    #[test]
+    fn the_plan_names_every_port_and_relay() {
+        let plan = plan(
+            "publish = [8000, \"3000:13000\"]\n\
+             egress.host_services = [\"localhost:11434\"]\n\
+             egress.tcp = [\"git.example.com:22\"]\n",
+        );
+        let rendered = plan.render();
+        for line in [
+            "host service host.bottle.internal:11434 -> this host's localhost:11434 (relayed by the bundle, unscanned)",
+            "tcp          git.example.com:22 (resolved and dialled by the bundle, UNSCANNED)",
+            "publish      the agent's port 8000 on this host's 127.0.0.1:8000",
+            "publish      the agent's port 3000 on this host's 127.0.0.1:13000",
+        ] {
+            assert!(rendered.contains(line), "{line}\n{rendered}");
+        }
     }
 
     #[test]

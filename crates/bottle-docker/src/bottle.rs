@@ -10,7 +10,7 @@ use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::query_parameters::UploadToContainerOptionsBuilder;
 use bottle_core::backend::{BackendError, Bottle, ExecOutput};
 use bottle_core::copy::{CopyIn, GuestPath};
-use bottle_core::sandbox::{ResetReport, SandboxError, ToolCall, ToolResult};
+use bottle_core::sandbox::{ResetReport, SandboxError, ToolCall, ToolResult, ToolboxStream};
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
@@ -242,6 +242,15 @@ impl Bottle for DockerBottle {
         self.toolbox.forget();
         let substrate = self.reset_substrate();
         bottle_core::sandbox::reset::reset(&substrate, substrate.files())
+    }
+
+    fn connect_port(&self, port: u16) -> Result<ToolboxStream, BackendError> {
+        Ok(crate::toolbox_stream::open_argv(
+            &self.engine,
+            &self.container,
+            self.exec_user(),
+            bottle_core::port_relay::relay_argv(port),
+        )?)
     }
 
     fn commit(&self, image: &str) -> Result<bottle_core::backend::CommitReport, BackendError> {

@@ -199,6 +199,11 @@ impl StatePaths {
     pub fn requests(&self) -> PathBuf {
         bottle_core::requests::requests_dir(&self.root)
     }
+    /// `host-services/`: a unix socket per host service, served by the
+    /// host and mounted read-only into the bundle.
+    pub fn host_services(&self) -> PathBuf {
+        bottle_core::bundle::host_services_dir(&self.root)
+    }
     /// `stage/`.
     pub fn stage(&self) -> PathBuf {
         self.root.join("stage")

@@ -291,6 +291,7 @@ pub(crate) fn state_only_bottles(state_root: &Path, listed: &[BottleInfo]) -> Ve
                 pending_requests: 0,
                 audit: bottle_core::audit_files::AuditHealth::Unknown,
                 agent_running: None,
+                ports: Vec::new(),
             })
         })
         .collect();
@@ -358,6 +359,7 @@ fn bottles_with_containers(engine: &Engine) -> Result<Vec<BottleInfo>, DockerErr
                 created: any.created.map(rfc3339),
                 pending_requests: 0,
                 agent_running: None,
+                ports: Vec::new(),
                 audit: bottle_core::audit_files::AuditHealth::Unknown,
             }
         })

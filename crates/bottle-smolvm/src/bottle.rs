@@ -240,4 +240,31 @@ impl Bottle for SmolvmBottle {
     fn commit(&self, _image: &str) -> Result<CommitReport, BackendError> {
         Err(SmolvmError::CommitUnsupported.into())
     }
+
+    fn connect_port(&self, port: u16) -> Result<ToolboxStream, BackendError> {
+        let mut child = self.smolvm.spawn_relay(&self.machine, &self.env, port)?;
+        let to_box = std::mem::replace(&mut child.stdin, Box::new(std::io::sink()));
+        let from_box = std::mem::replace(&mut child.stdout, Box::new(std::io::empty()));
+        Ok(ToolboxStream {
+            to_agent: to_box,
+            // The reader holds the `machine exec`: dropping it ends the
+            // relay.
+            from_agent: Box::new(HeldReader {
+                reader: from_box,
+                _child: child,
+            }),
+        })
+    }
+}
+
+/// A child's stdout that keeps the child: dropping it kills the child.
+struct HeldReader {
+    reader: Box<dyn std::io::Read + Send>,
+    _child: bottle_core::exec::PipedChild,
+}
+
+impl std::io::Read for HeldReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.reader.read(buf)
+    }
 }

@@ -476,9 +476,19 @@ impl Smolvm {
         name: &str,
         env: &[(String, String)],
     ) -> Result<CommandSpec, SmolvmError> {
+        self.in_box_agent_spec(name, env, vec![TOOLBOX_PATH.to_string()])
+    }
+
+    /// `machine exec -i` of the in-box agent as `argv` (one of its modes).
+    fn in_box_agent_spec(
+        &self,
+        name: &str,
+        env: &[(String, String)],
+        argv: Vec<String>,
+    ) -> Result<CommandSpec, SmolvmError> {
         let command = SmolvmCommand::Exec {
             name: name.into(),
-            argv: vec![TOOLBOX_PATH.to_string()],
+            argv,
             env: env.to_vec(),
             workdir: None,
             interactive: true,
@@ -494,7 +504,26 @@ impl Smolvm {
         name: &str,
         env: &[(String, String)],
     ) -> Result<PipedChild, SmolvmError> {
-        let spec = self.toolbox_spec(name, env)?;
+        self.spawn_in_box_agent(self.toolbox_spec(name, env)?)
+    }
+
+    /// Starts the in-box agent's relay to `port` on the guest's loopback
+    /// (`bottle_core::port_relay`), its stdin and stdout piped to us: one
+    /// published port's connection.
+    pub fn spawn_relay(
+        &self,
+        name: &str,
+        env: &[(String, String)],
+        port: u16,
+    ) -> Result<PipedChild, SmolvmError> {
+        self.spawn_in_box_agent(self.in_box_agent_spec(
+            name,
+            env,
+            bottle_core::port_relay::relay_argv(port),
+        )?)
+    }
+
+    fn spawn_in_box_agent(&self, spec: CommandSpec) -> Result<PipedChild, SmolvmError> {
         self.runner
             .spawn_piped(&spec)
             .map_err(|source| SmolvmError::NotInstalled {

@@ -47,6 +47,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
                 created: machine.created(),
                 pending_requests: 0,
                 agent_running: None,
+                ports: Vec::new(),
                 audit: AuditHealth::Unknown,
             });
         }
@@ -67,6 +68,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
                 created: Some(state.created.to_string()),
                 pending_requests: 0,
                 agent_running: None,
+                ports: Vec::new(),
                 audit: AuditHealth::Unknown,
             });
         }

@@ -324,6 +324,7 @@ pub(crate) fn base_config(
         supervise_listen: None,
         requests_dir: None,
         git_hook_program: None,
+        relays: Vec::new(),
     };
     (config, ca.cert_pem)
 }

@@ -303,6 +303,12 @@ mod tests {
         fn commit(&self, _: &str) -> Result<bottle_core::CommitReport, BackendError> {
             unreachable!("serve commits nothing")
         }
+        fn connect_port(
+            &self,
+            _: u16,
+        ) -> Result<bottle_core::sandbox::ToolboxStream, BackendError> {
+            unreachable!("serve publishes no port")
+        }
     }
 
     fn bottles(state_root: &Path) -> (Arc<Bottles>, Arc<Log>) {

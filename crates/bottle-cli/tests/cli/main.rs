@@ -17,6 +17,7 @@ mod execute;
 mod exit_codes;
 mod interrupted;
 mod pool;
+mod ports;
 mod real_agent;
 mod real_clients;
 mod requests;

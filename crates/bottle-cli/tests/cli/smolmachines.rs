@@ -585,6 +585,7 @@ fn both_backends_give_the_agent_the_same_environment() {
             own: &bottle_core::agent::OwnAddresses::default(),
             git: &[],
             prompt: true,
+            host_services: false,
         })
         .into_iter()
         .map(|(name, _)| name)
@@ -996,5 +997,109 @@ fn cp_goes_both_ways_on_a_microvm_and_never_through_a_planted_link() {
         .stderr(predicate::str::contains("error[BOT-F004]"));
 
     vm().args(["stop", &name]).assert().success();
+    assert_nothing_left(&world, &docker.engine);
+}
+
+/// A published port and a host service on a microVM bottle. The double
+/// runs guest commands on the host's network, so "the agent's server" is
+/// a listener on the host's loopback here: what is tested is the path, the
+/// forwarder through `machine exec -i` of the in-box agent's relay, and
+/// the guest's `/etc/hosts` naming the bundle, whose relay reaches the
+/// host's service through the forwarder's socket.
+#[test]
+fn a_published_port_and_a_host_service_cross_a_microvm_bottle() {
+    let test = "a_published_port_and_a_host_service_cross_a_microvm_bottle";
+    let Some(docker) = docker(test) else { return };
+    if std::env::var_os("BOTTLE_TOOLBOX_BIN").is_none() {
+        bottle_test_support::skip_docker_test(test, "BOTTLE_TOOLBOX_BIN is not set");
+        return;
+    }
+    let world = World::new(&docker.image, "smol-ports");
+    if !sandbox_available(&world, test) {
+        return;
+    }
+    let serve = |tag: &'static str| {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().take(2) {
+                let Ok(mut conn) = conn else { continue };
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(20)));
+                let mut buf = [0u8; 16];
+                let got = std::io::Read::read(&mut conn, &mut buf).unwrap_or(0);
+                let _ = std::io::Write::write_all(&mut conn, format!("{tag}: ").as_bytes());
+                let _ = std::io::Write::write_all(&mut conn, &buf[..got]);
+            }
+        });
+        port
+    };
+    let agent_port = serve("box-said");
+    let service_port = serve("host-said");
+    let host_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::fs::write(
+        world.dir.path().join("project/bottle.toml"),
+        format!(
+            "[agents.coder]\nimage = \"{}\"\npublish = [\"{agent_port}:{host_port}\"]\n\n\
+             [agents.coder.egress]\nhost_services = [\"127.0.0.1:{service_port}\"]\n",
+            docker.image
+        ),
+    )
+    .unwrap();
+    let start = world
+        .bottle("1.9.3", "")
+        .args(["--backend", "smolmachines", "--yes", "start", "coder"])
+        .args(["--name", &world.name(), "--detach"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&start.stderr);
+    assert!(start.status.success(), "start failed: {stderr}");
+
+    // The host's loopback reaches the agent's port through the relay.
+    let mut conn = TcpStream::connect(("127.0.0.1", host_port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    std::io::Write::write_all(&mut conn, b"ping").unwrap();
+    conn.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut back = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut back).unwrap();
+    assert_eq!(back, "box-said: ping");
+    let listed = list(&world, "smolmachines");
+    let me = listed
+        .iter()
+        .find(|b| b["name"] == world.machine())
+        .expect("listed");
+    assert_eq!(me["ports"][0]["port"], u64::from(agent_port));
+
+    // The guest reaches the host's service at its name.
+    let out = world
+        .bottle("1.9.3", "")
+        .args(["--backend", "smolmachines", "exec", &world.name(), "--"])
+        .args([
+            "sh",
+            "-c",
+            &format!("printf ping | busybox nc -w 10 host.bottle.internal {service_port}"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "host-said: ping",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    world
+        .bottle("1.9.3", "")
+        .args(["--backend", "smolmachines", "stop", &world.name()])
+        .assert()
+        .success();
+    assert!(
+        TcpStream::connect(("127.0.0.1", host_port)).is_err(),
+        "the published port outlived its bottle"
+    );
     assert_nothing_left(&world, &docker.engine);
 }

@@ -51,6 +51,7 @@ const AGENT: Shape = Shape::Table(&[
     ("devices", Shape::Free),
     ("devices_blacklist", Shape::Free),
     ("limits", LIMITS),
+    ("publish", Shape::Free),
     ("pool", Shape::Free),
 ]);
 
@@ -73,6 +74,8 @@ const EGRESS: Shape = Shape::Table(&[
         "on_secret",
         Shape::MapOf(&Shape::OneOf(&super::model::SecretAction::CHOICES)),
     ),
+    ("host_services", Shape::Free),
+    ("tcp", Shape::Free),
 ]);
 
 const CREDENTIAL: Shape = Shape::Table(&[
@@ -115,6 +118,7 @@ const AGENT_KEYS: &[&str] = &[
     "devices",
     "devices_blacklist",
     "limits",
+    "publish",
     "pool",
 ];
 
@@ -122,6 +126,8 @@ const AGENT_KEYS: &[&str] = &[
 const NESTED: &[(&str, &str)] = &[
     ("allow", "egress.allow"),
     ("ports", "egress.ports"),
+    ("host_services", "egress.host_services"),
+    ("tcp", "egress.tcp"),
     ("memory", "limits.memory"),
     ("pids", "limits.pids"),
     ("cpus", "limits.cpus"),
@@ -284,6 +290,8 @@ mod tests {
                     "h".into(),
                     super::super::model::SecretAction::Redact,
                 )]),
+                host_services: vec![],
+                tcp: vec![],
             },
             credentials: vec![Credential {
                 name: "n".into(),
@@ -301,6 +309,7 @@ mod tests {
                 disk: Some("1g".into()),
                 audit_log: Some("64m".into()),
             },
+            publish: vec![],
             pool: Some(2),
         };
         Manifest {

@@ -155,6 +155,8 @@ fn the_full_manifest_uses_every_feature() {
     assert!(claude.devices.is_some() && !claude.devices_blacklist.is_empty());
     assert!(claude.egress.ports.is_some() && claude.credentials.len() >= 2);
     assert!(!claude.egress.on_secret.is_empty());
+    assert!(claude.publish.len() >= 2);
+    assert!(!claude.egress.host_services.is_empty() && !claude.egress.tcp.is_empty());
     assert!(claude.credentials.iter().any(|c| c.format.is_some()));
     assert!(
         claude

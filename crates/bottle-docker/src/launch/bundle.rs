@@ -71,6 +71,9 @@ impl<'a, D> Launch<'a, D> {
         data::create_private_dir(&self.paths.logs())?;
         self.mark_audit_ok()?;
         data::create_private_dir(&self.paths.requests())?;
+        if !self.plan.host_services.is_empty() {
+            data::create_private_dir(&self.paths.host_services())?;
+        }
         let names = (self.bundle.network.clone(), self.bundle.container.clone());
         let (network, bundle) = (&names.0, &names.1);
 
@@ -305,11 +308,14 @@ impl<'a, D> Launch<'a, D> {
     fn create_bundle(&mut self, bundle: &str) -> Result<(), DockerError> {
         let logs = self.paths.logs().display().to_string();
         let requests = self.paths.requests().display().to_string();
+        let host_services = (!self.plan.host_services.is_empty())
+            .then(|| self.paths.host_services().display().to_string());
         let body = config::bundle_container(
             self.bundle,
             &self.paths.root,
             &logs,
             &requests,
+            host_services.as_deref(),
             self.labels_for(role::BUNDLE),
         );
         let options = CreateContainerOptionsBuilder::default()

@@ -18,6 +18,7 @@ mod git;
 mod isolation;
 mod lifecycle;
 mod pools;
+mod ports;
 mod reset;
 mod stop;
 mod supervise;
