@@ -225,19 +225,29 @@ impl AuditRecord {
     }
 
     /// Whether this line is written on its own whatever came before: a
-    /// push's or an operator's decision, each of which names refs or a
-    /// request that a counted line (the last one's) would lose. The agent
-    /// cannot make them faster than git and the operator run.
+    /// push git-gate let through or an operator's decision, each of which
+    /// names refs or a request that a counted line (the last one's) would
+    /// lose. The agent cannot make them faster than git and the operator
+    /// run.
     fn never_merges(&self) -> bool {
-        self.daemon == "supervise" || (self.daemon == "git-gate" && self.method == "push")
+        self.daemon == "supervise" || self.is_accepted_push()
     }
 
     /// Whether decisions like this one merge by reason alone: the proxy's
-    /// and egress's refusals, findings and injections, which an agent can
-    /// make for as many hosts, methods and paths as it likes. Allowed
-    /// requests, git-gate's and supervise's lines merge only when identical.
+    /// and egress's refusals, findings and injections, and git-gate's
+    /// refused pushes (a read-only repository or a malformed body is
+    /// refused before git runs, so they cost the agent one request each),
+    /// which an agent can make for as many hosts, methods and paths as it
+    /// likes. Allowed requests, git-gate's other lines and supervise's
+    /// merge only when identical.
     fn merges_by_reason(&self) -> bool {
-        matches!(self.daemon.as_str(), "proxy" | "egress") && self.decision != Decision::Allow
+        self.decision != Decision::Allow
+            && (matches!(self.daemon.as_str(), "proxy" | "egress")
+                || (self.daemon == "git-gate" && self.method == "push"))
+    }
+
+    fn is_accepted_push(&self) -> bool {
+        self.daemon == "git-gate" && self.method == "push" && self.decision == Decision::Allow
     }
 
     fn merge_key(&self) -> MergeKey {

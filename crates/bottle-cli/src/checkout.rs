@@ -95,11 +95,14 @@ fn log_report(state_dir: &Path, report: &SyncReport) {
         return;
     };
     let at = bottle_core::time::now_rfc3339();
+    // Ref names come from the mirror the agent pushed to: escaped, so a
+    // `cat` of the log shows them without acting on the terminal.
+    let escape = bottle_core::display::escape_for_terminal;
     for outcome in &report.refs {
-        let _ = writeln!(log, "{at} {}", outcome.line());
+        let _ = writeln!(log, "{at} {}", escape(&outcome.line()));
     }
     for failed in &report.failed {
-        let _ = writeln!(log, "{at} failed: {failed}");
+        let _ = writeln!(log, "{at} failed: {}", escape(failed));
     }
 }
 

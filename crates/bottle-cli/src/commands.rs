@@ -554,14 +554,16 @@ fn cleanup(global: &Global, args: &CleanupArgs) -> Result<ExitCode, Failure> {
         None => Vec::new(),
     };
     let mut plans = Vec::new();
-    let mut running = Vec::new();
     for backend in backends_to_ask(global)? {
         let items = backend.cleanup_plan()?;
-        running.extend(backend.list_active()?.into_iter().map(|b| b.name));
         plans.push((backend, items));
     }
-    // The host's side of ports and host services of bottles that are gone.
-    let forwards = crate::forward::leftovers(&root, &running);
+    // The host's side of ports and host services of bottles that are gone
+    // from every backend, whichever this cleanup was asked about.
+    let forwards = match running_everywhere(global) {
+        Some(running) => crate::forward::leftovers(&root, &running),
+        None => Vec::new(),
+    };
     let found =
         logs.len() + forwards.len() + plans.iter().map(|(_, items)| items.len()).sum::<usize>();
     if found == 0 {
@@ -598,6 +600,7 @@ fn cleanup(global: &Global, args: &CleanupArgs) -> Result<ExitCode, Failure> {
                 _ => root.join(slug::slug_of(&item.name)),
             };
             crate::checkout::print_report(global, &crate::checkout::sync_quietly(&dir));
+            crate::forward::end_all(&dir);
         }
         let report = backend.cleanup_approved(items)?;
         for line in &report.removed {
@@ -627,6 +630,19 @@ fn cleanup(global: &Global, args: &CleanupArgs) -> Result<ExitCode, Failure> {
     }
     out(&format!("cleanup: removed {removed} resource(s)\n"));
     Ok(ExitCode::SUCCESS)
+}
+
+/// The names of the bottles every backend runs; `None` when a backend
+/// cannot say (it does not open here, or its listing failed), so that no
+/// bottle of it is taken for gone.
+fn running_everywhere(global: &Global) -> Option<Vec<String>> {
+    let mut running = Vec::new();
+    for kind in bottle_core::BackendKind::ALL {
+        let backend = backends::open(kind, global, backends::Mode::default()).ok()?;
+        backend.preflight().ok()?;
+        running.extend(backend.list_active().ok()?.into_iter().map(|b| b.name));
+    }
+    Some(running)
 }
 
 /// Finds a running bottle on whichever backend runs it.
@@ -826,9 +842,9 @@ mod tests {
             .lines()
             .map(|line| line.split_whitespace().collect())
             .collect();
-        assert_eq!(columns[0][6..], ["AUDIT", "SESSION"], "{table}");
-        assert_eq!(columns[1][6..], ["ok", "-"], "{table}");
-        assert_eq!(columns[2][6..], ["degraded", "-"], "{table}");
+        assert_eq!(columns[0][6..], ["AUDIT", "SESSION", "PORTS"], "{table}");
+        assert_eq!(columns[1][6..], ["ok", "-", "-"], "{table}");
+        assert_eq!(columns[2][6..], ["degraded", "-", "-"], "{table}");
         let json = serde_json::to_value(&bottles).unwrap();
         assert_eq!(json[1]["audit"], "degraded");
     }

@@ -103,13 +103,15 @@ pub fn audit_log_bound(cap: u64) -> u64 {
 /// Whether a line is security-relevant, and so kept when rotation drops
 /// its generation: a secret finding (`blocked_secret`, `redacted`), a
 /// credential injection (`inject`), a tool call or reset (daemon `sandbox`),
-/// a push (git-gate's `push` lines) or an operator's decision (daemon
-/// `supervise`). One definition, for the bundle that keeps them and the
-/// tests and gate that look for them.
+/// a push git-gate let through (an `allow` `push` line: refused ones are
+/// refusals like the proxy's, which the agent can make one per request and
+/// which would otherwise crowd the kept lines out) or an operator's
+/// decision (daemon `supervise`). One definition, for the bundle that keeps
+/// them and the tests and gate that look for them.
 pub fn is_security_relevant(daemon: &str, decision: &str, method: &str) -> bool {
     matches!(decision, "blocked_secret" | "redacted" | "inject")
         || matches!(daemon, "sandbox" | "supervise")
-        || (daemon == "git-gate" && method == "push")
+        || (daemon == "git-gate" && method == "push" && decision == "allow")
 }
 
 /// Generation `n` of the log at `log`: `0` is the live file, `n` is
@@ -583,7 +585,6 @@ mod tests {
             ("sandbox", "allow", "EXEC"),
             ("sandbox", "deny", "RESET"),
             ("git-gate", "allow", "push"),
-            ("git-gate", "deny", "push"),
             ("supervise", "allow", "egress"),
         ] {
             assert!(
@@ -596,6 +597,7 @@ mod tests {
             ("proxy", "deny", "CONNECT"),
             ("egress", "error", "GET"),
             ("git-gate", "allow", "fetch"),
+            ("git-gate", "deny", "push"),
             ("audit", "dropped", ""),
         ] {
             assert!(

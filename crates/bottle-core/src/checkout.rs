@@ -337,6 +337,10 @@ pub fn git(dir: &Path) -> CommandSpec {
         .arg(dir)
         .env("LC_ALL", "C")
         .env("GIT_TERMINAL_PROMPT", "0")
+        // The host runs upload-pack in a mirror the bundle can write: no
+        // lazy fetch from a promisor remote its config might name
+        // (CVE-2024-32004; honoured by git 2.39.4, 2.45.1 and later).
+        .env("GIT_NO_LAZY_FETCH", "1")
         .timeout(GIT_TIMEOUT);
     for variable in GIT_REPO_VARIABLES {
         spec = spec.env_remove(variable);
@@ -423,8 +427,10 @@ pub fn update_refs(checkout: &Path, bottle: &str, updates: &[RefUpdate]) -> Comm
     for update in updates {
         stdin.push_str(&update.command_line());
     }
+    // `--no-deref`: a symbolic ref of the operator's under the push rules
+    // is replaced itself, never followed to the branch it names.
     git(checkout)
-        .args(["update-ref", "-m"])
+        .args(["update-ref", "--no-deref", "-m"])
         .arg(format!("bottle {bottle}: the agent's push"))
         .arg("--stdin")
         .stdin(stdin)

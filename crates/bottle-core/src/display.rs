@@ -59,7 +59,9 @@ const FORMAT: &[(char, char)] = &[
 /// Whether `c` is shown to the operator as an escape rather than as itself:
 /// C0 controls (newline and tab included), DEL, C1 controls, Unicode format
 /// characters (Cf, the tag block U+E0000–U+E007F whole), the line and
-/// paragraph separators (Zl, Zp) and private-use characters (Co).
+/// paragraph separators (Zl, Zp), private-use characters (Co), and the
+/// default-ignorable characters that are none of these (variation
+/// selectors, the combining grapheme joiner, Hangul fillers).
 pub fn needs_escape(c: char) -> bool {
     matches!(
         c,
@@ -73,6 +75,16 @@ pub fn needs_escape(c: char) -> bool {
             | '\u{100000}'..='\u{10fffd}'
             // Tags, unassigned ones included: nothing in the block is shown.
             | '\u{e0000}'..='\u{e007f}'
+            // Default-ignorable characters outside Cf, which show nothing:
+            // the combining grapheme joiner, the Hangul fillers, and the
+            // 256 variation selectors (one byte hidden in each).
+            | '\u{34f}'
+            | '\u{115f}'
+            | '\u{1160}'
+            | '\u{3164}'
+            | '\u{ffa0}'
+            | '\u{fe00}'..='\u{fe0f}'
+            | '\u{e0100}'..='\u{e01ef}'
     ) || FORMAT
         .iter()
         .any(|&(first, last)| (first..=last).contains(&c))
@@ -254,6 +266,15 @@ mod tests {
             '\u{e001f}',
             '\u{f8ff}',
             '\u{10fffd}',
+            // Invisible, though not Cf: what smuggles text past a reader.
+            '\u{34f}',
+            '\u{115f}',
+            '\u{3164}',
+            '\u{ffa0}',
+            '\u{fe00}',
+            '\u{fe0f}',
+            '\u{e0100}',
+            '\u{e01ef}',
         ] {
             assert!(needs_escape(c), "{c:?}");
         }
@@ -268,6 +289,7 @@ mod tests {
             '\u{fffd}',
             '\u{1f980}',
             '\u{e0080}',
+            '\u{e01f0}',
             '\u{effff}',
         ] {
             assert!(!needs_escape(c), "{c:?}");

@@ -220,7 +220,14 @@ impl Bottle for DockerBottle {
     }
 
     fn copy_in(&self, copy: &CopyIn, dest: &GuestPath) -> Result<(), BackendError> {
-        crate::copy::copy_in(&self.engine, &self.name, &self.container, copy, dest)
+        crate::copy::copy_in(
+            &self.engine,
+            &self.name,
+            &self.container,
+            &self.state_dir,
+            copy,
+            dest,
+        )
     }
 
     fn copy_out(&self, path: &GuestPath, out: &mut dyn Write) -> Result<(), BackendError> {

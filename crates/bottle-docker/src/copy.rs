@@ -43,6 +43,7 @@
 //! the caller checks every entry before writing any.
 
 use std::io::Write;
+use std::path::Path;
 
 use bollard::query_parameters::{
     ContainerArchiveInfoOptionsBuilder, DownloadFromContainerOptionsBuilder,
@@ -66,10 +67,13 @@ const GO_MODE_CHAR_DEVICE: u32 = 1 << 21;
 const GO_MODE_IRREGULAR: u32 = 1 << 19;
 
 /// Copies `copy` into `container` at `dest` (see the module docs).
+/// `state_dir` is the bottle's: its copy lock makes copies into one bottle
+/// take turns, so no copy unpauses the container while another one walks.
 pub fn copy_in(
     engine: &Engine,
     bottle: &str,
     container: &str,
+    state_dir: &Path,
     copy: &CopyIn,
     dest: &GuestPath,
 ) -> Result<(), BackendError> {
@@ -78,11 +82,28 @@ pub fn copy_in(
         uid: owner.uid,
         gid: owner.gid,
     };
+    let _turn = copy_lock(state_dir)?;
     let frozen = Frozen::pause(engine, bottle, container)?;
     let copied = copy_in_frozen(engine, bottle, container, copy, dest, owner);
     let thawed = frozen.thaw();
     copied?;
     Ok(thawed?)
+}
+
+/// Holds the bottle's copy lock (released when the file is closed): a
+/// copy that found the container paused by another copy would otherwise
+/// see it unpaused halfway through its own walk.
+fn copy_lock(state_dir: &Path) -> Result<std::fs::File, DockerError> {
+    let path = state_dir.join("copy.lock");
+    let file = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(DockerError::io("open", &path))?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|err| DockerError::io("lock", &path)(err.into()))?;
+    Ok(file)
 }
 
 fn copy_in_frozen(

@@ -301,13 +301,14 @@ pub fn read_owner(paths: &StatePaths) -> Option<Owner> {
 }
 
 /// The entries of a bottle's state dir that a bundle-only launch writes.
-const BUNDLE_FILES: [&str; 7] = [
+const BUNDLE_FILES: [&str; 8] = [
     "owner.json",
     "launched",
     "ca",
     "logs",
     "stage",
     "requests",
+    "host-services",
     bottle_core::checkout::CheckoutPaths::DIR_NAME,
 ];
 

@@ -36,6 +36,7 @@ const LAPS: [&str; 25] = [
     "snapshot",
     "complete",
     "launched",
+    "forwards",
     "session-spawn",
 ];
 

@@ -44,6 +44,11 @@ pub enum Shape {
     Contents,
 }
 
+/// The longest entry name taken: Linux's `PATH_MAX`. A longer one could
+/// not be written on the host anyway, and the bound keeps the checks'
+/// work per entry small.
+const NAME_MAX_BYTES: usize = 4096;
+
 /// A checked entry's name: its components, none empty, `.` or `..`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct EntryPath(Vec<Vec<u8>>);
@@ -62,6 +67,12 @@ impl EntryPath {
     /// For messages only (quote it with `{:?}`).
     pub fn lossy(&self) -> String {
         String::from_utf8_lossy(&self.to_bytes()).into_owned()
+    }
+
+    /// A name made by a test, past the check.
+    #[cfg(test)]
+    pub(super) fn of(parts: &[&str]) -> EntryPath {
+        EntryPath(parts.iter().map(|p| p.as_bytes().to_vec()).collect())
     }
 }
 
@@ -329,6 +340,12 @@ impl Walk<'_> {
         if raw.first() == Some(&b'/') {
             return Err(self.refuse(raw, "an absolute name"));
         }
+        if raw.len() > NAME_MAX_BYTES {
+            return Err(self.refuse(
+                &raw[..64],
+                format!("a name longer than {NAME_MAX_BYTES} bytes, more than a host path holds"),
+            ));
+        }
         let mut parts = Vec::new();
         for part in raw.split(|b| *b == b'/') {
             match part {
@@ -368,16 +385,25 @@ impl Walk<'_> {
 
     /// Every directory above the entry: made by the archive as a directory
     /// (never a file or a link), or made here as an implicit one.
+    ///
+    /// Looked up from the deepest: a directory already seen had every
+    /// directory above it checked when it was (a name is never seen twice),
+    /// so the walk stops there and a deep tree costs its depth, not its
+    /// depth squared.
     fn parents(
         &mut self,
         raw: &[u8],
         path: &EntryPath,
         sink: &mut dyn Sink,
     ) -> Result<(), CopyError> {
-        for n in 1..path.0.len() {
+        let mut known = 0;
+        for n in (1..path.0.len()).rev() {
             let parent = EntryPath(path.0[..n].to_vec());
             match self.seen.get(&parent) {
-                Some(Seen::Dir) => {}
+                Some(Seen::Dir) => {
+                    known = n;
+                    break;
+                }
                 Some(Seen::Link) => {
                     return Err(self.refuse(
                         raw,
@@ -396,16 +422,18 @@ impl Walk<'_> {
                         ),
                     ));
                 }
-                None => {
-                    sink.entry(Checked::Dir {
-                        path: &parent,
-                        mode: 0o755,
-                        mtime: None,
-                    })?;
-                    self.seen.insert(parent, Seen::Dir);
-                    self.summary.entries += 1;
-                }
+                None => {}
             }
+        }
+        for n in known + 1..path.0.len() {
+            let parent = EntryPath(path.0[..n].to_vec());
+            sink.entry(Checked::Dir {
+                path: &parent,
+                mode: 0o755,
+                mtime: None,
+            })?;
+            self.seen.insert(parent, Seen::Dir);
+            self.summary.entries += 1;
         }
         Ok(())
     }

@@ -296,9 +296,27 @@ impl Sink for Staging {
                 let at = self.at(path);
                 match DirBuilder::new().mode(0o700).create(&at) {
                     Ok(()) => {}
-                    // Named again: only a directory the walk saw made.
-                    Err(err) if err.kind() == ErrorKind::AlreadyExists => {
+                    // Named again: only a directory this copy made under
+                    // exactly that name. On a host filesystem that folds
+                    // case or normalises Unicode (APFS, vfat, ext4 with
+                    // casefold) another name can land on the same file,
+                    // a link the archive made among them: the check above
+                    // compares names byte for byte, so the filesystem must
+                    // not be left to decide that two names are one.
+                    Err(err)
+                        if err.kind() == ErrorKind::AlreadyExists
+                            && self.dirs.iter().any(|(p, _, _)| *p == at) =>
+                    {
                         self.dirs.retain(|(p, _, _)| *p != at);
+                    }
+                    Err(err) if err.kind() == ErrorKind::AlreadyExists => {
+                        return Err(CopyError::Refused {
+                            from: self.from.clone(),
+                            entry: path.lossy(),
+                            why: "its name is another entry's on this host's filesystem \
+                                  (one that folds case or normalises Unicode)"
+                                .into(),
+                        });
                     }
                     Err(err) => return Err(host_io("create", &at)(err)),
                 }
@@ -582,6 +600,53 @@ mod tests {
         assert!(err.to_string().contains(why), "{err}");
         assert_eq!(listing(dir.path()), ["mine"], "{err}");
         assert_eq!(std::fs::read(dir.path().join("mine")).unwrap(), b"operator");
+    }
+
+    #[test]
+    fn a_directory_the_host_holds_under_a_name_this_copy_did_not_make_is_refused() {
+        // On a filesystem that folds case, `top/a` after the link `top/A`
+        // is the link; the check, comparing bytes, saw two names. Here the
+        // link's own name is given to the sink again, past the check: the
+        // sink must not take the filesystem's word that it is a directory.
+        let dir = tempfile::tempdir().unwrap();
+        let target = HostTarget::resolve(dir.path(), "top").unwrap();
+        let mut staging = Staging::new(&target, bottle()).unwrap();
+        let top = EntryPath::of(&["top"]);
+        let link = EntryPath::of(&["top", "A"]);
+        let dir_entry = |path| Checked::Dir {
+            path,
+            mode: 0o755,
+            mtime: None,
+        };
+        staging.entry(dir_entry(&top)).unwrap();
+        staging
+            .entry(Checked::Symlink {
+                path: &link,
+                target: b".",
+                mtime: 0,
+            })
+            .unwrap();
+        let err = staging.entry(dir_entry(&link)).unwrap_err();
+        assert_eq!(err.code(), "BOT-F010", "{err}");
+        assert!(err.to_string().contains("folds case"), "{err}");
+        // A directory this copy made may be named again.
+        staging.entry(dir_entry(&top)).unwrap();
+    }
+
+    #[test]
+    fn a_name_longer_than_a_host_path_is_refused() {
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_mode(0o644);
+        header.set_size(1);
+        let name = format!("top/{}f", "a/".repeat(2100));
+        builder.append_data(&mut header, &name, &b"x"[..]).unwrap();
+        refused(
+            &builder.into_inner().unwrap(),
+            "BOT-F010",
+            "longer than 4096 bytes",
+        );
     }
 
     #[test]
