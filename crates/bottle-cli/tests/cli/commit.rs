@@ -228,7 +228,7 @@ fn a_committed_bottle_starts_again_with_what_the_agent_installed() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert!(
-        String::from_utf8_lossy(&bad.stderr).contains("error[BOT-D090]"),
+        String::from_utf8_lossy(&bad.stderr).contains("error[BOT-D095]"),
         "{}",
         String::from_utf8_lossy(&bad.stderr)
     );
