@@ -51,6 +51,16 @@ impl World {
 impl Drop for World {
     fn drop(&mut self) {
         let _ = self.bottle().args(["stop", &self.name]).output();
+        // The stop's finisher removes the bundle and the state dir; wait for
+        // it before the state root goes with the temp dir, or it finds no
+        // record and leaves the bundle running.
+        let state_dir = self.dir.path().join("state/bottle").join(&self.name);
+        let gone = bottle_test_support::eventually(std::time::Duration::from_secs(60), || {
+            !state_dir.exists()
+        });
+        if !gone {
+            let _ = self.bottle().args(["--yes", "cleanup"]).output();
+        }
     }
 }
 
