@@ -600,7 +600,11 @@ fn cleanup(global: &Global, args: &CleanupArgs) -> Result<ExitCode, Failure> {
                 _ => root.join(slug::slug_of(&item.name)),
             };
             crate::checkout::print_report(global, &crate::checkout::sync_quietly(&dir));
-            crate::forward::end_all(&dir);
+            // Only a bottle's own item names its state dir: a shared
+            // network's or an image's name is no bottle's.
+            if matches!(item.kind.as_str(), "bottle" | "state dir" | "pool entry") {
+                crate::forward::end_all(&dir);
+            }
         }
         let report = backend.cleanup_approved(items)?;
         for line in &report.removed {

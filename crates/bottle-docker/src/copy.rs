@@ -94,16 +94,7 @@ pub fn copy_in(
 /// copy that found the container paused by another copy would otherwise
 /// see it unpaused halfway through its own walk.
 fn copy_lock(state_dir: &Path) -> Result<std::fs::File, DockerError> {
-    let path = state_dir.join("copy.lock");
-    let file = std::fs::File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(DockerError::io("open", &path))?;
-    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
-        .map_err(|err| DockerError::io("lock", &path)(err.into()))?;
-    Ok(file)
+    crate::data::lock_file(&state_dir.join("copy.lock"))
 }
 
 fn copy_in_frozen(

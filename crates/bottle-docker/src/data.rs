@@ -294,6 +294,20 @@ pub fn write_owner(paths: &StatePaths, owner: Owner) -> Result<(), DockerError> 
     write_record(&paths.owner(), &json, 0o600)
 }
 
+/// Holds an exclusive lock on the file `path` (made if missing), waiting
+/// for its holder; released when the returned file is closed.
+pub(crate) fn lock_file(path: &Path) -> Result<std::fs::File, DockerError> {
+    let file = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(DockerError::io("open", path))?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|err| DockerError::io("lock", path)(err.into()))?;
+    Ok(file)
+}
+
 /// Who owns the state dir, if recorded.
 pub fn read_owner(paths: &StatePaths) -> Option<Owner> {
     let text = std::fs::read_to_string(paths.owner()).ok()?;
