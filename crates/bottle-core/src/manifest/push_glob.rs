@@ -72,7 +72,7 @@ impl PushGlobs {
         Ok(PushGlobs { globs })
     }
 
-    /// The glob that lets the agent update `refname`, if any ([`matches`]).
+    /// The glob that lets the agent update `refname`, if any ([`matches()`]).
     pub fn matching(&self, refname: &str) -> Option<&str> {
         self.globs
             .iter()
