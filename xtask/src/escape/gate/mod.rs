@@ -291,8 +291,7 @@ pub(crate) fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> 
             sys.clone(),
             engine.clone(),
             cli,
-            &work,
-            &binaries.probe,
+            (&work, &binaries.probe),
             ports,
             report,
         )
@@ -341,8 +340,7 @@ fn run_with_canaries(
     sys: Arc<dyn Sys>,
     engine: EngineSocket,
     cli: BottleCli,
-    work: &Path,
-    probe_bin: &Path,
+    (work, probe_bin): (&Path, &Path),
     ports: RunPorts,
     report: &mut Report,
 ) -> anyhow::Result<()> {
