@@ -94,6 +94,50 @@ pub struct Targets {
     pub rebind_hosts: Vec<String>,
     /// Names whose lookups the DNS canary records if they get out.
     pub canary_names: Vec<String>,
+    /// The port of the host loopback service the manifest names
+    /// (`egress.host_services`): in a bottle, reached only at
+    /// [`HOST_SERVICES_NAME`]`:<port>` through the bundle's relay; on the
+    /// host, at `127.0.0.1:<port>` (0: no host-service probes).
+    #[serde(default)]
+    pub host_service_port: u16,
+    /// The port of a second host loopback service, one the manifest does
+    /// not name: unreachable from a bottle by any address.
+    #[serde(default)]
+    pub host_service_unnamed_port: u16,
+    /// The manifest's `egress.tcp` name: the box's `/etc/hosts` points it
+    /// at the bundle, which resolves it (the run's DNS gives it
+    /// [`Targets::pinned_tcp_addr`]) and relays to it (empty: no pinned-TCP
+    /// probes).
+    #[serde(default)]
+    pub pinned_tcp_host: String,
+    /// The canary address the pinned name resolves to.
+    #[serde(default)]
+    pub pinned_tcp_addr: String,
+    /// The pinned destination's port (a canary answering with the token).
+    #[serde(default)]
+    pub pinned_tcp_port: u16,
+    /// Another port on [`Targets::pinned_tcp_addr`], which the manifest
+    /// does not name (a canary listens there too).
+    #[serde(default)]
+    pub pinned_tcp_other_port: u16,
+    /// Another canary host no manifest names (the run's DNS knows it),
+    /// listening at [`Targets::pinned_tcp_port`].
+    #[serde(default)]
+    pub other_tcp_host: String,
+    /// Its address.
+    #[serde(default)]
+    pub other_tcp_addr: String,
+}
+
+/// The name a box reaches the host's services at (`egress.host_services`;
+/// bottle-core's `HOST_SERVICES_NAME`, repeated here: the probe depends on
+/// nothing else in the workspace).
+pub const HOST_SERVICES_NAME: &str = "host.bottle.internal";
+
+/// What a box-side listener started with `bottle-probe --child serve`
+/// answers each connection with (the published-port rows).
+pub fn serve_reply(token: &str) -> String {
+    format!("bottle-canary {token} published\n")
 }
 
 /// What counts as blocked for a probe, as one word for the report.

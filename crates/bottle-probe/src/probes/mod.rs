@@ -15,6 +15,7 @@ mod git;
 mod kernel;
 mod network;
 mod operator;
+mod ports;
 mod privilege;
 mod proxy;
 mod resources;
@@ -195,6 +196,7 @@ impl Probe {
 pub fn catalogue(config: &ProbeConfig) -> Vec<Probe> {
     let mut all = Vec::new();
     all.extend(network::probes());
+    all.extend(ports::probes());
     all.extend(dns::probes());
     all.extend(proxy::probes(config));
     all.extend(filesystem::probes());

@@ -23,7 +23,8 @@
 //! planted links and trees do to the operator's `bottle cp`; `git_repos`:
 //! each agent's bare repository on the host, seeded and read back with
 //! real git; `toolbox`: the in-box agent's channel attacked from a tool
-//! call.
+//! call; `ports`: the relays' audit lines, a published port seen from the
+//! host, and the box's routes.
 
 mod audit_log;
 mod bottle_posture;
@@ -34,6 +35,7 @@ mod faults;
 mod git_repos;
 mod leftovers;
 mod operator;
+mod ports;
 mod prepare;
 mod probing;
 mod split;
@@ -162,7 +164,37 @@ struct Gate {
     split_detectors: BTreeMap<&'static str, bool>,
     /// Each agent's seeded `main` in its bare repository, by agent key.
     git_seeds: BTreeMap<String, String>,
+    /// The host loopback ports of the run's services and published port.
+    ports: RunPorts,
     report: Report,
+}
+
+/// Host loopback ports the run takes, picked free before the manifest is
+/// written: the host service the manifest names, one it does not, and
+/// the host port A's [`fixture::PUBLISH_AGENT_PORT`] is published on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RunPorts {
+    /// `egress.host_services` names `127.0.0.1:<this>`.
+    pub host_service: u16,
+    /// A host loopback service no manifest names.
+    pub unnamed_service: u16,
+    /// A's published port on the host's `127.0.0.1`.
+    pub publish: u16,
+}
+
+impl RunPorts {
+    /// Three distinct free ports on 127.0.0.1 (bound at once, then let go).
+    fn pick() -> anyhow::Result<RunPorts> {
+        let held = (0..3)
+            .map(|_| std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let port = |i: usize| held[i].local_addr().map(|a| a.port());
+        Ok(RunPorts {
+            host_service: port(0)?,
+            unnamed_service: port(1)?,
+            publish: port(2)?,
+        })
+    }
 }
 
 /// Runs the gate against `options.backend`; rows and harness errors go
@@ -198,16 +230,23 @@ pub(crate) fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> 
     let work = tempdir()?;
     let result = (|| {
         let context = fixture::write_context(&work.join("agent"))?;
+        let ports = RunPorts::pick()?;
+        // The probing agents get the relays; A alone publishes (a host
+        // port is one bottle's).
         let mut agents: Vec<AgentDef> = [A, B, C, D]
             .iter()
             .map(|k| AgentDef {
                 key: k.to_string(),
                 rebind: true,
+                relays: true,
+                publish: (*k == A).then_some(ports.publish),
             })
             .collect();
         agents.extend(PARALLEL.iter().map(|k| AgentDef {
             key: k.to_string(),
             rebind: false,
+            relays: false,
+            publish: None,
         }));
         let source = match &options.backend {
             Backend::Docker => AgentSource::Build(context),
@@ -228,6 +267,7 @@ pub(crate) fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> 
                 &canary::INTERNET.to_string(),
                 &credential,
                 &work.join("git"),
+                ports.host_service,
             ),
         )?;
         let cli = BottleCli {
@@ -251,8 +291,8 @@ pub(crate) fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> 
             sys.clone(),
             engine.clone(),
             cli,
-            &work,
-            &binaries.probe,
+            (&work, &binaries.probe),
+            ports,
             report,
         )
     })();
@@ -300,8 +340,8 @@ fn run_with_canaries(
     sys: Arc<dyn Sys>,
     engine: EngineSocket,
     cli: BottleCli,
-    work: &Path,
-    probe_bin: &Path,
+    (work, probe_bin): (&Path, &Path),
+    ports: RunPorts,
     report: &mut Report,
 ) -> anyhow::Result<()> {
     progress("seeding each agent's git repository");
@@ -313,13 +353,18 @@ fn run_with_canaries(
     progress("canaries: interface, listeners, DNS recorder");
     let iface = Interface::create(sys.clone())?;
     iface.verify()?;
-    let listeners = Listeners::start(&listener_specs(), &report.token)?;
+    let listeners = Listeners::start(
+        &listener_specs(ports.host_service, ports.unnamed_service),
+        &report.token,
+    )?;
     let recorder = DnsRecorder::start(SocketAddr::from((canary::DNS, 53)))?;
     for (name, addr) in [
         ("rebind-loopback.bottle.test", std::net::Ipv4Addr::LOCALHOST),
         ("rebind-metadata.bottle.test", canary::METADATA),
         ("rebind-private.bottle.test", canary::PRIVATE),
         ("denied.bottle.test", canary::INTERNET),
+        (fixture::PINNED_TCP_HOST, canary::PINNED_TCP),
+        (fixture::OTHER_TCP_HOST, canary::OTHER_TCP),
     ] {
         recorder.set(name, vec![addr]);
     }
@@ -348,6 +393,7 @@ fn run_with_canaries(
         credential_detector: None,
         split_detectors: BTreeMap::new(),
         git_seeds,
+        ports,
         report: std::mem::take(report),
     };
     let result = gate.phases(options);
@@ -397,6 +443,10 @@ impl Gate {
         progress("host-side posture of A and B");
         self.posture("posture A", &a)?;
         self.posture("posture B", &b)?;
+        progress(
+            "ports: A's relays in its audit log, its published port from the host, its routes",
+        );
+        self.ports_phase("ports A", &mut a, &b)?;
 
         let step =
             |gate: &mut Gate, name: &str, result: anyhow::Result<()>| -> anyhow::Result<()> {

@@ -62,7 +62,11 @@ impl Gate {
     }
 
     /// Copies the probe (once) and a config into `bottle` and runs it.
-    fn exec_probe(&mut self, bottle: &mut Bottle, config: &ProbeConfig) -> anyhow::Result<Output> {
+    pub(super) fn exec_probe(
+        &mut self,
+        bottle: &mut Bottle,
+        config: &ProbeConfig,
+    ) -> anyhow::Result<Output> {
         if !bottle.probe_copied {
             self.cli
                 .cp(&self.probe_bin, &bottle.guard.name, BOTTLE_DIR)?;
@@ -181,6 +185,14 @@ impl Gate {
                 SocketAddr::from((canary::INTERNET, 443)),
             ],
             allowed_hosts: allowed.to_vec(),
+            relayed: vec![SocketAddr::from((
+                canary::PINNED_TCP,
+                canary::PINNED_TCP_PORT,
+            ))],
+            host_services: vec![SocketAddr::from((
+                std::net::Ipv4Addr::LOCALHOST,
+                self.ports.host_service,
+            ))],
         };
         self.report
             .rows
