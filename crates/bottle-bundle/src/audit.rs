@@ -1,22 +1,44 @@
 //! The audit log: one JSON object per line, one line per decision.
 //!
-//! Format version 2 (field `v`; version 1 lines lack `count` and
-//! `truncated` and read with their defaults). Lines are written with a
-//! single `write` on an `O_APPEND` file under a mutex, so concurrent writers
-//! (the proxy and egress daemons, many connections) never interleave, and
+//! Format version 3 (field `v`; version 1 lines lack `count` and
+//! `truncated`, version 1 and 2 lines `hosts`, and read with their
+//! defaults). Lines are written with a single `write` on an `O_APPEND` file
+//! under a mutex, so concurrent writers (the proxy and egress daemons, many
+//! connections, and the host appending tool calls) never interleave, and
 //! each line is flushed before the call returns.
 //!
-//! The agent chooses most of what is logged, so the log is bounded three
-//! ways: agent-chosen fields are cut to a fixed length ([`PATH_BOUND`],
-//! [`FIELD_BOUND`]), identical decisions within [`COALESCE_WINDOW`] become
-//! one line with a `count`, and the live file is rotated at the cap from
-//! the bundle's limits, keeping [`AUDIT_GENERATIONS`] old ones. A write that fails degrades the log for good: the daemons then
-//! refuse traffic ([`AUDIT_UNAVAILABLE`]) rather than forward it unaudited,
-//! and the marker beside the log is renamed so the host sees it.
+//! The agent chooses most of what is logged, so the log is bounded, and it
+//! must not be able to flood its own history away:
 //!
-//! The reader side ([`read_audit`], [`AuditFollower`]) reads the rotated
-//! generations in order and follows the live file across rotations.
+//! - agent-chosen fields are cut to a fixed length ([`PATH_BOUND`],
+//!   [`FIELD_BOUND`]);
+//! - decisions are merged within [`COALESCE_WINDOW`]: identical ones (same
+//!   daemon, decision, host, port, method and reason), the first written at
+//!   once and the rest as one counted line when the window closes; and the
+//!   proxy's and egress's refusals, findings and injections by reason
+//!   alone, whatever the host, method or path: the first
+//!   [`WRITTEN_PER_WINDOW`] written at once, the rest as one counted line
+//!   with a sample of [`HOST_SAMPLE`] hosts. So a flood of denials to
+//!   distinct hosts costs five lines a second per reason. Pushes and
+//!   operator decisions are never merged. At most [`MAX_WINDOWS`] windows
+//!   of each kind are open;
+//! - the live file is rotated at the cap from the bundle's limits, keeping
+//!   [`AUDIT_GENERATIONS`] old ones; when rotation drops the oldest, its
+//!   security-relevant lines ([`is_security_relevant`]) are carried to the
+//!   kept file, within its own bound, and everything else it held is counted
+//!   in the one-line summary of what was dropped ([`DroppedSummary`]), so
+//!   the log says what it no longer holds. `bottle_core::audit_files` names
+//!   the files and their bound.
+//!
+//! A write that fails degrades the log for good: the daemons then refuse
+//! traffic ([`AUDIT_UNAVAILABLE`]) rather than forward it unaudited, and the
+//! marker beside the log is renamed so the host sees it.
+//!
+//! The reader side ([`read_audit`], [`AuditFollower`]) reads the kept
+//! lines, the summary and the rotated generations in order and follows the
+//! live file across rotations.
 
+use std::borrow::Cow;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -25,22 +47,37 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use bottle_core::audit_files::{
-    AUDIT_DEGRADED_MARKER, AUDIT_GENERATIONS, AUDIT_OK_MARKER, AuditLines, generation,
+    AUDIT_DEGRADED_MARKER, AUDIT_GENERATIONS, AUDIT_OK_MARKER, AuditLines, KEPT_CAPS, dropped_file,
+    generation, is_security_relevant, kept_file,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::BundleError;
 
 /// Version written in every line's `v` field.
-pub const AUDIT_VERSION: u32 = 2;
+pub const AUDIT_VERSION: u32 = 3;
 /// Longest request path kept, in bytes; longer ones are cut.
 pub const PATH_BOUND: usize = 1024;
 /// Longest host, method, reason or rule kept, in bytes.
 pub const FIELD_BOUND: usize = 256;
-/// Identical decisions within this long of the first one written are
-/// counted, not written: one line with their `count` follows when the
-/// window closes or a different decision comes.
+/// Decisions merged with one written less than this long ago are counted,
+/// not written: one line with their `count` follows when the window
+/// closes.
 pub const COALESCE_WINDOW: Duration = Duration::from_secs(1);
+/// Distinct hosts a merged line names (`hosts`); the rest are in its count.
+pub const HOST_SAMPLE: usize = 8;
+/// Decisions merging by reason written on their own in a window before the
+/// rest are counted: a few refusals a second, as an agent makes them in
+/// ordinary work, read one by one; a flood costs these and one counted line
+/// a second per reason.
+pub const WRITTEN_PER_WINDOW: u32 = 4;
+/// Merging windows open at once, of each kind (by reason, and exact); a
+/// decision that needs another closes the oldest of its kind (its counted
+/// line is written).
+pub const MAX_WINDOWS: usize = 64;
+/// Counts the summary of dropped lines keeps apart (by daemon, decision and
+/// reason); the rest are counted together as `other`.
+pub const SUMMARY_KEYS: usize = 32;
 /// The reason of a refusal because the audit log cannot be written.
 pub const AUDIT_UNAVAILABLE: &str = "audit_unavailable";
 /// What the agent reads when it is refused for [`AUDIT_UNAVAILABLE`]
@@ -62,8 +99,30 @@ pub enum Decision {
     /// Forwarded with the secrets it carried masked (a host whose
     /// `on_secret` is `redact`); the reason names their kinds.
     Redacted,
+    /// Egress put a credential the agent never holds on a request it sends
+    /// to the credential's host (over TLS it verifies); the reason names the
+    /// credential (`credential:<name>`), never its value. Whether the
+    /// upstream answered is the request's own line. Version 3.
+    Inject,
+    /// The summary of what rotation dropped ([`DroppedSummary`]). Version 3.
+    Dropped,
     /// Failed (upstream unreachable, protocol error, ...).
     Error,
+}
+
+impl Decision {
+    /// The name written in the log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allow => "allow",
+            Self::Deny => "deny",
+            Self::BlockedSecret => "blocked_secret",
+            Self::Redacted => "redacted",
+            Self::Inject => "inject",
+            Self::Dropped => "dropped",
+            Self::Error => "error",
+        }
+    }
 }
 
 /// One audit line.
@@ -102,15 +161,19 @@ pub struct AuditRecord {
     pub reason: String,
     /// The allowlist rule that matched, or the rule to add.
     pub rule: String,
-    /// How many identical decisions (same daemon, decision, host, port,
-    /// method and reason) this line stands for; the path, sizes and time are
-    /// the last one's. Version 2; 1 in version 1 lines.
+    /// How many merged decisions this line stands for; the host, port,
+    /// method, path, sizes and time are the last one's. Version 2; 1 in
+    /// version 1 lines.
     #[serde(default = "one")]
     pub count: u64,
     /// Whether a field was cut to its bound (it then ends in
     /// `…[+N bytes]`). Version 2; written only when true.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
+    /// A counted line's distinct hosts, at most [`HOST_SAMPLE`] (the rest
+    /// are in its count). Version 3; written only when not empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
 }
 
 fn one() -> u64 {
@@ -130,39 +193,73 @@ impl AuditRecord {
         ] {
             cut |= bound_field(field, FIELD_BOUND);
         }
+        self.hosts.truncate(HOST_SAMPLE);
+        for host in &mut self.hosts {
+            cut |= bound_field(host, FIELD_BOUND);
+        }
         self.truncated |= cut;
     }
 
-    /// Whether `key` is this record's coalescing key, compared in place:
-    /// most lines on a busy tunnel repeat the last, and building the key
-    /// for each would cost four allocations.
-    fn has_coalesce_key(&self, key: &CoalesceKey) -> bool {
+    /// Whether this record merges into a window keyed `key`, compared in
+    /// place: most lines on a busy tunnel repeat the last, and building the
+    /// key for each would cost four allocations.
+    fn has_merge_key(&self, key: &MergeKey) -> bool {
         // Every field named, so a field added to the key cannot be left
         // out of the comparison.
-        let CoalesceKey {
+        let MergeKey {
             daemon,
             decision,
-            host,
-            port,
-            method,
             reason,
+            exact,
         } = key;
-        self.decision == *decision
-            && self.port == *port
-            && &self.daemon == daemon
-            && &self.host == host
-            && &self.method == method
-            && &self.reason == reason
+        let same_exact = match exact {
+            None => self.merges_by_reason(),
+            Some(Exact { host, port, method }) => {
+                !self.merges_by_reason()
+                    && self.port == *port
+                    && &self.host == host
+                    && &self.method == method
+            }
+        };
+        self.decision == *decision && &self.daemon == daemon && &self.reason == reason && same_exact
     }
 
-    fn coalesce_key(&self) -> CoalesceKey {
-        CoalesceKey {
+    /// Whether this line is written on its own whatever came before: a
+    /// push git-gate let through or an operator's decision, each of which
+    /// names refs or a request that a counted line (the last one's) would
+    /// lose. The agent cannot make them faster than git and the operator
+    /// run.
+    fn never_merges(&self) -> bool {
+        self.daemon == "supervise" || self.is_accepted_push()
+    }
+
+    /// Whether decisions like this one merge by reason alone: the proxy's
+    /// and egress's refusals, findings and injections, and git-gate's
+    /// refused pushes (a read-only repository or a malformed body is
+    /// refused before git runs, so they cost the agent one request each),
+    /// which an agent can make for as many hosts, methods and paths as it
+    /// likes. Allowed requests, git-gate's other lines and supervise's
+    /// merge only when identical.
+    fn merges_by_reason(&self) -> bool {
+        self.decision != Decision::Allow
+            && (matches!(self.daemon.as_str(), "proxy" | "egress")
+                || (self.daemon == "git-gate" && self.method == "push"))
+    }
+
+    fn is_accepted_push(&self) -> bool {
+        self.daemon == "git-gate" && self.method == "push" && self.decision == Decision::Allow
+    }
+
+    fn merge_key(&self) -> MergeKey {
+        MergeKey {
             daemon: self.daemon.clone(),
             decision: self.decision,
-            host: self.host.clone(),
-            port: self.port,
-            method: self.method.clone(),
             reason: self.reason.clone(),
+            exact: (!self.merges_by_reason()).then(|| Exact {
+                host: self.host.clone(),
+                port: self.port,
+                method: self.method.clone(),
+            }),
         }
     }
 }
@@ -180,24 +277,55 @@ fn bound_field(field: &mut String, max: usize) -> bool {
     true
 }
 
-/// What makes two decisions the same for coalescing.
+/// What makes two decisions one for merging.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct CoalesceKey {
+struct MergeKey {
     daemon: String,
     decision: Decision,
+    reason: String,
+    /// `None` when the decision merges by reason alone.
+    exact: Option<Exact>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Exact {
     host: String,
     port: u16,
     method: String,
-    reason: String,
 }
 
-/// The decision last written and the identical ones counted since.
+/// A decision written and the ones merged into it since.
 #[derive(Debug)]
 struct Window {
-    key: CoalesceKey,
+    key: MergeKey,
     opened: Instant,
+    /// Decisions written on their own in this window.
+    written: u32,
     repeats: u64,
     last: Option<AuditRecord>,
+    /// Distinct hosts of the repeats, for a by-reason window.
+    hosts: Vec<String>,
+}
+
+impl Window {
+    fn count(&mut self, record: AuditRecord) {
+        self.repeats += 1;
+        if self.key.exact.is_none()
+            && self.hosts.len() < HOST_SAMPLE
+            && !self.hosts.contains(&record.host)
+        {
+            self.hosts.push(record.host.clone());
+        }
+        self.last = Some(record);
+    }
+
+    /// The counted line, if anything was counted.
+    fn counted(self) -> Option<AuditRecord> {
+        let mut last = self.last?;
+        last.count = self.repeats;
+        last.hosts = self.hosts;
+        Some(last)
+    }
 }
 
 /// Appends audit lines; cheap to clone.
@@ -218,9 +346,8 @@ struct AuditInner {
 #[derive(Debug)]
 struct Writer {
     file: File,
-    /// Bytes in the live file.
-    size: u64,
-    window: Option<Window>,
+    /// Open merging windows, oldest first.
+    windows: Vec<Window>,
 }
 
 impl AuditLog {
@@ -235,7 +362,6 @@ impl AuditLog {
             std::fs::create_dir_all(parent).map_err(err)?;
         }
         let file = open_append(path).map_err(err)?;
-        let size = file.metadata().map_err(err)?.len();
         let log = Self {
             inner: Arc::new(AuditInner {
                 path: path.to_path_buf(),
@@ -244,8 +370,7 @@ impl AuditLog {
                 degraded: AtomicBool::new(false),
                 writer: Mutex::new(Writer {
                     file,
-                    size,
-                    window: None,
+                    windows: Vec::new(),
                 }),
             }),
         };
@@ -264,8 +389,8 @@ impl AuditLog {
         self.inner.degraded.load(Ordering::SeqCst)
     }
 
-    /// Records one decision: written at once, or counted when an identical
-    /// one was written less than [`COALESCE_WINDOW`] ago. A failed write
+    /// Records one decision: written at once, or counted when one it merges
+    /// with was written less than [`COALESCE_WINDOW`] ago. A failed write
     /// degrades the log ([`AuditLog::is_degraded`]).
     pub fn write(&self, mut record: AuditRecord) {
         record.bound();
@@ -273,28 +398,56 @@ impl AuditLog {
         if self.is_degraded() {
             return;
         }
-        if let Some(window) = writer.window.as_mut()
-            && record.has_coalesce_key(&window.key)
-            && window.opened.elapsed() < COALESCE_WINDOW
-        {
-            window.repeats += 1;
-            window.last = Some(record);
+        if record.never_merges() {
+            self.inner.append(&mut writer, &record);
             return;
         }
-        self.inner.close_window(&mut writer);
+        if let Some(at) = writer
+            .windows
+            .iter()
+            .position(|w| record.has_merge_key(&w.key))
+        {
+            let window = &mut writer.windows[at];
+            if window.opened.elapsed() < COALESCE_WINDOW {
+                if window.key.exact.is_none() && window.written < WRITTEN_PER_WINDOW {
+                    window.written += 1;
+                    self.inner.append(&mut writer, &record);
+                } else {
+                    window.count(record);
+                }
+                return;
+            }
+            let window = writer.windows.remove(at);
+            self.inner.close_window(&mut writer, window);
+        }
+        // Windows merging by reason and exact ones are bounded apart, so
+        // that requests the agent makes distinct at will (a new method
+        // each) cannot push a flood's by-reason window out, which would cost
+        // two lines each time.
+        let key = record.merge_key();
+        let by_reason = key.exact.is_none();
+        let same_kind = |w: &Window| w.key.exact.is_none() == by_reason;
+        if writer.windows.iter().filter(|w| same_kind(w)).count() >= MAX_WINDOWS
+            && let Some(at) = writer.windows.iter().position(same_kind)
+        {
+            let oldest = writer.windows.remove(at);
+            self.inner.close_window(&mut writer, oldest);
+        }
         self.inner.append(&mut writer, &record);
-        writer.window = Some(Window {
-            key: record.coalesce_key(),
+        writer.windows.push(Window {
+            key,
             opened: Instant::now(),
+            written: 1,
             repeats: 0,
             last: None,
+            hosts: Vec::new(),
         });
     }
 
-    /// Writes the counted line of the open window now (a clean shutdown).
+    /// Writes the counted lines of the open windows now (a clean shutdown).
     pub fn flush(&self) {
         let mut writer = self.inner.lock();
-        self.inner.close_window(&mut writer);
+        self.inner.close_windows(&mut writer, |_| true);
     }
 }
 
@@ -306,14 +459,21 @@ impl AuditInner {
         }
     }
 
-    /// Ends the coalescing window, writing its repeats as one counted line.
-    fn close_window(&self, writer: &mut Writer) {
-        let Some(window) = writer.window.take() else {
-            return;
-        };
-        if let Some(mut last) = window.last {
-            last.count = window.repeats;
-            self.append(writer, &last);
+    /// Ends a merging window, writing its repeats as one counted line.
+    fn close_window(&self, writer: &mut Writer, window: Window) {
+        if let Some(counted) = window.counted() {
+            self.append(writer, &counted);
+        }
+    }
+
+    /// Ends the windows `expired` picks, oldest first.
+    fn close_windows(&self, writer: &mut Writer, expired: impl Fn(&Window) -> bool) {
+        let (closing, open): (Vec<Window>, Vec<Window>) = std::mem::take(&mut writer.windows)
+            .into_iter()
+            .partition(&expired);
+        writer.windows = open;
+        for window in closing {
+            self.close_window(writer, window);
         }
     }
 
@@ -330,22 +490,49 @@ impl AuditInner {
         };
         line.push(b'\n');
         let len = line.len() as u64;
-        let result = if writer.size > 0 && writer.size + len > self.max_bytes {
-            self.rotate(writer)
-        } else {
-            Ok(())
-        }
-        .and_then(|()| writer.file.write_all(&line))
-        .and_then(|()| writer.file.flush());
-        match result {
-            Ok(()) => writer.size += len,
-            Err(e) => self.degrade(&e),
+        // The file's own size, not a count of ours: the host appends the
+        // sandbox interface's lines to it too.
+        let result = writer
+            .file
+            .metadata()
+            .and_then(|meta| {
+                if meta.len() > 0 && meta.len() + len > self.max_bytes {
+                    self.rotate(writer)
+                } else {
+                    Ok(())
+                }
+            })
+            .and_then(|()| writer.file.write_all(&line))
+            .and_then(|()| writer.file.flush());
+        if let Err(e) = result {
+            self.degrade(&e);
         }
     }
 
-    /// `audit.jsonl.2` -> `.3`, ..., the live file -> `.1`, then a new live
-    /// file. The oldest generation is overwritten by the rename.
+    /// Rotates when the live file has passed the cap with no line of ours
+    /// to trigger it (the host's lines while the bottle is quiet).
+    fn rotate_if_full(&self, writer: &mut Writer) {
+        if self.degraded.load(Ordering::SeqCst) {
+            return;
+        }
+        let result = writer.file.metadata().and_then(|meta| {
+            if meta.len() >= self.max_bytes {
+                self.rotate(writer)
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = result {
+            self.degrade(&e);
+        }
+    }
+
+    /// Keeps what the oldest generation holds of security (see
+    /// [`AuditInner::carry`]), then `audit.jsonl.2` -> `.3`, ..., the live
+    /// file -> `.1`, and a new live file. The oldest generation is
+    /// overwritten by the rename.
     fn rotate(&self, writer: &mut Writer) -> std::io::Result<()> {
+        self.carry(&generation(&self.path, AUDIT_GENERATIONS))?;
         for n in (1..AUDIT_GENERATIONS).rev() {
             match std::fs::rename(generation(&self.path, n), generation(&self.path, n + 1)) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
@@ -354,7 +541,58 @@ impl AuditInner {
         }
         std::fs::rename(&self.path, generation(&self.path, 1))?;
         writer.file = open_append(&self.path)?;
-        writer.size = 0;
+        Ok(())
+    }
+
+    /// Before the generation at `oldest` is dropped: appends its
+    /// security-relevant lines to the kept file while that stays within
+    /// [`KEPT_CAPS`] caps, and counts every other line (and those the kept
+    /// file has no room for) into the summary of what was dropped.
+    ///
+    /// It reads the whole generation (at most a cap and a little) under the
+    /// writer's lock, once per cap written: at the 64 MiB default, a pause
+    /// of a fraction of a second in the daemons' audit writes, against a
+    /// history that outlasts any flood. A crash between this and the
+    /// renames keeps those lines twice, never loses them.
+    fn carry(&self, oldest: &Path) -> std::io::Result<()> {
+        let data = match std::fs::read(oldest) {
+            Ok(data) => data,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let kept_path = kept_file(&self.path);
+        let kept_bound = KEPT_CAPS.saturating_mul(self.max_bytes);
+        let mut kept_len = match std::fs::metadata(&kept_path) {
+            Ok(meta) => meta.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(e),
+        };
+        let summary_path = dropped_file(&self.path);
+        let mut summary = DroppedSummary::read(&summary_path, &self.bottle);
+        let summarised = summary.lines;
+        let mut keep = Vec::new();
+        for line in data.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            let seen: Option<Seen<'_>> = serde_json::from_slice(line).ok();
+            let relevant = seen
+                .as_ref()
+                .is_some_and(|s| is_security_relevant(&s.daemon, &s.decision, &s.method));
+            let len = line.len() as u64 + 1;
+            if relevant && kept_len + len <= kept_bound {
+                keep.extend_from_slice(line);
+                keep.push(b'\n');
+                kept_len += len;
+            } else {
+                summary.add(seen.as_ref(), relevant);
+            }
+        }
+        if !keep.is_empty() {
+            let mut kept = open_append(&kept_path)?;
+            kept.write_all(&keep)?;
+            kept.flush()?;
+        }
+        if summary.lines > summarised {
+            summary.write(&summary_path)?;
+        }
         Ok(())
     }
 
@@ -386,7 +624,7 @@ impl AuditInner {
 impl Drop for AuditInner {
     fn drop(&mut self) {
         let mut writer = self.lock();
-        self.close_window(&mut writer);
+        self.close_windows(&mut writer, |_| true);
     }
 }
 
@@ -394,9 +632,194 @@ fn open_append(path: &Path) -> std::io::Result<File> {
     OpenOptions::new().create(true).append(true).open(path)
 }
 
-/// Closes expired coalescing windows so a count is written within about
-/// [`COALESCE_WINDOW`] even when no other decision comes. Ends when the log
-/// is dropped.
+/// What the summary reads of a dropped line (any version, the host's lines
+/// included).
+#[derive(Debug, Deserialize)]
+struct Seen<'a> {
+    #[serde(borrow, default)]
+    time: Cow<'a, str>,
+    #[serde(borrow, default)]
+    daemon: Cow<'a, str>,
+    #[serde(borrow, default)]
+    decision: Cow<'a, str>,
+    #[serde(borrow, default)]
+    method: Cow<'a, str>,
+    #[serde(borrow, default)]
+    reason: Cow<'a, str>,
+    #[serde(borrow, default)]
+    host: Cow<'a, str>,
+    #[serde(default = "one")]
+    count: u64,
+    #[serde(borrow, default)]
+    hosts: Vec<Cow<'a, str>>,
+}
+
+/// How many dropped decisions had one daemon, decision and reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DroppedCount {
+    /// The daemon (`*` for the `other` count).
+    pub daemon: String,
+    /// The decision, as written (`*` for the `other` count).
+    pub decision: String,
+    /// The reason (`other` once [`SUMMARY_KEYS`] are taken).
+    pub reason: String,
+    /// The decisions (a counted line's `count`, summed).
+    pub count: u64,
+}
+
+/// The one line `audit.jsonl.dropped` holds: what rotation dropped from the
+/// log since the bottle started, as an audit line (daemon `audit`,
+/// decision `dropped`, reason `rotated`) whose `count` is the decisions
+/// dropped and `time` the last one's. Rewritten whole at every drop (a new
+/// file renamed over the old), so it never grows past
+/// [`SUMMARY_BOUND`](bottle_core::audit_files::SUMMARY_BOUND).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DroppedSummary {
+    /// The line's audit fields.
+    #[serde(flatten)]
+    pub record: AuditRecord,
+    /// The time of the first decision dropped.
+    #[serde(default)]
+    pub since: String,
+    /// The lines dropped.
+    #[serde(default)]
+    pub lines: u64,
+    /// Of the decisions dropped, how many were security-relevant but found
+    /// the kept file full (the earliest are kept, later ones counted).
+    #[serde(default)]
+    pub unkept: u64,
+    /// The decisions dropped, by daemon, decision and reason, most first
+    /// when written; at most [`SUMMARY_KEYS`] and one `other`.
+    #[serde(default)]
+    pub dropped: Vec<DroppedCount>,
+}
+
+impl DroppedSummary {
+    fn empty(bottle: &str) -> DroppedSummary {
+        DroppedSummary {
+            record: AuditRecord {
+                v: AUDIT_VERSION,
+                time: String::new(),
+                bottle: bottle.to_string(),
+                daemon: "audit".into(),
+                decision: Decision::Dropped,
+                host: String::new(),
+                port: 0,
+                method: String::new(),
+                path: String::new(),
+                status: 0,
+                bytes_up: 0,
+                bytes_down: 0,
+                duration_ms: 0,
+                reason: "rotated".into(),
+                rule: String::new(),
+                count: 0,
+                truncated: false,
+                hosts: Vec::new(),
+            },
+            since: String::new(),
+            lines: 0,
+            unkept: 0,
+            dropped: Vec::new(),
+        }
+    }
+
+    /// The summary so far, or an empty one (none yet, or one that does not
+    /// read: it is rewritten whole, so a torn one is only a restart).
+    fn read(path: &Path, bottle: &str) -> DroppedSummary {
+        std::fs::read(path)
+            .ok()
+            .and_then(|data| serde_json::from_slice(&data).ok())
+            .unwrap_or_else(|| DroppedSummary::empty(bottle))
+    }
+
+    /// Counts one dropped line (`None`: it did not read as a record).
+    fn add(&mut self, seen: Option<&Seen<'_>>, relevant: bool) {
+        let cut = |text: &str| {
+            let mut text = text.to_string();
+            bound_field(&mut text, FIELD_BOUND);
+            text
+        };
+        let (daemon, decision, reason, count) = match seen {
+            Some(s) => (cut(&s.daemon), cut(&s.decision), cut(&s.reason), s.count),
+            None => ("?".into(), "?".into(), "unreadable_line".into(), 1),
+        };
+        self.lines += 1;
+        self.record.count += count;
+        if relevant {
+            self.unkept += count;
+        }
+        if let Some(s) = seen.filter(|s| !s.time.is_empty()) {
+            if self.since.is_empty() {
+                self.since = cut(&s.time);
+            }
+            self.record.time = cut(&s.time);
+            for host in std::iter::once(&s.host).chain(&s.hosts) {
+                if !host.is_empty()
+                    && self.record.hosts.len() < HOST_SAMPLE
+                    && !self.record.hosts.iter().any(|h| h == host)
+                {
+                    self.record.hosts.push(cut(host));
+                }
+            }
+        }
+        let at = self
+            .dropped
+            .iter()
+            .position(|d| d.daemon == daemon && d.decision == decision && d.reason == reason);
+        let at = match at {
+            Some(at) => at,
+            None if self.dropped.len() < SUMMARY_KEYS => {
+                self.dropped.push(DroppedCount {
+                    daemon,
+                    decision,
+                    reason,
+                    count: 0,
+                });
+                self.dropped.len() - 1
+            }
+            None => {
+                let other = self
+                    .dropped
+                    .iter()
+                    .position(|d| d.daemon == "*" && d.reason == "other");
+                match other {
+                    Some(at) => at,
+                    None => {
+                        self.dropped.push(DroppedCount {
+                            daemon: "*".into(),
+                            decision: "*".into(),
+                            reason: "other".into(),
+                            count: 0,
+                        });
+                        self.dropped.len() - 1
+                    }
+                }
+            }
+        };
+        self.dropped[at].count += count;
+    }
+
+    /// Replaces the file at `path` with this summary, as one line.
+    fn write(&mut self, path: &Path) -> std::io::Result<()> {
+        self.dropped.sort_by_key(|d| std::cmp::Reverse(d.count));
+        let mut line = serde_json::to_vec(self).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        let mut file = File::create(&tmp)?;
+        file.write_all(&line)?;
+        file.flush()?;
+        drop(file);
+        std::fs::rename(&tmp, path)
+    }
+}
+
+/// Closes expired merging windows so a count is written within about
+/// [`COALESCE_WINDOW`] even when no other decision comes, and rotates a
+/// live file the host's lines took past the cap. Ends when the log is
+/// dropped.
 fn spawn_window_closer(inner: Weak<AuditInner>) {
     let tick = COALESCE_WINDOW / 4;
     let spawned = std::thread::Builder::new()
@@ -408,13 +831,8 @@ fn spawn_window_closer(inner: Weak<AuditInner>) {
                     return;
                 };
                 let mut writer = inner.lock();
-                if writer
-                    .window
-                    .as_ref()
-                    .is_some_and(|w| w.opened.elapsed() >= COALESCE_WINDOW)
-                {
-                    inner.close_window(&mut writer);
-                }
+                inner.close_windows(&mut writer, |w| w.opened.elapsed() >= COALESCE_WINDOW);
+                inner.rotate_if_full(&mut writer);
             }
         });
     if let Err(e) = spawned {
@@ -439,9 +857,9 @@ pub fn redact_path(path_and_query: &str) -> String {
     format!("{path}?{}", redacted.join("&"))
 }
 
-/// Reads every complete record in the log, oldest rotated generation
-/// first. Lines that are not valid records (a newer version, a torn write)
-/// are skipped.
+/// Reads every complete record in the log: the kept lines, the summary of
+/// the dropped ones, then the rotated generations, oldest first. Lines that
+/// are not valid records (a newer version, a torn write) are skipped.
 pub fn read_audit(path: &Path) -> Result<Vec<AuditRecord>, BundleError> {
     AuditFollower::new(path).poll()
 }
@@ -456,7 +874,7 @@ pub struct AuditFollower {
 }
 
 impl AuditFollower {
-    /// Starts at the oldest rotated generation.
+    /// Starts at the kept lines, then the oldest rotated generation.
     pub fn new(path: &Path) -> Self {
         Self {
             path: path.to_path_buf(),
@@ -535,6 +953,26 @@ mod tests {
             rule: host.into(),
             count: 1,
             truncated: false,
+            hosts: Vec::new(),
+        }
+    }
+
+    fn denial(host: &str, path: &str) -> AuditRecord {
+        AuditRecord {
+            decision: Decision::Deny,
+            status: 403,
+            path: path.into(),
+            reason: "host_not_allowed".into(),
+            ..rec(host)
+        }
+    }
+
+    fn finding(host: &str) -> AuditRecord {
+        AuditRecord {
+            decision: Decision::BlockedSecret,
+            status: 403,
+            reason: "secret:aws_access_key_id".into(),
+            ..rec(host)
         }
     }
 
@@ -661,16 +1099,98 @@ mod tests {
             (now.len(), now[0].count, now[0].path.as_str()),
             (1, 1, "/0")
         );
-        log.write(rec("other"));
-        let got = read_audit(&path).unwrap();
-        let counts: Vec<(&str, u64)> = got.iter().map(|r| (r.host.as_str(), r.count)).collect();
-        assert_eq!(counts, [("same", 1), ("same", 99), ("other", 1)]);
-        assert_eq!(got[1].path, "/99");
+        // Another decision has a window of its own: the two interleave
+        // without costing a line each.
         for _ in 0..5 {
             log.write(rec("other"));
+            log.write(rec("same"));
         }
         log.flush();
-        assert_eq!(read_audit(&path).unwrap().last().unwrap().count, 5);
+        let got = read_audit(&path).unwrap();
+        let counts: Vec<(&str, u64)> = got.iter().map(|r| (r.host.as_str(), r.count)).collect();
+        assert_eq!(
+            counts,
+            [("same", 1), ("other", 1), ("same", 104), ("other", 4)]
+        );
+        assert_eq!(got[2].path, "/");
+        // Identical lines name no host sample: the host is the key.
+        assert!(got[2].hosts.is_empty());
+    }
+
+    #[test]
+    fn denials_to_distinct_hosts_merge_by_reason_with_a_bounded_sample() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::open(&path, "b", BIG).unwrap();
+        for i in 0..1000 {
+            log.write(denial(&format!("h{i}.denied.test"), &format!("/{i}")));
+        }
+        // A finding for another host is its own window, merged by reason
+        // too; an allowed request is keyed by its host.
+        log.write(finding("a.allowed.test"));
+        log.write(finding("b.allowed.test"));
+        log.write(rec("a.allowed.test"));
+        log.flush();
+        let got = read_audit(&path).unwrap();
+        let shape: Vec<(Decision, &str, u64)> = got
+            .iter()
+            .map(|r| (r.decision, r.host.as_str(), r.count))
+            .collect();
+        // The first few of a window are written as they come, the rest
+        // counted in one line.
+        let written = WRITTEN_PER_WINDOW as usize;
+        let mut expected: Vec<(Decision, String, u64)> = (0..written)
+            .map(|i| (Decision::Deny, format!("h{i}.denied.test"), 1))
+            .collect();
+        expected.extend([
+            (Decision::BlockedSecret, "a.allowed.test".into(), 1),
+            (Decision::BlockedSecret, "b.allowed.test".into(), 1),
+            (Decision::Allow, "a.allowed.test".into(), 1),
+            (
+                Decision::Deny,
+                "h999.denied.test".into(),
+                1000 - written as u64,
+            ),
+        ]);
+        let shape: Vec<(Decision, String, u64)> = shape
+            .into_iter()
+            .map(|(d, h, c)| (d, h.to_string(), c))
+            .collect();
+        assert_eq!(shape, expected);
+        let sample: Vec<String> = (written..written + HOST_SAMPLE)
+            .map(|i| format!("h{i}.denied.test"))
+            .collect();
+        let merged = got.last().unwrap();
+        assert_eq!(merged.hosts, sample);
+        assert_eq!(merged.path, "/999");
+        // The version 3 field reads back, and only merged lines carry it.
+        let raw = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(raw.matches("\"hosts\"").count(), 1, "{raw}");
+        assert!(raw.lines().all(|l| l.starts_with("{\"v\":3,")));
+    }
+
+    #[test]
+    fn open_windows_are_bounded_and_the_oldest_closes_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::open(&path, "b", BIG).unwrap();
+        log.write(rec("first"));
+        log.write(rec("first"));
+        // Distinct allowed hosts each need a window; the first one's count
+        // is written when the bound pushes it out.
+        for i in 0..MAX_WINDOWS {
+            log.write(rec(&format!("h{i}")));
+        }
+        let got = read_audit(&path).unwrap();
+        assert_eq!(got.len(), MAX_WINDOWS + 2);
+        // "first" and 63 others fill the windows; the 64th pushes "first"
+        // out, so its count comes just before that one.
+        let last = format!("h{}", MAX_WINDOWS - 1);
+        assert_eq!(
+            (got[MAX_WINDOWS].host.as_str(), got[MAX_WINDOWS].count),
+            ("first", 1)
+        );
+        assert_eq!(got[MAX_WINDOWS + 1].host, last);
     }
 
     #[test]
@@ -686,8 +1206,31 @@ mod tests {
         assert_eq!(read_audit(&path).unwrap()[1].count, 1);
     }
 
+    /// The hosts of the records in the log, and the summary of the dropped
+    /// ones.
+    fn hosts_and_summary(path: &Path) -> (Vec<String>, Option<DroppedSummary>) {
+        let hosts = read_audit(path)
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.decision != Decision::Dropped)
+            .map(|r| r.host)
+            .collect();
+        let summary = std::fs::read(dropped_file(path))
+            .ok()
+            .map(|d| serde_json::from_slice(&d).unwrap());
+        (hosts, summary)
+    }
+
+    fn log_bytes(path: &Path) -> u64 {
+        bottle_core::audit_files::log_files(path)
+            .iter()
+            .filter_map(|f| std::fs::metadata(f).ok())
+            .map(|m| m.len())
+            .sum()
+    }
+
     #[test]
-    fn the_log_rotates_at_its_cap_and_keeps_a_few_generations() {
+    fn the_log_rotates_at_its_cap_keeps_a_few_generations_and_counts_what_it_drops() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.jsonl");
         let cap = 4096;
@@ -701,14 +1244,121 @@ mod tests {
             assert!(size <= cap, "generation {n}: {size}");
         }
         assert!(!generation(&path, AUDIT_GENERATIONS + 1).exists());
-        let kept = read_audit(&path).unwrap();
-        let hosts: Vec<String> = kept.iter().map(|r| r.host.clone()).collect();
+        let (hosts, summary) = hosts_and_summary(&path);
         // The newest are all there, in order.
         assert_eq!(hosts.last().unwrap(), "h399");
         let first: usize = hosts[0][1..].parse().unwrap();
         let expected: Vec<String> = (first..400).map(|i| format!("h{i}")).collect();
         assert_eq!(hosts, expected);
-        assert!(first > 0);
+        // The rest are counted, not silently gone.
+        let summary = summary.unwrap();
+        assert_eq!(summary.record.count, first as u64);
+        assert_eq!(summary.lines, first as u64);
+        assert_eq!(summary.unkept, 0);
+        assert_eq!(
+            summary.dropped,
+            [DroppedCount {
+                daemon: "proxy".into(),
+                decision: "allow".into(),
+                reason: "allowed".into(),
+                count: first as u64,
+            }]
+        );
+        assert_eq!(summary.record.hosts.len(), HOST_SAMPLE);
+        assert!(summary.since <= summary.record.time);
+        // Nothing security-relevant was written, so nothing is kept.
+        assert!(!kept_file(&path).exists());
+        assert_eq!(read_audit(&path).unwrap()[0].decision, Decision::Dropped);
+    }
+
+    #[test]
+    fn security_lines_outlive_any_flood_of_ordinary_ones_within_the_kept_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let cap = 8192;
+        let log = AuditLog::open(&path, "b", cap).unwrap();
+        log.write(finding("early.allowed.test"));
+        // The host's tool call, appended beside the bundle's lines.
+        bottle_core::sandbox::audit::append(
+            &path,
+            &bottle_core::sandbox::audit::SandboxRecord::tool(
+                "b",
+                "make",
+                0,
+                false,
+                0,
+                0,
+                Duration::ZERO,
+                "sha256:aa",
+            ),
+        )
+        .unwrap();
+        for i in 0..2000 {
+            log.write(rec(&format!("h{i}")));
+        }
+        log.flush();
+        let (hosts, summary) = hosts_and_summary(&path);
+        assert_eq!(hosts[0], "early.allowed.test", "{hosts:?}");
+        let raw = std::fs::read_to_string(kept_file(&path)).unwrap();
+        assert!(raw.contains("\"evidence\":\"sha256:aa\""), "{raw}");
+        assert_eq!(summary.unwrap().unkept, 0);
+        assert!(
+            log_bytes(&path) <= bottle_core::audit_files::audit_log_bound(cap),
+            "{}",
+            log_bytes(&path)
+        );
+
+        // A flood of security lines themselves fills the kept file only to
+        // its bound: the earliest stay, the later ones are counted.
+        for i in 0..2000 {
+            let mut f = finding("flood.allowed.test");
+            f.method = format!("M{i}");
+            // Merged by reason: only distinct reasons cost lines.
+            f.reason = format!("secret:kind{i}");
+            log.write(f);
+        }
+        log.flush();
+        let (hosts, summary) = hosts_and_summary(&path);
+        assert_eq!(hosts[0], "early.allowed.test");
+        let kept = std::fs::metadata(kept_file(&path)).unwrap().len();
+        assert!(kept <= KEPT_CAPS * cap, "{kept}");
+        let summary = summary.unwrap();
+        assert!(summary.unkept > 0, "{summary:?}");
+        assert!(summary.dropped.len() <= SUMMARY_KEYS + 1);
+        let summary_len = std::fs::metadata(dropped_file(&path)).unwrap().len();
+        assert!(
+            summary_len <= bottle_core::audit_files::SUMMARY_BOUND,
+            "{summary_len}"
+        );
+        assert!(log_bytes(&path) <= bottle_core::audit_files::audit_log_bound(cap));
+    }
+
+    #[test]
+    fn a_live_file_the_host_filled_is_rotated_without_a_line_of_the_bundles() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let cap = 4096;
+        let _log = AuditLog::open(&path, "b", cap).unwrap();
+        for _ in 0..30 {
+            bottle_core::sandbox::audit::append(
+                &path,
+                &bottle_core::sandbox::audit::SandboxRecord::tool(
+                    "b",
+                    "make",
+                    0,
+                    false,
+                    0,
+                    0,
+                    Duration::ZERO,
+                    "sha256:aa",
+                ),
+            )
+            .unwrap();
+        }
+        assert!(std::fs::metadata(&path).unwrap().len() > cap);
+        bottle_test_support::wait_until("the rotation", Duration::from_secs(10), || {
+            generation(&path, 1).exists()
+        });
     }
 
     #[test]
@@ -743,6 +1393,24 @@ mod tests {
         let r: AuditRecord = serde_json::from_str(line).unwrap();
         assert_eq!(r.decision, Decision::BlockedSecret);
         assert_eq!((r.status, r.count, r.truncated), (0, 1, false));
+    }
+
+    #[test]
+    fn version_three_lines_and_the_summary_parse() {
+        let line = r#"{"v":3,"time":"2025-01-01T00:00:00.000Z","bottle":"b","daemon":"egress","decision":"deny","host":"h9","port":443,"method":"GET","path":"/","status":403,"bytes_up":0,"bytes_down":0,"duration_ms":0,"reason":"host_not_allowed","rule":"","count":7,"hosts":["h1","h9"]}"#;
+        let r: AuditRecord = serde_json::from_str(line).unwrap();
+        assert_eq!((r.count, r.hosts.len()), (7, 2));
+        let inject = r#"{"v":3,"time":"2025-01-01T00:00:00.000Z","bottle":"b","daemon":"egress","decision":"inject","host":"api.github.com","port":443,"method":"POST","path":"/x","status":0,"bytes_up":0,"bytes_down":0,"duration_ms":0,"reason":"credential:github","rule":"api.github.com","count":1}"#;
+        let r: AuditRecord = serde_json::from_str(inject).unwrap();
+        assert_eq!(r.decision, Decision::Inject);
+        let mut summary = DroppedSummary::empty("b");
+        summary.add(None, false);
+        let line = serde_json::to_string(&summary).unwrap();
+        let r: AuditRecord = serde_json::from_str(&line).unwrap();
+        assert_eq!((r.decision, r.count), (Decision::Dropped, 1));
+        let back: DroppedSummary = serde_json::from_str(&line).unwrap();
+        assert_eq!(back, summary);
+        assert_eq!(back.dropped[0].reason, "unreadable_line");
     }
 
     #[test]

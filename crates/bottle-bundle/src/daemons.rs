@@ -201,6 +201,8 @@ pub struct RunningBundle {
     pub git_gate_addr: Option<SocketAddr>,
     /// Where supervise listens (`None`: not configured).
     pub supervise_addr: Option<SocketAddr>,
+    /// Where each TCP relay listens, in the config's order.
+    pub relay_addrs: Vec<SocketAddr>,
     task: Option<JoinHandle<Result<(), BundleError>>>,
     /// Flushed on drop, so a clean shutdown writes pending counts.
     audit: AuditLog,
@@ -218,6 +220,13 @@ impl RunningBundle {
             }),
             None => Ok(()),
         }
+    }
+
+    /// Writes the counted lines of the audit log's open merging windows
+    /// now, as a clean shutdown does (for tests that read the log right
+    /// after their requests).
+    pub fn flush_audit(&self) {
+        self.audit.flush();
     }
 }
 
@@ -292,11 +301,15 @@ pub async fn start(config: BundleConfig) -> Result<RunningBundle, BundleError> {
     daemons.extend(git_gate);
     let supervise_addr = supervise_daemon.as_ref().map(|d| d.addr);
     daemons.extend(supervise_daemon);
+    let relays = crate::relay::daemons(&config, &audit)?;
+    let relay_addrs = relays.iter().map(|d| d.addr).collect();
+    daemons.extend(relays);
     let task = tokio::spawn(keep_up(daemons, RestartPolicy::from_limits(&config.limits)));
     Ok(RunningBundle {
         proxy_addr,
         git_gate_addr,
         supervise_addr,
+        relay_addrs,
         task: Some(task),
         audit,
     })

@@ -22,11 +22,12 @@ pub mod gitgate;
 pub mod io;
 pub mod log;
 pub mod proxy;
+pub mod relay;
 pub mod scan;
 pub mod supervise;
 pub mod websocket;
 
-pub use audit::{AuditFollower, AuditLog, AuditRecord, Decision, read_audit};
+pub use audit::{AuditFollower, AuditLog, AuditRecord, Decision, DroppedSummary, read_audit};
 pub use bottle_bundle_files::{CaPair, generate_ca};
 pub use daemons::{RunningBundle, load_config, start};
 pub use error::BundleError;

@@ -218,6 +218,7 @@ impl Proxy {
             rule: rule.into(),
             count: 1,
             truncated: false,
+            hosts: Vec::new(),
         }
     }
 

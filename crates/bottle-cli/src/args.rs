@@ -56,7 +56,11 @@ pub(crate) enum Command {
     List,
     /// Stop a bottle and remove everything it owns.
     Stop(BottleArg),
-    /// Remove what crashed launches left behind, and old audit logs.
+    /// Bring the agent's accepted pushes into the working checkouts now
+    /// (the bottle's holder does it within seconds, and `stop` at the end).
+    Sync(BottleArg),
+    /// Remove what this install's crashed launches left behind (and, with
+    /// --logs-older-than, old audit logs), after listing it and asking.
     Cleanup(CleanupArgs),
     /// Join the agent of a bottle started with --detach.
     Attach(AttachArgs),
@@ -64,8 +68,16 @@ pub(crate) enum Command {
     Exec(ExecArgs),
     /// Run one tool call through a bottle's in-box agent.
     Execute(crate::execute::ExecuteArgs),
-    /// Copy a host file or directory into a bottle.
+    /// Copy files into a bottle or out of one (never through a link in
+    /// it, never anything unsafe onto the host).
     Cp(CpArgs),
+    /// Make an image of a bottle's filesystem, with its image's own
+    /// configuration and nothing of bottle's, to start the next bottle from
+    /// (docker backend).
+    Commit(CommitArgs),
+    /// Open an agent's port on this host's 127.0.0.1 (or list the open
+    /// ones, or close one).
+    Port(PortArgs),
     /// Return a bottle's agent to its golden snapshot and verify it from
     /// three sources (filesystem, open descriptors, engine); a divergence
     /// halts the bottle and exits 5. A detached agent starts again in a new
@@ -101,6 +113,38 @@ pub(crate) enum Command {
     /// that claimed a pooled bottle, detached).
     #[command(name = "__refill-pool", hide = true)]
     RefillPool(RefillPoolArgs),
+    /// Holds one published port or host service of a bottle (run by
+    /// `start` and `port`, detached).
+    #[command(name = "__forward", hide = true)]
+    Forward(ForwardArgs),
+}
+
+/// `bottle port`.
+#[derive(Debug, Args)]
+pub(crate) struct PortArgs {
+    /// The bottle (`bot-bottle-<slug>` or just `<slug>`).
+    pub bottle: String,
+    /// `PORT` (the agent's port on the same host port) or
+    /// `PORT:HOST_PORT` (`HOST_PORT` 0: any free one, printed). Without
+    /// it, the bottle's open ports are listed.
+    #[arg(value_name = "PORT[:HOST_PORT]", conflicts_with = "close")]
+    pub port: Option<String>,
+    /// Close the port published on this host port.
+    #[arg(long, value_name = "HOST_PORT")]
+    pub close: Option<u16>,
+}
+
+/// `bottle __forward`.
+#[derive(Debug, Args)]
+pub(crate) struct ForwardArgs {
+    /// The bottle it forwards for.
+    pub bottle: String,
+    /// A published port, `PORT:HOST_PORT`.
+    #[arg(long)]
+    pub publish: Option<String>,
+    /// A host service, `HOST:PORT` on the host's loopback.
+    #[arg(long)]
+    pub host_service: Option<String>,
 }
 
 /// `bottle start`.
@@ -198,10 +242,27 @@ pub(crate) struct RefillPoolArgs {
 /// `bottle cp`.
 #[derive(Debug, Args)]
 pub(crate) struct CpArgs {
-    /// The host file or directory.
-    pub source: std::path::PathBuf,
-    /// `BOTTLE:DIR`, the directory inside the bottle to copy into.
-    pub destination: String,
+    /// What to copy: a host file or directory (`DIR/.`: what is in it;
+    /// `-`: a tar archive on stdin), or `BOTTLE:PATH`.
+    #[arg(value_parser = clap::value_parser!(std::ffi::OsString))]
+    pub source: std::ffi::OsString,
+    /// Where to: `BOTTLE:PATH`, or a host path (`-`: a tar archive on
+    /// stdout).
+    #[arg(value_parser = clap::value_parser!(std::ffi::OsString))]
+    pub destination: std::ffi::OsString,
+    /// The largest archive read out of a bottle, or from stdin: binary
+    /// units, e.g. 1G, 500m.
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = crate::cp::parse_max_size)]
+    pub max_size: u64,
+}
+
+/// `bottle commit`.
+#[derive(Debug, Args)]
+pub(crate) struct CommitArgs {
+    /// The bottle (`bot-bottle-<slug>` or just `<slug>`).
+    pub bottle: String,
+    /// The image to make, `name:tag` (`latest` when no tag is given).
+    pub image: String,
 }
 
 /// `bottle logs`.

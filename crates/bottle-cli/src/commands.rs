@@ -10,7 +10,8 @@ use bottle_core::timeline::Timeline;
 use bottle_core::{BottleInfo, BottleLauncher, BottleSpec, Manifest, Plan, manifest, slug};
 
 use crate::args::{
-    CleanupArgs, Cli, Command, CompletionsArgs, CpArgs, ExecArgs, Global, PlanArgs, StartArgs,
+    CleanupArgs, Cli, Command, CommitArgs, CompletionsArgs, ExecArgs, Global, PlanArgs, PortArgs,
+    StartArgs,
 };
 use crate::backends;
 use crate::devices;
@@ -26,6 +27,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Start(args) => start(global, &args),
         Command::List => list(global),
         Command::Stop(args) => crate::stop::stop(global, &args.bottle),
+        Command::Sync(args) => crate::checkout::sync_command(global, &args.bottle),
         Command::Cleanup(args) => cleanup(global, &args),
         Command::Attach(args) => {
             crate::session::attach::run(global, &args.bottle, args.detach_keys)
@@ -37,7 +39,10 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::RefillPool(args) => crate::pool::refill(global, &args.agent),
         Command::Exec(args) => exec(global, &args),
         Command::Execute(args) => crate::execute::run(global, &args),
-        Command::Cp(args) => cp(global, &args),
+        Command::Cp(args) => crate::cp::run(global, &args),
+        Command::Commit(args) => commit(global, &args),
+        Command::Port(args) => port(global, &args),
+        Command::Forward(args) => crate::forward::run(global, &args),
         Command::Reset(args) => crate::reset::reset(global, &args),
         Command::Logs(args) => crate::logs::logs(global, &args, &state_root()?),
         Command::Requests(args) => crate::requests::list(global, &args, &state_root()?),
@@ -127,11 +132,19 @@ fn plan(global: &Global, args: &PlanArgs) -> Result<ExitCode, Failure> {
 
 /// Asks y/N on the terminal; anything but y/yes declines.
 pub(crate) fn confirm(question: &str) -> Result<bool, Failure> {
+    confirm_to(question, "the plan", "start")
+}
+
+/// [`confirm`] for `what` (`the plan`), which `--yes` would `act` on
+/// (`start`) without asking: with no terminal to ask on, an error saying so.
+pub(crate) fn confirm_to(question: &str, what: &str, act: &str) -> Result<bool, Failure> {
     if !output::interactive() {
-        return Err(
-            Failure::new("BOT-C003", EXIT_USAGE, "no terminal to confirm the plan on")
-                .with_fix("pass --yes to start without confirming"),
-        );
+        return Err(Failure::new(
+            "BOT-C003",
+            EXIT_USAGE,
+            format!("no terminal to confirm {what} on"),
+        )
+        .with_fix(format!("pass --yes to {act} without confirming")));
     }
     let mut stderr = io::stderr();
     let _ = write!(stderr, "{question} [y/N] ");
@@ -268,20 +281,56 @@ impl Started<'_> {
         for warning in bottle.launch_warnings() {
             note(global.quiet, &format!("warning: {warning}"));
         }
-        self.run_agent(backend, bottle, &plan.command)
+        let forwards = crate::forward::Forward::of_plan(&plan.publish, &plan.host_services);
+        self.run_agent(backend, bottle, &plan.command, &forwards)
     }
 
     /// The end of `start` for a launched (or claimed) bottle: hand the
     /// agent's `command` to a detached session and print the name, or run
     /// it attached and stop the bottle when it ends.
+    ///
+    /// First the host's side of its published ports and host services
+    /// (`forwards`): a port that cannot be published fails the start, and
+    /// the bottle is removed.
     pub(crate) fn run_agent(
         &self,
         backend: &dyn bottle_core::BottleBackend,
         bottle: Box<dyn bottle_core::Bottle>,
         command: &[String],
+        forwards: &[crate::forward::Forward],
     ) -> Result<ExitCode, Failure> {
         let global = self.global;
         let kind = backend.kind();
+        let state_dir = crate::forward::state_dir_of(bottle.name())?;
+        match crate::forward::spawn_all(
+            &bottle_core::exec::SystemRunner,
+            &state_dir,
+            kind,
+            bottle.name(),
+            forwards,
+        ) {
+            Ok(records) => {
+                for record in records
+                    .iter()
+                    .filter(|r| r.kind == crate::forward::KIND_PORT)
+                {
+                    note(
+                        global.quiet,
+                        &format!(
+                            "the agent's port {} is on http://{}",
+                            record.port, record.listen
+                        ),
+                    );
+                }
+            }
+            Err(failure) => {
+                let name = bottle.name().to_string();
+                drop(bottle);
+                let _ = backend.stop(&name);
+                return Err(failure);
+            }
+        }
+        self.lap("forwards");
         if self.args.detach {
             let name = bottle.name().to_string();
             drop(bottle);
@@ -296,6 +345,7 @@ impl Started<'_> {
                 // A detached start whose agent does not run leaves nothing
                 // behind: it says why, and the bottle goes.
                 crate::session::end(&paths);
+                crate::forward::end_all(&state_dir);
                 let _ = backend.stop(&name);
                 return Err(failure);
             }
@@ -311,9 +361,16 @@ impl Started<'_> {
             return Ok(ExitCode::SUCCESS);
         }
         self.print_timings();
+        let watcher = crate::checkout::Watcher::start(&state_dir);
         let code = bottle.exec_interactive(command);
         let name = bottle.name().to_string();
         drop(bottle);
+        crate::forward::end_all(&state_dir);
+        // The agent is done: what it pushed goes into the checkouts before
+        // the stop removes the mirrors.
+        if let Some(watcher) = watcher {
+            crate::checkout::print_report(global, &watcher.finish());
+        }
         let stopped = backend.stop(&name);
         let code = code?;
         stopped?;
@@ -427,6 +484,7 @@ fn read_host_state(state_root: &Path, bottles: &mut [BottleInfo]) {
             state_root,
             slug::slug_of(&b.name),
         ));
+        b.ports = crate::forward::open_ports(&state_root.join(slug::slug_of(&b.name)));
     }
 }
 
@@ -448,15 +506,29 @@ fn list_table(bottles: &[BottleInfo]) -> String {
                     None => "-",
                 }
                 .to_string(),
+                ports_cell(&b.ports),
             ]
         })
         .collect();
     output::table(
         &[
-            "NAME", "AGENT", "BACKEND", "STATE", "BUNDLE", "PENDING", "AUDIT", "SESSION",
+            "NAME", "AGENT", "BACKEND", "STATE", "BUNDLE", "PENDING", "AUDIT", "SESSION", "PORTS",
         ],
         &rows,
     )
+}
+
+/// A bottle's open ports for the table: `8000->127.0.0.1:13000`, comma
+/// separated; `-` for none.
+fn ports_cell(ports: &[bottle_core::backend::OpenPort]) -> String {
+    if ports.is_empty() {
+        return "-".into();
+    }
+    ports
+        .iter()
+        .map(|p| format!("{}->{}", p.port, p.listen))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// No backend asked has the bottle `name`: bad input, like a backend's own
@@ -470,21 +542,71 @@ pub(crate) fn no_bottle_named(name: &str) -> Failure {
     .with_fix("see `bottle list`")
 }
 
+/// `bottle cleanup`: lists what this install left behind (never another
+/// install's, never anything in use), asks, then removes what was listed
+/// and still qualifies.
 fn cleanup(global: &Global, args: &CleanupArgs) -> Result<ExitCode, Failure> {
-    let mut removed = 0;
+    let root = state_root()?;
     // Old audit logs need no backend: they are pruned even where none runs.
-    if let Some(age) = args.logs_older_than {
-        let pruned = crate::logs::prune(&state_root()?, age)?;
-        for run in &pruned {
-            note(
-                global.quiet,
-                &format!("removed audit log {}", run.display()),
-            );
-        }
-        removed += pruned.len();
-    }
+    let cutoff = args.logs_older_than.map(crate::logs::cutoff);
+    let logs = match &cutoff {
+        Some(cutoff) => crate::logs::prunable(&root, cutoff)?,
+        None => Vec::new(),
+    };
+    let mut plans = Vec::new();
     for backend in backends_to_ask(global)? {
-        let report = backend.cleanup_orphans()?;
+        let items = backend.cleanup_plan()?;
+        plans.push((backend, items));
+    }
+    // The host's side of ports and host services of bottles that are gone
+    // from every backend, whichever this cleanup was asked about.
+    let forwards = match running_everywhere(global) {
+        Some(running) => crate::forward::leftovers(&root, &running),
+        None => Vec::new(),
+    };
+    let found =
+        logs.len() + forwards.len() + plans.iter().map(|(_, items)| items.len()).sum::<usize>();
+    if found == 0 {
+        out("cleanup: nothing to remove\n");
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !global.quiet || !global.yes {
+        let mut list = String::from("cleanup would remove:\n");
+        for (backend, items) in &plans {
+            for item in items {
+                let line = bottle_core::display::escape_for_terminal(&item.line()).into_owned();
+                list.push_str(&format!("  {}: {line}\n", backend.kind()));
+            }
+        }
+        for dir in &forwards {
+            list.push_str(&format!("  {}\n", crate::forward::leftover_line(dir)));
+        }
+        for run in &logs {
+            list.push_str(&format!("  audit log {}\n", run.display()));
+        }
+        output::err(&list);
+    }
+    if !global.yes && !confirm_to("remove these?", "the cleanup", "clean up")? {
+        note(global.quiet, "nothing removed");
+        return Ok(ExitCode::from(EXIT_DECLINED));
+    }
+    let mut removed = 0;
+    for (backend, items) in &plans {
+        // What the agent of a bottle about to go pushed into a working
+        // checkout's mirror comes home first.
+        for item in items {
+            let dir = match item.kind.as_str() {
+                "state dir" => PathBuf::from(&item.name),
+                _ => root.join(slug::slug_of(&item.name)),
+            };
+            crate::checkout::print_report(global, &crate::checkout::sync_quietly(&dir));
+            // Only a bottle's own item names its state dir: a shared
+            // network's or an image's name is no bottle's.
+            if matches!(item.kind.as_str(), "bottle" | "state dir" | "pool entry") {
+                crate::forward::end_all(&dir);
+            }
+        }
+        let report = backend.cleanup_approved(items)?;
         for line in &report.removed {
             note(global.quiet, &format!("removed {line}"));
         }
@@ -496,8 +618,35 @@ fn cleanup(global: &Global, args: &CleanupArgs) -> Result<ExitCode, Failure> {
         }
         removed += report.removed.len();
     }
+    for line in crate::forward::cleanup(&forwards) {
+        note(global.quiet, &format!("removed {line}"));
+        removed += 1;
+    }
+    if let Some(cutoff) = &cutoff {
+        let pruned = crate::logs::prune(&root, cutoff)?;
+        for run in &pruned {
+            note(
+                global.quiet,
+                &format!("removed audit log {}", run.display()),
+            );
+        }
+        removed += pruned.len();
+    }
     out(&format!("cleanup: removed {removed} resource(s)\n"));
     Ok(ExitCode::SUCCESS)
+}
+
+/// The names of the bottles every backend runs; `None` when a backend
+/// cannot say (it does not open here, or its listing failed), so that no
+/// bottle of it is taken for gone.
+fn running_everywhere(global: &Global) -> Option<Vec<String>> {
+    let mut running = Vec::new();
+    for kind in bottle_core::BackendKind::ALL {
+        let backend = backends::open(kind, global, backends::Mode::default()).ok()?;
+        backend.preflight().ok()?;
+        running.extend(backend.list_active().ok()?.into_iter().map(|b| b.name));
+    }
+    Some(running)
 }
 
 /// Finds a running bottle on whichever backend runs it.
@@ -539,16 +688,92 @@ fn exec(global: &Global, args: &ExecArgs) -> Result<ExitCode, Failure> {
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
 }
 
-fn cp(global: &Global, args: &CpArgs) -> Result<ExitCode, Failure> {
-    let Some((bottle, dir)) = args.destination.split_once(':') else {
-        return Err(Failure::new(
-            "BOT-C006",
-            EXIT_USAGE,
-            format!("destination {:?} does not name a bottle", args.destination),
-        )
-        .with_fix("write BOTTLE:DIR, e.g. demo:/tmp"));
+/// `bottle commit BOTTLE IMAGE`: the image, and what of bottle's it left
+/// out.
+fn commit(global: &Global, args: &CommitArgs) -> Result<ExitCode, Failure> {
+    let bottle = find_bottle(global, &args.bottle)?;
+    let report = bottle.commit(&args.image)?;
+    for line in &report.removed {
+        let line = bottle_core::display::escape_for_terminal(line).into_owned();
+        note(global.quiet, &format!("left out {line}"));
+    }
+    if global.json {
+        output::json(&report)?;
+    } else {
+        out(&format!("{} {}\n", report.image, report.id));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `bottle port BOTTLE [PORT[:HOST_PORT]] [--close HOST_PORT]`.
+fn port(global: &Global, args: &PortArgs) -> Result<ExitCode, Failure> {
+    let (bottle, kind) = find_bottle_and_backend(global, &args.bottle)?;
+    let name = bottle.name().to_string();
+    drop(bottle);
+    let state_dir = crate::forward::state_dir_of(&name)?;
+    if let Some(host_port) = args.close {
+        if !crate::forward::close_port(&state_dir, host_port) {
+            return Err(Failure::new(
+                "BOT-C080",
+                EXIT_USAGE,
+                format!("{name} has no port published on 127.0.0.1:{host_port}"),
+            )
+            .with_fix(format!("see `bottle port {name}`")));
+        }
+        out(&format!("closed 127.0.0.1:{host_port}\n"));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let Some(spec) = &args.port else {
+        let ports = crate::forward::open_ports(&state_dir);
+        if global.json {
+            output::json(&ports)?;
+        } else if ports.is_empty() {
+            note(global.quiet, &format!("{name} has no published port"));
+        } else {
+            let rows: Vec<Vec<String>> = ports
+                .iter()
+                .map(|p| vec![p.port.to_string(), p.listen.clone()])
+                .collect();
+            out(&output::table(&["PORT", "HOST"], &rows));
+        }
+        return Ok(ExitCode::SUCCESS);
     };
-    find_bottle(global, bottle)?.copy_in(&args.source, dir)?;
+    let mut published = bottle_core::manifest::Published::parse(spec, true).map_err(|err| {
+        Failure::new("BOT-C080", EXIT_USAGE, format!("{spec:?} {}", err.problem())).with_fix(
+            "write the agent's port, e.g. 8000, or PORT:HOST_PORT, e.g. 3000:13000 (HOST_PORT 0: any free port)",
+        )
+    })?;
+    if published.host_port == 0 {
+        published.host_port = crate::forward::free_host_port().map_err(|err| {
+            Failure::new(
+                "BOT-C081",
+                crate::failure::EXIT_BACKEND,
+                format!("no free port on 127.0.0.1: {err}"),
+            )
+        })?;
+    }
+    let record = crate::forward::spawn(
+        &bottle_core::exec::SystemRunner,
+        &state_dir,
+        kind,
+        &name,
+        &crate::forward::Forward::Port(published),
+    )?;
+    if global.json {
+        output::json(&bottle_core::backend::OpenPort {
+            port: record.port,
+            listen: record.listen,
+        })?;
+    } else {
+        out(&format!("{}\n", record.listen));
+        note(
+            global.quiet,
+            &format!(
+                "the agent's port {} of {name} is on http://{} (this host's loopback only); `bottle port {name} --close {}` closes it",
+                record.port, record.listen, published.host_port
+            ),
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -597,6 +822,7 @@ mod tests {
             created: None,
             pending_requests: 0,
             agent_running: None,
+            ports: Vec::new(),
             audit: AuditHealth::Unknown,
         }
     }
@@ -620,9 +846,9 @@ mod tests {
             .lines()
             .map(|line| line.split_whitespace().collect())
             .collect();
-        assert_eq!(columns[0][6..], ["AUDIT", "SESSION"], "{table}");
-        assert_eq!(columns[1][6..], ["ok", "-"], "{table}");
-        assert_eq!(columns[2][6..], ["degraded", "-"], "{table}");
+        assert_eq!(columns[0][6..], ["AUDIT", "SESSION", "PORTS"], "{table}");
+        assert_eq!(columns[1][6..], ["ok", "-", "-"], "{table}");
+        assert_eq!(columns[2][6..], ["degraded", "-", "-"], "{table}");
         let json = serde_json::to_value(&bottles).unwrap();
         assert_eq!(json[1]["audit"], "degraded");
     }

@@ -8,6 +8,11 @@
 //! leaves, `bottle cleanup` removes: its launching process is gone).
 //! Before the launch (nothing is written yet) and after it, the signals do
 //! what they always do.
+//!
+//! `bottle cp` holds them the same way ([`during_copy`]): a first signal
+//! stops a copy out between two entries, before anything is in place, and
+//! lets a copy into a paused docker box finish and unpause it, so an
+//! operator's ^C never leaves half a copy or a frozen agent.
 
 use std::sync::Arc;
 use std::sync::LazyLock;
@@ -32,14 +37,14 @@ pub(crate) fn requested() -> bool {
     LAUNCH.is_requested()
 }
 
-/// The signal handlers of one launch; [`LaunchSignals::ended`] gives the
-/// signals their default action back.
-pub(crate) struct LaunchSignals {
+/// The signal handlers of one launch (or copy); [`HeldSignals::ended`]
+/// gives the signals their default action back.
+pub(crate) struct HeldSignals {
     ended: Arc<AtomicBool>,
 }
 
 /// Installs the handlers for the launch about to run.
-pub(crate) fn during_launch() -> Result<LaunchSignals, Failure> {
+pub(crate) fn during_launch() -> Result<HeldSignals, Failure> {
     let ended = Arc::new(AtomicBool::new(false));
     let interrupted = LAUNCH.flag();
     for signal in [SIGINT, SIGTERM] {
@@ -56,14 +61,20 @@ pub(crate) fn during_launch() -> Result<LaunchSignals, Failure> {
                 )
             })
             .and_then(|_| flag::register(signal, Arc::clone(&interrupted)))
-            .map_err(|err| anyhow::anyhow!("could not handle ^C during the launch: {err}"))?;
+            .map_err(|err| anyhow::anyhow!("could not handle ^C: {err}"))?;
     }
-    Ok(LaunchSignals { ended })
+    Ok(HeldSignals { ended })
 }
 
-impl LaunchSignals {
+impl HeldSignals {
     /// The launch is over: signals end the process again.
     pub(crate) fn ended(self) {
         self.ended.store(true, Ordering::SeqCst);
     }
+}
+
+/// Installs the handlers for a `bottle cp`: its checks between entries read
+/// [`launch`]'s flag, the process's one interrupt.
+pub(crate) fn during_copy() -> Result<HeldSignals, Failure> {
+    during_launch()
 }

@@ -8,6 +8,12 @@
 //! The agent chose most of what is in the log (hosts, paths, methods), so
 //! every field is escaped for the terminal on its own before it is put on
 //! a line: a newline in a path cannot start a line of its own.
+//!
+//! The log is read as `bottle_core::audit_files` lays it out: the
+//! security-relevant lines kept from generations rotation dropped, the
+//! summary of what it dropped, then the stream; merged lines show their
+//! count and sample of hosts. Every version's lines read (a field an older
+//! line lacks reads as empty).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -126,18 +132,49 @@ fn list_runs(global: &Global, runs: &[RetainedRun]) {
     output::out(&output::table(&["RUN", "LOG"], &rows));
 }
 
-/// Removes the kept runs of every bottle stopped more than `age` ago;
-/// returns their directories.
-pub(crate) fn prune(state_root: &Path, age: Duration) -> Result<Vec<PathBuf>, Failure> {
+/// The cutoff of `bottle cleanup --logs-older-than age`: the RFC 3339
+/// time `age` ago, which run names (their stop times) are compared with.
+pub(crate) fn cutoff(age: Duration) -> String {
     let cutoff = SystemTime::now()
         .checked_sub(age)
         .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
         .unwrap_or_default();
-    let cutoff = bottle_core::time::rfc3339_millis(
+    bottle_core::time::rfc3339_millis(
         i64::try_from(cutoff.as_secs()).unwrap_or(i64::MAX),
         cutoff.subsec_millis(),
-    );
-    audit_files::prune_retained_logs(state_root, &cutoff).map_err(|err| Failure::coded(&err, 1))
+    )
+}
+
+/// The kept runs of every bottle stopped before `cutoff`, which
+/// [`prune`] removes: a run's name starts with its stop time.
+pub(crate) fn prunable(state_root: &Path, cutoff: &str) -> Result<Vec<PathBuf>, Failure> {
+    let root = state_root.join(audit_files::RETAINED_LOGS_DIR);
+    let Ok(bottles) = std::fs::read_dir(&root) else {
+        return Ok(Vec::new());
+    };
+    let mut runs = Vec::new();
+    for bottle in bottles.flatten() {
+        let Ok(slug) = bottle.file_name().into_string() else {
+            continue;
+        };
+        if !bottle.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let kept =
+            audit_files::retained_runs(state_root, &slug).map_err(|err| Failure::coded(&err, 1))?;
+        runs.extend(
+            kept.into_iter()
+                .filter(|run| run.name.as_str() < cutoff)
+                .map(|run| run.dir),
+        );
+    }
+    Ok(runs)
+}
+
+/// Removes the kept runs of every bottle stopped before `cutoff`; returns
+/// their directories.
+pub(crate) fn prune(state_root: &Path, cutoff: &str) -> Result<Vec<PathBuf>, Failure> {
+    audit_files::prune_retained_logs(state_root, cutoff).map_err(|err| Failure::coded(&err, 1))
 }
 
 /// How the lines are printed.
@@ -148,7 +185,8 @@ enum Format {
     Readable,
 }
 
-/// Prints the audit log, its rotated generations first, and with `follow`
+/// Prints the audit log, its kept lines, summary of dropped ones and
+/// rotated generations first, and with `follow`
 /// waits for more, across rotations.
 fn follow_file(path: &Path, follow: bool, format: &Format) -> Result<(), Failure> {
     std::fs::metadata(path).map_err(|err| {
@@ -201,7 +239,8 @@ fn json_line(line: &[u8]) -> String {
 }
 
 /// What the readable form shows of an audit record (the bundle's
-/// `AuditRecord`, any version: a field a line lacks reads as empty).
+/// `AuditRecord`, any version: a field a line lacks reads as empty), and of
+/// the summary of what rotation dropped (version 3).
 #[derive(Debug, Deserialize)]
 struct Decision {
     #[serde(default)]
@@ -222,20 +261,61 @@ struct Decision {
     reason: String,
     #[serde(default = "one")]
     count: u64,
+    /// A merged line's sample of hosts (version 3).
+    #[serde(default)]
+    hosts: Vec<String>,
+    /// A tool call's evidence hash (the sandbox interface's lines).
+    #[serde(default)]
+    evidence: Option<String>,
+    /// The summary's first dropped decision.
+    #[serde(default)]
+    since: String,
+    /// The summary's counts.
+    #[serde(default)]
+    dropped: Vec<DroppedCount>,
+    /// The summary's security-relevant decisions the kept file had no room
+    /// for.
+    #[serde(default)]
+    unkept: u64,
+}
+
+/// One of the summary's counts (the bundle's `DroppedCount`).
+#[derive(Debug, Deserialize)]
+struct DroppedCount {
+    #[serde(default)]
+    daemon: String,
+    #[serde(default)]
+    decision: String,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    count: u64,
 }
 
 fn one() -> u64 {
     1
 }
 
+/// The bundle's sample of a merged line's hosts: when it is this full,
+/// there may have been more.
+const HOST_SAMPLE: usize = 8;
+
+/// Counts of the summary shown; the rest are summed into "more".
+const SUMMARY_SHOWN: usize = 5;
+
 /// One decision as a line of text, newline-terminated:
-/// `time  decision  method host:port/path  status  reason  (xN)`. A line
-/// that is not an audit record is shown whole, escaped.
+/// `time  decision  method host:port/path  status  reason  (xN; hosts …)`,
+/// a tool call's evidence after it, and the summary of dropped lines as
+/// `time  dropped  N decisions in M lines since T: kind xN, …`. A line that
+/// is not an audit record is shown whole, escaped.
 fn readable_line(line: &[u8]) -> String {
     let text = String::from_utf8_lossy(line);
     let Ok(record) = serde_json::from_str::<Decision>(&text) else {
         return format!("{}\n", escape_for_terminal(&text));
     };
+    if record.decision == "dropped" {
+        return dropped_line(&record);
+    }
     let shown = |field: &str| escape_for_terminal(field).into_owned();
     let mut target = shown(&record.host);
     if record.port != 0 {
@@ -259,8 +339,68 @@ fn readable_line(line: &[u8]) -> String {
         shown(&record.method),
         shown(&record.reason),
     );
-    if record.count > 1 {
-        out.push_str(&format!("  (x{})", record.count));
+    if record.count > 1 || !record.hosts.is_empty() {
+        out.push_str(&format!("  (x{}", record.count));
+        if !record.hosts.is_empty() {
+            let hosts: Vec<String> = record.hosts.iter().map(|h| shown(h)).collect();
+            let more = if record.hosts.len() >= HOST_SAMPLE {
+                ", …"
+            } else {
+                ""
+            };
+            out.push_str(&format!("; hosts {}{more}", hosts.join(", ")));
+        }
+        out.push(')');
+    }
+    if let Some(evidence) = &record.evidence {
+        out.push_str(&format!("  evidence {}", shown(evidence)));
+    }
+    out.push('\n');
+    out
+}
+
+/// The summary of what rotation dropped, as one line of text.
+fn dropped_line(record: &Decision) -> String {
+    let shown = |field: &str| escape_for_terminal(field).into_owned();
+    let mut counts: Vec<String> = record
+        .dropped
+        .iter()
+        .take(SUMMARY_SHOWN)
+        .map(|d| {
+            format!(
+                "{} {} {} x{}",
+                shown(&d.daemon),
+                shown(&d.decision),
+                shown(&d.reason),
+                d.count
+            )
+        })
+        .collect();
+    let rest: u64 = record
+        .dropped
+        .iter()
+        .skip(SUMMARY_SHOWN)
+        .map(|d| d.count)
+        .sum();
+    if rest > 0 {
+        counts.push(format!("more x{rest}"));
+    }
+    let mut out = format!(
+        "{}  dropped  {} decisions rotated out since {}: {}",
+        local_time(&record.time),
+        record.count,
+        local_time(&record.since),
+        counts.join(", ")
+    );
+    if record.unkept > 0 {
+        out.push_str(&format!(
+            " ({} security-relevant ones among them: the kept lines above had no room)",
+            record.unkept
+        ));
+    }
+    if !record.hosts.is_empty() {
+        let hosts: Vec<String> = record.hosts.iter().map(|h| shown(h)).collect();
+        out.push_str(&format!("; hosts {}, …", hosts.join(", ")));
     }
     out.push('\n');
     out

@@ -5,10 +5,13 @@
 
 mod args;
 mod backends;
+mod checkout;
 mod commands;
+mod cp;
 mod devices;
 mod execute;
 mod failure;
+mod forward;
 mod interrupt;
 mod logs;
 mod output;

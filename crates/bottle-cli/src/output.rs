@@ -34,7 +34,7 @@ pub(crate) fn print_failure(failure: &Failure) {
 fn escape_lines(text: &str) -> Cow<'_, str> {
     if !text
         .chars()
-        .any(|c| c != '\n' && bottle_core::display::acts_on_terminal(c))
+        .any(|c| c != '\n' && bottle_core::display::needs_escape(c))
     {
         return Cow::Borrowed(text);
     }

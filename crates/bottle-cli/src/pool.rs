@@ -13,7 +13,7 @@ use bottle_docker::DockerBackend;
 use crate::args::{Global, PoolCommand};
 use crate::backends::{self, AnyBackend};
 use crate::commands::{Started, confirm, launch_interruptibly, load_manifest, state_root};
-use crate::failure::{EXIT_DECLINED, EXIT_USAGE, Failure};
+use crate::failure::{EXIT_DECLINED, EXIT_UNAVAILABLE, EXIT_USAGE, Failure};
 use crate::output::{self, note, out};
 
 /// The hidden subcommand a claiming `start` runs to top the pool up.
@@ -72,6 +72,24 @@ fn fill(global: &Global, agent: &str, count: Option<u32>) -> Result<ExitCode, Fa
             "give one (`bottle pool fill {agent} 2`), or set `pool = 2` under [agents.{agent}] in the manifest"
         )));
     };
+    if let Some(repo) = manifest.agents.get(agent).and_then(|a| {
+        a.git.iter().find(|repo| {
+            bottle_core::checkout::RepoKind::of_url(&repo.url)
+                == Some(bottle_core::checkout::RepoKind::Checkout)
+        })
+    }) {
+        return Err(Failure::new(
+            "BOT-C064",
+            EXIT_UNAVAILABLE,
+            format!(
+                "agent {agent} serves the working checkout {} (git {}), which a pooled bottle cannot: its mirror would be as old as the pool entry",
+                repo.url, repo.name
+            ),
+        )
+        .with_fix(format!(
+            "start {agent} cold with `bottle start {agent}`, or serve a bare repository (`git clone --bare`) instead"
+        )));
+    }
     if count > MAX_POOL {
         return Err(Failure::new(
             "BOT-C062",
@@ -192,6 +210,15 @@ pub(crate) fn start_claimed(
     spec: &BottleSpec,
     resolved: &bottle_core::devices::ResolvedDevices,
 ) -> Result<Option<ExitCode>, Failure> {
+    // A working checkout's mirror is made at launch, so no pool entry can
+    // serve one (`pool fill` refuses to make them).
+    let serves_checkout = spec.agent.git.iter().any(|repo| {
+        bottle_core::checkout::RepoKind::of_url(&repo.url)
+            == Some(bottle_core::checkout::RepoKind::Checkout)
+    });
+    if serves_checkout {
+        return Ok(None);
+    }
     let root = state_root()?;
     let any_ready = bottle_docker::pool::list(&root)
         .iter()
@@ -243,7 +270,8 @@ pub(crate) fn start_claimed(
     if refill && !args.detach {
         spawn_refill(global, spec);
     }
-    let code = started.run_agent(backend, Box::new(bottle), &plan.command)?;
+    let forwards = crate::forward::Forward::of_plan(&plan.publish, &plan.host_services);
+    let code = started.run_agent(backend, Box::new(bottle), &plan.command, &forwards)?;
     if refill && args.detach {
         spawn_refill(global, spec);
     }

@@ -38,6 +38,18 @@ pub(crate) fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
     if let Some(session) = &session {
         crate::session::signal_end(session);
     }
+    // The host's side of its ports and host services goes first: nothing
+    // reaches into a bottle that is stopping.
+    let state_dir = root.as_deref().map(|root| root.join(slug));
+    if let Some(state_dir) = &state_dir {
+        crate::forward::end_all(state_dir);
+    }
+    // What the agent pushed into working checkouts' mirrors goes into the
+    // checkouts before anything of the bottle is removed.
+    let mut synced = state_dir
+        .as_deref()
+        .map(crate::checkout::sync_quietly)
+        .unwrap_or_default();
     let mut last_error = None;
     let mut outcome = None;
     for backend in backends_for(global, root.as_deref(), slug)? {
@@ -63,6 +75,16 @@ pub(crate) fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
             .map(Failure::from)
             .unwrap_or_else(|| no_bottle_named(&name)));
     };
+    if stopping_on.is_some()
+        && let Some(dir) = &state_dir
+    {
+        // The agent's box is gone, the mirrors not yet: a push from its
+        // last moment is brought in too.
+        let last = crate::checkout::sync_quietly(dir);
+        synced.refs.extend(last.refs);
+        synced.failed = last.failed;
+    }
+    crate::checkout::print_report(global, &synced);
     match stopping_on {
         Some(backend) if report.failed.is_empty() => {
             let log = root

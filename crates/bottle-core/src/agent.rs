@@ -9,10 +9,21 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use crate::bundle::{GIT_GATE_PORT, PROXY_PORT, supervise_url};
+use crate::manifest::endpoint::HOST_SERVICES_NAME;
+use crate::manifest::{HostService, TcpDestination};
 use crate::spec::BottleSpec;
 
-/// The directory inside the box holding everything bottle puts there.
+/// The directory inside the box holding the agent's files bottle puts
+/// there: its CA, prompt, skills, MCP configuration and environment.
 pub const AGENT_DIR: &str = "/etc/bottle";
+/// The directory inside the box holding bottle's own programs (the
+/// keep-alive, the in-box agent), root's and `0755`.
+pub const BOTTLE_BIN_DIR: &str = "/.bottle";
+/// What bottle owns inside a box: every path it provisions lies under one
+/// of these. `bottle cp` never writes there, named or through a link, so an
+/// operator's copy cannot replace what bottle put in the box for itself or
+/// the agent.
+pub const BOTTLE_OWNED_DIRS: [&str; 2] = [BOTTLE_BIN_DIR, AGENT_DIR];
 /// The bundle's CA certificate inside the box.
 pub const AGENT_CA_PATH: &str = "/etc/bottle/ca.pem";
 /// The prompt file inside the box.
@@ -101,7 +112,26 @@ pub fn agent_env_of(
         own,
         git: &git,
         prompt: spec.agent.prompt.is_some(),
+        host_services: !spec.agent.egress.host_services.is_empty(),
     })
+}
+
+/// The names the box's `/etc/hosts` gives the bundle's address, so the
+/// agent, which has no DNS, reaches each relay by a name:
+/// [`HOST_SERVICES_NAME`] when it has host services, and the name of each
+/// pinned TCP destination (the bundle listens on its port). Every backend
+/// writes these, and only these.
+pub fn bundle_host_names(host_services: &[HostService], tcp: &[TcpDestination]) -> Vec<String> {
+    let mut names = Vec::new();
+    if !host_services.is_empty() {
+        names.push(HOST_SERVICES_NAME.to_string());
+    }
+    for destination in tcp {
+        if !names.contains(&destination.host) {
+            names.push(destination.host.clone());
+        }
+    }
+    names
 }
 
 /// The names and address, beyond loopback, on which the box's own services
@@ -137,6 +167,9 @@ pub struct AgentEnvInputs<'a> {
     pub git: &'a [GitRoute],
     /// Whether a prompt file is provisioned at [`AGENT_PROMPT_PATH`].
     pub prompt: bool,
+    /// Whether the agent has host services, at [`HOST_SERVICES_NAME`],
+    /// which clients must then reach directly, not through the proxy.
+    pub host_services: bool,
 }
 
 /// The agent's environment, sorted by name: the manifest's variables, then
@@ -165,7 +198,7 @@ pub fn agent_env(inputs: &AgentEnvInputs<'_>) -> Vec<(String, String)> {
     for key in PROXY_VARIABLES {
         env.insert(key.into(), proxy.clone());
     }
-    let no_proxy = no_proxy(inputs.own, address);
+    let no_proxy = no_proxy(inputs.own, address, inputs.host_services);
     for key in ["NO_PROXY", "no_proxy"] {
         env.insert(key.into(), no_proxy.clone());
     }
@@ -199,14 +232,18 @@ pub fn agent_env(inputs: &AgentEnvInputs<'_>) -> Vec<(String, String)> {
 /// The `NO_PROXY` list: loopback as a name, a CIDR (curl ≥ 7.86, Go,
 /// Python's `ipaddress`-aware clients), its usual address and both
 /// spellings of `::1` (some clients compare the URL's bracketed host, some
-/// the bare one), then the box's own hostname and address, then the bundle.
-fn no_proxy(own: &OwnAddresses, bundle_address: Ipv4Addr) -> String {
+/// the bare one), then the box's own hostname and address, then the
+/// bundle, then the name of the host's services when the agent has some.
+fn no_proxy(own: &OwnAddresses, bundle_address: Ipv4Addr, host_services: bool) -> String {
     let mut hosts: Vec<String> = ["localhost", "127.0.0.0/8", "127.0.0.1", "::1", "[::1]"]
         .map(String::from)
         .to_vec();
     hosts.extend(own.hostname.iter().cloned());
     hosts.extend(own.address.iter().map(Ipv4Addr::to_string));
     hosts.push(bundle_address.to_string());
+    if host_services {
+        hosts.push(HOST_SERVICES_NAME.to_string());
+    }
     hosts.join(",")
 }
 
@@ -218,6 +255,27 @@ mod tests {
 
     fn render(env: &[(String, String)]) -> String {
         env.iter().map(|(k, v)| format!("{k}={v}\n")).collect()
+    }
+
+    #[test]
+    fn every_provisioned_path_is_under_what_bottle_owns() {
+        let owned = |path: &str| {
+            BOTTLE_OWNED_DIRS
+                .iter()
+                .any(|dir| path.starts_with(&format!("{dir}/")))
+        };
+        for path in [
+            AGENT_CA_PATH,
+            AGENT_PROMPT_PATH,
+            AGENT_SKILLS_DIR,
+            AGENT_MCP_CONFIG,
+            crate::sandbox::TOOLBOX_PATH,
+        ] {
+            assert!(
+                owned(path),
+                "{path} is provisioned outside BOTTLE_OWNED_DIRS"
+            );
+        }
     }
 
     #[test]
@@ -242,6 +300,7 @@ mod tests {
             },
             git: &git,
             prompt: true,
+            host_services: false,
         });
         expect![[r#"
             ALL_PROXY=http://192.168.40.2:8888
@@ -280,6 +339,7 @@ mod tests {
             own: &OwnAddresses::default(),
             git: &[],
             prompt: false,
+            host_services: false,
         });
         let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
         assert!(
@@ -305,6 +365,7 @@ mod tests {
             own: &OwnAddresses::default(),
             git: &git,
             prompt: true,
+            host_services: false,
         });
         for (name, _) in &env {
             assert_eq!(reserved(name).is_some(), name != "EDITOR", "{name}");
@@ -327,6 +388,7 @@ mod tests {
             own: &OwnAddresses::default(),
             git: &[],
             prompt: false,
+            host_services: false,
         });
         let proxy = env
             .iter()
@@ -338,8 +400,40 @@ mod tests {
     #[test]
     fn an_unknown_box_is_exempt_by_loopback_and_the_bundle_only() {
         assert_eq!(
-            no_proxy(&OwnAddresses::default(), Ipv4Addr::new(10, 0, 0, 2)),
+            no_proxy(&OwnAddresses::default(), Ipv4Addr::new(10, 0, 0, 2), false),
             "localhost,127.0.0.0/8,127.0.0.1,::1,[::1],10.0.0.2"
+        );
+    }
+
+    #[test]
+    fn host_services_are_reached_directly_by_their_name() {
+        assert_eq!(
+            no_proxy(&OwnAddresses::default(), Ipv4Addr::new(10, 0, 0, 2), true),
+            "localhost,127.0.0.0/8,127.0.0.1,::1,[::1],10.0.0.2,host.bottle.internal"
+        );
+    }
+
+    #[test]
+    fn the_box_names_the_bundle_for_host_services_and_each_pinned_destination() {
+        let text = "[agents.a]\nimage = \"x\"\n[agents.a.egress]\n\
+             host_services = [\"127.0.0.1:5432\"]\n\
+             tcp = [\"git.example.com:22\", \"GIT.example.com:2222\", \"db.test:5432\"]\n";
+        let m = crate::manifest::parse(std::path::Path::new("bottle.toml"), text);
+        // 5432 twice: a port clash.
+        assert!(m.is_err());
+        let text = text.replace("db.test:5432", "db.test:6432");
+        let m = crate::manifest::parse(std::path::Path::new("bottle.toml"), &text).unwrap();
+        let spec = BottleSpec::new(
+            &m,
+            std::path::Path::new("bottle.toml"),
+            "a",
+            None,
+            std::path::Path::new("/s"),
+        )
+        .unwrap();
+        assert_eq!(
+            bundle_host_names(&spec.host_services(), &spec.tcp_destinations()),
+            ["host.bottle.internal", "git.example.com", "db.test"]
         );
     }
 }

@@ -10,9 +10,25 @@
 //!
 //! The log is the one record of what the agent did, so it outlives the
 //! bottle: when a backend removes a state dir it first moves the log's
-//! generations to a retained run ([`retain_audit_log`]), which `bottle
+//! files to a retained run ([`retain_audit_log`]), which `bottle
 //! logs` reads by the bottle's name ([`retained_runs`]) until `bottle
 //! cleanup --logs-older-than` prunes it ([`prune_retained_logs`]).
+//!
+//! **What survives the agent.** The agent chooses most of what is logged,
+//! and a flood could rotate the oldest lines away. So the log is a stream
+//! and two files beside it ([`log_files`], in reading order):
+//!
+//! - `audit.jsonl.kept`: the security-relevant lines
+//!   ([`is_security_relevant`]) of every generation rotation dropped, in
+//!   order, up to the cap ([`KEPT_CAPS`]): the earliest findings,
+//!   credential injections, tool calls, pushes, approvals and resets;
+//! - `audit.jsonl.dropped`: one line, rewritten whole at each drop, that
+//!   counts what the drops took (by daemon, decision and reason; bounded,
+//!   [`SUMMARY_BOUND`]);
+//! - the stream itself: `audit.jsonl.3` .. `audit.jsonl.1`, then the live
+//!   `audit.jsonl`, each rotated at the cap ([`AUDIT_GENERATIONS`]).
+//!
+//! Together they never take more than [`audit_log_bound`].
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -37,6 +53,66 @@ pub const AUDIT_LOG_DIR: &str = "logs";
 pub const AUDIT_OK_MARKER: &str = "audit.ok";
 /// Present when the bundle could not write the log and refuses traffic.
 pub const AUDIT_DEGRADED_MARKER: &str = "audit.degraded";
+/// The kept file's bound, in caps: security-relevant lines carried out of
+/// dropped generations stop being kept (they are counted instead) once it
+/// would pass `KEPT_CAPS × cap`.
+pub const KEPT_CAPS: u64 = 1;
+/// The most the dropped-lines summary takes: its counts are bounded in
+/// number and each field in length.
+pub const SUMMARY_BOUND: u64 = 32 << 10;
+/// What one generation may pass the cap by: the bundle rotates before its
+/// own line would pass it, but the host appends tool calls and resets
+/// between the bundle's checks (every quarter second).
+pub const GENERATION_SLACK: u64 = 64 << 10;
+
+/// The security-relevant lines `audit.jsonl.kept` keeps when rotation drops
+/// their generation, given to `log`, the live file.
+pub fn kept_file(log: &Path) -> PathBuf {
+    suffixed(log, "kept")
+}
+
+/// The one-line summary of what rotation dropped, beside `log`.
+pub fn dropped_file(log: &Path) -> PathBuf {
+    suffixed(log, "dropped")
+}
+
+fn suffixed(log: &Path, suffix: &str) -> PathBuf {
+    let mut name = log.as_os_str().to_owned();
+    name.push(format!(".{suffix}"));
+    PathBuf::from(name)
+}
+
+/// Every file of the log at `log`, in reading order: the kept lines, the
+/// summary of the dropped ones, the rotated generations oldest first, the
+/// live file. Some may not exist.
+pub fn log_files(log: &Path) -> Vec<PathBuf> {
+    let mut files = vec![kept_file(log), dropped_file(log)];
+    files.extend((1..=AUDIT_GENERATIONS).rev().map(|n| generation(log, n)));
+    files.push(log.to_path_buf());
+    files
+}
+
+/// The most a log rotated at `cap` takes on disk, all its files together:
+/// the stream's generations (the live file and [`AUDIT_GENERATIONS`] old
+/// ones, each within `cap` plus [`GENERATION_SLACK`]), the kept lines
+/// ([`KEPT_CAPS`] × `cap`) and the summary ([`SUMMARY_BOUND`]).
+pub fn audit_log_bound(cap: u64) -> u64 {
+    (u64::from(AUDIT_GENERATIONS) + 1) * (cap + GENERATION_SLACK) + KEPT_CAPS * cap + SUMMARY_BOUND
+}
+
+/// Whether a line is security-relevant, and so kept when rotation drops
+/// its generation: a secret finding (`blocked_secret`, `redacted`), a
+/// credential injection (`inject`), a tool call or reset (daemon `sandbox`),
+/// a push git-gate let through (an `allow` `push` line: refused ones are
+/// refusals like the proxy's, which the agent can make one per request and
+/// which would otherwise crowd the kept lines out) or an operator's
+/// decision (daemon `supervise`). One definition, for the bundle that keeps
+/// them and the tests and gate that look for them.
+pub fn is_security_relevant(daemon: &str, decision: &str, method: &str) -> bool {
+    matches!(decision, "blocked_secret" | "redacted" | "inject")
+        || matches!(daemon, "sandbox" | "supervise")
+        || (daemon == "git-gate" && method == "push" && decision == "allow")
+}
 
 /// Generation `n` of the log at `log`: `0` is the live file, `n` is
 /// `<log>.<n>`.
@@ -100,15 +176,15 @@ pub struct AuditLines {
 }
 
 impl AuditLines {
-    /// Starts at the oldest rotated generation (`bottle logs`).
+    /// Starts at the kept lines, then the summary of the dropped ones, then
+    /// the oldest rotated generation (`bottle logs`).
     pub fn new(path: &Path) -> Self {
+        let mut backlog = log_files(path);
+        backlog.pop();
         Self {
             path: path.to_path_buf(),
             current: None,
-            backlog: (1..=AUDIT_GENERATIONS)
-                .rev()
-                .map(|n| generation(path, n))
-                .collect(),
+            backlog,
             partial: Vec::new(),
         }
     }
@@ -331,9 +407,9 @@ fn create_private_dir(dir: &Path) -> std::io::Result<()> {
         .create(dir)
 }
 
-/// Moves the audit log's generations out of the state dir `state_dir`
-/// into a new run of the bottle's retained logs, beside the state dir
-/// (`<parent>/retained_logs/<state dir's name>/<stopped>/`), before the
+/// Moves the audit log's files ([`log_files`]) out of the state dir
+/// `state_dir` into a new run of the bottle's retained logs, beside the
+/// state dir (`<parent>/retained_logs/<state dir's name>/<stopped>/`), before the
 /// state dir is removed. `stopped` is the stop time, RFC 3339 UTC to the
 /// millisecond ([`crate::time::now_rfc3339_millis`]). Returns the run's
 /// directory, or `None` when there was no log to keep (a launch that failed
@@ -343,8 +419,8 @@ pub fn retain_audit_log(
     stopped: &str,
 ) -> Result<Option<PathBuf>, RetainedLogsError> {
     let log = state_dir.join(AUDIT_LOG_DIR).join(AUDIT_LOG_FILE);
-    let generations: Vec<PathBuf> = (0..=AUDIT_GENERATIONS)
-        .map(|n| generation(&log, n))
+    let generations: Vec<PathBuf> = log_files(&log)
+        .into_iter()
         .filter(|path| std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file()))
         .collect();
     let (Some(parent), Some(slug)) = (state_dir.parent(), state_dir.file_name()) else {
@@ -472,6 +548,75 @@ mod tests {
     }
 
     #[test]
+    fn reads_the_kept_lines_and_the_summary_before_the_stream() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join(AUDIT_LOG_FILE);
+        append(&log, "live\n");
+        append(&generation(&log, 3), "oldest\n");
+        append(&generation(&log, 1), "newer\n");
+        append(&dropped_file(&log), "summary\n");
+        append(&kept_file(&log), "kept 1\nkept 2\n");
+        assert_eq!(
+            text(AuditLines::new(&log).poll().unwrap()),
+            ["kept 1", "kept 2", "summary", "oldest", "newer", "live"]
+        );
+        assert_eq!(
+            log_files(&log)
+                .iter()
+                .map(|p| p.file_name().unwrap().to_str().unwrap())
+                .collect::<Vec<_>>(),
+            [
+                "audit.jsonl.kept",
+                "audit.jsonl.dropped",
+                "audit.jsonl.3",
+                "audit.jsonl.2",
+                "audit.jsonl.1",
+                "audit.jsonl"
+            ]
+        );
+    }
+
+    #[test]
+    fn security_relevant_lines_are_findings_injections_tool_calls_pushes_and_approvals() {
+        for (daemon, decision, method) in [
+            ("proxy", "blocked_secret", "POST"),
+            ("websocket", "redacted", "GET"),
+            ("egress", "inject", "GET"),
+            ("sandbox", "allow", "EXEC"),
+            ("sandbox", "deny", "RESET"),
+            ("git-gate", "allow", "push"),
+            ("supervise", "allow", "egress"),
+        ] {
+            assert!(
+                is_security_relevant(daemon, decision, method),
+                "{daemon} {decision}"
+            );
+        }
+        for (daemon, decision, method) in [
+            ("proxy", "allow", "GET"),
+            ("proxy", "deny", "CONNECT"),
+            ("egress", "error", "GET"),
+            ("git-gate", "allow", "fetch"),
+            ("git-gate", "deny", "push"),
+            ("audit", "dropped", ""),
+        ] {
+            assert!(
+                !is_security_relevant(daemon, decision, method),
+                "{daemon} {decision}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_bound_counts_every_file() {
+        let cap = 1 << 20;
+        assert_eq!(
+            audit_log_bound(cap),
+            4 * (cap + GENERATION_SLACK) + cap + SUMMARY_BOUND
+        );
+    }
+
+    #[test]
     fn following_survives_a_rotation_and_holds_partial_lines() {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join(AUDIT_LOG_FILE);
@@ -526,6 +671,23 @@ mod tests {
             .unwrap();
         }
         dir
+    }
+
+    #[test]
+    fn retaining_moves_the_kept_lines_and_the_summary_too() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = state_dir_with_log(root.path(), "demo", 3);
+        let log = dir.join(AUDIT_LOG_DIR).join(AUDIT_LOG_FILE);
+        std::fs::write(kept_file(&log), "kept\n").unwrap();
+        std::fs::write(dropped_file(&log), "summary\n").unwrap();
+        let run = retain_audit_log(&dir, "2025-01-02T03:04:05.678Z")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            text(AuditLines::new(&run.join(AUDIT_LOG_FILE)).poll().unwrap()),
+            ["kept", "summary", "gen 3", "gen 2", "gen 1", "gen 0"]
+        );
+        assert!(log_files(&log).iter().all(|f| !f.exists()));
     }
 
     #[test]

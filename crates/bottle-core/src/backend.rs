@@ -5,14 +5,15 @@
 //! async API (bollard) owns its own runtime and blocks on it internally.
 
 use std::fmt;
-use std::path::Path;
+use std::io::Write;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::copy::{CopyIn, GuestPath};
 use crate::error::Coded;
 use crate::plan::Plan;
-use crate::sandbox::{ResetReport, SandboxError, ToolCall, ToolResult};
+use crate::sandbox::{ResetReport, SandboxError, ToolCall, ToolResult, ToolboxStream};
 use crate::spec::BottleSpec;
 
 /// Which backend runs a bottle.
@@ -191,6 +192,19 @@ pub struct BottleInfo {
     /// session (started attached).
     #[serde(default)]
     pub agent_running: Option<bool>,
+    /// The bottle's published ports whose forwarder runs (read from the
+    /// host's state dir, like `pending_requests`).
+    #[serde(default)]
+    pub ports: Vec<OpenPort>,
+}
+
+/// A published port of a running bottle, as `bottle list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenPort {
+    /// The port inside the box.
+    pub port: u16,
+    /// Where the host listens for it: `127.0.0.1:<host port>`.
+    pub listen: String,
 }
 
 /// What `cleanup` removed.
@@ -204,6 +218,91 @@ pub struct CleanupReport {
     /// stopped bottle's record, `bottle logs` reads it).
     #[serde(default)]
     pub kept: Vec<String>,
+}
+
+/// What `bottle commit` made.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitReport {
+    /// The image's reference, as the operator named it.
+    pub image: String,
+    /// Its ID.
+    pub id: String,
+    /// What of bottle's was taken out of the agent's filesystem, one line
+    /// each (`/etc/bottle`, the bottle's CA from `/etc/ssl/certs/...`).
+    pub removed: Vec<String>,
+}
+
+/// One thing `cleanup` would remove, and why, as the operator confirms it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CleanupItem {
+    /// What it is: `bottle`, `state dir`, `pool entry`, `network`, `image`,
+    /// `vm`, `bundle`.
+    pub kind: String,
+    /// Its name (a bottle's, a path, an image's tag).
+    pub name: String,
+    /// Why it is left over, one line.
+    pub why: String,
+}
+
+impl CleanupItem {
+    /// An item of `kind`.
+    pub fn new(kind: &str, name: impl Into<String>, why: impl Into<String>) -> CleanupItem {
+        CleanupItem {
+            kind: kind.to_string(),
+            name: name.into(),
+            why: why.into(),
+        }
+    }
+
+    /// One line for the operator: `image bottle-bundle:1a2b: why`.
+    pub fn line(&self) -> String {
+        format!("{} {} ({})", self.kind, self.name, self.why)
+    }
+}
+
+/// One pass of a backend's cleanup: what it found and, when the operator
+/// approved a list, which of those to remove now. A backend walks its
+/// leftovers once, the same way for the list it shows and for the removal,
+/// so the two cannot drift apart; an item is removed only when the
+/// operator approved it *and* it still qualifies when the removal runs.
+#[derive(Debug)]
+pub struct CleanupPass<'a> {
+    approved: Option<&'a [CleanupItem]>,
+    /// Everything found.
+    pub found: Vec<CleanupItem>,
+    /// What the removal did.
+    pub report: CleanupReport,
+}
+
+impl<'a> CleanupPass<'a> {
+    /// A pass that only lists.
+    pub fn listing() -> CleanupPass<'static> {
+        CleanupPass {
+            approved: None,
+            found: Vec::new(),
+            report: CleanupReport::default(),
+        }
+    }
+
+    /// A pass that removes what it finds of `approved` (by kind and name).
+    pub fn removing(approved: &'a [CleanupItem]) -> CleanupPass<'a> {
+        CleanupPass {
+            approved: Some(approved),
+            found: Vec::new(),
+            report: CleanupReport::default(),
+        }
+    }
+
+    /// Records `item` as found; whether to remove it now.
+    pub fn found(&mut self, item: CleanupItem) -> bool {
+        let remove = self.approved.is_some_and(|approved| {
+            approved
+                .iter()
+                .any(|a| a.kind == item.kind && a.name == item.name)
+        });
+        self.found.push(item);
+        remove
+    }
 }
 
 /// How far [`BottleBackend::begin_stop`] took a bottle.
@@ -255,8 +354,20 @@ pub trait BottleBackend {
         self.stop(name)
     }
 
-    /// Removes what crashed launches left behind.
-    fn cleanup_orphans(&self) -> Result<CleanupReport, BackendError>;
+    /// What `cleanup` would remove now, removing nothing: only what this
+    /// install (this state root) made, and nothing in use.
+    fn cleanup_plan(&self) -> Result<Vec<CleanupItem>, BackendError>;
+
+    /// Removes the items of `approved` (a [`cleanup_plan`](Self::cleanup_plan)
+    /// the operator confirmed) that still qualify; nothing else.
+    fn cleanup_approved(&self, approved: &[CleanupItem]) -> Result<CleanupReport, BackendError>;
+
+    /// Removes everything [`cleanup_plan`](Self::cleanup_plan) finds,
+    /// unconfirmed (for callers that confirmed otherwise, and tests).
+    fn cleanup_orphans(&self) -> Result<CleanupReport, BackendError> {
+        let plan = self.cleanup_plan()?;
+        self.cleanup_approved(&plan)
+    }
 }
 
 /// A backend that launches bottles from plans it prepared, with its own
@@ -313,8 +424,21 @@ pub trait Bottle {
     /// output streams out as it comes. Returns the command's exit code.
     fn exec_piped(&self, argv: &[String]) -> Result<i32, BackendError>;
 
-    /// Copies a host file or directory into the bottle under `guest_dir`.
-    fn copy_in(&self, host_path: &Path, guest_dir: &str) -> Result<(), BackendError>;
+    /// Copies `copy` into the bottle at `dest`, by `docker cp`'s rules
+    /// ([`crate::copy::guest::place`]), owned by the agent's user and with
+    /// the times `copy` carries. Never follows a symbolic link inside the
+    /// box and never writes under what bottle owns there: the backend
+    /// checks the way with [`crate::copy::guest::walk`] where the agent
+    /// cannot change it before the write, or writes with no more than the
+    /// agent's own rights (each backend says which, `docs/SECURITY.md`).
+    fn copy_in(&self, copy: &CopyIn, dest: &GuestPath) -> Result<(), BackendError>;
+
+    /// Writes the box's tar archive of `path` to `out`: the entry itself (a
+    /// final link not followed) and, for a directory, what is below it.
+    /// What it writes is the box's word: the caller checks every entry
+    /// before writing any ([`crate::copy::host`]). A path that does not
+    /// exist is [`crate::copy::CopyError::Missing`].
+    fn copy_out(&self, path: &GuestPath, out: &mut dyn Write) -> Result<(), BackendError>;
 
     /// Runs one tool call through the in-box agent (started on the first
     /// call and kept), as the agent's user.
@@ -323,4 +447,22 @@ pub trait Bottle {
     /// Returns the box to its golden snapshot and verifies the revert from
     /// three sources; any divergence halts the bottle.
     fn reset(&self) -> Result<ResetReport, SandboxError>;
+
+    /// Makes the image `image` of the agent's filesystem as it is now, with
+    /// the configuration of the image the bottle started from (user,
+    /// entrypoint, command, environment, working dir, exposed ports,
+    /// labels) and nothing bottle put into the box: its files, its CA, its
+    /// environment, its entrypoint. A backend that cannot says why
+    /// ([`BackendErrorKind::Unsupported`]).
+    fn commit(&self, image: &str) -> Result<CommitReport, BackendError>;
+
+    /// Opens one connection to `port` on the box's own loopback, for a
+    /// published port: the in-box agent's relay
+    /// ([`crate::port_relay`]) run as the agent's user over the stream
+    /// the backend already has (an attached exec, `machine exec -i`), so
+    /// the box gains no listener and no route. What the host writes
+    /// reaches the port; what comes back starts with the relay's status
+    /// line ([`crate::port_relay::read_status`]). Dropping the stream ends
+    /// the relay.
+    fn connect_port(&self, port: u16) -> Result<ToolboxStream, BackendError>;
 }

@@ -27,6 +27,22 @@ pub const SUPERVISE_PORT: u16 = 9100;
 pub const BUNDLE_REQUESTS_DIR: &str = "/run/bottle/requests";
 /// Where the agent finds its MCP configuration naming supervise.
 pub const AGENT_MCP_CONFIG: &str = "/etc/bottle/mcp.json";
+/// Where the bottle's host-services directory (`<state_dir>/host-services`
+/// on the host, [`host_services_dir`]) is mounted inside the bundle,
+/// read-only: one unix socket per host service, served by the host.
+pub const BUNDLE_HOST_SERVICES_DIR: &str = "/run/bottle/host-services";
+
+/// The directory of a bottle's host-service sockets on the host.
+pub fn host_services_dir(state_dir: &std::path::Path) -> std::path::PathBuf {
+    state_dir.join("host-services")
+}
+
+/// The file name of the unix socket through which the bundle reaches the
+/// host service on `port`, in [`host_services_dir`] (host) and
+/// [`BUNDLE_HOST_SERVICES_DIR`] (bundle).
+pub fn host_service_socket(port: u16) -> String {
+    format!("{port}.sock")
+}
 
 /// Supervise's MCP endpoint for a bundle at `address` (an IP literal).
 pub fn supervise_url(address: &str) -> String {
@@ -137,6 +153,71 @@ pub struct BundleConfig {
     /// `supervise_listen`.
     #[serde(default)]
     pub requests_dir: Option<String>,
+    /// TCP relays: the host services and pinned TCP destinations of the
+    /// manifest, each a listener of its own. Configs written before they
+    /// existed have none.
+    #[serde(default)]
+    pub relays: Vec<BundleRelay>,
+}
+
+/// One TCP relay of the bundle: a listener on the agent-facing address at
+/// the destination's port, each connection relayed to one destination and
+/// nothing else, audited when it opens and when it closes (with bytes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BundleRelay {
+    /// Where it listens: `<agent-facing address>:<port>`.
+    pub listen: String,
+    /// The destination's host, as the manifest names it (audit lines).
+    pub host: String,
+    /// The destination's port.
+    pub port: u16,
+    /// How the bundle reaches it.
+    pub via: RelayVia,
+}
+
+/// How a relay reaches its destination.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum RelayVia {
+    /// A service on the host's loopback: through this unix socket, which
+    /// the host serves and connects to exactly that port. The bundle has
+    /// no route to the host.
+    HostService {
+        /// The socket inside the bundle.
+        socket: String,
+    },
+    /// A remote destination: the bundle resolves `host` (the config's
+    /// `resolve` first, then DNS, refusing the addresses egress refuses)
+    /// and dials it at `port`. The bytes are not scanned.
+    Tcp,
+}
+
+/// The relays of a bottle whose agent reaches its bundle at `listen_ip`:
+/// one per host service, then one per pinned TCP destination, each on the
+/// destination's port.
+pub fn relays(
+    listen_ip: std::net::Ipv4Addr,
+    host_services: &[crate::manifest::HostService],
+    tcp: &[crate::manifest::TcpDestination],
+) -> Vec<BundleRelay> {
+    let services = host_services.iter().map(|service| BundleRelay {
+        listen: format!("{listen_ip}:{}", service.port),
+        host: service.host.clone(),
+        port: service.port,
+        via: RelayVia::HostService {
+            socket: format!(
+                "{BUNDLE_HOST_SERVICES_DIR}/{}",
+                host_service_socket(service.port)
+            ),
+        },
+    });
+    let remote = tcp.iter().map(|destination| BundleRelay {
+        listen: format!("{listen_ip}:{}", destination.port),
+        host: destination.host.clone(),
+        port: destination.port,
+        via: RelayVia::Tcp,
+    });
+    services.chain(remote).collect()
 }
 
 fn trust_web_roots() -> bool {
@@ -206,7 +287,10 @@ pub struct BundleLimits {
     /// Window for `max_restarts`.
     pub restart_window_ms: u64,
     /// Size at which the audit log is rotated; the bundle keeps
-    /// [`AUDIT_GENERATIONS`](crate::audit_files::AUDIT_GENERATIONS) old ones.
+    /// [`AUDIT_GENERATIONS`](crate::audit_files::AUDIT_GENERATIONS) old ones,
+    /// and the security-relevant lines of those it drops within
+    /// [`KEPT_CAPS`](crate::audit_files::KEPT_CAPS) times this
+    /// ([`audit_log_bound`](crate::audit_files::audit_log_bound)).
     pub audit_log_max_bytes: u64,
     /// The largest WebSocket message (and so frame) the agent may send; a
     /// larger one closes the socket with 1009.

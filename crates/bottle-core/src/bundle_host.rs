@@ -63,6 +63,7 @@ pub trait BundleHost: Send + Sync {
     /// Succeeds, with an empty report, when there is nothing to remove.
     fn stop(&self, bottle: &str) -> Result<CleanupReport, BackendError>;
 
-    /// Bottles whose bundle exists (running or not), for `cleanup`.
+    /// Bottles of this install (its state root) whose bundle exists
+    /// (running or not), for `cleanup`; another install's are not listed.
     fn bottles(&self) -> Result<Vec<String>, BackendError>;
 }

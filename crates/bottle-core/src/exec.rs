@@ -11,7 +11,7 @@
 //! input cannot deadlock against us; an optional time bound kills the child
 //! and reports [`ExecError::TimedOut`] with what it wrote so far.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::io::{self, Read, Write as _};
 use std::path::{Path, PathBuf};
@@ -43,6 +43,9 @@ pub struct CommandSpec {
     pub args: Vec<OsString>,
     /// Variables added to (or overriding) the inherited environment.
     pub env: BTreeMap<OsString, OsString>,
+    /// Inherited variables the child does not get (e.g. `GIT_DIR`, which
+    /// would point git elsewhere than the command says).
+    pub env_removed: BTreeSet<OsString>,
     /// Working directory, if not the current one.
     pub cwd: Option<PathBuf>,
     /// Bytes written to the child's stdin (then closed).
@@ -81,6 +84,14 @@ impl CommandSpec {
     /// Sets one environment variable for the child.
     pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
         self.env.insert(key.into(), value.into());
+        self
+    }
+
+    /// Keeps the inherited variable `key` from the child.
+    pub fn env_remove(mut self, key: impl Into<OsString>) -> Self {
+        let key = key.into();
+        self.env.remove(&key);
+        self.env_removed.insert(key);
         self
     }
 
@@ -250,6 +261,17 @@ impl PipedChild {
         }
     }
 
+    /// Closes the child's stdin, waits for it to end and returns its exit
+    /// code: `None` when a signal ended it, or when there is no process
+    /// (a test double's).
+    pub fn wait(&mut self) -> io::Result<Option<i32>> {
+        self.stdin = Box::new(io::sink());
+        match self.child.take() {
+            Some(mut child) => Ok(child.wait()?.code()),
+            None => Ok(None),
+        }
+    }
+
     /// Kills the child and reaps it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -330,6 +352,9 @@ fn command_for(spec: &CommandSpec) -> std::process::Command {
         reason = "this is the one sanctioned place that spawns processes"
     )]
     let mut command = std::process::Command::new(&spec.program);
+    for key in &spec.env_removed {
+        command.env_remove(key);
+    }
     command.args(&spec.args).envs(&spec.env);
     if let Some(cwd) = &spec.cwd {
         command.current_dir(cwd);
@@ -545,6 +570,29 @@ mod tests {
         assert_eq!(out.code, Some(3));
         assert_eq!(out.stdout_text(), "out:hello\n");
         assert_eq!(out.stderr_text(), "err\n");
+    }
+
+    #[test]
+    fn removed_variables_are_not_inherited() {
+        // Any variable this test inherited that no shell sets by itself.
+        let shell_managed = [
+            "PATH", "PWD", "OLDPWD", "SHLVL", "_", "IFS", "PS1", "PS2", "PS4",
+        ];
+        let name = std::env::vars_os()
+            .filter_map(|(name, _)| name.into_string().ok())
+            .find(|n| {
+                !shell_managed.contains(&n.as_str())
+                    && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            })
+            .unwrap_or_default();
+        assert!(!name.is_empty(), "the test inherited no variable to remove");
+        let script = format!("echo \"[${{{name}-unset}}]\"");
+        let spec = sh(&script).env_remove(name.as_str());
+        let out = SystemRunner.run(&spec).unwrap();
+        assert_eq!(out.stdout_text(), "[unset]\n");
+        // A variable set after it was removed is set.
+        let out = SystemRunner.run(&spec.env(name.as_str(), "x")).unwrap();
+        assert_eq!(out.stdout_text(), "[x]\n");
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //! process still runs ([`process`]). It reads the audit log and its health
 //! marker ([`audit_files`]) for `bottle logs` and `bottle list`, and moves a
 //! stopping bottle's log to the retained logs, which it lists and prunes.
+//! For `bottle cp` ([`copy`]) it reads the host tree copied in and writes
+//! what is copied out under the operator's destination.
 
 pub mod agent;
 pub mod audit_files;
@@ -19,6 +21,8 @@ pub mod bundle;
 pub mod bundle_binary;
 pub mod bundle_host;
 pub mod ca_install;
+pub mod checkout;
+pub mod copy;
 pub mod devices;
 pub mod disk;
 pub mod display;
@@ -28,6 +32,7 @@ pub mod images;
 pub mod isolation;
 pub mod manifest;
 pub mod plan;
+pub mod port_relay;
 pub mod process;
 pub mod requests;
 pub mod requirements;
@@ -42,8 +47,8 @@ pub mod undo;
 pub mod upstream_trust;
 
 pub use backend::{
-    BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupReport,
-    ExecOutput,
+    BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupItem,
+    CleanupPass, CleanupReport, CommitReport, ExecOutput,
 };
 pub use error::Coded;
 pub use manifest::{Manifest, ManifestError};

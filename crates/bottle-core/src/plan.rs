@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 use crate::audit_files::DEFAULT_AUDIT_LOG_MAX_BYTES;
 use crate::backend::BackendKind;
 use crate::isolation::Isolation;
+use crate::manifest::endpoint::HOST_SERVICES_NAME;
+use crate::manifest::{HostService, Published, TcpDestination};
 use crate::spec::{BottleSpec, DEFAULT_MEMORY_BYTES, DEFAULT_PIDS};
 use crate::upstream_trust::UpstreamTrust;
 
@@ -37,6 +39,34 @@ pub struct PlannedRepo {
     /// Globs of the refs the agent may push to (see
     /// [`manifest::push_glob`](crate::manifest::push_glob)).
     pub push: Vec<String>,
+    /// What the manifest's `url` is; `None` in plans written before it was
+    /// recorded, or for a host path that is no longer a repository.
+    #[serde(default)]
+    pub kind: Option<crate::checkout::RepoKind>,
+    /// The host path, for a bare repository or a working checkout (a
+    /// remote's URL is not shown: it may hold a credential).
+    #[serde(default)]
+    pub path: Option<String>,
+}
+
+impl PlannedRepo {
+    /// What the plan says of the repository's kind: `: working checkout
+    /// /srv/app, served through a mirror; ...`.
+    fn describe(&self) -> String {
+        use crate::checkout::RepoKind;
+        let path = self.path.as_deref().unwrap_or_default();
+        match self.kind {
+            Some(RepoKind::Remote) => ": remote, mirrored by git-gate".into(),
+            Some(RepoKind::Bare) => format!(": bare repository {path}, served as it is"),
+            Some(RepoKind::Checkout) if self.mode == "read-write" => format!(
+                ": working checkout {path}, served through a mirror; accepted pushes come back to it as refs"
+            ),
+            Some(RepoKind::Checkout) => {
+                format!(": working checkout {path}, served through a mirror")
+            }
+            None => String::new(),
+        }
+    }
 }
 
 /// A device node the policy lets through.
@@ -101,6 +131,18 @@ pub struct Plan<D = ()> {
     pub credentials: Vec<PlannedCredential>,
     /// Repositories behind git-gate.
     pub git: Vec<PlannedRepo>,
+    /// The agent's ports published on the host's loopback (`publish`),
+    /// forwarded once the bottle runs.
+    #[serde(default)]
+    pub publish: Vec<Published>,
+    /// Services on the host's loopback the agent reaches through the
+    /// bundle (`egress.host_services`).
+    #[serde(default)]
+    pub host_services: Vec<HostService>,
+    /// Remote TCP destinations the bundle relays, unscanned
+    /// (`egress.tcp`).
+    #[serde(default)]
+    pub tcp: Vec<TcpDestination>,
     /// Device nodes passed through.
     pub devices: Vec<PlannedDevice>,
     /// Device requests the policy dropped.
@@ -179,8 +221,13 @@ impl Plan {
                         crate::manifest::GitMode::ReadWrite => "read-write".into(),
                     },
                     push: g.push.clone(),
+                    kind: crate::checkout::RepoKind::of_url(&g.url),
+                    path: (!crate::manifest::is_remote_git_url(&g.url)).then(|| g.url.clone()),
                 })
                 .collect(),
+            publish: spec.published_ports(),
+            host_services: spec.host_services(),
+            tcp: spec.tcp_destinations(),
             devices: Vec::new(),
             devices_dropped: Vec::new(),
             memory_bytes: memory_bytes.unwrap_or(DEFAULT_MEMORY_BYTES),
@@ -215,6 +262,9 @@ impl Plan {
             upstream_ca: self.upstream_ca,
             credentials: self.credentials,
             git: self.git,
+            publish: self.publish,
+            host_services: self.host_services,
+            tcp: self.tcp,
             devices: self.devices,
             devices_dropped: self.devices_dropped,
             memory_bytes: self.memory_bytes,
@@ -307,7 +357,38 @@ impl<D> Plan<D> {
             } else {
                 format!(", push: {}", repo.push.join(", "))
             };
-            line("git", &format!("{} ({}{push})", repo.name, repo.mode));
+            line(
+                "git",
+                &format!("{} ({}{push}){}", repo.name, repo.mode, repo.describe()),
+            );
+        }
+        for service in &self.host_services {
+            line(
+                "host service",
+                &format!(
+                    "{HOST_SERVICES_NAME}:{} -> this host's {} (relayed by the bundle, unscanned)",
+                    service.port,
+                    service.address()
+                ),
+            );
+        }
+        for destination in &self.tcp {
+            line(
+                "tcp",
+                &format!(
+                    "{} (resolved and dialled by the bundle, UNSCANNED)",
+                    destination.address()
+                ),
+            );
+        }
+        for published in &self.publish {
+            line(
+                "publish",
+                &format!(
+                    "the agent's port {} on this host's 127.0.0.1:{}",
+                    published.port, published.host_port
+                ),
+            );
         }
         for device in &self.devices {
             line("device", &device.summary);
@@ -401,6 +482,24 @@ mod tests {
             secrets_line(&mixed).as_deref(),
             Some("redact for api.anthropic.com; block for github.com")
         );
+    }
+
+    #[test]
+    fn the_plan_names_every_port_and_relay() {
+        let plan = plan(
+            "publish = [8000, \"3000:13000\"]\n\
+             egress.host_services = [\"localhost:11434\"]\n\
+             egress.tcp = [\"git.example.com:22\"]\n",
+        );
+        let rendered = plan.render();
+        for line in [
+            "host service host.bottle.internal:11434 -> this host's localhost:11434 (relayed by the bundle, unscanned)",
+            "tcp          git.example.com:22 (resolved and dialled by the bundle, UNSCANNED)",
+            "publish      the agent's port 8000 on this host's 127.0.0.1:8000",
+            "publish      the agent's port 3000 on this host's 127.0.0.1:13000",
+        ] {
+            assert!(rendered.contains(line), "{line}\n{rendered}");
+        }
     }
 
     #[test]

@@ -150,4 +150,34 @@ impl BottleSpec {
             .clone()
             .unwrap_or_else(|| DEFAULT_EGRESS_PORTS.to_vec())
     }
+
+    /// The agent's published ports (`publish`), as the validated manifest
+    /// has them.
+    pub fn published_ports(&self) -> Vec<crate::manifest::Published> {
+        self.agent
+            .publish
+            .iter()
+            .filter_map(|entry| crate::manifest::Published::from_entry(entry).ok())
+            .collect()
+    }
+
+    /// The host services the agent may reach (`egress.host_services`).
+    pub fn host_services(&self) -> Vec<crate::manifest::HostService> {
+        self.agent
+            .egress
+            .host_services
+            .iter()
+            .filter_map(|entry| crate::manifest::HostService::parse(entry).ok())
+            .collect()
+    }
+
+    /// The pinned remote TCP destinations (`egress.tcp`).
+    pub fn tcp_destinations(&self) -> Vec<crate::manifest::TcpDestination> {
+        self.agent
+            .egress
+            .tcp
+            .iter()
+            .filter_map(|entry| crate::manifest::TcpDestination::parse(entry).ok())
+            .collect()
+    }
 }

@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use bollard::models::SystemInfo;
 use bottle_core::backend::{
-    BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupReport,
-    StopProgress,
+    BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupItem,
+    CleanupPass, CleanupReport, StopProgress,
 };
+use bottle_core::checkout::RepoKind;
 use bottle_core::disk::{LayerCap, format_size};
 use bottle_core::isolation::{self, Isolation};
 use bottle_core::manifest::{self, CredentialSource};
@@ -337,7 +338,7 @@ impl DockerBackend {
             &bundle_bin,
             &git_files,
             self.options.progress.as_ref(),
-            Some(&self.options.state_root.join(images::BUNDLE_DIGEST_CACHE)),
+            Some(&self.options.state_root),
         )?;
         let pool = self.options.subnet_pool.unwrap_or_default();
         let subnet = choose_subnet(engine, &pool, &spec.slug)?;
@@ -617,9 +618,13 @@ pub(crate) fn git_refs(spec: &BottleSpec) -> Vec<GitRef> {
         .iter()
         .map(|repo| {
             let remote = manifest::is_remote_git_url(&repo.url);
+            let local_path = (!remote).then(|| expand_home(spec, &repo.url));
+            let checkout =
+                local_path.as_deref().and_then(RepoKind::of_path) == Some(RepoKind::Checkout);
             GitRef {
                 name: repo.name.clone(),
-                local_path: (!remote).then(|| expand_home(spec, &repo.url)),
+                local_path,
+                checkout,
                 upstream: remote.then(|| repo.url.clone()),
                 mode: repo.mode,
                 push: repo.push.clone(),
@@ -792,24 +797,34 @@ impl BottleBackend for DockerBackend {
         )?)
     }
 
-    fn cleanup_orphans(&self) -> Result<CleanupReport, BackendError> {
+    fn cleanup_plan(&self) -> Result<Vec<CleanupItem>, BackendError> {
+        let mut pass = CleanupPass::listing();
+        self.cleanup_pass(&mut pass)?;
+        Ok(pass.found)
+    }
+
+    fn cleanup_approved(&self, approved: &[CleanupItem]) -> Result<CleanupReport, BackendError> {
+        let mut pass = CleanupPass::removing(approved);
+        self.cleanup_pass(&mut pass)?;
+        Ok(pass.report)
+    }
+}
+
+impl DockerBackend {
+    /// One walk over this install's leftovers: broken pool entries,
+    /// orphaned bottles and state dirs, the unused egress network, and the
+    /// bundle images of older binaries.
+    fn cleanup_pass(&self, pass: &mut CleanupPass<'_>) -> Result<(), DockerError> {
         let engine = self.engine()?;
-        let mut report = crate::pool::cleanup_broken(engine, &self.options.state_root)?;
-        let orphans = lifecycle::cleanup_orphans(engine, &self.options.state_root)?;
-        report.removed.extend(orphans.removed);
-        report.failed.extend(orphans.failed);
-        report.kept.extend(orphans.kept);
+        let root = &self.options.state_root;
+        crate::pool::cleanup_broken(engine, root, pass)?;
+        lifecycle::cleanup(engine, root, pass)?;
         // Without the current binary there is no telling which image is
         // still wanted; then nothing is pruned.
         if let Ok(current) = images::find_bundle_binary(self.options.bundle_bin.as_deref()) {
-            match images::prune_bundle_images(engine, &current) {
-                Ok(tags) => report
-                    .removed
-                    .extend(tags.into_iter().map(|t| format!("image {t}"))),
-                Err(err) => report.failed.push(err.to_string()),
-            }
+            images::prune_bundle_images(engine, &current, root, pass)?;
         }
-        Ok(report)
+        Ok(())
     }
 }
 
@@ -888,7 +903,10 @@ mod tests {
     fn host_paths_are_absolute_when_the_manifest_path_is_relative() {
         let dir = tempfile::tempdir().unwrap();
         let sub = std::fs::canonicalize(dir.path()).unwrap().join("sub");
-        std::fs::create_dir_all(sub.join("git/app.git")).unwrap();
+        for d in ["objects", "refs"] {
+            std::fs::create_dir_all(sub.join("git/app.git").join(d)).unwrap();
+        }
+        std::fs::write(sub.join("git/app.git/HEAD"), "ref: refs/heads/main\n").unwrap();
         std::fs::write(
             sub.join("bottle.toml"),
             "[agents.a]\nimage = \"x\"\negress.allow = [\"api.example.com\"]\n\

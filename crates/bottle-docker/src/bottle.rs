@@ -1,22 +1,23 @@
 //! A running docker bottle: exec (captured or on the operator's terminal),
-//! tool calls through the in-box agent, and copying files in, all through
-//! the Engine API.
+//! tool calls through the in-box agent, and `bottle cp` both ways
+//! ([`crate::copy`]), all through the Engine API.
 
-use std::io::Write as _;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::query_parameters::UploadToContainerOptionsBuilder;
 use bottle_core::backend::{BackendError, Bottle, ExecOutput};
-use bottle_core::sandbox::{ResetReport, SandboxError, ToolCall, ToolResult};
+use bottle_core::copy::{CopyIn, GuestPath};
+use bottle_core::sandbox::{ResetReport, SandboxError, ToolCall, ToolResult, ToolboxStream};
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use crate::client::Engine;
 use crate::error::DockerError;
 use crate::reset::DockerResetSubstrate;
-use crate::tarball::{Ownership, TarBuilder, entry_name};
+use crate::tarball::Ownership;
 use crate::toolbox::InBoxAgent;
 use crate::tty;
 
@@ -221,13 +222,19 @@ impl Bottle for DockerBottle {
         )?)
     }
 
-    fn copy_in(&self, host_path: &Path, guest_dir: &str) -> Result<(), BackendError> {
-        Ok(copy_in(
+    fn copy_in(&self, copy: &CopyIn, dest: &GuestPath) -> Result<(), BackendError> {
+        crate::copy::copy_in(
             &self.engine,
+            &self.name,
             &self.container,
-            host_path,
-            guest_dir,
-        )?)
+            &self.state_dir,
+            copy,
+            dest,
+        )
+    }
+
+    fn copy_out(&self, path: &GuestPath, out: &mut dyn Write) -> Result<(), BackendError> {
+        crate::copy::copy_out(&self.engine, &self.name, &self.container, path, out)
     }
 
     fn execute(&self, call: &ToolCall) -> Result<ToolResult, SandboxError> {
@@ -246,34 +253,19 @@ impl Bottle for DockerBottle {
         let substrate = self.reset_substrate();
         bottle_core::sandbox::reset::reset(&substrate, substrate.files())
     }
-}
 
-/// Copies a host file or tree into `guest_dir`, owned by the container's
-/// user.
-pub fn copy_in(
-    engine: &Engine,
-    container: &str,
-    host_path: &Path,
-    guest_dir: &str,
-) -> Result<(), DockerError> {
-    let owner = container_owner(engine, container)?;
-    let base = host_path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .ok_or_else(|| DockerError::Io {
-            action: "copy into the bottle".into(),
-            path: host_path.to_path_buf(),
-            source: std::io::Error::other("the path has no file name"),
-        })?;
-    let dir = entry_name(guest_dir);
-    let name = if dir.is_empty() {
-        base
-    } else {
-        format!("{}/{base}", dir.trim_end_matches('/'))
-    };
-    let mut tar = TarBuilder::new();
-    tar.host_path(host_path, &name, owner)?;
-    upload(engine, container, tar.finish()?)
+    fn connect_port(&self, port: u16) -> Result<ToolboxStream, BackendError> {
+        Ok(crate::toolbox_stream::open_argv(
+            &self.engine,
+            &self.container,
+            self.exec_user(),
+            bottle_core::port_relay::relay_argv(port),
+        )?)
+    }
+
+    fn commit(&self, image: &str) -> Result<bottle_core::backend::CommitReport, BackendError> {
+        Ok(crate::commit::commit(self, image)?)
+    }
 }
 
 /// The numeric owner of the container's configured user.

@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
+use std::path::Path;
 
 use bollard::models::{
     ContainerCreateBody, DeviceMapping, EndpointIpamConfig, EndpointSettings, HostConfig, Ipam,
@@ -27,8 +28,9 @@ use bollard::models::{
 };
 use bottle_core::Plan;
 use bottle_core::bundle::{
-    BUNDLE_CONFIG_PATH, BUNDLE_CONFIG_VERSION, BUNDLE_LOG_DIR, BUNDLE_REQUESTS_DIR, BundleConfig,
-    BundleCredential, BundleGitRepo, BundleLimits, GIT_GATE_PORT, PROXY_PORT, SUPERVISE_PORT,
+    BUNDLE_CONFIG_PATH, BUNDLE_CONFIG_VERSION, BUNDLE_HOST_SERVICES_DIR, BUNDLE_LOG_DIR,
+    BUNDLE_REQUESTS_DIR, BundleConfig, BundleCredential, BundleGitRepo, BundleLimits,
+    GIT_GATE_PORT, PROXY_PORT, SUPERVISE_PORT,
 };
 
 use crate::data::{BundleData, DockerPlan, DockerPlanData};
@@ -167,26 +169,40 @@ fn hardening(host: &mut HostConfig) {
 /// The bundle container. It starts on the internal network only; the
 /// egress network is connected before it starts (API 1.41 takes one
 /// network at create time).
-/// `requests_dir` is the bottle's supervise queue on the host.
+/// `requests_dir` is the bottle's supervise queue on the host; a working
+/// checkout is served from its mirror in `state_dir`, never mounted itself.
+/// `host_services_dir` is the bottle's host-service sockets on the host,
+/// mounted read-only (a socket is connected to, never written).
 pub fn bundle_container(
     bundle: &BundleData,
+    state_dir: &Path,
     log_dir: &str,
     requests_dir: &str,
+    host_services_dir: Option<&str>,
     labels: HashMap<String, String>,
 ) -> ContainerCreateBody {
     let mut binds = vec![
         format!("{log_dir}:{BUNDLE_LOG_DIR}:rw"),
         format!("{requests_dir}:{BUNDLE_REQUESTS_DIR}:rw"),
     ];
+    let mirrors = bottle_core::checkout::CheckoutPaths::of_state_dir(state_dir);
+    if let Some(dir) = host_services_dir {
+        binds.push(format!("{dir}:{BUNDLE_HOST_SERVICES_DIR}:ro"));
+    }
     for repo in &bundle.git {
         if let Some(path) = &repo.local_path {
             let access = match repo.mode {
                 bottle_core::manifest::GitMode::ReadWrite => "rw",
                 bottle_core::manifest::GitMode::ReadOnly => "ro",
             };
+            let source = if repo.checkout {
+                mirrors.mirror(&repo.name)
+            } else {
+                path.clone()
+            };
             binds.push(format!(
                 "{}:{}:{access}",
-                path.display(),
+                source.display(),
                 git_path_in_bundle(repo)
             ));
         }
@@ -288,6 +304,18 @@ pub fn agent_container(
             ),
         ])),
         devices: (!devices.is_empty()).then_some(devices),
+        // The names of the bundle's relays (`host.bottle.internal`, each
+        // pinned TCP destination), in the box's /etc/hosts: the agent has
+        // no DNS.
+        extra_hosts: {
+            let names = bottle_core::agent::bundle_host_names(&plan.host_services, &plan.tcp);
+            (!names.is_empty()).then(|| {
+                names
+                    .iter()
+                    .map(|name| format!("{name}:{}", bundle.ip))
+                    .collect()
+            })
+        },
         // The writable layer's cap (`limits.disk`), in bytes. Prepare has
         // refused the bottle where the driver cannot enforce it, and the
         // daemon refuses the create where it turns out not to.
@@ -418,6 +446,8 @@ pub fn bundle_config<D>(plan: &Plan<D>, bundle: &BundleData) -> BundleConfig {
         // than one that is stuck.
         supervise_listen: Some(format!("0.0.0.0:{SUPERVISE_PORT}")),
         requests_dir: Some(BUNDLE_REQUESTS_DIR.into()),
+        // On the agent-facing address only, never the egress network's.
+        relays: bottle_core::bundle::relays(bundle.ip, &plan.host_services, &plan.tcp),
     }
 }
 
@@ -450,6 +480,7 @@ pub(crate) mod tests {
                     crate::data::GitRef {
                         name: "local".into(),
                         local_path: Some("/home/op/repo.git".into()),
+                        checkout: false,
                         upstream: None,
                         mode: bottle_core::manifest::GitMode::ReadWrite,
                         push: vec!["agent/*".into()],
@@ -460,12 +491,24 @@ pub(crate) mod tests {
                     crate::data::GitRef {
                         name: "remote".into(),
                         local_path: None,
+                        checkout: false,
                         upstream: Some("https://git.example.com/r.git".into()),
                         mode: bottle_core::manifest::GitMode::ReadOnly,
                         push: vec![],
                         allow_force: false,
                         allow_delete: false,
                         credential: Some("/home/op/token".into()),
+                    },
+                    crate::data::GitRef {
+                        name: "work".into(),
+                        local_path: Some("/home/op/work".into()),
+                        checkout: true,
+                        upstream: None,
+                        mode: bottle_core::manifest::GitMode::ReadOnly,
+                        push: vec![],
+                        allow_force: false,
+                        allow_delete: false,
+                        credential: None,
                     },
                 ],
                 upstream_ca: vec!["/home/op/corp-ca.pem".into()],
@@ -509,6 +552,9 @@ pub(crate) mod tests {
             upstream_ca: vec!["corp-ca.pem".into()],
             credentials: vec![],
             git: vec![],
+            publish: vec![],
+            host_services: vec![],
+            tcp: vec![],
             devices: vec![bottle_core::plan::PlannedDevice {
                 host_path: "/dev/fuse".into(),
                 container_path: "/dev/fuse".into(),
@@ -589,7 +635,14 @@ pub(crate) mod tests {
         );
         // The cap is the agent's: the bundle, which the agent cannot write
         // to, gets none.
-        let bundle = bundle_container(&plan.backend_data.bundle, "/l", "/q", HashMap::new());
+        let bundle = bundle_container(
+            &plan.backend_data.bundle,
+            Path::new("/s"),
+            "/l",
+            "/q",
+            None,
+            HashMap::new(),
+        );
         assert_eq!(bundle.host_config.unwrap().storage_opt, None);
     }
 
@@ -682,7 +735,14 @@ pub(crate) mod tests {
         assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
         assert_eq!(host.network_mode.as_deref(), Some("bot-bottle-demo"));
         // The bundle stays on runc.
-        let bundle = bundle_container(&plan.backend_data.bundle, "/l", "/q", HashMap::new());
+        let bundle = bundle_container(
+            &plan.backend_data.bundle,
+            Path::new("/s"),
+            "/l",
+            "/q",
+            None,
+            HashMap::new(),
+        );
         assert_eq!(bundle.host_config.unwrap().runtime, None);
     }
 
@@ -693,12 +753,52 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn relays_listen_on_the_agent_facing_address_and_the_box_names_them() {
+        let mut plan = sample_plan();
+        plan.host_services =
+            vec![bottle_core::manifest::HostService::parse("localhost:11434").unwrap()];
+        plan.tcp =
+            vec![bottle_core::manifest::TcpDestination::parse("git.example.com:22").unwrap()];
+        let config = bundle_config(&plan, &plan.backend_data.bundle);
+        let relays: Vec<(&str, &str, u16)> = config
+            .relays
+            .iter()
+            .map(|r| (r.listen.as_str(), r.host.as_str(), r.port))
+            .collect();
+        assert_eq!(
+            relays,
+            [
+                ("192.168.40.2:11434", "localhost", 11434),
+                ("192.168.40.2:22", "git.example.com", 22)
+            ]
+        );
+        assert_eq!(
+            config.relays[0].via,
+            bottle_core::bundle::RelayVia::HostService {
+                socket: "/run/bottle/host-services/11434.sock".into()
+            }
+        );
+        let agent = agent_container(&plan, "/r", "/b", HashMap::new());
+        assert_eq!(
+            agent.host_config.unwrap().extra_hosts,
+            Some(vec![
+                "host.bottle.internal:192.168.40.2".to_string(),
+                "git.example.com:192.168.40.2".to_string()
+            ])
+        );
+        let plain = agent_container(&sample_plan(), "/r", "/b", HashMap::new());
+        assert_eq!(plain.host_config.unwrap().extra_hosts, None);
+    }
+
+    #[test]
     fn bundle_container_shape() {
         let data = sample_data();
         let body = bundle_container(
             &data.bundle,
+            Path::new("/state/demo"),
             "/state/demo/logs",
             "/state/demo/requests",
+            Some("/state/demo/host-services"),
             HashMap::new(),
         );
         let host = body.host_config.unwrap();
@@ -712,7 +812,9 @@ pub(crate) mod tests {
             Some(vec![
                 "/state/demo/logs:/var/log/bottle:rw".to_string(),
                 "/state/demo/requests:/run/bottle/requests:rw".to_string(),
+                "/state/demo/host-services:/run/bottle/host-services:ro".to_string(),
                 "/home/op/repo.git:/run/bottle/git/local.git:rw".to_string(),
+                "/state/demo/git/work.git:/run/bottle/git/work.git:ro".to_string(),
             ])
         );
         assert_eq!(body.user.as_deref(), Some("1000:1000"));

@@ -50,8 +50,14 @@ pub struct CredentialRef {
 pub struct GitRef {
     /// The name the agent sees.
     pub name: String,
-    /// A host-side repository, bind-mounted into the bundle.
+    /// A host-side repository: a bare one, bind-mounted into the bundle,
+    /// or a working checkout (`checkout`).
     pub local_path: Option<PathBuf>,
+    /// `local_path` is a working checkout: the launch makes a bare mirror
+    /// of it in the state dir (`bottle_core::checkout`), which is what the
+    /// bundle mounts; the checkout itself never reaches the bundle.
+    #[serde(default)]
+    pub checkout: bool,
     /// A remote URL the gate mirrors.
     pub upstream: Option<String>,
     /// Whether the agent may push.
@@ -198,6 +204,11 @@ impl StatePaths {
     pub fn requests(&self) -> PathBuf {
         bottle_core::requests::requests_dir(&self.root)
     }
+    /// `host-services/`: a unix socket per host service, served by the
+    /// host and mounted read-only into the bundle.
+    pub fn host_services(&self) -> PathBuf {
+        bottle_core::bundle::host_services_dir(&self.root)
+    }
     /// `stage/`.
     pub fn stage(&self) -> PathBuf {
         self.root.join("stage")
@@ -288,6 +299,20 @@ pub fn write_owner(paths: &StatePaths, owner: Owner) -> Result<(), DockerError> 
     write_record(&paths.owner(), &json, 0o600)
 }
 
+/// Holds an exclusive lock on the file `path` (made if missing), waiting
+/// for its holder; released when the returned file is closed.
+pub(crate) fn lock_file(path: &Path) -> Result<std::fs::File, DockerError> {
+    let file = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(DockerError::io("open", path))?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|err| DockerError::io("lock", path)(err.into()))?;
+    Ok(file)
+}
+
 /// Who owns the state dir, if recorded.
 pub fn read_owner(paths: &StatePaths) -> Option<Owner> {
     let text = std::fs::read_to_string(paths.owner()).ok()?;
@@ -295,7 +320,16 @@ pub fn read_owner(paths: &StatePaths) -> Option<Owner> {
 }
 
 /// The entries of a bottle's state dir that a bundle-only launch writes.
-const BUNDLE_FILES: [&str; 6] = ["owner.json", "launched", "ca", "logs", "stage", "requests"];
+const BUNDLE_FILES: [&str; 8] = [
+    "owner.json",
+    "launched",
+    "ca",
+    "logs",
+    "stage",
+    "requests",
+    "host-services",
+    bottle_core::checkout::CheckoutPaths::DIR_NAME,
+];
 
 /// What removing a bottle's files did.
 #[derive(Debug, Default, PartialEq, Eq)]

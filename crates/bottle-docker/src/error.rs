@@ -140,6 +140,32 @@ pub enum DockerError {
     /// The operator interrupted the launch; it unwound.
     #[error(transparent)]
     Interrupted(#[from] bottle_core::undo::Interrupted),
+    /// A working checkout's mirror could not be made, or its sync record
+    /// written.
+    #[error(transparent)]
+    Checkout(#[from] bottle_core::checkout::CheckoutError),
+    /// `bottle commit` was given a name the Engine cannot tag.
+    #[error("{image:?} cannot name the committed image: {why}")]
+    BadImageName {
+        /// What was given.
+        image: String,
+        /// Why not.
+        why: String,
+    },
+    /// `bottle commit` of a bottle whose image has no command at all.
+    #[error(
+        "the bottle's image {image} has neither an entrypoint nor a command, and the Engine makes no container (so no committed configuration) of such an image"
+    )]
+    CommitNoCommand {
+        /// The bottle's image.
+        image: String,
+    },
+    /// `bottle commit` could not read or filter the agent's filesystem.
+    #[error("could not commit the bottle: {detail}")]
+    Commit {
+        /// What went wrong.
+        detail: String,
+    },
     /// Isolation could not be positively confirmed; the launch was refused.
     #[error("isolation not confirmed, bottle refused: {what}")]
     IsolationUnconfirmed {
@@ -400,6 +426,8 @@ impl DockerError {
             DockerError::NotFound { .. } | DockerError::ImageNotFound { .. } => {
                 BackendErrorKind::NotFound
             }
+            DockerError::BadImageName { .. } => BackendErrorKind::NotFound,
+            DockerError::CommitNoCommand { .. } => BackendErrorKind::Unsupported,
             DockerError::UnsupportedArch { .. }
             | DockerError::DiskCapUnsupported { .. }
             | DockerError::ResetUnavailable { .. }
@@ -459,7 +487,11 @@ impl Coded for DockerError {
             DockerError::Subnet(err) => err.code(),
             DockerError::RetainedLogs(err) => err.code(),
             DockerError::Interrupted(err) => err.code(),
+            DockerError::Checkout(err) => err.code(),
             DockerError::IsolationUnconfirmed { .. } => "BOT-D050",
+            DockerError::BadImageName { .. } => "BOT-D095",
+            DockerError::CommitNoCommand { .. } => "BOT-D096",
+            DockerError::Commit { .. } => "BOT-D097",
             DockerError::BundleUnhealthy { .. } => "BOT-D051",
             DockerError::Failpoint { .. } => "BOT-D060",
             DockerError::UnknownFailpoint { .. } => "BOT-D061",
@@ -506,6 +538,7 @@ impl Coded for DockerError {
             DockerError::Subnet(err) => return err.fix(),
             DockerError::RetainedLogs(err) => return err.fix(),
             DockerError::Interrupted(err) => return err.fix(),
+            DockerError::Checkout(err) => return err.fix(),
             DockerError::IsolationUnconfirmed { .. } => "nothing was left running; check `docker info` (the daemon must support internal bridge networks) and report this if it persists".into(),
             DockerError::BundleUnhealthy { .. } => "read the bundle logs above; `bottle doctor` checks the bundle binary and the daemon".into(),
             DockerError::Failpoint { .. } | DockerError::UnknownFailpoint { .. } => "unset BOTTLE_FAILPOINT".into(),
@@ -527,6 +560,9 @@ impl Coded for DockerError {
             DockerError::PoolNeedsReset { .. } => "the pool needs reset's golden snapshot: run bottle as root on the daemon's host with the overlay2 storage driver (`bottle doctor`), or start bottles cold".into(),
             DockerError::NoCommand { .. } => "set `command` for the agent in the manifest, or pass the command to run".into(),
             DockerError::BadOption { .. } => "correct or unset the option".into(),
+            DockerError::BadImageName { .. } => "name the image like `my-env:v2` (letters, digits, `.`, `_`, `-`, `/`, and a `:tag`)".into(),
+            DockerError::CommitNoCommand { .. } => "give the agent image a CMD (the manifest's `command` still overrides it) and start the bottle from it again".into(),
+            DockerError::Commit { .. } => "check `docker info` and the free space of the daemon's data root, then commit again; the bottle is unchanged".into(),
             DockerError::SubnetTaken { .. } => "start the bottle again: a new plan picks a free subnet (`bottle start -y` re-plans by itself); if it keeps happening, widen the pool with BOTTLE_SUBNET_POOL (e.g. 10.213.0.0/16)".into(),
             DockerError::EgressAddressesExhausted { network, .. } => format!(
                 "stop bottles you no longer need (`bottle list`, `bottle stop NAME`); or, with no bottle running, remove {network} (`docker network rm {network}`) after giving dockerd larger `default-address-pools` in /etc/docker/daemon.json, so the next launch creates it from them"
@@ -605,12 +641,22 @@ mod tests {
                 pool: bottle_net::SubnetPool::default().range(),
             }),
             DockerError::Interrupted(bottle_core::undo::Interrupted { step: text() }),
+            DockerError::Checkout(bottle_core::checkout::CheckoutError::Mirror {
+                checkout: "/x".into(),
+                detail: text(),
+            }),
             DockerError::RetainedLogs(bottle_core::audit_files::RetainedLogsError {
                 action: "keep the audit log in",
                 path: "/x".into(),
                 source: io(),
             }),
             DockerError::IsolationUnconfirmed { what: text() },
+            DockerError::BadImageName {
+                image: text(),
+                why: text(),
+            },
+            DockerError::CommitNoCommand { image: text() },
+            DockerError::Commit { detail: text() },
             DockerError::BundleUnhealthy {
                 name: text(),
                 reason: text(),

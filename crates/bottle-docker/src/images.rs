@@ -220,17 +220,23 @@ pub fn ensure_bundle_image(
     ensure_bundle_image_with(engine, binary, git_files, progress, None)
 }
 
-/// [`ensure_bundle_image`], remembering the binary's digest in the file
-/// `digest_cache` (when given) by the binary's identity (device, inode,
+/// [`ensure_bundle_image`] for the install whose state root is
+/// `state_root` (when given): the binary's digest is remembered under it
+/// ([`BUNDLE_DIGEST_CACHE`]) by the binary's identity (device, inode,
 /// size, mtime and ctime), so a start whose image exists neither reads nor
-/// hashes the binary. Building an image always reads and hashes it anew.
+/// hashes the binary, and an image it builds is labelled as this
+/// install's ([`LABEL_BUNDLE_STATE_ROOT`]), the only bundle images its
+/// `cleanup` removes. Building an image always reads and hashes the binary
+/// anew.
 pub fn ensure_bundle_image_with(
     engine: &Engine,
     binary: &Path,
     git_files: &[(PathBuf, String)],
     progress: Option<&Progress>,
-    digest_cache: Option<&Path>,
+    state_root: Option<&Path>,
 ) -> Result<String, DockerError> {
+    let digest_cache = state_root.map(|root| root.join(BUNDLE_DIGEST_CACHE));
+    let digest_cache = digest_cache.as_deref();
     if git_files.is_empty()
         && let Some(cache) = digest_cache
         && let Some(digest) = DigestCache::lookup(cache, binary)
@@ -304,7 +310,13 @@ pub fn ensure_bundle_image_with(
     for (name, data, mode) in &rootfs {
         tar.file(name, data, *mode, Ownership::ROOT)?;
     }
-    let labels = HashMap::from([(LABEL_BUNDLE_SHA256.to_string(), hex(&digest))]);
+    let mut labels = HashMap::from([(LABEL_BUNDLE_SHA256.to_string(), hex(&digest))]);
+    if let Some(root) = state_root {
+        labels.insert(
+            LABEL_BUNDLE_STATE_ROOT.to_string(),
+            root.display().to_string(),
+        );
+    }
     build_from_tar(
         engine,
         tar.finish()?,
@@ -372,21 +384,38 @@ pub const BUNDLE_DIGEST_CACHE: &str = ".cache/bundle-digest";
 /// it was built from.
 pub const LABEL_BUNDLE_SHA256: &str = "bottle.bundle-sha256";
 
-/// Removes the bundle images built from another bundle binary than
-/// `current` that no container uses (each new binary leaves one behind);
-/// returns their tags. Images a container still uses, even a stopped one,
-/// are refused by the daemon and kept. Nothing is removed when `current`
-/// cannot be read, so the image a launch is about to use is never pruned.
-pub fn prune_bundle_images(engine: &Engine, current: &Path) -> Result<Vec<String>, DockerError> {
-    use bollard::query_parameters::{ListImagesOptionsBuilder, RemoveImageOptionsBuilder};
+/// The label of a bundle image built for an install: its state root. An
+/// image without it (built before it existed, or by a library caller with
+/// no state root) belongs to no install, and no `cleanup` removes it.
+pub const LABEL_BUNDLE_STATE_ROOT: &str = "bottle.state-root";
+
+/// Finds (and, for the items `pass` says the operator approved, removes)
+/// the bundle images this install built (labelled with `state_root`) from
+/// another bundle binary than `current` that no container uses, even a
+/// stopped one (each new binary leaves one behind). Another install's
+/// images are never listed. Nothing is listed when `current` cannot be
+/// read, so the image a launch is about to use is never pruned.
+pub fn prune_bundle_images(
+    engine: &Engine,
+    current: &Path,
+    state_root: &Path,
+    pass: &mut bottle_core::backend::CleanupPass<'_>,
+) -> Result<(), DockerError> {
+    use bollard::query_parameters::{
+        ListContainersOptionsBuilder, ListImagesOptionsBuilder, RemoveImageOptionsBuilder,
+    };
     let Ok(bytes) = std::fs::read(current) else {
-        return Ok(Vec::new());
+        return Ok(());
     };
     let current: String = Sha256::digest(&bytes)
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let filters = HashMap::from([("label".to_string(), vec![LABEL_BUNDLE_SHA256.to_string()])]);
+    let install = format!("{LABEL_BUNDLE_STATE_ROOT}={}", state_root.display());
+    let filters = HashMap::from([(
+        "label".to_string(),
+        vec![LABEL_BUNDLE_SHA256.to_string(), install],
+    )]);
     let images = engine
         .block_on(
             engine.docker.list_images(Some(
@@ -396,9 +425,16 @@ pub fn prune_bundle_images(engine: &Engine, current: &Path) -> Result<Vec<String
             )),
         )
         .map_err(DockerError::api("list the bundle images"))?;
-    let mut removed = Vec::new();
+    let in_use: std::collections::HashSet<String> = engine
+        .block_on(engine.docker.list_containers(Some(
+            ListContainersOptionsBuilder::default().all(true).build(),
+        )))
+        .map_err(DockerError::api("list the containers"))?
+        .into_iter()
+        .filter_map(|c| c.image_id)
+        .collect();
     for image in images {
-        if image.labels.get(LABEL_BUNDLE_SHA256) == Some(&current) {
+        if image.labels.get(LABEL_BUNDLE_SHA256) == Some(&current) || in_use.contains(&image.id) {
             continue;
         }
         let name = image
@@ -407,18 +443,30 @@ pub fn prune_bundle_images(engine: &Engine, current: &Path) -> Result<Vec<String
             .find(|t| t.starts_with(&format!("{BUNDLE_IMAGE_REPO}:")))
             .cloned()
             .unwrap_or_else(|| image.id.clone());
+        let item = bottle_core::backend::CleanupItem::new(
+            "image",
+            name.clone(),
+            "a bundle image this install built from an older bundle binary; no container uses it",
+        );
+        if !pass.found(item) {
+            continue;
+        }
         let options = RemoveImageOptionsBuilder::default().build();
         match engine.block_on(engine.docker.remove_image(&image.id, Some(options), None)) {
-            Ok(_) => removed.push(name),
-            // In use by a container, or already gone: not ours to remove now.
+            Ok(_) => pass.report.removed.push(format!("image {name}")),
+            // In use by a container since it was listed, or already gone:
+            // not ours to remove now.
             Err(bollard::errors::Error::DockerResponseServerError {
                 status_code: 404 | 409,
                 ..
             }) => {}
-            Err(err) => return Err(DockerError::api(format!("remove image {name}"))(err)),
+            Err(err) => pass
+                .report
+                .failed
+                .push(DockerError::api(format!("remove image {name}"))(err).to_string()),
         }
     }
-    Ok(removed)
+    Ok(())
 }
 
 /// Builds the demo agent image (`examples/demo-agent/`) as `tag`: the

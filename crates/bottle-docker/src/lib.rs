@@ -14,9 +14,11 @@
 //!
 //! Module map: [`backend`] (the trait impl, prepare), [`launch`] (steps,
 //! unwinding, failpoints), [`lifecycle`] (list, stop, cleanup),
-//! [`bottle`] (exec, copy-in, tool calls through the in-box agent:
+//! [`bottle`] (exec, tool calls through the in-box agent:
 //! `toolbox` finds its binary for the launch and holds the bottle's one
 //! channel to it, `toolbox_stream` bridges its exec to that channel),
+//! [`copy`] (`bottle cp` both ways over the archive API, a copy in checked
+//! and written with the agent's container paused),
 //! [`reset`] (the verified reset's snapshot, revert and sources),
 //! [`config`] (pure request builders),
 //! [`images`], [`cache`] (facts remembered under `<state_root>/.cache/`),
@@ -32,7 +34,9 @@ pub mod backend;
 pub mod bottle;
 pub mod cache;
 pub mod client;
+pub mod commit;
 pub mod config;
+pub mod copy;
 pub mod data;
 mod error;
 pub mod gvisor;

@@ -5,13 +5,15 @@
 //! Resources are found by label ([`crate::names`]), never by name alone, so
 //! a container that merely looks like a bottle's is never touched.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use bollard::query_parameters::{
     ListContainersOptionsBuilder, ListNetworksOptionsBuilder, RemoveContainerOptionsBuilder,
 };
-use bottle_core::backend::{BackendKind, BottleInfo, CleanupReport, StopProgress};
+use bottle_core::backend::{
+    BackendKind, BottleInfo, CleanupItem, CleanupPass, CleanupReport, StopProgress,
+};
 use bottle_core::slug::{bottle_name, slug_of};
 use bottle_core::time::rfc3339;
 
@@ -289,6 +291,7 @@ pub(crate) fn state_only_bottles(state_root: &Path, listed: &[BottleInfo]) -> Ve
                 pending_requests: 0,
                 audit: bottle_core::audit_files::AuditHealth::Unknown,
                 agent_running: None,
+                ports: Vec::new(),
             })
         })
         .collect();
@@ -356,6 +359,7 @@ fn bottles_with_containers(engine: &Engine) -> Result<Vec<BottleInfo>, DockerErr
                 created: any.created.map(rfc3339),
                 pending_requests: 0,
                 agent_running: None,
+                ports: Vec::new(),
                 audit: bottle_core::audit_files::AuditHealth::Unknown,
             }
         })
@@ -583,34 +587,53 @@ pub(crate) fn remove_resources(
     }
 }
 
-/// Whether a bottle is an orphan: it is recorded as stopping (whoever
-/// began the stop may have died before finishing it), or its owner died
-/// and it was not a completed detached launch. A detached launch is
+/// Whether a bottle is an orphan ([`orphan_reason`]).
+fn is_orphan(labels: &HashMap<String, String>) -> bool {
+    orphan_reason(labels).is_some()
+}
+
+/// Why a bottle is an orphan, if it is: it is recorded as stopping
+/// (whoever began the stop may have died before finishing it), or its
+/// owner died and it was not a completed detached launch. A detached launch is
 /// complete once launched and, when a `start --detach` gave it a session,
 /// once its agent's command runs there (the holder's `started` marker);
 /// a pool entry no `start` has claimed runs no agent until one does.
-fn is_orphan(labels: &HashMap<String, String>) -> bool {
+fn orphan_reason(labels: &HashMap<String, String>) -> Option<&'static str> {
     let state_dir = labels.get(LABEL_STATE_DIR).map(Path::new);
     if state_dir.is_some_and(stopping::is_stopping) {
-        return true;
+        return Some("its stop was not finished");
     }
     let owner_alive = owner_from_labels(labels).is_some_and(|o| o.is_alive());
     if owner_alive {
-        return false;
+        return None;
     }
+    const DEAD: &str = "the bottle process that launched it is gone";
     let Some(dir) = state_dir else {
-        return true;
+        return Some(DEAD);
     };
     let detached = labels.get(LABEL_DETACHED).map(String::as_str) == Some("1");
     let launched = StatePaths::new(dir).launched().exists();
     // A pool entry is launched detached; the `start` that claimed it
     // decides whether it still is, and owns it if not.
-    match crate::pool::claim_record(dir) {
+    let orphan = match crate::pool::claim_record(dir) {
         Some(claim) if !claim.detached => !claim.owner.is_alive(),
         Some(_) => !(launched && agent_started(dir)),
         None if crate::pool::is_ready(dir) => !(detached && launched),
         None => !(detached && launched && agent_started(dir)),
-    }
+    };
+    orphan.then_some(DEAD)
+}
+
+/// Whether a bottle's resources, by their labels, belong to the install
+/// whose state root is `state_root`: they name a state dir in it.
+/// Resources of another install (another state root on this host), or
+/// with no state dir label, are not this cleanup's to remove.
+fn of_this_install(labels: &HashMap<String, String>, state_root: &Path) -> bool {
+    labels
+        .get(LABEL_STATE_DIR)
+        .map(Path::new)
+        .and_then(Path::parent)
+        .is_some_and(|root| root == state_root)
 }
 
 /// Whether the bottle in `state_dir` has no session waiting for its agent:
@@ -626,25 +649,39 @@ fn agent_started(state_dir: &Path) -> bool {
         || (session.holder().exists() && !session.command().exists())
 }
 
-/// Removes what crashed launches and dead owners left behind: their
-/// containers, networks and state dirs, state dirs of plans that were never
-/// launched, and the egress network when unused.
-pub fn cleanup_orphans(engine: &Engine, state_root: &Path) -> Result<CleanupReport, DockerError> {
-    let mut report = CleanupReport::default();
+/// What crashed launches and dead owners of this install left behind,
+/// found and (for the items `pass` says the operator approved) removed:
+/// their containers, networks and state dirs, state dirs of plans that
+/// were never launched, and the shared egress network when no container
+/// uses it. Only resources labelled with a state dir under `state_root`
+/// are looked at: another install's are never touched.
+pub fn cleanup(
+    engine: &Engine,
+    state_root: &Path,
+    pass: &mut CleanupPass<'_>,
+) -> Result<(), DockerError> {
     let mut by_slug: BTreeMap<String, HashMap<String, String>> = BTreeMap::new();
+    let mut others = BTreeSet::new();
     for resource in managed_containers(engine, &[])?
         .into_iter()
         .chain(managed_networks(engine, &[])?)
     {
         if let Some(slug) = resource.labels.get(LABEL_SLUG).cloned() {
-            by_slug.entry(slug).or_insert(resource.labels);
+            if of_this_install(&resource.labels, state_root) {
+                by_slug.entry(slug).or_insert(resource.labels);
+            } else {
+                others.insert(slug);
+            }
         }
     }
     for (slug, labels) in &by_slug {
-        if !is_orphan(labels) {
+        let Some(why) = orphan_reason(labels) else {
+            continue;
+        };
+        let name = bottle_name(slug);
+        if !pass.found(CleanupItem::new("bottle", name.clone(), why)) {
             continue;
         }
-        let name = bottle_name(slug);
         // A stop began: finish it where it began, in the state root its
         // labels name.
         let labelled_dir = labels.get(LABEL_STATE_DIR).map(Path::new);
@@ -652,7 +689,7 @@ pub fn cleanup_orphans(engine: &Engine, state_root: &Path) -> Result<CleanupRepo
             Some((dir, root)) if stopping::is_stopping(dir) => finish_stop(engine, root, &name)?,
             _ => stop(engine, state_root, &name)?,
         };
-        merge(&mut report, removed);
+        merge(&mut pass.report, removed);
     }
     // State dirs with no Docker resources at all: prepared but never (or
     // no longer) launched.
@@ -662,39 +699,89 @@ pub fn cleanup_orphans(engine: &Engine, state_root: &Path) -> Result<CleanupRepo
             let Some(slug) = dir.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
                 continue;
             };
-            if by_slug.contains_key(&slug) || !dir.join("plan.json").exists() {
+            if by_slug.contains_key(&slug)
+                || others.contains(&slug)
+                || !dir.join("plan.json").exists()
+            {
                 continue;
             }
             let paths = StatePaths::new(&dir);
             let owner_alive = data::read_owner(&paths).is_some_and(|o| o.is_alive());
             if stopping::is_stopping(&dir) {
-                merge(
-                    &mut report,
-                    finish_stop(engine, state_root, &bottle_name(&slug))?,
+                let item = CleanupItem::new(
+                    "state dir",
+                    dir.display().to_string(),
+                    "its stop was not finished",
                 );
+                if pass.found(item) {
+                    merge(
+                        &mut pass.report,
+                        finish_stop(engine, state_root, &bottle_name(&slug))?,
+                    );
+                }
                 continue;
             }
             if owner_alive || !removable_state_dir(&dir, &slug) {
                 continue;
             }
-            record_removal(
-                &mut report,
-                format!("state dir {}", dir.display()),
-                data::remove_state_dir(&dir),
+            let item = CleanupItem::new(
+                "state dir",
+                dir.display().to_string(),
+                "a launch that never completed; its bottle process is gone",
             );
-        }
-    }
-    match remove_egress_if_unused(engine) {
-        Ok(true) => {
-            let line = format!("network {EGRESS_NETWORK}");
-            if !report.removed.contains(&line) {
-                report.removed.push(line);
+            if pass.found(item) {
+                record_removal(
+                    &mut pass.report,
+                    format!("state dir {}", dir.display()),
+                    data::remove_state_dir(&dir),
+                );
             }
         }
-        Ok(false) => {}
-        Err(err) => report.failed.push(err.to_string()),
     }
-    Ok(report)
+    if egress_unused(engine)? {
+        let item = CleanupItem::new(
+            "network",
+            EGRESS_NETWORK,
+            "shared by the bottles of this host, used by none now",
+        );
+        if pass.found(item) {
+            match remove_egress_if_unused(engine) {
+                Ok(true) => {
+                    let line = format!("network {EGRESS_NETWORK}");
+                    if !pass.report.removed.contains(&line) {
+                        pass.report.removed.push(line);
+                    }
+                }
+                Ok(false) => {}
+                Err(err) => pass.report.failed.push(err.to_string()),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether the shared egress network exists and no container uses it.
+fn egress_unused(engine: &Engine) -> Result<bool, DockerError> {
+    match engine.block_on(engine.docker.inspect_network(EGRESS_NETWORK, None)) {
+        Ok(_) => {}
+        Err(err) if is_not_found(&err) => return Ok(false),
+        Err(err) => {
+            return Err(DockerError::api(format!(
+                "inspect network {EGRESS_NETWORK}"
+            ))(err));
+        }
+    }
+    let filters = HashMap::from([("network".to_string(), vec![EGRESS_NETWORK.to_string()])]);
+    let options = ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let users = engine
+        .block_on(engine.docker.list_containers(Some(options)))
+        .map_err(DockerError::api(format!(
+            "list the containers on {EGRESS_NETWORK}"
+        )))?;
+    Ok(users.is_empty())
 }
 
 fn merge(into: &mut CleanupReport, from: CleanupReport) {
@@ -722,6 +809,21 @@ mod tests {
             ),
             (LABEL_STATE_DIR.to_string(), state_dir.display().to_string()),
         ])
+    }
+
+    #[test]
+    fn only_resources_naming_a_state_dir_of_this_root_are_this_installs() {
+        let ours = labels(1, false, Path::new("/home/op/.local/state/bottle/demo"));
+        assert!(of_this_install(
+            &ours,
+            Path::new("/home/op/.local/state/bottle")
+        ));
+        assert!(!of_this_install(&ours, Path::new("/srv/other/bottle")));
+        assert!(!of_this_install(
+            &labels(1, false, Path::new("/home/op/.local/state/bottle/x/y")),
+            Path::new("/home/op/.local/state/bottle")
+        ));
+        assert!(!of_this_install(&HashMap::new(), Path::new("/")));
     }
 
     #[test]

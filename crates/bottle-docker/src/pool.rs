@@ -32,7 +32,7 @@ use std::time::Instant;
 
 use bollard::models::ContainerInspectResponse;
 use bottle_core::BottleSpec;
-use bottle_core::backend::{BackendError, BackendKind, CleanupReport};
+use bottle_core::backend::{BackendError, BackendKind, CleanupItem, CleanupPass, CleanupReport};
 use bottle_core::plan::PlannedDevice;
 use bottle_core::process::Owner;
 use bottle_core::sandbox::reset::check_against_baseline;
@@ -454,10 +454,13 @@ pub fn drain(
 /// that cannot be read or is of another layout, a container that stopped
 /// or restarted, a halted box. Entries that merely belong to another
 /// manifest are left: only a claim knows the manifest.
-pub fn cleanup_broken(engine: &Engine, state_root: &Path) -> Result<CleanupReport, DockerError> {
-    let mut report = CleanupReport::default();
+pub fn cleanup_broken(
+    engine: &Engine,
+    state_root: &Path,
+    pass: &mut CleanupPass<'_>,
+) -> Result<(), DockerError> {
     let Ok(dirs) = std::fs::read_dir(state_root) else {
-        return Ok(report);
+        return Ok(());
     };
     for dir in dirs.flatten().map(|entry| entry.path()) {
         if !is_ready(&dir) {
@@ -479,15 +482,19 @@ pub fn cleanup_broken(engine: &Engine, state_root: &Path) -> Result<CleanupRepor
                 }
             }
         };
-        if broken.is_none() || !take(&dir, false) {
+        let Some(why) = broken else {
+            continue;
+        };
+        let item = CleanupItem::new("pool entry", bottle_name(&slug), why);
+        if !pass.found(item) || !take(&dir, false) {
             continue;
         }
         merge(
-            &mut report,
+            &mut pass.report,
             lifecycle::stop(engine, state_root, &bottle_name(&slug))?,
         );
     }
-    Ok(report)
+    Ok(())
 }
 
 /// Whether both containers still live the life they had at fill: running,

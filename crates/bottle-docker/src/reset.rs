@@ -265,16 +265,7 @@ impl DockerResetSubstrate {
 
     /// Holds the bottle's reset lock (released when the file is closed).
     fn lock(&self) -> Result<std::fs::File, DockerError> {
-        let path = self.files.golden_dir().join("reset.lock");
-        let file = std::fs::File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(DockerError::io("open", &path))?;
-        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
-            .map_err(|err| DockerError::io("lock", &path)(err.into()))?;
-        Ok(file)
+        crate::data::lock_file(&self.files.golden_dir().join("reset.lock"))
     }
 
     fn snapshot_inner(&self) -> Result<(), DockerError> {

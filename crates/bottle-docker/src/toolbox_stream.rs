@@ -34,6 +34,17 @@ pub(crate) fn open(
     container: &str,
     user: &str,
 ) -> Result<ToolboxStream, DockerError> {
+    open_argv(engine, container, user, vec![TOOLBOX_PATH.to_string()])
+}
+
+/// Starts `argv` (the in-box agent, in one of its modes) in `container` as
+/// `user` and returns its stdin and stdout; its stderr is dropped.
+pub(crate) fn open_argv(
+    engine: &Engine,
+    container: &str,
+    user: &str,
+    argv: Vec<String>,
+) -> Result<ToolboxStream, DockerError> {
     let docker = &engine.docker;
     let started = engine.block_on(async {
         let exec = docker
@@ -44,7 +55,7 @@ pub(crate) fn open(
                     attach_stdout: Some(true),
                     attach_stderr: Some(true),
                     tty: Some(false),
-                    cmd: Some(vec![TOOLBOX_PATH.to_string()]),
+                    cmd: Some(argv),
                     user: Some(user.to_string()),
                     ..CreateExecOptions::default()
                 },

@@ -38,7 +38,9 @@ use crate::data::{self, BundleData, StatePaths};
 use crate::error::DockerError;
 use crate::launch;
 use crate::lifecycle;
-use crate::names::{EGRESS_NETWORK, LABEL_MANAGED, LABEL_NAME, LABEL_SLUG, MANAGED_FOR_VM};
+use crate::names::{
+    EGRESS_NETWORK, LABEL_MANAGED, LABEL_NAME, LABEL_SLUG, LABEL_STATE_DIR, MANAGED_FOR_VM,
+};
 
 /// Runs microVM bottles' bundles on the Docker Engine.
 #[derive(Debug)]
@@ -127,9 +129,19 @@ impl DockerBundleHost {
     fn bottles_inner(&self) -> Result<Vec<String>, DockerError> {
         let engine = self.engine()?;
         let pairs = [(LABEL_MANAGED, MANAGED_FOR_VM)];
+        // This install's alone: a bundle whose state dir is under another
+        // state root belongs to another install on this host.
+        let root = &self.backend.options().state_root;
         let mut names: Vec<String> = lifecycle::labelled_containers(engine, &pairs)?
             .into_iter()
             .chain(lifecycle::labelled_networks(engine, &pairs)?)
+            .filter(|r| {
+                r.labels
+                    .get(LABEL_STATE_DIR)
+                    .map(Path::new)
+                    .and_then(Path::parent)
+                    .is_some_and(|parent| parent == root)
+            })
             .filter_map(|r| r.labels.get(LABEL_NAME).cloned())
             .collect();
         names.sort();

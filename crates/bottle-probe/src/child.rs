@@ -7,6 +7,9 @@
 //!   progress; exit 0 when all were touched, 3 when an allocation failed,
 //!   4 on the deadline.
 //! - `unshare-user`: tries `unshare(CLONE_NEWUSER)`; exit 0 on success.
+//! - `serve PORT TOKEN SECONDS`: listens on the box's `0.0.0.0:PORT` and
+//!   answers each connection with [`crate::contract::serve_reply`] for at
+//!   most SECONDS (at most 120): the published-port rows' box-side server.
 
 #![expect(
     clippy::print_stdout,
@@ -39,11 +42,52 @@ pub fn run(args: &[String]) -> u8 {
                 1
             }
         },
+        Some("serve") => match (arg(1), args.get(2)) {
+            (Some(port), Some(token)) => serve(
+                u16::try_from(port).unwrap_or(0),
+                token,
+                Duration::from_secs(arg(3).unwrap_or(20).min(120)),
+            ),
+            _ => {
+                eprintln!("bottle-probe: serve PORT TOKEN SECONDS");
+                2
+            }
+        },
         _ => {
             eprintln!("bottle-probe: unknown --child task {args:?}");
             2
         }
     }
+}
+
+fn serve(port: u16, token: &str, bound: Duration) -> u8 {
+    let listener = match std::net::TcpListener::bind(("0.0.0.0", port)) {
+        Ok(l) => l,
+        Err(e) => {
+            println!("bind 0.0.0.0:{port}: {e}");
+            return 1;
+        }
+    };
+    if listener.set_nonblocking(true).is_err() {
+        return 1;
+    }
+    println!("listening on 0.0.0.0:{port}");
+    let _ = std::io::stdout().flush();
+    let reply = crate::contract::serve_reply(token);
+    let end = Instant::now() + bound;
+    let mut served = 0u32;
+    // Bounded: at most 64 connections, each answered at once.
+    while Instant::now() < end && served < 64 {
+        match listener.accept() {
+            Ok((mut stream, _)) => {
+                let _ = stream.write_all(reply.as_bytes());
+                served += 1;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    println!("served {served}");
+    0
 }
 
 fn alloc(target: u64, deadline: Duration) -> u8 {

@@ -102,6 +102,50 @@ pub struct Targets {
     pub rebind_hosts: Vec<String>,
     /// Names whose lookups the DNS canary records if they get out.
     pub canary_names: Vec<String>,
+    /// The port of the host loopback service the manifest names
+    /// (`egress.host_services`): in a bottle, reached only at
+    /// [`HOST_SERVICES_NAME`]`:<port>` through the bundle's relay; on the
+    /// host, at `127.0.0.1:<port>` (0: no host-service probes).
+    #[serde(default)]
+    pub host_service_port: u16,
+    /// The port of a second host loopback service, one the manifest does
+    /// not name: unreachable from a bottle by any address.
+    #[serde(default)]
+    pub host_service_unnamed_port: u16,
+    /// The manifest's `egress.tcp` name: the box's `/etc/hosts` points it
+    /// at the bundle, which resolves it (the run's DNS gives it
+    /// [`Targets::pinned_tcp_addr`]) and relays to it (empty: no pinned-TCP
+    /// probes).
+    #[serde(default)]
+    pub pinned_tcp_host: String,
+    /// The canary address the pinned name resolves to.
+    #[serde(default)]
+    pub pinned_tcp_addr: String,
+    /// The pinned destination's port (a canary answering with the token).
+    #[serde(default)]
+    pub pinned_tcp_port: u16,
+    /// Another port on [`Targets::pinned_tcp_addr`], which the manifest
+    /// does not name (a canary listens there too).
+    #[serde(default)]
+    pub pinned_tcp_other_port: u16,
+    /// Another canary host no manifest names (the run's DNS knows it),
+    /// listening at [`Targets::pinned_tcp_port`].
+    #[serde(default)]
+    pub other_tcp_host: String,
+    /// Its address.
+    #[serde(default)]
+    pub other_tcp_addr: String,
+}
+
+/// The name a box reaches the host's services at (`egress.host_services`;
+/// bottle-core's `HOST_SERVICES_NAME`, repeated here: the probe depends on
+/// nothing else in the workspace).
+pub const HOST_SERVICES_NAME: &str = "host.bottle.internal";
+
+/// What a box-side listener started with `bottle-probe --child serve`
+/// answers each connection with (the published-port rows).
+pub fn serve_reply(token: &str) -> String {
+    format!("bottle-canary {token} published\n")
 }
 
 /// What counts as blocked for a probe, as one word for the report.
@@ -125,7 +169,8 @@ pub struct ProbeResult {
     /// Stable probe name, e.g. `tcp-internet-v4`.
     pub probe: String,
     /// Category: `network`, `dns`, `proxy`, `filesystem`, `kernel`,
-    /// `privilege`, `resources`, `secrets`, `operator`, `git`, `audit`.
+    /// `privilege`, `resources`, `secrets`, `operator`, `copy`, `git`,
+    /// `audit`.
     pub category: String,
     /// What was attempted and what counts as blocked, for the report.
     pub expected: String,
@@ -140,23 +185,46 @@ pub struct ProbeResult {
 /// Text an agent plants for the operator's terminal (`operator-hostile-text`):
 /// a screen clear through the C1 CSI byte, an OSC title through the C1 OSC
 /// and ST bytes, an OSC 8 hyperlink, a right-to-left override, an isolate,
-/// line and paragraph separators, BEL and DEL. The harness reads them back
-/// through `bottle requests` and `bottle logs`, where none may come out raw.
+/// line and paragraph separators, BEL and DEL, and text that does not show:
+/// zero-width space and joiner, word joiner, byte-order mark, soft hyphen, a
+/// message in tag characters and private-use characters. The harness reads
+/// them back through `bottle requests` and `bottle logs`, where none may
+/// come out raw.
 pub const HOSTILE_TEXT: &[&str] = &[
     "\u{9b}2J\u{202e}moc.live",
     "\u{9d}0;owned\u{9c}\u{2066}ok\u{2069}",
     "\u{1b}]8;;http://x/\u{1b}\\click\u{1b}]8;;\u{1b}\\\u{2028}\u{2029}\u{7}\u{7f}",
+    "pay\u{200b}pal\u{200d}\u{2060}\u{feff}.com\u{ad}\u{e0068}\u{e0069}\u{e007f}\u{e000}\u{f0000}",
 ];
 
 /// The host the planted `request_egress` asks for (so the harness can tell
 /// that the operator's listing shows the planted request).
 pub const HOSTILE_EGRESS_HOST: &str = "hostile-text.bottle.test";
 
-/// The characters of [`HOSTILE_TEXT`] that act on a terminal; none may
-/// reach the operator's output raw.
+/// The characters of [`HOSTILE_TEXT`] that act on a terminal or do not
+/// show; none may reach the operator's output raw.
 pub const TERMINAL_ACTIVE: &[char] = &[
-    '\u{1b}', '\u{7}', '\u{7f}', '\u{9b}', '\u{9c}', '\u{9d}', '\u{202e}', '\u{2066}', '\u{2069}',
-    '\u{2028}', '\u{2029}',
+    '\u{1b}',
+    '\u{7}',
+    '\u{7f}',
+    '\u{9b}',
+    '\u{9c}',
+    '\u{9d}',
+    '\u{202e}',
+    '\u{2066}',
+    '\u{2069}',
+    '\u{2028}',
+    '\u{2029}',
+    '\u{200b}',
+    '\u{200d}',
+    '\u{2060}',
+    '\u{feff}',
+    '\u{ad}',
+    '\u{e0068}',
+    '\u{e0069}',
+    '\u{e007f}',
+    '\u{e000}',
+    '\u{f0000}',
 ];
 
 /// The ref the git probe `kind` creates (`control`: the plain push that
@@ -171,6 +239,48 @@ pub fn git_probe_ref(kind: &str, token: &str) -> String {
 /// (`audit-flood`): the harness finds the run's records in the bottle's
 /// audit log by it and checks that they were coalesced into counted ones.
 pub const AUDIT_FLOOD_SAME_PATH: &str = "/bottle-probe/audit-flood-same";
+
+/// The start of the paths of the audit-flood probe's denials to distinct
+/// hosts: the harness finds their records by it and checks that they were
+/// merged.
+pub const AUDIT_FLOOD_DENY_PREFIX: &str = "/bottle-probe/audit-flood/deny/";
+
+/// The start of the paths of the audit-flood probe's allowed requests,
+/// each with a method of its own, which no merging can save: they fill the
+/// log past its whole stream, so that rotation drops what came before.
+pub const AUDIT_FLOOD_ROTATE_PREFIX: &str = "/bottle-probe/audit-flood/rotate/";
+
+/// Where `cp-plant` plants what the harness then copies with the real
+/// `bottle cp`, both ways.
+pub const CP_DIR: &str = "/tmp/bottle-cp-probe";
+
+/// A plain directory in [`CP_DIR`]: the copies in to it are the controls.
+pub const CP_PLAIN_IN: &str = "plain-in";
+
+/// The links `cp-plant` makes in [`CP_DIR`] (name, target): to what bottle
+/// owns in the box, and to the directory above it. A copy in through any
+/// of them must be refused and change nothing there.
+pub const CP_LINKS: &[(&str, &str)] = &[
+    ("to-etc-bottle", "/etc/bottle"),
+    ("to-dot-bottle", "/.bottle"),
+    ("to-etc", "/etc"),
+];
+
+/// Trees in [`CP_DIR`] the harness copies out, each holding
+/// [`CP_DATA`] (the run's token): a plain one (the control), one with a
+/// link out of it (`abs` to `/etc/passwd`, `up` climbing out), one with a
+/// fifo, and one with a set-uid file ([`CP_SETUID_FILE`]).
+pub const CP_OUT_PLAIN: &str = "out-plain";
+/// See [`CP_OUT_PLAIN`].
+pub const CP_OUT_LINK: &str = "out-link";
+/// See [`CP_OUT_PLAIN`].
+pub const CP_OUT_FIFO: &str = "out-fifo";
+/// See [`CP_OUT_PLAIN`].
+pub const CP_OUT_SETUID: &str = "out-setuid";
+/// The file of the run's token in each tree of [`CP_OUT_PLAIN`].
+pub const CP_DATA: &str = "data";
+/// The set-uid file in [`CP_OUT_SETUID`].
+pub const CP_SETUID_FILE: &str = "tool";
 
 /// The fake AWS access key id `proxy-secret-split` sends in two chunks of
 /// one body: `AKIA` and 16 upper-case letters and digits drawn from the

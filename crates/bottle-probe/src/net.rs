@@ -259,3 +259,45 @@ mod tests {
         assert_eq!(status(b""), None);
     }
 }
+
+/// The address `/etc/hosts` gives `name` (IPv4 first), as a box's own
+/// resolver would find it; `None` when the file does not name it. Read
+/// directly: the probe is a static binary, and a bottle has no DNS.
+pub(crate) fn hosts_lookup(name: &str) -> Option<IpAddr> {
+    hosts_lookup_in(&std::fs::read_to_string("/etc/hosts").ok()?, name)
+}
+
+/// [`hosts_lookup`] over the text of a hosts file.
+pub(crate) fn hosts_lookup_in(text: &str, name: &str) -> Option<IpAddr> {
+    let mut found: Vec<IpAddr> = text
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or(""))
+        .filter_map(|l| {
+            let mut fields = l.split_whitespace();
+            let ip: IpAddr = fields.next()?.parse().ok()?;
+            fields.any(|n| n.eq_ignore_ascii_case(name)).then_some(ip)
+        })
+        .collect();
+    found.sort_by_key(|ip| !ip.is_ipv4());
+    found.first().copied()
+}
+
+#[cfg(test)]
+mod hosts_tests {
+    use super::*;
+
+    #[test]
+    fn hosts_lines_are_matched_by_any_name_ipv4_first() {
+        let text = "127.0.0.1 localhost\n::1 a.test\n# 10.0.0.1 a.test\n192.168.7.2 b a.test # c\n";
+        assert_eq!(
+            hosts_lookup_in(text, "A.test"),
+            Some("192.168.7.2".parse().unwrap())
+        );
+        assert_eq!(
+            hosts_lookup_in(text, "b"),
+            Some("192.168.7.2".parse().unwrap())
+        );
+        assert_eq!(hosts_lookup_in(text, "c"), None);
+        assert_eq!(hosts_lookup_in(text, "missing"), None);
+    }
+}

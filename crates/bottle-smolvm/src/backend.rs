@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use bottle_core::backend::{
     BackendError, BackendErrorKind, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher,
-    CleanupReport,
+    CleanupItem, CleanupPass, CleanupReport,
 };
 use bottle_core::bundle_host::BundleHost;
 use bottle_core::images::ImageStore;
@@ -350,8 +350,16 @@ impl<H: BundleHost + 'static> BottleBackend for SmolvmBackend<H> {
         self.stop_bottle(name)
     }
 
-    fn cleanup_orphans(&self) -> Result<CleanupReport, BackendError> {
-        self.cleanup()
+    fn cleanup_plan(&self) -> Result<Vec<CleanupItem>, BackendError> {
+        let mut pass = CleanupPass::listing();
+        self.cleanup(&mut pass)?;
+        Ok(pass.found)
+    }
+
+    fn cleanup_approved(&self, approved: &[CleanupItem]) -> Result<CleanupReport, BackendError> {
+        let mut pass = CleanupPass::removing(approved);
+        self.cleanup(&mut pass)?;
+        Ok(pass.report)
     }
 }
 

@@ -1,12 +1,15 @@
 //! A running microVM bottle: exec (captured or on the operator's terminal)
-//! and copying files in, all through `smolvm machine exec`/`cp`; tool calls
+//! and `bottle cp` both ways ([`crate::copy`]), all through `smolvm machine
+//! exec`; tool calls
 //! through the in-box agent, behind one long-lived `machine exec -i`; and
 //! the verified reset ([`crate::reset`]).
 
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use bottle_core::backend::{BackendError, BackendErrorKind, Bottle, ExecOutput};
+use bottle_core::backend::{BackendError, BackendErrorKind, Bottle, CommitReport, ExecOutput};
+use bottle_core::copy::{CopyIn, GuestPath};
 use bottle_core::exec::PipedChild;
 use bottle_core::sandbox::reset::ResetFiles;
 use bottle_core::sandbox::{
@@ -216,20 +219,12 @@ impl Bottle for SmolvmBottle {
         self.attached(argv, false)
     }
 
-    fn copy_in(&self, host_path: &Path, guest_dir: &str) -> Result<(), BackendError> {
-        let name = host_path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .ok_or_else(|| {
-                BackendError::new(
-                    BackendErrorKind::Failed,
-                    "BOT-K093",
-                    format!("{} has no file name to copy under", host_path.display()),
-                    "name a file or a directory",
-                )
-            })?;
-        let guest = format!("{}/{name}", guest_dir.trim_end_matches('/'));
-        Ok(self.smolvm.copy_in(&self.machine, host_path, &guest)?)
+    fn copy_in(&self, copy: &CopyIn, dest: &GuestPath) -> Result<(), BackendError> {
+        crate::copy::copy_in(&self.smolvm, &self.machine, &self.env, copy, dest)
+    }
+
+    fn copy_out(&self, path: &GuestPath, out: &mut dyn Write) -> Result<(), BackendError> {
+        crate::copy::copy_out(&self.smolvm, &self.machine, &self.env, path, out)
     }
 
     fn execute(&self, call: &ToolCall) -> Result<ToolResult, SandboxError> {
@@ -240,5 +235,36 @@ impl Bottle for SmolvmBottle {
         let files = self.reset_files();
         let substrate = VmReset::new(self, files.golden_dir());
         bottle_core::sandbox::reset::reset(&substrate, &files)
+    }
+
+    fn commit(&self, _image: &str) -> Result<CommitReport, BackendError> {
+        Err(SmolvmError::CommitUnsupported.into())
+    }
+
+    fn connect_port(&self, port: u16) -> Result<ToolboxStream, BackendError> {
+        let mut child = self.smolvm.spawn_relay(&self.machine, &self.env, port)?;
+        let to_box = std::mem::replace(&mut child.stdin, Box::new(std::io::sink()));
+        let from_box = std::mem::replace(&mut child.stdout, Box::new(std::io::empty()));
+        Ok(ToolboxStream {
+            to_agent: to_box,
+            // The reader holds the `machine exec`: dropping it ends the
+            // relay.
+            from_agent: Box::new(HeldReader {
+                reader: from_box,
+                _child: child,
+            }),
+        })
+    }
+}
+
+/// A child's stdout that keeps the child: dropping it kills the child.
+struct HeldReader {
+    reader: Box<dyn std::io::Read + Send>,
+    _child: bottle_core::exec::PipedChild,
+}
+
+impl std::io::Read for HeldReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.reader.read(buf)
     }
 }

@@ -476,9 +476,19 @@ impl Smolvm {
         name: &str,
         env: &[(String, String)],
     ) -> Result<CommandSpec, SmolvmError> {
+        self.in_box_agent_spec(name, env, vec![TOOLBOX_PATH.to_string()])
+    }
+
+    /// `machine exec -i` of the in-box agent as `argv` (one of its modes).
+    fn in_box_agent_spec(
+        &self,
+        name: &str,
+        env: &[(String, String)],
+        argv: Vec<String>,
+    ) -> Result<CommandSpec, SmolvmError> {
         let command = SmolvmCommand::Exec {
             name: name.into(),
-            argv: vec![TOOLBOX_PATH.to_string()],
+            argv,
             env: env.to_vec(),
             workdir: None,
             interactive: true,
@@ -494,7 +504,26 @@ impl Smolvm {
         name: &str,
         env: &[(String, String)],
     ) -> Result<PipedChild, SmolvmError> {
-        let spec = self.toolbox_spec(name, env)?;
+        self.spawn_in_box_agent(self.toolbox_spec(name, env)?)
+    }
+
+    /// Starts the in-box agent's relay to `port` on the guest's loopback
+    /// (`bottle_core::port_relay`), its stdin and stdout piped to us: one
+    /// published port's connection.
+    pub fn spawn_relay(
+        &self,
+        name: &str,
+        env: &[(String, String)],
+        port: u16,
+    ) -> Result<PipedChild, SmolvmError> {
+        self.spawn_in_box_agent(self.in_box_agent_spec(
+            name,
+            env,
+            bottle_core::port_relay::relay_argv(port),
+        )?)
+    }
+
+    fn spawn_in_box_agent(&self, spec: CommandSpec) -> Result<PipedChild, SmolvmError> {
         self.runner
             .spawn_piped(&spec)
             .map_err(|source| SmolvmError::NotInstalled {
@@ -564,6 +593,49 @@ impl Smolvm {
         }
     }
 
+    /// Runs `argv` in the guest with `input` as its stdin (`machine exec
+    /// -i`, which streams it and then closes it), to completion, telling
+    /// smolvm's failure from the guest's exit code like [`Smolvm::exec`].
+    pub fn exec_input(
+        &self,
+        name: &str,
+        argv: &[String],
+        env: &[(String, String)],
+        input: Vec<u8>,
+    ) -> Result<GuestOutput, SmolvmError> {
+        let (spec, marker) = self.wrapped_spec(name, argv, env, true)?;
+        let spec = spec.stdin(input);
+        let out = self.run_raw(&spec)?;
+        guest_output(name, &spec, out, &marker)
+    }
+
+    /// Starts `argv` in the guest (`machine exec -i`, no wrapper) with its
+    /// stdout piped to us, for output too large to hold (`bottle cp` out
+    /// of a machine); its stderr is dropped, its exit code is
+    /// [`PipedChild::wait`]'s.
+    pub fn spawn_exec(
+        &self,
+        name: &str,
+        argv: &[String],
+        env: &[(String, String)],
+    ) -> Result<PipedChild, SmolvmError> {
+        let command = SmolvmCommand::Exec {
+            name: name.into(),
+            argv: argv.to_vec(),
+            env: env.to_vec(),
+            workdir: None,
+            interactive: true,
+            tty: false,
+        };
+        let spec = self.spec(&command, self.version()?);
+        self.runner
+            .spawn_piped(&spec)
+            .map_err(|source| SmolvmError::NotInstalled {
+                program: self.program.to_string_lossy().into_owned(),
+                source,
+            })
+    }
+
     /// The wrapped `machine exec` invocation and its marker.
     fn exec_spec(
         &self,
@@ -571,13 +643,25 @@ impl Smolvm {
         argv: &[String],
         env: &[(String, String)],
     ) -> Result<(CommandSpec, String), SmolvmError> {
+        self.wrapped_spec(name, argv, env, false)
+    }
+
+    /// [`exec_wrapper`] around `argv` as a `machine exec`, with `-i` when
+    /// `interactive`.
+    fn wrapped_spec(
+        &self,
+        name: &str,
+        argv: &[String],
+        env: &[(String, String)],
+        interactive: bool,
+    ) -> Result<(CommandSpec, String), SmolvmError> {
         let marker = format!("__bottle_rc_{}=", nonce());
         let command = SmolvmCommand::Exec {
             name: name.into(),
             argv: exec_wrapper(&marker, argv),
             env: env.to_vec(),
             workdir: None,
-            interactive: false,
+            interactive,
             tty: false,
         };
         Ok((self.spec(&command, self.version()?), marker))

@@ -24,12 +24,13 @@ pub const PLAN_DATA_VERSION: u32 = 1;
 /// Files this backend writes into a bottle's state dir, removed by `stop`.
 /// `Smolfile` and `guest-gitconfig` are no longer written, but bottles
 /// started by earlier versions still have them.
-const OWN_FILES: [&str; 6] = [
+const OWN_FILES: [&str; 7] = [
     STATE_FILE,
     "Smolfile",
     "guest-env",
     "guest-mcp.json",
     "guest-gitconfig",
+    "guest-hosts",
     crate::provision::CA_SCRATCH,
 ];
 

@@ -186,12 +186,29 @@ pub enum SmolvmError {
         /// What the guest said.
         detail: String,
     },
+    /// `bottle cp`'s side in the guest (its `sh` and `tar`, run as the
+    /// agent's user) failed.
+    #[error("could not {what} in {machine}: {}", detail.trim())]
+    Copy {
+        /// The machine.
+        machine: String,
+        /// What the copy was doing.
+        what: String,
+        /// What the guest said.
+        detail: String,
+    },
     /// A machine of that name already exists.
     #[error("a smolvm machine named {machine:?} already exists")]
     AlreadyExists {
         /// The machine.
         machine: String,
     },
+    /// `bottle commit` of a microVM bottle: there is nothing an image can
+    /// be made of that both the Engine and smolvm would start.
+    #[error(
+        "a smolmachines bottle cannot be committed to an image: its filesystem is the microVM's own disks, not a container layer the Docker Engine can commit, and smolvm makes no image of a running machine"
+    )]
+    CommitUnsupported,
     /// The manifest asks for an isolation tier the smolmachines backend
     /// does not run: its microVM is already the box's own kernel.
     #[error(
@@ -223,6 +240,7 @@ impl SmolvmError {
             | SmolvmError::AllowlistNotPersisted { .. }
             | SmolvmError::BundleAddress { .. } => BackendErrorKind::IsolationUnconfirmed,
             SmolvmError::VmMissing { .. } => BackendErrorKind::NotFound,
+            SmolvmError::CommitUnsupported => BackendErrorKind::Unsupported,
             SmolvmError::IsolationUnsupported { .. } => BackendErrorKind::Unsupported,
             SmolvmError::External(err) => err.kind,
             _ => BackendErrorKind::Failed,
@@ -254,7 +272,9 @@ impl Coded for SmolvmError {
             SmolvmError::VmMissing { .. } => "BOT-K070",
             SmolvmError::Provision { .. } => "BOT-K071",
             SmolvmError::AlreadyExists { .. } => "BOT-K072",
-            SmolvmError::IsolationUnsupported { .. } => "BOT-K094",
+            SmolvmError::Copy { .. } => "BOT-K094",
+            SmolvmError::CommitUnsupported => "BOT-K095",
+            SmolvmError::IsolationUnsupported { .. } => "BOT-K096",
             SmolvmError::External(err) => err.code,
         }
     }
@@ -310,11 +330,17 @@ impl Coded for SmolvmError {
                 "the bundle host must publish the bundle on a per-bottle, non-loopback address (its docker bridge IP)".into()
             }
             SmolvmError::VmMissing { .. } => "run `bottle list` to see the bottles that exist".into(),
+            SmolvmError::CommitUnsupported => {
+                "to keep an environment, run the agent on the docker backend (`--backend docker`) and `bottle commit` that bottle, or bake what it needs into the agent image's build".into()
+            }
             SmolvmError::Provision { .. } => {
                 "check that the agent image has /bin/sh, mkdir and cat; `bottle cleanup` removes what the launch left".into()
             }
             SmolvmError::AlreadyExists { .. } => {
                 "stop the running bottle with `bottle stop NAME`, or remove leftovers with `bottle cleanup`".into()
+            }
+            SmolvmError::Copy { .. } => {
+                "`bottle cp` on smolmachines runs the agent image's /bin/sh and tar (busybox's will do) as the agent's user: check that the image has them and that the agent's user can read or write the path".into()
             }
             SmolvmError::IsolationUnsupported { .. } => {
                 "remove `isolation` from the agent (a microVM needs no other tier), or run it with --backend docker, where isolation = \"gvisor\" runs the box under gVisor".into()
@@ -430,6 +456,12 @@ mod tests {
                 detail: text(),
             },
             SmolvmError::AlreadyExists { machine: text() },
+            SmolvmError::Copy {
+                machine: text(),
+                what: text(),
+                detail: text(),
+            },
+            SmolvmError::CommitUnsupported,
             SmolvmError::IsolationUnsupported {
                 agent: text(),
                 isolation: text(),

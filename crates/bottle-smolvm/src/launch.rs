@@ -203,6 +203,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             &data.inputs,
             &endpoint,
             &env,
+            &bottle_core::agent::bundle_host_names(&plan.host_services, &plan.tcp),
             &state_dir,
         )?;
         let toolbox = match &self.toolbox_binary {

@@ -17,8 +17,9 @@
 //! - [`backend`]: [`backend::SmolvmBackend`], the
 //!   [`bottle_core::BottleBackend`], and `prepare`; laid out like
 //!   bottle-docker: [`launch`] (the ordered steps and their unwinding),
-//!   [`lifecycle`] (list, stop, cleanup), [`bottle`] (exec, copy-in),
-//!   [`data`] (plan data, the state file);
+//!   [`lifecycle`] (list, stop, cleanup), [`bottle`] (exec, tool calls),
+//!   [`copy`] (`bottle cp` both ways, through the guest's `tar` run as the
+//!   agent's user), [`data`] (plan data, the state file);
 //! - [`reset`] and [`sparse`]: the verified reset, by restoring the
 //!   machine's sparse disks from golden copies taken at launch;
 //! - [`bundle_address`]: why the bundle's address is what it is; the
@@ -33,6 +34,7 @@ pub mod backend;
 pub mod bottle;
 pub mod bundle_address;
 pub mod cli;
+pub mod copy;
 pub mod data;
 pub mod error;
 pub mod host;

@@ -5,7 +5,9 @@
 //! state file; each may outlive the others after a crash, so every
 //! operation cross-checks all three.
 
-use bottle_core::backend::{BackendError, BackendKind, BottleInfo, CleanupReport};
+use bottle_core::backend::{
+    BackendError, BackendKind, BottleInfo, CleanupItem, CleanupPass, CleanupReport,
+};
 use bottle_core::bundle_host::BundleHost;
 use bottle_core::sandbox::ResetFiles;
 use bottle_core::slug::{bottle_name, slug_of};
@@ -45,6 +47,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
                 created: machine.created(),
                 pending_requests: 0,
                 agent_running: None,
+                ports: Vec::new(),
                 audit: AuditHealth::Unknown,
             });
         }
@@ -65,6 +68,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
                 created: Some(state.created.to_string()),
                 pending_requests: 0,
                 agent_running: None,
+                ports: Vec::new(),
                 audit: AuditHealth::Unknown,
             });
         }
@@ -97,19 +101,27 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         Ok(report)
     }
 
-    /// Removes what no live bottle owns: machines without state or whose
-    /// launch died, state and bundles left without a machine.
-    pub(crate) fn cleanup(&self) -> Result<CleanupReport, BackendError> {
+    /// Finds (and, for the items `pass` says the operator approved,
+    /// removes) what no live bottle of this install owns: machines whose
+    /// launch died, state and bundles left without a machine. A machine
+    /// with no state in this install's state root is not this install's
+    /// (its launch writes the state before `machine create`): `list` shows
+    /// it as orphaned, and it is left alone.
+    pub(crate) fn cleanup(&self, pass: &mut CleanupPass<'_>) -> Result<(), BackendError> {
         let machines = self.machines()?;
         let states = self.all_states()?;
         let bundles = self.bundles.bottles()?;
-        let mut report = CleanupReport::default();
         for machine in &machines {
-            // No state, or the launch that was creating it died: nobody will
-            // ever stop it.
+            // The launch that was creating it died: nobody will ever stop it.
             let owner = states.iter().find(|s| s.machine == machine.name);
-            if owner.is_none_or(|s| s.abandoned()) {
-                self.remove_machine(machine, &mut report);
+            if owner.is_some_and(|s| s.abandoned())
+                && pass.found(CleanupItem::new(
+                    "vm",
+                    machine.name.clone(),
+                    "the launch that created it died",
+                ))
+            {
+                self.remove_machine(machine, &mut pass.report);
             }
         }
         for state in &states {
@@ -117,17 +129,30 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             if state.in_flight() || (machine_alive && !state.abandoned()) {
                 continue;
             }
-            self.remove_bundle(&state.bottle, &mut report);
-            self.remove_state(&state.machine, &mut report);
+            let why = if state.abandoned() {
+                "the launch that made it died"
+            } else {
+                "its vm is gone"
+            };
+            if pass.found(CleanupItem::new("bottle", state.bottle.clone(), why)) {
+                self.remove_bundle(&state.bottle, &mut pass.report);
+                self.remove_state(&state.machine, &mut pass.report);
+            }
         }
         for bottle in &bundles {
             let owned = machines.iter().any(|m| &m.name == bottle)
                 || states.iter().any(|s| &s.bottle == bottle);
-            if !owned {
-                self.remove_bundle(bottle, &mut report);
+            if !owned
+                && pass.found(CleanupItem::new(
+                    "bundle",
+                    bottle.clone(),
+                    "its bottle has neither a vm nor a state",
+                ))
+            {
+                self.remove_bundle(bottle, &mut pass.report);
             }
         }
-        Ok(report)
+        Ok(())
     }
 
     fn remove_machine(&self, machine: &MachineEntry, report: &mut CleanupReport) {

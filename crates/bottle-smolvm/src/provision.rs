@@ -46,6 +46,17 @@ impl ProvisionInputs {
     }
 }
 
+/// Where the guest's lines for `/etc/hosts` are kept, appended to it.
+const AGENT_HOSTS_FILE: &str = "/etc/bottle/hosts";
+
+/// `/etc/hosts` lines giving each of `names` the bundle's `address`.
+pub fn hosts_lines(address: std::net::Ipv4Addr, names: &[String]) -> String {
+    names
+        .iter()
+        .map(|name| format!("{address}\t{name}\n"))
+        .collect()
+}
+
 /// The `/etc/bottle/env` file: one `export K='V'` per line, shell-quoted.
 pub fn env_file(env: &[(String, String)]) -> String {
     env.iter()
@@ -61,12 +72,17 @@ pub fn shell_quote(value: &str) -> String {
 /// Provisions `machine`. `scratch` is a host directory for the generated
 /// files (the bottle's state dir). Returns what installing the CA could not
 /// do, for the operator.
+///
+/// `bundle_names` are the names the guest's `/etc/hosts` gives the
+/// bundle's address (`bottle_core::agent::bundle_host_names`): the agent
+/// has no DNS, and reaches the bundle's relays by them.
 pub fn provision(
     smolvm: &Smolvm,
     machine: &str,
     inputs: &ProvisionInputs,
     endpoint: &BundleEndpoint,
     env: &[(String, String)],
+    bundle_names: &[String],
     scratch: &Path,
 ) -> Result<Vec<String>, SmolvmError> {
     let run = |step: &str, script: &str| run_script(smolvm, machine, env, step, script);
@@ -111,6 +127,14 @@ pub fn provision(
         "make the environment visible to shells",
         "printf '. /etc/bottle/env\\n' > /etc/profile.d/bottle.sh",
     )?;
+    if !bundle_names.is_empty() {
+        let file = write("guest-hosts", &hosts_lines(endpoint.address, bundle_names))?;
+        smolvm.copy_in(machine, &file, AGENT_HOSTS_FILE)?;
+        run(
+            "name the bundle's relays in /etc/hosts",
+            &format!("cat {AGENT_HOSTS_FILE} >> /etc/hosts"),
+        )?;
+    }
     Ok(report.warnings)
 }
 

@@ -7,6 +7,12 @@
 //! when its stdin ends. Each call runs in its own process group, which is
 //! killed at the call's deadline.
 //!
+//! Run as `bottle-toolbox connect PORT` it is instead the in-box end of a
+//! published port ([`relay`], `bottle_core::port_relay`): one connection
+//! to `PORT` on the box's own loopback, copied to and from its stdin and
+//! stdout, ending with the connection. It dials nothing else and listens
+//! on nothing.
+//!
 //! Its stdin and stdout are the channel every result travels on, so before
 //! anything else it makes itself unreachable to the agent's processes
 //! ([`guard`]): not dumpable (so no process without `CAP_SYS_PTRACE` can
@@ -21,6 +27,7 @@
 mod builtin;
 mod fds;
 mod guard;
+mod relay;
 mod run;
 
 use std::io::{BufReader, BufWriter};
@@ -34,6 +41,17 @@ fn main() -> std::process::ExitCode {
     if let Err(why) = guard::guard() {
         eprintln!("bottle-toolbox: refusing to serve: {why}");
         return std::process::ExitCode::FAILURE;
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(first) = args.first() {
+        if first == bottle_core::port_relay::CONNECT && args.len() == 2 {
+            return relay::connect(&args[1]);
+        }
+        eprintln!(
+            "bottle-toolbox: unknown arguments {args:?}; run it without any (the host's tool channel) or as `{} PORT`",
+            bottle_core::port_relay::CONNECT
+        );
+        return std::process::ExitCode::from(2);
     }
     let stdin = std::io::stdin();
     let stdout = std::io::stdout();

@@ -234,3 +234,71 @@ fn calls_hold_no_capability_and_cannot_gain_one() {
     }
     assert_eq!(status.lines().count(), 6, "{status}");
 }
+
+/// `bottle-toolbox connect PORT` with its stdin and stdout piped, as a
+/// backend's exec would carry them.
+fn spawn_relay(port: u16) -> Child {
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the test holds the relay's pipes, as a backend's exec stream would"
+    )]
+    std::process::Command::new(env!("CARGO_BIN_EXE_bottle-toolbox"))
+        .args(["connect", &port.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// A published port's in-box end: the status line, then the connection's
+/// bytes both ways; the client's end of input reaches the server as a
+/// half-close and the server's answer still comes back.
+#[test]
+fn the_relay_connects_to_the_boxs_loopback_and_copies_both_ways() {
+    use std::io::{Read as _, Write as _};
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = server.local_addr().unwrap().port();
+    let served = std::thread::spawn(move || {
+        let (mut conn, peer) = server.accept().unwrap();
+        let mut got = Vec::new();
+        conn.read_to_end(&mut got).unwrap();
+        conn.write_all(b"you said: ").unwrap();
+        conn.write_all(&got).unwrap();
+        peer
+    });
+    let mut relay = spawn_relay(port);
+    let mut stdin = relay.stdin.take().unwrap();
+    stdin.write_all(b"hello\x00world").unwrap();
+    drop(stdin);
+    let mut out = Vec::new();
+    relay.stdout.take().unwrap().read_to_end(&mut out).unwrap();
+    assert!(relay.wait().unwrap().success());
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        format!(
+            "{}\nyou said: hello\u{0}world",
+            bottle_core::port_relay::CONNECTED
+        )
+    );
+    assert!(served.join().unwrap().ip().is_loopback());
+}
+
+/// A port nothing listens on is said at once, on the status line, and the
+/// relay exits: no hang.
+#[test]
+fn a_port_nothing_listens_on_is_refused_at_once() {
+    use bottle_core::port_relay::{RelayStatus, read_status};
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap().port();
+    drop(free);
+    let started = Instant::now();
+    let mut relay = spawn_relay(port);
+    let mut stdout = relay.stdout.take().unwrap();
+    let status = read_status(&mut stdout).unwrap();
+    assert!(
+        matches!(&status, RelayStatus::Refused(why) if why.contains(&format!("port {port}"))),
+        "{status:?}"
+    );
+    assert_eq!(relay.wait().unwrap().code(), Some(1));
+    assert!(started.elapsed() < Duration::from_secs(5));
+}

@@ -18,7 +18,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
-use std::os::unix::fs::{FileExt as _, PermissionsExt as _};
+use std::os::unix::fs::{FileExt as _, FileTypeExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
 use bottle_smolvm::version::{Capabilities as _, SmolvmVersion};
@@ -162,7 +162,7 @@ fn clear_root(root: &Path) -> Result<()> {
 }
 
 /// The guest root's files (its mount points aside) as one byte string:
-/// per entry, a kind (`d`, `f`, `l`), the mode, the path and the data,
+/// per entry, a kind (`d`, `f`, `l`, `p` for a fifo), the mode, the path and the data,
 /// each length-prefixed. `None`: an empty filesystem.
 fn archive(root: Option<&Path>) -> Result<Vec<u8>> {
     let mut out = Vec::new();
@@ -192,6 +192,14 @@ fn walk(root: &Path, rel: &Path, out: &mut Vec<u8>) -> Result<()> {
             (b'l', target.into_os_string().into_encoded_bytes())
         } else if meta.is_dir() {
             (b'd', Vec::new())
+        } else if meta.file_type().is_fifo() {
+            // Kept as what it is: opening one to read it would wait for a
+            // writer that never comes.
+            (b'p', Vec::new())
+        } else if !meta.is_file() {
+            // A socket or a device node: sockets die with the guest, and a
+            // guest of the double makes no device it could keep.
+            continue;
         } else {
             (
                 b'f',
@@ -249,6 +257,8 @@ fn unpack(mut bytes: &[u8], root: &Path) -> Result<()> {
                 &path,
             )
             .map_err(|e| io("link", &path, &e))?,
+            b'p' => nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600))
+                .map_err(|e| io("create", &path, &std::io::Error::from(e)))?,
             b'f' => {
                 let mut file = File::create(&path).map_err(|e| io("create", &path, &e))?;
                 file.write_all(&data).map_err(|e| io("write", &path, &e))?;

@@ -39,6 +39,17 @@ pub(crate) const METADATA: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
 pub(crate) const PRIVATE: Ipv4Addr = Ipv4Addr::new(10, 213, 77, 10);
 /// The recording DNS server.
 pub(crate) const DNS: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 53);
+/// The pinned TCP destination (`egress.tcp`): the run's DNS gives the
+/// manifest's pinned name this address; a canary listens on
+/// [`PINNED_TCP_PORT`] and [`PINNED_TCP_OTHER_PORT`].
+pub(crate) const PINNED_TCP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 20);
+/// Another canary host no manifest names, listening on
+/// [`PINNED_TCP_PORT`].
+pub(crate) const OTHER_TCP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 21);
+/// The pinned destination's port.
+pub(crate) const PINNED_TCP_PORT: u16 = 7070;
+/// A port on [`PINNED_TCP`] the manifest does not name.
+pub(crate) const PINNED_TCP_OTHER_PORT: u16 = 7071;
 /// "The internet" over IPv6.
 pub(crate) const INTERNET_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x10);
 
@@ -50,6 +61,8 @@ pub(crate) fn addresses() -> Vec<IpAddr> {
         IpAddr::V4(METADATA),
         IpAddr::V4(PRIVATE),
         IpAddr::V4(DNS),
+        IpAddr::V4(PINNED_TCP),
+        IpAddr::V4(OTHER_TCP),
         IpAddr::V6(INTERNET_V6),
     ]
 }
@@ -282,7 +295,9 @@ fn serve_tcp(
                     serve_tcp_conn(stream, local, peer, name.as_str(), &token, &log);
                 }
             }
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            // Short: the audit flood's allowed requests reach the canary
+            // as a new connection each, one after another.
+            Err(_) => std::thread::sleep(Duration::from_millis(2)),
         }
     }
     for worker in workers {

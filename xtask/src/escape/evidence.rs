@@ -62,6 +62,12 @@ pub(crate) struct Allowance {
     pub pinned: Vec<SocketAddr>,
     /// The allowlisted hosts (the Host header a proxied fetch carries).
     pub allowed_hosts: Vec<String>,
+    /// The pinned TCP destinations (`egress.tcp`): a bundle's relay may
+    /// reach them, whatever it carries (a relay does not parse).
+    pub relayed: Vec<SocketAddr>,
+    /// The host services the manifests name (`egress.host_services`): the
+    /// host's own forwarder dials them from loopback for a bundle's relay.
+    pub host_services: Vec<SocketAddr>,
 }
 
 /// Why one canary hit is not explained by `allowance` (`None`: it is).
@@ -78,6 +84,10 @@ pub(crate) fn unexplained_hit(hit: &Hit, allowance: &Allowance) -> Option<String
         None => hit.local.port() == 443,
     };
     if from_a_bundle && pinned && host_ok {
+        return None;
+    }
+    let tcp_at = |list: &[SocketAddr]| hit.proto == Proto::Tcp && list.contains(&hit.local);
+    if (from_a_bundle && tcp_at(&allowance.relayed)) || tcp_at(&allowance.host_services) {
         return None;
     }
     Some(format!(
@@ -519,6 +529,8 @@ mod tests {
                 "198.51.100.10:443".parse().unwrap(),
             ],
             allowed_hosts: vec!["allowed-a.bottle.test".into()],
+            relayed: vec!["198.51.100.20:7070".parse().unwrap()],
+            host_services: vec!["127.0.0.1:5432".parse().unwrap()],
         }
     }
 
@@ -593,6 +605,32 @@ mod tests {
         assert_eq!(row.verdict, Verdict::Escape);
         assert!(row.detail.contains("127.0.0.1:4000"), "{}", row.detail);
         assert_eq!(canary_row("bottle A", &[], &a).verdict, Verdict::Pass);
+    }
+
+    #[test]
+    fn relayed_connections_are_explained_only_where_the_manifest_names_them() {
+        let a = allowance();
+        // A bundle's relay to the pinned destination, whatever it carries.
+        let relayed = hit("198.51.100.20:7070", "172.18.0.5:1", Proto::Tcp, None);
+        assert_eq!(unexplained_hit(&relayed, &a), None);
+        // The host's forwarder dials the named host service from loopback.
+        let service = hit("127.0.0.1:5432", "127.0.0.1:2", Proto::Tcp, None);
+        assert_eq!(unexplained_hit(&service, &a), None);
+        let bad = [
+            // The pinned destination straight from a bottle network.
+            hit("198.51.100.20:7070", "10.77.0.3:1", Proto::Tcp, None),
+            // Its other port, even from a bundle.
+            hit("198.51.100.20:7071", "172.18.0.5:1", Proto::Tcp, None),
+            // Another canary host.
+            hit("198.51.100.21:7070", "172.18.0.5:1", Proto::Tcp, None),
+            // A host service the manifest does not name.
+            hit("127.0.0.1:5433", "127.0.0.1:2", Proto::Tcp, None),
+            // UDP to the pinned address.
+            hit("198.51.100.20:7070", "172.18.0.5:1", Proto::Udp, None),
+        ];
+        for h in bad {
+            assert!(unexplained_hit(&h, &a).is_some(), "{h:?}");
+        }
     }
 
     fn q(source: &str, name: &str) -> Recorded {

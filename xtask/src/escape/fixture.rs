@@ -58,6 +58,17 @@ pub(crate) const REBIND_HOSTS: &[&str] = &[
     "rebind-private.bottle.test",
 ];
 
+/// The `egress.tcp` name every probing agent gets: the run's DNS resolves
+/// it to the pinned TCP canary, which the bundle relays to unscanned.
+pub(crate) const PINNED_TCP_HOST: &str = "pinned-tcp.bottle.test";
+
+/// Another canary host the run's DNS knows and no manifest names.
+pub(crate) const OTHER_TCP_HOST: &str = "other-tcp.bottle.test";
+
+/// The agent's port a publishing agent publishes on the host's loopback
+/// (`publish = ["8000:<host port>"]`).
+pub(crate) const PUBLISH_AGENT_PORT: u16 = 8000;
+
 /// The agent key without the common prefix (`escape-a` -> `a`).
 pub(crate) fn short(agent: &str) -> &str {
     agent.strip_prefix("escape-").unwrap_or(agent)
@@ -70,6 +81,11 @@ pub(crate) struct AgentDef {
     pub key: String,
     /// Whether its allowlist includes the rebinding names.
     pub rebind: bool,
+    /// Whether it gets the run's host service (`egress.host_services`) and
+    /// pinned TCP destination (`egress.tcp`).
+    pub relays: bool,
+    /// The host port its [`PUBLISH_AGENT_PORT`] is published on, if any.
+    pub publish: Option<u16>,
 }
 
 /// Memory limit every agent gets.
@@ -115,14 +131,17 @@ impl AgentSource {
 /// canary), so the bundle never looks them up; the rebinding names are not
 /// pinned and go through the Engine's resolver to the DNS recorder. The
 /// credential's secret is read from `credential`. Each agent's git
-/// repository is its bare repository under `git_root`. With `gvisor`,
-/// every agent's box runs under gVisor.
+/// repository is its bare repository under `git_root`. An agent with
+/// relays may reach the host's `127.0.0.1:<host_service>` and
+/// [`PINNED_TCP_HOST`] at [`canary::PINNED_TCP_PORT`](super::canary::PINNED_TCP_PORT).
+/// With `gvisor`, every agent's box runs under gVisor.
 pub(crate) fn manifest(
     source: &AgentSource,
     agents: &[AgentDef],
     pin: &str,
     credential: &Path,
     git_root: &Path,
+    host_service: u16,
     gvisor: bool,
 ) -> String {
     let mut out =
@@ -147,10 +166,22 @@ pub(crate) fn manifest(
             .map(u16::to_string)
             .collect::<Vec<_>>()
             .join(", ");
+        let publish = agent
+            .publish
+            .map(|host| format!("publish = [\"{PUBLISH_AGENT_PORT}:{host}\"]\n"))
+            .unwrap_or_default();
+        let relays = if agent.relays {
+            format!(
+                "host_services = [\"127.0.0.1:{host_service}\"]\ntcp = [\"{PINNED_TCP_HOST}:{}\"]\n",
+                super::canary::PINNED_TCP_PORT
+            )
+        } else {
+            String::new()
+        };
         let _ = write!(
             out,
-            "\n[agents.{key}]\n{source}\ncommand = [\"/bin/sh\"]\n{isolation}\n\
-             [agents.{key}.egress]\nallow = [{allow}]\nports = [{ports}]\nresolve = {{ {pinned:?} = {pin:?}, {cred:?} = {pin:?}, {redact:?} = {pin:?} }}\non_secret = {{ {redact:?} = \"redact\" }}\n\n\
+            "\n[agents.{key}]\n{source}\ncommand = [\"/bin/sh\"]\n{publish}{isolation}\n\
+             [agents.{key}.egress]\nallow = [{allow}]\nports = [{ports}]\nresolve = {{ {pinned:?} = {pin:?}, {cred:?} = {pin:?}, {redact:?} = {pin:?} }}\non_secret = {{ {redact:?} = \"redact\" }}\n{relays}\n\
              [[agents.{key}.credentials]]\nname = \"canary\"\nsource = {{ file = {file:?} }}\nhost = {cred:?}\nheader = \"{CREDENTIAL_HEADER}\"\n\n\
              [[agents.{key}.git]]\nname = \"{GIT_REPO}\"\nurl = {repo:?}\nmode = \"read-write\"\npush = [\"{GIT_PUSH}\"]\n\n\
              [agents.{key}.limits]\nmemory = \"{MEMORY}\"\npids = {PIDS}\naudit_log = \"{AUDIT_LOG}\"\n",
@@ -205,10 +236,14 @@ mod tests {
             AgentDef {
                 key: "escape-a".into(),
                 rebind: true,
+                relays: true,
+                publish: Some(18000),
             },
             AgentDef {
                 key: "escape-p1".into(),
                 rebind: false,
+                relays: false,
+                publish: None,
             },
         ];
         let text = manifest(
@@ -217,6 +252,7 @@ mod tests {
             "198.51.100.10",
             Path::new("/tmp/credential"),
             Path::new("/tmp/git"),
+            15432,
             false,
         );
         let expected = r#"# Written by `cargo xtask sandbox-escape` for one run.
@@ -225,12 +261,15 @@ version = 1
 [agents.escape-a]
 build = { context = "/tmp/ctx" }
 command = ["/bin/sh"]
+publish = ["8000:18000"]
 
 [agents.escape-a.egress]
 allow = ["allowed-a.bottle.test", "cred-a.bottle.test", "redact-a.bottle.test", "rebind-loopback.bottle.test", "rebind-metadata.bottle.test", "rebind-private.bottle.test", "rebind-bundle-a.bottle.test"]
 ports = [80, 443]
 resolve = { "allowed-a.bottle.test" = "198.51.100.10", "cred-a.bottle.test" = "198.51.100.10", "redact-a.bottle.test" = "198.51.100.10" }
 on_secret = { "redact-a.bottle.test" = "redact" }
+host_services = ["127.0.0.1:15432"]
+tcp = ["pinned-tcp.bottle.test:7070"]
 
 [[agents.escape-a.credentials]]
 name = "canary"
@@ -286,10 +325,16 @@ audit_log = "1m"
         std::fs::write(dir.path().join("credential"), "secret").unwrap();
         // The gate seeds the bare repositories before it starts a bottle;
         // a manifest naming a missing one does not load.
-        std::fs::create_dir_all(dir.path().join("git/escape-a.git")).unwrap();
+        let bare = dir.path().join("git/escape-a.git");
+        for d in ["objects", "refs"] {
+            std::fs::create_dir_all(bare.join(d)).unwrap();
+        }
+        std::fs::write(bare.join("HEAD"), "ref: refs/heads/main\n").unwrap();
         let agents = [AgentDef {
             key: "escape-a".into(),
             rebind: true,
+            relays: true,
+            publish: Some(18000),
         }];
         std::fs::write(
             &path,
@@ -299,6 +344,7 @@ audit_log = "1m"
                 "198.51.100.10",
                 &dir.path().join("credential"),
                 &dir.path().join("git"),
+                15432,
                 false,
             ),
         )
@@ -316,6 +362,9 @@ audit_log = "1m"
         assert_eq!(git.mode, bottle_core::manifest::GitMode::ReadWrite);
         assert_eq!(git.push, [GIT_PUSH]);
         assert_eq!(agent.limits.pids, Some(128));
+        assert_eq!(agent.egress.host_services.len(), 1);
+        assert_eq!(agent.egress.tcp.len(), 1);
+        assert_eq!(agent.publish.len(), 1);
         std::fs::write(
             &path,
             manifest(
@@ -324,6 +373,7 @@ audit_log = "1m"
                 "198.51.100.10",
                 &dir.path().join("credential"),
                 &dir.path().join("git"),
+                15432,
                 false,
             ),
         )
@@ -347,6 +397,7 @@ audit_log = "1m"
                 "198.51.100.10",
                 &dir.path().join("credential"),
                 &dir.path().join("git"),
+                15432,
                 true,
             ),
         )

@@ -20,6 +20,8 @@ pub(crate) const IN_BOTTLE_CONTROLS: &[&str] = &[
     "proxy-allowed-control",
     "proxy-websocket-control",
     "git-push-plain-control",
+    "host-service-control",
+    "tcp-pinned-control",
 ];
 
 /// Whether an in-bottle result is a positive control.
@@ -257,6 +259,8 @@ pub(crate) fn dialled_addresses(config: &ProbeConfig) -> Vec<String> {
         t.own_bundle.clone(),
         t.other_bundle.clone(),
         t.other_agent.clone(),
+        t.pinned_tcp_addr.clone(),
+        t.other_tcp_addr.clone(),
     ];
     out.retain(|a| !a.is_empty());
     out.sort();
@@ -411,6 +415,14 @@ mod tests {
             git_repo: String::new(),
             rebind_hosts: vec![],
             canary_names: vec![],
+            host_service_port: 3,
+            host_service_unnamed_port: 4,
+            pinned_tcp_host: "pinned-tcp.bottle.test".into(),
+            pinned_tcp_addr: "198.51.100.20".into(),
+            pinned_tcp_port: 7070,
+            pinned_tcp_other_port: 7071,
+            other_tcp_host: "other-tcp.bottle.test".into(),
+            other_tcp_addr: "198.51.100.21".into(),
         }
     }
 
@@ -424,6 +436,8 @@ mod tests {
                 "10.213.77.10",
                 "169.254.169.254",
                 "198.51.100.10",
+                "198.51.100.20",
+                "198.51.100.21",
                 "2001:db8::10",
                 "203.0.113.53"
             ]

@@ -68,10 +68,11 @@ impl Credentials {
         Ok(Self { injections, masks })
     }
 
-    /// Sets `host`'s credentials on a request going upstream.
-    pub(super) fn inject(&self, host: &str, headers: &mut HeaderMap) {
+    /// Sets `host`'s credentials on a request going upstream; returns the
+    /// names of those it set (for the audit line: names, never values).
+    pub(super) fn inject(&self, host: &str, headers: &mut HeaderMap) -> Vec<&str> {
         let Some(injs) = self.injections.get(host) else {
-            return;
+            return Vec::new();
         };
         for inj in injs {
             // The agent's own value is dropped, never merged.
@@ -83,6 +84,7 @@ impl Credentials {
             header::ACCEPT_ENCODING,
             HeaderValue::from_static("identity"),
         );
+        injs.iter().map(|i| i.name.as_str()).collect()
     }
 
     /// Masks `host`'s secrets out of a response's headers and body.

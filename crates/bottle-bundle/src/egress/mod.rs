@@ -8,9 +8,10 @@
 //! Egress does not trust the proxy's checks: it re-checks the allowlist
 //! (defence in depth), resolves the name (config `resolve` overrides first,
 //! then DNS), refuses to dial an address it must never reach, injects the
-//! configured credential, and streams the response back with any injected
-//! secret masked out. What it refused it audits itself and reports to the
-//! proxy as a typed [`Outcome`].
+//! configured credential (and audits that it did, by the credential's name),
+//! and streams the response back with any injected secret masked out. What
+//! it refused it audits itself and reports to the proxy as a typed
+//! [`Outcome`].
 //!
 //! **Which addresses are refused.** Loopback, unspecified, link-local (cloud
 //! metadata at 169.254.169.254 included), private (RFC 1918, CGNAT, IPv6
@@ -196,6 +197,7 @@ impl Egress {
             rule: rule.clone(),
             count: 1,
             truncated: false,
+            hosts: Vec::new(),
         });
         Answer {
             response: generated(status, reason, message),
@@ -205,6 +207,33 @@ impl Egress {
                 rule,
             },
         }
+    }
+
+    /// Writes the line of a credential put on a request: which one (its
+    /// manifest name) and for which host, never its value. It is written
+    /// when egress decides to send it, before the upstream answers: the
+    /// request's own line says how that went.
+    fn audit_injection(&self, seen: &Seen<'_>, name: &str, rule: &str) {
+        self.audit.write(AuditRecord {
+            v: crate::audit::AUDIT_VERSION,
+            time: bottle_core::time::now_rfc3339_millis(),
+            bottle: self.bottle.clone(),
+            daemon: "egress".into(),
+            decision: Decision::Inject,
+            host: seen.host.into(),
+            port: seen.port,
+            method: seen.method.into(),
+            path: redact_path(seen.path),
+            status: 0,
+            bytes_up: 0,
+            bytes_down: 0,
+            duration_ms: 0,
+            reason: format!("credential:{name}"),
+            rule: rule.into(),
+            count: 1,
+            truncated: false,
+            hosts: Vec::new(),
+        });
     }
 
     /// Sends one request the proxy has checked and scanned to `to`, and
@@ -318,7 +347,9 @@ impl Egress {
         if let Ok(v) = HeaderValue::from_str(&authority) {
             parts.headers.insert(header::HOST, v);
         }
-        self.credentials.inject(&host_s, &mut parts.headers);
+        for name in self.credentials.inject(&host_s, &mut parts.headers) {
+            self.audit_injection(&seen, name, &rule);
+        }
         parts.uri = uri;
         // The upstream connection's ALPN picks HTTP/2 or HTTP/1.1, whatever
         // the agent spoke; an upgrade goes over HTTP/1.1 only.

@@ -109,7 +109,7 @@ struct ResolverInner {
 }
 
 impl GuardedResolver {
-    pub(super) fn new(config: &BundleConfig) -> Result<Self, BundleError> {
+    pub(crate) fn new(config: &BundleConfig) -> Result<Self, BundleError> {
         let mut overrides = HashMap::new();
         for (name, addrs) in &config.resolve {
             let host =
@@ -142,6 +142,12 @@ impl GuardedResolver {
                 own: own_addresses(),
             }),
         })
+    }
+
+    /// The addresses egress may dial for `name` (port 0): a TCP relay's
+    /// destination is resolved as egress resolves an upstream.
+    pub(crate) async fn resolve_host(&self, name: &str) -> Result<Vec<SocketAddr>, BoxError> {
+        self.resolve(&name.to_ascii_lowercase()).await
     }
 
     async fn resolve(&self, name: &str) -> Result<Vec<SocketAddr>, BoxError> {

@@ -15,7 +15,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use bottle_core::bundle::BundleGitRepo;
 use bottle_core::manifest::GitMode;
-use bottle_core::manifest::push_glob::push_glob_problem;
+use bottle_core::manifest::push_glob::{self, push_glob_problem};
 use serde::{Deserialize, Serialize};
 
 use crate::BundleError;
@@ -162,12 +162,6 @@ pub struct RepoPolicy {
     pub allow_delete: bool,
 }
 
-const MATCH: glob::MatchOptions = glob::MatchOptions {
-    case_sensitive: true,
-    require_literal_separator: true,
-    require_literal_leading_dot: false,
-};
-
 impl RepoPolicy {
     /// Compiles the rules of one configured repository.
     pub fn new(repo: &BundleGitRepo) -> Result<Self, BundleError> {
@@ -206,19 +200,10 @@ impl RepoPolicy {
     /// start with `refs/` match full ref names and are the only way to
     /// reach tags or other namespaces; other globs match branch names.
     pub fn matching_glob(&self, refname: &str) -> Option<&str> {
-        let branch = refname.strip_prefix("refs/heads/");
-        let is_tag = refname.starts_with("refs/tags/");
         self.push
             .iter()
             .zip(&self.patterns)
-            .find(|(glob, pattern)| {
-                if glob.starts_with("refs/") {
-                    let explicit_tag = glob.starts_with("refs/tags/");
-                    (!is_tag || explicit_tag) && pattern.matches_with(refname, MATCH)
-                } else {
-                    branch.is_some_and(|b| pattern.matches_with(b, MATCH))
-                }
-            })
+            .find(|(glob, pattern)| push_glob::matches(glob, pattern, refname))
             .map(|(glob, _)| glob.as_str())
     }
 

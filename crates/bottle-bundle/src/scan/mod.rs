@@ -1,6 +1,6 @@
 //! Secret scanning of what the agent sends out.
 //!
-//! Patterns for well-known credential formats ([`rules`]) run over request
+//! Patterns for well-known credential formats (`rules`) run over request
 //! headers, the request target and the body. The body is scanned as it
 //! streams through a hold-back window ([`StreamScanner`]): the last
 //! [`Scanner::window`] bytes seen are kept back until more arrive, so no
@@ -9,7 +9,7 @@
 //! longest match any pattern can make, computed from the patterns
 //! themselves.
 //!
-//! Long random-looking tokens count as secrets too ([`tokens`]: high
+//! Long random-looking tokens count as secrets too (`tokens`: high
 //! Shannon entropy over the base64 alphabet, which catches credentials no
 //! pattern knows) in query values, path segments and header values, unless
 //! the value reads as what else it is: a content digest or a multipart

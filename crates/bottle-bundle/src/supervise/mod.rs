@@ -356,6 +356,7 @@ impl Supervise {
             rule,
             count: 1,
             truncated: false,
+            hosts: Vec::new(),
         });
     }
 

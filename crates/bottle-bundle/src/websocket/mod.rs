@@ -1,7 +1,7 @@
 //! WebSockets through the proxy: an HTTP/1.1 `Upgrade: websocket` to an
 //! allowed host, in absolute form (`ws://`) or inside an intercepted
 //! `CONNECT` (`wss://`), is sent on to the upstream; once it answers `101`,
-//! both sides are relayed frame by frame ([`relay`]), the agent's messages
+//! both sides are relayed frame by frame (`relay`), the agent's messages
 //! scanned like request bodies.
 //!
 //! Extensions are declined: the agent's `Sec-WebSocket-Extensions` offer is

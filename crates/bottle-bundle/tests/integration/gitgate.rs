@@ -188,6 +188,7 @@ impl Gate {
     }
 
     fn audit(&self) -> Vec<AuditRecord> {
+        self.bundle.flush_audit();
         bottle_bundle::read_audit(&self.audit)
             .unwrap()
             .into_iter()

@@ -23,6 +23,7 @@ mod gitgate;
 mod h2;
 mod limits;
 mod real_client_corpus;
+mod relay;
 mod scanner_quality;
 mod secrets;
 mod supervise;

@@ -324,6 +324,7 @@ pub(crate) fn base_config(
         supervise_listen: None,
         requests_dir: None,
         git_hook_program: None,
+        relays: Vec::new(),
     };
     (config, ca.cert_pem)
 }
@@ -361,7 +362,9 @@ impl Env {
         self.bundle.proxy_addr
     }
 
+    /// The audit log, its merging windows' counts written first.
     pub(crate) fn audit(&self) -> Vec<AuditRecord> {
+        self.bundle.flush_audit();
         bottle_bundle::read_audit(Path::new(&self.config.audit_log)).unwrap()
     }
 

@@ -149,16 +149,29 @@ async fn read_json<T: serde::de::DeserializeOwned>(
     if hyper::body::Body::size_hint(request.body()).lower() > MAX_BODY as u64 {
         return Err(too_large());
     }
-    let body = Limited::new(request.into_body(), MAX_BODY)
-        .collect()
-        .await
-        .map_err(|err| {
-            if err.is::<http_body_util::LengthLimitError>() {
-                too_large()
-            } else {
-                ApiError::bad_request(format!("cannot read the body: {err}"))
-            }
-        })?
-        .to_bytes();
+    let body = tokio::time::timeout(
+        super::conn::BODY_TIMEOUT,
+        Limited::new(request.into_body(), MAX_BODY).collect(),
+    )
+    .await
+    .map_err(|_| {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "BOT-C048",
+            format!(
+                "the request body did not arrive within {} s of its head",
+                super::conn::BODY_TIMEOUT.as_secs()
+            ),
+            "send the whole body at once after the head (a client that streams it must not pause)",
+        )
+    })?
+    .map_err(|err| {
+        if err.is::<http_body_util::LengthLimitError>() {
+            too_large()
+        } else {
+            ApiError::bad_request(format!("cannot read the body: {err}"))
+        }
+    })?
+    .to_bytes();
     serde_json::from_slice(&body).map_err(|err| ApiError::bad_request(err.to_string()))
 }

@@ -252,7 +252,18 @@ mod tests {
         fn exec_piped(&self, _: &[String]) -> Result<i32, BackendError> {
             unreachable!("serve runs calls through execute")
         }
-        fn copy_in(&self, _: &Path, _: &str) -> Result<(), BackendError> {
+        fn copy_in(
+            &self,
+            _: &bottle_core::copy::CopyIn,
+            _: &bottle_core::copy::GuestPath,
+        ) -> Result<(), BackendError> {
+            unreachable!("serve copies nothing")
+        }
+        fn copy_out(
+            &self,
+            _: &bottle_core::copy::GuestPath,
+            _: &mut dyn std::io::Write,
+        ) -> Result<(), BackendError> {
             unreachable!("serve copies nothing")
         }
         fn execute(
@@ -288,6 +299,15 @@ mod tests {
             &self,
         ) -> Result<bottle_core::sandbox::ResetReport, bottle_core::sandbox::SandboxError> {
             unreachable!("the worker tests run calls only")
+        }
+        fn commit(&self, _: &str) -> Result<bottle_core::CommitReport, BackendError> {
+            unreachable!("serve commits nothing")
+        }
+        fn connect_port(
+            &self,
+            _: u16,
+        ) -> Result<bottle_core::sandbox::ToolboxStream, BackendError> {
+            unreachable!("serve publishes no port")
         }
     }
 

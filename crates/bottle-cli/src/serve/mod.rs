@@ -7,11 +7,14 @@
 //! - [`bottles`]: one worker per bottle, keeping its in-box agent's
 //!   channel open across calls;
 //! - [`children`]: boot, list and shutdown as `bottle` children;
+//! - [`conn`]: how long a head may take, how long a connection may idle,
+//!   and how many the server holds;
 //! - [`error`]: the JSON errors and their statuses.
 
 mod api;
 mod bottles;
 mod children;
+mod conn;
 mod error;
 mod socket;
 
@@ -94,7 +97,19 @@ async fn serve(
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
     let uid = rustix::process::getuid().as_raw();
+    // A slot per connection held: past the bound, the next connection waits
+    // in the socket's backlog, not accepted, until one closes.
+    let slots = Arc::new(tokio::sync::Semaphore::new(conn::MAX_CONNECTIONS));
     loop {
+        let slot = tokio::select! {
+            _ = interrupt.recv() => return Ok(()),
+            _ = terminate.recv() => return Ok(()),
+            slot = Arc::clone(&slots).acquire_owned() => match slot {
+                Ok(slot) => slot,
+                // Never closed while the loop runs.
+                Err(_) => return Ok(()),
+            },
+        };
         let stream = tokio::select! {
             _ = interrupt.recv() => return Ok(()),
             _ = terminate.recv() => return Ok(()),
@@ -115,12 +130,33 @@ async fn serve(
         }
         let server = Arc::clone(&server);
         tokio::spawn(async move {
+            let activity = conn::Activity::new();
+            let answers = Arc::clone(&activity);
+            let verbose = server.verbose;
             let service = hyper::service::service_fn(move |request| {
-                api::handle(Arc::clone(&server), request)
+                let answering = answers.begin();
+                let server = Arc::clone(&server);
+                async move {
+                    let answer = api::handle(server, request).await;
+                    drop(answering);
+                    answer
+                }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let connection = hyper::server::conn::http1::Builder::new()
+                // hyper's head timer also runs while a keep-alive
+                // connection waits for its next request; `conn::watch`
+                // keeps the head's and the idle bound apart.
+                .header_read_timeout(None)
+                .serve_connection(
+                    TokioIo::new(conn::Watched::new(stream, Arc::clone(&activity))),
+                    service,
+                );
+            if let Err(why) = conn::watch(connection, activity, conn::BOUNDS).await
+                && verbose
+            {
+                note(false, &format!("serve: closed a connection: {why}"));
+            }
+            drop(slot);
         });
     }
 }

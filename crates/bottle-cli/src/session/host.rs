@@ -100,6 +100,10 @@ pub(crate) fn run(
         let _ = std::fs::write(paths.started(), b"1\n");
         super::signal_ready(&paths);
     };
+    // The agent's pushes into working checkouts come back while it runs
+    // (`crate::checkout`); `stop` syncs again at the end.
+    let state_dir = crate::commands::state_root()?.join(slug::slug_of(bottle));
+    let watcher = crate::checkout::Watcher::start(&state_dir);
     let code = match found.exec_session(command, &mut started) {
         Ok(code) => code,
         Err(err) => {
@@ -109,6 +113,11 @@ pub(crate) fn run(
         }
     };
     drop(found);
+    if let Some(watcher) = watcher {
+        // Logged in the state dir by the watcher; the agent's terminal
+        // stays the agent's.
+        drop(watcher.finish());
+    }
     // Our stdio holds the pty's terminal side open; let go so the output
     // pump reads the end.
     if let Ok(null) = File::open("/dev/null") {

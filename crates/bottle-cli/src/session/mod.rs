@@ -72,9 +72,15 @@ pub(crate) fn ready_pipe(paths: &SessionPaths) -> PathBuf {
 /// agent runs. Best effort: a `start` that is gone has no reader, and
 /// nothing waits.
 pub(crate) fn signal_ready(paths: &SessionPaths) {
+    signal_ready_at(&ready_pipe(paths));
+}
+
+/// Writes the one byte of readiness to the named pipe `pipe` (a session
+/// holder's, a forwarder's); best effort, like [`signal_ready`].
+pub(crate) fn signal_ready_at(pipe: &Path) {
     use rustix::fs::{Mode, OFlags};
     let flags = OFlags::WRONLY | OFlags::NONBLOCK | OFlags::CLOEXEC;
-    if let Ok(pipe) = rustix::fs::open(ready_pipe(paths), flags, Mode::empty()) {
+    if let Ok(pipe) = rustix::fs::open(pipe, flags, Mode::empty()) {
         let _ = rustix::io::write(&pipe, b"1");
     }
 }
@@ -107,7 +113,7 @@ pub(crate) fn spawn_host(
         .map_err(|err| failed(format!("cannot create {}: {err}", paths.dir.display())))?;
     // Opened for reading before the holder exists, so its byte always
     // finds a reader.
-    let (ready, _held_open) = open_ready_pipe(paths).map_err(|err| {
+    let (ready, _held_open) = open_ready_pipe(&ready_pipe(paths)).map_err(|err| {
         failed(format!(
             "cannot make {}: {err}",
             ready_pipe(paths).display()
@@ -171,21 +177,21 @@ fn did_not_start(paths: &SessionPaths, command: &[String]) -> Option<Failure> {
     )
 }
 
-/// A fresh [`ready_pipe`] (owner-only), opened for reading without
-/// blocking (no writer is needed to open it), and a write end we hold
-/// ourselves: with a writer always there, a writer that comes and goes
-/// without its byte leaves no hang-up for `poll` to report again and
-/// again, and the wait sleeps until a byte or the holder's exit.
-fn open_ready_pipe(
-    paths: &SessionPaths,
+/// A fresh named pipe at `path` (owner-only; [`ready_pipe`] for a
+/// session), opened for reading without blocking (no writer is needed to
+/// open it), and a write end we hold ourselves: with a writer always
+/// there, a writer that comes and goes without its byte leaves no hang-up
+/// for `poll` to report again and again, and the wait sleeps until a byte
+/// or the holder's exit.
+pub(crate) fn open_ready_pipe(
+    path: &Path,
 ) -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
     use rustix::fs::{Mode, OFlags};
-    let path = ready_pipe(paths);
-    let _ = std::fs::remove_file(&path);
-    rustix::fs::mkfifoat(rustix::fs::CWD, &path, Mode::RUSR | Mode::WUSR)?;
+    let _ = std::fs::remove_file(path);
+    rustix::fs::mkfifoat(rustix::fs::CWD, path, Mode::RUSR | Mode::WUSR)?;
     let open = |flags| {
         rustix::fs::open(
-            &path,
+            path,
             flags | OFlags::NONBLOCK | OFlags::CLOEXEC,
             Mode::empty(),
         )
@@ -197,7 +203,7 @@ fn open_ready_pipe(
 
 /// How waiting for the holder ended.
 #[derive(Debug, PartialEq, Eq)]
-enum Ready {
+pub(crate) enum Ready {
     /// It wrote its byte: it serves its socket.
     Serving,
     /// It exited without writing it.
@@ -209,7 +215,7 @@ enum Ready {
 /// Waits until `holder` writes its byte to `pipe` or exits, woken by
 /// either (the pipe, and a pidfd of the holder); where pidfds are missing
 /// (Linux before 5.3), its exit is noticed within 20 ms.
-fn wait_ready(pipe: &std::os::fd::OwnedFd, holder: Owner, within: Duration) -> Ready {
+pub(crate) fn wait_ready(pipe: &std::os::fd::OwnedFd, holder: Owner, within: Duration) -> Ready {
     use rustix::event::{PollFd, PollFlags, Timespec, poll};
     let deadline = Instant::now() + within;
     let pidfd = i32::try_from(holder.pid)
@@ -306,7 +312,7 @@ fn end_holder(paths: &SessionPaths) {
 /// on a pidfd, woken by its exit rather than polling. Not our child, so
 /// there is no `waitpid`; where pidfds are missing (Linux before 5.3), a
 /// check every 20 ms.
-fn exits_within(holder: Owner, pid: rustix::process::Pid, within: Duration) -> bool {
+pub(crate) fn exits_within(holder: Owner, pid: rustix::process::Pid, within: Duration) -> bool {
     use rustix::event::{PollFd, PollFlags, Timespec, poll};
     let deadline = Instant::now() + within;
     let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok();

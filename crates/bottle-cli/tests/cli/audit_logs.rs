@@ -1,5 +1,6 @@
 //! A stopped bottle's audit logs are kept until `bottle cleanup
-//! --logs-older-than` prunes them; plain `cleanup` keeps them.
+//! --logs-older-than` prunes them, once confirmed; plain `cleanup` keeps
+//! them.
 //!
 //! `cleanup` asks a backend too: these cases need Docker (whose orphans of
 //! dead launches `cleanup` removes, as any run of it does), and skip
@@ -25,13 +26,36 @@ fn cleanup_keeps_audit_logs_unless_told_how_old_to_prune() {
         std::fs::create_dir_all(run).unwrap();
         std::fs::write(run.join("audit.jsonl"), "{}\n").unwrap();
     }
+    // Confirmed: the host may hold other leftovers of this install (the
+    // shared egress network no bottle uses), which it may remove.
     bottle(state.path())
-        .args(["--backend", "docker", "cleanup"])
+        .args(["--backend", "docker", "--yes", "cleanup"])
         .assert()
         .success();
     assert!(old.is_dir() && recent.is_dir(), "plain cleanup keeps logs");
+    // Listed, then refused without a terminal to confirm on: nothing goes.
     bottle(state.path())
         .args(["--backend", "docker", "cleanup", "--logs-older-than", "30d"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("cleanup would remove:\n"))
+        .stderr(predicate::str::contains(format!(
+            "\n  audit log {}\n",
+            old.display()
+        )))
+        .stderr(predicate::str::contains(
+            "fix: pass --yes to clean up without confirming",
+        ));
+    assert!(old.is_dir(), "an unconfirmed cleanup pruned");
+    bottle(state.path())
+        .args([
+            "--backend",
+            "docker",
+            "--yes",
+            "cleanup",
+            "--logs-older-than",
+            "30d",
+        ])
         .assert()
         .success()
         .stderr(predicate::str::contains(format!(

@@ -99,10 +99,21 @@ fn check_reports_a_missing_relative_git_repository_from_another_directory() {
              git repository \"git/app.git\" does not exist",
         ))
         .stderr(predicate::str::contains(
-            "fix: point url at an existing repository",
+            "fix: point url at an existing working checkout or bare repository",
         ));
-    // Created next to the manifest, not in the working directory: it loads.
+    // Created next to the manifest, not in the working directory: it loads
+    // once it is a repository.
     std::fs::create_dir(sub.join("git/app.git")).unwrap();
+    bottle(state.path())
+        .current_dir(state.path())
+        .args(["--manifest", "project/bottle.toml", "check"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::starts_with("error[BOT-M071]: "));
+    for d in ["objects", "refs"] {
+        std::fs::create_dir(sub.join("git/app.git").join(d)).unwrap();
+    }
+    std::fs::write(sub.join("git/app.git/HEAD"), "ref: refs/heads/main\n").unwrap();
     bottle(state.path())
         .current_dir(state.path())
         .args(["--manifest", "project/bottle.toml", "check"])
@@ -378,6 +389,137 @@ fn logs_show_one_readable_line_per_decision_in_local_time() {
         "2025-01-02 05:04:05  allow  GET api.example.com:443/v1/models  200  allowed\n\
          2025-01-02 05:04:06  deny  CONNECT evil.example:443  403  host_not_allowed  (x12)\n\
          2025-01-03 01:59:59  allow  egress docs.rs claude-3  -  operator_approved\n"
+    );
+}
+
+#[test]
+fn logs_read_the_kept_lines_and_the_dropped_summary_before_the_stream_every_version() {
+    let state = temp_state_root();
+    let logs = state.path().join("bottle").join("claude").join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let base = |time: &str, daemon: &str, decision: &str, host: &str| {
+        serde_json::json!({
+            "v": 3, "time": time, "bottle": "bot-bottle-claude", "daemon": daemon,
+            "decision": decision, "host": host, "port": 443, "method": "POST",
+            "path": "/upload", "status": 403, "bytes_up": 0, "bytes_down": 0,
+            "duration_ms": 1, "reason": "secret:aws_access_key_id", "rule": "", "count": 1,
+        })
+    };
+    let finding = base(
+        "2025-01-02T03:04:05.000Z",
+        "proxy",
+        "blocked_secret",
+        "api.example.com",
+    );
+    let mut inject = base(
+        "2025-01-02T03:04:06.000Z",
+        "egress",
+        "inject",
+        "api.github.com",
+    );
+    inject["reason"] = "credential:github".into();
+    inject["status"] = 0.into();
+    let tool = serde_json::json!({
+        "v": 3, "time": "2025-01-02T03:04:07.000Z", "bottle": "bot-bottle-claude",
+        "daemon": "sandbox", "decision": "allow", "host": "", "port": 0, "method": "EXEC",
+        "path": "make test", "status": 0, "bytes_up": 0, "bytes_down": 3, "duration_ms": 9,
+        "reason": "exit_0", "rule": "", "count": 1, "evidence": "sha256:ab12",
+    });
+    std::fs::write(
+        logs.join("audit.jsonl.kept"),
+        format!(
+            "{finding}
+{inject}
+{tool}
+"
+        ),
+    )
+    .unwrap();
+    let summary = serde_json::json!({
+        "v": 3, "time": "2025-01-02T03:10:00.000Z", "bottle": "bot-bottle-claude",
+        "daemon": "audit", "decision": "dropped", "host": "", "port": 0, "method": "",
+        "path": "", "status": 0, "bytes_up": 0, "bytes_down": 0, "duration_ms": 0,
+        "reason": "rotated", "rule": "", "count": 85850, "since": "2025-01-02T03:04:08.000Z",
+        "lines": 2288, "unkept": 0, "hosts": ["a.test", "b.test"],
+        "dropped": [
+            {"daemon": "proxy", "decision": "deny", "reason": "host_not_allowed", "count": 85000},
+            {"daemon": "proxy", "decision": "allow", "reason": "allowed", "count": 850},
+        ],
+    });
+    std::fs::write(
+        logs.join("audit.jsonl.dropped"),
+        format!(
+            "{summary}
+"
+        ),
+    )
+    .unwrap();
+    let mut merged = base(
+        "2025-01-02T03:11:00.000Z",
+        "proxy",
+        "deny",
+        "h9.denied.test",
+    );
+    merged["reason"] = "host_not_allowed".into();
+    merged["method"] = "GET".into();
+    merged["count"] = 4000.into();
+    merged["hosts"] = (1..=8)
+        .map(|i| format!("h{i}.denied.test"))
+        .collect::<Vec<_>>()
+        .into();
+    // Lines of older versions, in older generations, still read.
+    let v1 = r#"{"v":1,"time":"2025-01-02T03:10:30.000Z","bottle":"b","daemon":"proxy","decision":"allow","host":"old.example","port":443,"method":"GET","path":"/","bytes_up":0,"bytes_down":0,"duration_ms":1,"reason":"allowed","rule":""}"#;
+    std::fs::write(
+        logs.join("audit.jsonl.1"),
+        format!(
+            "{v1}
+"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        logs.join("audit.jsonl"),
+        format!(
+            "{merged}
+"
+        ),
+    )
+    .unwrap();
+
+    let output = bottle(state.path())
+        .env("TZ", "UTC")
+        .args(["logs", "claude"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        "2025-01-02 03:04:05  blocked_secret  POST api.example.com:443/upload  403  secret:aws_access_key_id\n\
+         2025-01-02 03:04:06  inject  POST api.github.com:443/upload  -  credential:github\n\
+         2025-01-02 03:04:07  allow  EXEC  make test  -  exit_0  evidence sha256:ab12\n\
+         2025-01-02 03:10:00  dropped  85850 decisions rotated out since 2025-01-02 03:04:08: proxy deny host_not_allowed x85000, proxy allow allowed x850; hosts a.test, b.test, …\n\
+         2025-01-02 03:10:30  allow  GET old.example:443/  -  allowed\n\
+         2025-01-02 03:11:00  deny  GET h9.denied.test:443/upload  403  host_not_allowed  (x4000; hosts h1.denied.test, h2.denied.test, h3.denied.test, h4.denied.test, h5.denied.test, h6.denied.test, h7.denied.test, h8.denied.test, …)\n"
+    );
+    let json = bottle(state.path())
+        .args(["logs", "--json", "claude"])
+        .output()
+        .unwrap();
+    let decisions: Vec<String> = String::from_utf8(json.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["decision"].to_string())
+        .collect();
+    assert_eq!(
+        decisions,
+        [
+            r#""blocked_secret""#,
+            r#""inject""#,
+            r#""allow""#,
+            r#""dropped""#,
+            r#""allow""#,
+            r#""deny""#
+        ]
     );
 }
 

@@ -3,12 +3,12 @@
 //! through a corporate network, and the bottles a test started, each
 //! stopped however the test ends.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bottle_core::exec::{CommandOutput, CommandRunner as _, CommandSpec, SystemRunner};
-use bottle_test_support::corp_net::CorpNet;
+use bottle_test_support::corp_net::{CorpNet, Site, TestInterface};
 
 use crate::bottle;
 
@@ -39,7 +39,7 @@ pub(crate) fn shell_quote(text: &str) -> String {
 /// The host's curl through the corporate proxy at `proxy` (its port from
 /// `net`), trusting its CA `ca`: the positive control that each upstream
 /// works before a bottle tries it. Prints the status and HTTP version.
-pub(crate) fn host_curl(
+fn host_curl(
     net: &CorpNet,
     proxy: Ipv4Addr,
     ca: &Path,
@@ -69,6 +69,63 @@ pub(crate) fn host_curl(
         ])
         .args(extra.iter().copied())
         .arg(url))
+}
+
+/// A test's corporate network: the TLS-re-signing proxy at `proxy` on an
+/// interface the test made, serving the test's upstreams, and its CA in a
+/// file for the host's clients. The proxy stops before the interface goes.
+pub(crate) struct Corp {
+    pub(crate) net: CorpNet,
+    /// The proxy's CA, PEM.
+    pub(crate) ca: PathBuf,
+    proxy: Ipv4Addr,
+    _interface: TestInterface,
+}
+
+impl Corp {
+    /// Makes `interface` holding `proxy` and serves `site` there, the CA
+    /// written into `dir`; `None`, after `test`'s skip line, where the
+    /// interface cannot be made.
+    pub(crate) fn start(
+        test: &str,
+        interface: &str,
+        proxy: Ipv4Addr,
+        site: Site,
+        dir: &Path,
+    ) -> Option<Corp> {
+        let made = match TestInterface::create(interface, &[IpAddr::V4(proxy)]) {
+            Ok(made) => made,
+            Err(why) => {
+                bottle_test_support::skip_docker_test(test, why);
+                return None;
+            }
+        };
+        let net = CorpNet::start(SocketAddr::from((proxy, 443)), site).unwrap();
+        let ca = dir.join("corp-ca.pem");
+        std::fs::write(&ca, net.corp_ca.cert_pem()).unwrap();
+        Some(Corp {
+            net,
+            ca,
+            proxy,
+            _interface: made,
+        })
+    }
+
+    /// The host's curl through this network ([`host_curl`]).
+    pub(crate) fn curl(&self, url: &str, extra: &[&str]) -> CommandOutput {
+        host_curl(&self.net, self.proxy, &self.ca, url, extra)
+    }
+
+    /// The positive controls: each of `urls` answers 200 over HTTP/1.1
+    /// through the proxy from the host, and `h2_url` over HTTP/2.
+    pub(crate) fn assert_upstreams_answer(&self, urls: &[String], h2_url: &str) {
+        for url in urls {
+            let out = self.curl(url, &["--http1.1"]);
+            assert_eq!(out.stdout_text(), "200 1.1", "{url}: {}", both(&out));
+        }
+        let h2 = self.curl(h2_url, &["--http2"]);
+        assert_eq!(h2.stdout_text(), "200 2", "{}", both(&h2));
+    }
 }
 
 /// Bottles a test started on the docker backend from `manifest`, stopped

@@ -7,13 +7,17 @@
 
 mod audit_logs;
 mod catalogue;
+mod checkout;
 mod commands;
+mod commit;
+mod cp;
 mod e2e;
 mod example;
 mod execute;
 mod exit_codes;
 mod interrupted;
 mod pool;
+mod ports;
 mod real_agent;
 mod real_clients;
 mod requests;

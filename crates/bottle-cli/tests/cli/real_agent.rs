@@ -9,19 +9,14 @@
 //! `BOTTLE_BUNDLE_BIN` are set, and fails instead under
 //! `BOTTLE_REQUIRE_DOCKER=1`.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-use bottle_core::exec::{CommandOutput, CommandSpec};
-use bottle_test_support::corp_net::{CorpNet, Site, TestInterface, Version};
+use bottle_core::exec::CommandSpec;
+use bottle_test_support::corp_net::{Site, Version};
 use bottle_test_support::{skip_docker_test, temp_state_root};
 
-use crate::e2e::{Bottles, both, host_curl as curl_via, run, shell_quote};
-
-/// The host's curl through this test's corporate network.
-fn host_curl(net: &CorpNet, ca: &Path, url: &str, extra: &[&str]) -> CommandOutput {
-    curl_via(net, CORP_PROXY, ca, url, extra)
-}
+use crate::e2e::{Bottles, Corp, both, run, shell_quote};
 
 const TEST: &str = "a_real_agents_day_behind_a_corporate_network";
 const IMAGE_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
@@ -181,36 +176,23 @@ fn a_real_agents_day_behind_a_corporate_network() {
     }
     let dir = tempfile::tempdir().unwrap();
     let site = site(dir.path());
-    let _iface = match TestInterface::create("bottlecorp0", &[IpAddr::V4(CORP_PROXY)]) {
-        Ok(iface) => iface,
-        Err(why) => {
-            skip_docker_test(TEST, why);
-            return;
-        }
+    let Some(corp) = Corp::start(TEST, "bottlecorp0", CORP_PROXY, site, dir.path()) else {
+        return;
     };
-    let net = CorpNet::start(SocketAddr::from((CORP_PROXY, 443)), site).unwrap();
-    let corp_ca = dir.path().join("corp-ca.pem");
-    std::fs::write(&corp_ca, net.corp_ca.cert_pem()).unwrap();
+    let (net, corp_ca) = (&corp.net, &corp.ca);
 
     // Positive controls: every upstream answers through the corporate proxy.
-    for url in [
-        format!("https://{FILES}/hello.txt"),
-        format!("https://{NODE}/hello.txt"),
-        format!("https://{PYPI}/simple/demo-pkg/"),
-        format!("https://{PYPI}/packages/demo_pkg-1.0-py3-none-any.whl"),
-        format!("https://{GIT}/app.git/info/refs"),
-        format!("https://{GIT}/app.git/HEAD"),
-    ] {
-        let out = host_curl(&net, &corp_ca, &url, &["--http1.1"]);
-        assert_eq!(out.stdout_text(), "200 1.1", "{url}: {}", both(&out));
-    }
-    let h2 = host_curl(
-        &net,
-        &corp_ca,
+    corp.assert_upstreams_answer(
+        &[
+            format!("https://{FILES}/hello.txt"),
+            format!("https://{NODE}/hello.txt"),
+            format!("https://{PYPI}/simple/demo-pkg/"),
+            format!("https://{PYPI}/packages/demo_pkg-1.0-py3-none-any.whl"),
+            format!("https://{GIT}/app.git/info/refs"),
+            format!("https://{GIT}/app.git/HEAD"),
+        ],
         &format!("https://{FILES}/hello.txt"),
-        &["--http2"],
     );
-    assert_eq!(h2.stdout_text(), "200 2", "{}", both(&h2));
 
     let hosts = [FILES, PYPI, GIT, NODE];
     let resolve: Vec<String> = hosts

@@ -25,17 +25,17 @@
 //! `BOTTLE_BUNDLE_BIN` are set, and fails instead under
 //! `BOTTLE_REQUIRE_DOCKER=1`.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::path::Path;
 
 use bottle_core::exec::{CommandOutput, CommandSpec};
 use bottle_test_support::corp_net::{
-    CorpNet, NPM_BULK_ADVISORIES, NpmPackage, PythonFile, SDIST_PROJECT, Site, TestInterface,
-    Version, WHEEL_PROJECT, make_bare_repo, npm_registry, python_index, write_corpus,
+    CorpNet, NPM_BULK_ADVISORIES, NpmPackage, PythonFile, SDIST_PROJECT, Site, Version,
+    WHEEL_PROJECT, make_bare_repo, npm_registry, python_index, write_corpus,
 };
 use bottle_test_support::{skip_docker_test, temp_state_root};
 
-use crate::e2e::{Bottles, both, host_curl as curl_via, run, shell_quote};
+use crate::e2e::{Bottles, Corp, both, run, shell_quote};
 
 const TEST: &str = "real_clients_work_through_a_bottle_with_no_finding";
 const GVISOR_TEST: &str = "real_clients_work_through_a_gvisor_bottle_with_no_finding";
@@ -103,11 +103,6 @@ fn upstreams(dir: &Path) -> Upstreams {
     let (site, _) = npm_registry(site, NPM, &dir.join("npm"), &npm_packages()).unwrap();
     let (site, python) = python_index(site, PYPI, &dir.join("pypi")).unwrap();
     Upstreams { site, python }
-}
-
-/// The host's curl through this test's corporate network.
-fn host_curl(net: &CorpNet, ca: &Path, url: &str, extra: &[&str]) -> CommandOutput {
-    curl_via(net, CORP_PROXY, ca, url, extra)
 }
 
 /// The host's git through the corporate network (its CONNECT front door),
@@ -286,47 +281,32 @@ fn a_clients_day(test: &str, isolation: &str) {
     let started = std::time::Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let Upstreams { site, python } = upstreams(dir.path());
-    let _iface = match TestInterface::create(INTERFACE, &[IpAddr::V4(CORP_PROXY)]) {
-        Ok(iface) => iface,
-        Err(why) => {
-            skip_docker_test(test, why);
-            return;
-        }
+    let Some(corp) = Corp::start(test, INTERFACE, CORP_PROXY, site, dir.path()) else {
+        return;
     };
-    let net = CorpNet::start(SocketAddr::from((CORP_PROXY, 443)), site).unwrap();
-    let corp_ca = dir.path().join("corp-ca.pem");
-    std::fs::write(&corp_ca, net.corp_ca.cert_pem()).unwrap();
+    let (net, corp_ca) = (&corp.net, &corp.ca);
 
     // Positive controls: every upstream answers through the corporate proxy.
-    for url in [
-        format!("https://{NPM}/bottle-hello"),
-        format!("https://{NPM}/@bottle-test%2fgreet"),
-        format!("https://{NPM}/bottle-hello/-/bottle-hello-1.0.0.tgz"),
-        format!("https://{PYPI}/simple/{WHEEL_PROJECT}/"),
-        format!("https://{PYPI}/simple/{SDIST_PROJECT}/"),
-        format!("https://{GIT}/app.git/info/refs?service=git-upload-pack"),
-        format!("https://{FILES}/hello.txt"),
-    ] {
-        let out = host_curl(&net, &corp_ca, &url, &["--http1.1"]);
-        assert_eq!(out.stdout_text(), "200 1.1", "{url}: {}", both(&out));
-    }
-    let h2 = host_curl(
-        &net,
-        &corp_ca,
+    corp.assert_upstreams_answer(
+        &[
+            format!("https://{NPM}/bottle-hello"),
+            format!("https://{NPM}/@bottle-test%2fgreet"),
+            format!("https://{NPM}/bottle-hello/-/bottle-hello-1.0.0.tgz"),
+            format!("https://{PYPI}/simple/{WHEEL_PROJECT}/"),
+            format!("https://{PYPI}/simple/{SDIST_PROJECT}/"),
+            format!("https://{GIT}/app.git/info/refs?service=git-upload-pack"),
+            format!("https://{FILES}/hello.txt"),
+        ],
         &format!("https://{FILES}/hello.txt"),
-        &["--http2"],
     );
-    assert_eq!(h2.stdout_text(), "200 2", "{}", both(&h2));
-    let audit = host_curl(
-        &net,
-        &corp_ca,
+    let audit = corp.curl(
         &format!("https://{NPM}{NPM_BULK_ADVISORIES}"),
         &["--data-binary", "{}"],
     );
     assert!(audit.stdout_text().starts_with("200 "), "{}", both(&audit));
     let out = host_git(
-        &net,
-        &corp_ca,
+        net,
+        corp_ca,
         dir.path(),
         &[
             "clone",

@@ -135,6 +135,101 @@ fn the_socket_is_owner_only_refuses_a_second_server_and_goes_with_the_server() {
     assert!(!serve.socket.exists(), "the socket outlived the server");
 }
 
+/// `bottle serve`'s bounds (`serve::conn`): a request head must be whole
+/// within 10 s of its first byte, and 64 connections are held at once.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+const MAX_CONNECTIONS: usize = 64;
+
+/// Whether the server closed `stream`: a read sees its end (or a reset).
+fn closed_by_server(stream: &mut UnixStream) -> bool {
+    let mut buf = [0u8; 256];
+    match stream.read(&mut buf) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    }
+}
+
+#[test]
+fn half_sent_heads_are_closed_and_connections_past_the_bound_wait_their_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let serve = Serve::start(&state, dir.path(), None);
+    // Every slot held by a client that stopped half-way through its head.
+    let started = std::time::Instant::now();
+    let mut stalled: Vec<UnixStream> = (0..MAX_CONNECTIONS)
+        .map(|_| {
+            let mut s = UnixStream::connect(&serve.socket).unwrap();
+            s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: bot")
+                .unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            s
+        })
+        .collect();
+    // The next one is not served while they hold the slots...
+    let mut waiting = UnixStream::connect(&serve.socket).unwrap();
+    waiting
+        .write_all(b"GET /v1/health HTTP/1.1\r\nHost: bottle\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    waiting
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let early = waiting.read_to_end(&mut answer);
+    assert!(
+        early.is_err() && answer.is_empty(),
+        "served past the bound: {early:?} {:?}",
+        String::from_utf8_lossy(&answer)
+    );
+    // ...the server closes every stalled one once its head is overdue...
+    bottle_test_support::wait_until(
+        "the stalled connections to be closed",
+        HEAD_TIMEOUT + Duration::from_secs(5),
+        || {
+            stalled.retain_mut(|s| !closed_by_server(s));
+            stalled.is_empty()
+        },
+    );
+    let took = started.elapsed();
+    assert!(took >= HEAD_TIMEOUT - Duration::from_secs(1), "{took:?}");
+    // ...and the waiting one gets its turn.
+    waiting
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    answer.clear();
+    waiting.read_to_end(&mut answer).unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert_eq!(serve.request("GET", "/v1/health", None).0, 200);
+}
+
+#[test]
+fn a_request_whose_body_is_coming_is_not_cut_at_the_heads_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let serve = Serve::start(&state, dir.path(), None);
+    // The head promises a body that is slow to come: the request is being
+    // answered, so the head's bound does not cut it (its body has a bound of
+    // its own, 60 s, answered with a 408 `BOT-C048`), and other clients
+    // are served meanwhile.
+    let mut slow = UnixStream::connect(&serve.socket).unwrap();
+    slow.write_all(b"POST /v1/bottles HTTP/1.1\r\nHost: bottle\r\nContent-Length: 100\r\n\r\n{")
+        .unwrap();
+    slow.set_read_timeout(Some(HEAD_TIMEOUT + Duration::from_secs(2)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let waited = slow.read(&mut buf);
+    assert!(
+        matches!(&waited, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "a request whose body is on its way was cut at the head's bound: {waited:?}"
+    );
+    assert_eq!(serve.request("GET", "/v1/health", None).0, 200);
+}
+
 #[test]
 fn errors_are_json_with_a_code_and_a_fitting_status() {
     let dir = tempfile::tempdir().unwrap();

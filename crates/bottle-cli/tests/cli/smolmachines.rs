@@ -585,6 +585,7 @@ fn both_backends_give_the_agent_the_same_environment() {
             own: &bottle_core::agent::OwnAddresses::default(),
             git: &[],
             prompt: true,
+            host_services: false,
         })
         .into_iter()
         .map(|(name, _)| name)
@@ -817,6 +818,288 @@ fn the_python_client_demo_runs_against_a_microvm_bottle() {
     assert!(
         !world.has_record(),
         "the demo's microVM outlived its shutdown"
+    );
+    assert_nothing_left(&world, &docker.engine);
+}
+
+/// What bottle owns in a guest, read from the guest root on the host:
+/// every path under it with its kind and contents.
+fn owned_in_guest(world: &World) -> Vec<(String, Vec<u8>)> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<(String, Vec<u8>)>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let contents = if meta.is_file() {
+                std::fs::read(&path).unwrap()
+            } else {
+                Vec::new()
+            };
+            out.push((path.display().to_string(), contents));
+            if meta.is_dir() {
+                walk(&path, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&world.guest().join("etc/bottle"), &mut out);
+    walk(&world.guest().join(".bottle"), &mut out);
+    out.sort();
+    out
+}
+
+#[test]
+fn cp_goes_both_ways_on_a_microvm_and_never_through_a_planted_link() {
+    let test = "cp_goes_both_ways_on_a_microvm_and_never_through_a_planted_link";
+    let Some(docker) = docker(test) else { return };
+    let world = World::new(&docker.image, "cp-vm");
+    if !sandbox_available(&world, test) {
+        return;
+    }
+    let name = world.name();
+    let at = |path: &str| format!("{name}:{path}");
+    let vm = || {
+        let mut cmd = world.bottle("1.9.3", "");
+        cmd.args(["--backend", "smolmachines"]);
+        cmd
+    };
+    let exec = |script: &str| -> String {
+        let out = vm()
+            .args(["exec", &name, "--", "sh", "-c", script])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{script}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    vm().args(["--yes", "start", "coder", "--name", &name, "--detach"])
+        .assert()
+        .success();
+
+    // In: a tree keeps its times and belongs to the user commands run as.
+    let proj = world.dir.path().join("proj");
+    std::fs::create_dir_all(proj.join("sub")).unwrap();
+    std::fs::write(proj.join("sub/a.txt"), "alpha\n").unwrap();
+    let when = std::time::UNIX_EPOCH + Duration::from_secs(1_650_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(proj.join("sub/a.txt"))
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+    vm().arg("cp").arg(&proj).arg(at("/tmp")).assert().success();
+    assert_eq!(
+        exec("echo \"$(stat -c '%u %Y' /tmp/proj/sub/a.txt) $(id -u)\""),
+        format!(
+            "{} 1650000000 {}\n",
+            exec("id -u").trim(),
+            exec("id -u").trim()
+        )
+    );
+    let mut stdin_tar = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(6);
+    header.set_mode(0o644);
+    stdin_tar
+        .append_data(&mut header, "piped.txt", &b"piped\n"[..])
+        .unwrap();
+    vm().args(["cp", "-", &at("/tmp/proj")])
+        .write_stdin(stdin_tar.into_inner().unwrap())
+        .assert()
+        .success();
+    assert_eq!(exec("cat /tmp/proj/piped.txt"), "piped\n");
+
+    // Out: a tree, and a tar on stdout.
+    let out = world.dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    vm().args(["cp", &at("/tmp/proj"), out.to_str().unwrap()])
+        .assert()
+        .success();
+    assert_eq!(
+        std::fs::read_to_string(out.join("proj/sub/a.txt")).unwrap(),
+        "alpha\n"
+    );
+    use std::os::unix::fs::MetadataExt as _;
+    assert_eq!(
+        std::fs::metadata(out.join("proj/sub/a.txt"))
+            .unwrap()
+            .mtime(),
+        1_650_000_000
+    );
+    let tar = vm()
+        .args(["cp", &at("/tmp/proj/sub"), "-"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let mut archive = tar::Archive::new(tar.as_slice());
+    let listed: Vec<String> = archive
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap().path().unwrap().display().to_string())
+        .collect();
+    assert_eq!(listed, ["sub", "sub/a.txt"]);
+
+    // The agent plants links; copies through them are refused and nothing
+    // bottle owns changes, while the same copy to a plain directory lands.
+    exec(
+        "mkdir -p /.bottle && cd /tmp && ln -s /etc/bottle drop && ln -s /.bottle bin && ln -s /etc up \
+         && mkdir plain hostile && echo x > hostile/data && ln -s /etc/passwd hostile/abs",
+    );
+    let before = owned_in_guest(&world);
+    assert!(
+        before
+            .iter()
+            .any(|(p, _)| p.ends_with("etc/bottle/mcp.json")),
+        "{before:?}"
+    );
+    let mcp = world.dir.path().join("mcp.json");
+    std::fs::write(&mcp, "{\"planted\": true}\n").unwrap();
+    for dest in ["/tmp/drop", "/tmp/bin", "/tmp/up/bottle", "/tmp/drop/x"] {
+        vm().arg("cp")
+            .arg(&mcp)
+            .arg(at(dest))
+            .assert()
+            .code(5)
+            .stderr(predicate::str::contains("error[BOT-F003]"));
+    }
+    vm().arg("cp")
+        .arg(&mcp)
+        .arg(at("/etc/bottle"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("error[BOT-F002]"));
+    assert_eq!(owned_in_guest(&world), before);
+    vm().arg("cp")
+        .arg(&mcp)
+        .arg(at("/tmp/plain"))
+        .assert()
+        .success();
+    assert_eq!(exec("cat /tmp/plain/mcp.json"), "{\"planted\": true}\n");
+
+    // A link out of the copied tree: refused, nothing written.
+    let empty = world.dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    vm().args(["cp", &at("/tmp/hostile"), empty.to_str().unwrap()])
+        .assert()
+        .code(5)
+        .stderr(predicate::str::contains("error[BOT-F010]"));
+    assert_eq!(std::fs::read_dir(&empty).unwrap().count(), 0);
+    vm().args(["cp", &at("/tmp/nothing"), empty.to_str().unwrap()])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("error[BOT-F004]"));
+
+    vm().args(["stop", &name]).assert().success();
+    assert_nothing_left(&world, &docker.engine);
+}
+
+/// A published port and a host service on a microVM bottle. The double
+/// runs guest commands on the host's network, so "the agent's server" is
+/// a listener on the host's loopback here: what is tested is the path, the
+/// forwarder through `machine exec -i` of the in-box agent's relay, and
+/// the guest's `/etc/hosts` naming the bundle, whose relay reaches the
+/// host's service through the forwarder's socket.
+#[test]
+fn a_published_port_and_a_host_service_cross_a_microvm_bottle() {
+    let test = "a_published_port_and_a_host_service_cross_a_microvm_bottle";
+    let Some(docker) = docker(test) else { return };
+    if std::env::var_os("BOTTLE_TOOLBOX_BIN").is_none() {
+        bottle_test_support::skip_docker_test(test, "BOTTLE_TOOLBOX_BIN is not set");
+        return;
+    }
+    let world = World::new(&docker.image, "smol-ports");
+    if !sandbox_available(&world, test) {
+        return;
+    }
+    let serve = |tag: &'static str| {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().take(2) {
+                let Ok(mut conn) = conn else { continue };
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(20)));
+                let mut buf = [0u8; 16];
+                let got = std::io::Read::read(&mut conn, &mut buf).unwrap_or(0);
+                let _ = std::io::Write::write_all(&mut conn, format!("{tag}: ").as_bytes());
+                let _ = std::io::Write::write_all(&mut conn, &buf[..got]);
+            }
+        });
+        port
+    };
+    let agent_port = serve("box-said");
+    let service_port = serve("host-said");
+    let host_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::fs::write(
+        world.dir.path().join("project/bottle.toml"),
+        format!(
+            "[agents.coder]\nimage = \"{}\"\npublish = [\"{agent_port}:{host_port}\"]\n\n\
+             [agents.coder.egress]\nhost_services = [\"127.0.0.1:{service_port}\"]\n",
+            docker.image
+        ),
+    )
+    .unwrap();
+    let start = world
+        .bottle("1.9.3", "")
+        .args(["--backend", "smolmachines", "--yes", "start", "coder"])
+        .args(["--name", &world.name(), "--detach"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&start.stderr);
+    assert!(start.status.success(), "start failed: {stderr}");
+
+    // The host's loopback reaches the agent's port through the relay.
+    let mut conn = TcpStream::connect(("127.0.0.1", host_port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    std::io::Write::write_all(&mut conn, b"ping").unwrap();
+    conn.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut back = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut back).unwrap();
+    assert_eq!(back, "box-said: ping");
+    let listed = list(&world, "smolmachines");
+    let me = listed
+        .iter()
+        .find(|b| b["name"] == world.machine())
+        .expect("listed");
+    assert_eq!(me["ports"][0]["port"], u64::from(agent_port));
+
+    // The guest reaches the host's service at its name.
+    let out = world
+        .bottle("1.9.3", "")
+        .args(["--backend", "smolmachines", "exec", &world.name(), "--"])
+        .args([
+            "sh",
+            "-c",
+            &format!("printf ping | busybox nc -w 10 host.bottle.internal {service_port}"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "host-said: ping",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    world
+        .bottle("1.9.3", "")
+        .args(["--backend", "smolmachines", "stop", &world.name()])
+        .assert()
+        .success();
+    assert!(
+        TcpStream::connect(("127.0.0.1", host_port)).is_err(),
+        "the published port outlived its bottle"
     );
     assert_nothing_left(&world, &docker.engine);
 }

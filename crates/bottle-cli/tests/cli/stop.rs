@@ -111,7 +111,7 @@ impl Drop for World {
             !self.network_exists() && !self.state_dir().exists()
         });
         if !gone {
-            let _ = self.bottle().arg("cleanup").output();
+            let _ = self.bottle().args(["--yes", "cleanup"]).output();
         }
     }
 }
@@ -239,7 +239,19 @@ fn a_killed_finisher_leaves_a_stopping_bottle_that_cleanup_finishes() {
     assert!(world.network_exists(), "the finisher was killed too late");
     assert_eq!(world.listed_state().as_deref(), Some("stopping"));
 
-    let cleanup = world.bottle().arg("cleanup").output().unwrap();
+    // Without a terminal, cleanup lists the bottle and refuses to go on
+    // unconfirmed; nothing is removed.
+    let refused = world.bottle().arg("cleanup").output().unwrap();
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    let said = stderr(&refused);
+    assert!(
+        said.contains("cleanup would remove:")
+            && said.contains(&format!("bottle bot-bottle-{}", world.name))
+            && said.contains("error[BOT-C003]: no terminal to confirm the cleanup on"),
+        "{said}"
+    );
+    assert!(world.network_exists(), "an unconfirmed cleanup removed it");
+    let cleanup = world.bottle().args(["--yes", "cleanup"]).output().unwrap();
     assert!(cleanup.status.success(), "{}", stderr(&cleanup));
     world.assert_nothing_left_but_logs(1);
     assert_eq!(world.listed_state(), None);

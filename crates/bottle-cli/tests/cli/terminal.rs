@@ -1,7 +1,9 @@
 //! Text the agent wrote (supervise requests, audit log lines) reaches the
 //! operator's terminal escaped by `bottle requests` and `bottle logs`: no C0
-//! or C1 control, DEL, bidirectional override or isolate, or line separator
-//! comes out raw (`bottle_core::display`).
+//! or C1 control, DEL, bidirectional override or isolate, line separator,
+//! invisible format character (zero-width, word joiner, byte-order mark,
+//! soft hyphen, tags) or private-use character comes out raw
+//! (`bottle_core::display`).
 
 use std::path::Path;
 
@@ -12,14 +14,39 @@ use crate::bottle;
 
 /// Characters that act on a terminal, each of which the tests plant.
 const RAW: &[char] = &[
-    '\u{1b}', '\u{7}', '\u{7f}', '\u{9b}', '\u{9c}', '\u{9d}', '\u{202e}', '\u{2066}', '\u{2069}',
-    '\u{200f}', '\u{61c}', '\u{2028}', '\u{2029}', '\r', '\t',
+    '\u{1b}',
+    '\u{7}',
+    '\u{7f}',
+    '\u{9b}',
+    '\u{9c}',
+    '\u{9d}',
+    '\u{202e}',
+    '\u{2066}',
+    '\u{2069}',
+    '\u{200f}',
+    '\u{61c}',
+    '\u{2028}',
+    '\u{2029}',
+    '\r',
+    '\t',
+    '\u{200b}',
+    '\u{200d}',
+    '\u{2060}',
+    '\u{feff}',
+    '\u{ad}',
+    '\u{e0068}',
+    '\u{e007f}',
+    '\u{e000}',
+    '\u{f0000}',
 ];
 
 /// A screen clear through the C1 CSI byte, then a right-to-left override.
 const HOSTILE_MESSAGE: &str = "\u{9b}2J\u{202e}moc.live";
-/// An OSC 8 hyperlink, an isolate, a line separator, BEL and DEL.
-const HOSTILE_REASON: &str = "\u{1b}]8;;http://x/\u{1b}\\ok\u{2066}\u{2028}\u{7}\u{7f}";
+/// An OSC 8 hyperlink, an isolate, a line separator, BEL and DEL, then
+/// what does not show: a zero-width space and joiner, a word joiner, a
+/// byte-order mark, a soft hyphen, "h" and CANCEL TAG in tag characters,
+/// and private-use characters of the BMP and of plane 15.
+const HOSTILE_REASON: &str = "\u{1b}]8;;http://x/\u{1b}\\ok\u{2066}\u{2028}\u{7}\u{7f}\u{200b}\u{200d}\u{2060}\u{feff}\u{ad}\u{e0068}\u{e007f}\u{e000}\u{f0000}";
 /// An egress host with bidi marks and an OSC title through the C1 bytes.
 const HOSTILE_HOST: &str = "docs.rs\u{200f}\u{61c}\u{9d}0;t\u{9c}";
 
@@ -155,6 +182,11 @@ fn logs_json_escape_audit_lines_json_or_not() {
     let parsed: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
     assert_eq!(parsed, record);
     assert!(lines[0].contains(r"\u009b2J\u202emoc.live"), "{text}");
+    assert!(
+        lines[0]
+            .contains(r"\u200b\u200d\u2060\ufeff\u00ad\udb40\udc68\udb40\udc7f\ue000\udb80\udc00"),
+        "{text}"
+    );
     assert_eq!(
         lines[1],
         r"not json \u{1b}[2J\u{1b}]0;owned\u{7}\u{d}decision: allow\u{9b}K"

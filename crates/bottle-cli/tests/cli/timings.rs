@@ -11,7 +11,7 @@ use crate::bottle;
 const IMAGE: &str = "bottle-demo-agent:cli-timings";
 
 /// Every lap a detached docker start records, in order.
-const LAPS: [&str; 25] = [
+const LAPS: [&str; 26] = [
     "load-manifest",
     "preflight",
     "prepare",
@@ -36,6 +36,7 @@ const LAPS: [&str; 25] = [
     "snapshot",
     "complete",
     "launched",
+    "forwards",
     "session-spawn",
 ];
 

@@ -54,7 +54,8 @@ pub fn policy_file(env: impl Fn(&str) -> Option<String>) -> PathBuf {
 }
 
 /// The devices requested when the manifest sets no `devices`: the NVIDIA
-/// nodes. On a host without them they expand to nothing, silently.
+/// nodes, but for those in [`LEFT_OUT_OF_DEFAULTS`]. On a host without them
+/// they expand to nothing, silently.
 pub const DEFAULT_DEVICES: &[&str] = &[
     "/dev/nvidia*",
     "/dev/nvidia-caps/*",
@@ -63,6 +64,16 @@ pub const DEFAULT_DEVICES: &[&str] = &[
     "/dev/nvidia-uvm-tools",
     "/dev/nvidia-modeset",
 ];
+
+/// Nodes the defaults' globs match but do not pass, each with why: an
+/// administrator's capability rather than the GPU's use. Only the defaults
+/// leave them out (a manifest that lists them in `devices` gets them), and
+/// by path, by the path a candidate resolves to, and by device number, so
+/// no other name of the node under `/dev/nvidia*` brings it back.
+pub const LEFT_OUT_OF_DEFAULTS: &[(&str, &str)] = &[(
+    "/dev/nvidia-caps/nvidia-cap1",
+    "the MIG configuration capability (creating and destroying the GPU instances every user of the GPU shares) is an administrator's, left out of the default devices; list it in `devices` to pass it",
+)];
 
 /// The blacklist that always applies, whatever the admin file says.
 ///

@@ -15,7 +15,9 @@ use std::path::{Component, Path, PathBuf};
 use super::drivers::{BlockDrivers, DISK_DRIVERS};
 use super::error::DeviceError;
 use super::policy::{BlacklistSource, DevicePolicy};
-use super::{DeviceKind, DeviceNode, DroppedDevice, PTS_MIN_KERNEL, ResolvedDevices};
+use super::{
+    DeviceKind, DeviceNode, DroppedDevice, LEFT_OUT_OF_DEFAULTS, PTS_MIN_KERNEL, ResolvedDevices,
+};
 
 /// Paths one pattern may expand to before the resolver gives up.
 const MAX_MATCHES: usize = 4096;
@@ -148,6 +150,11 @@ impl DevicePolicy {
             format!("{major}.{minor}")
         });
 
+        let left_out = if self.explicit {
+            Vec::new()
+        } else {
+            left_out_nodes(root)
+        };
         let mut out = ResolvedDevices::default();
         let mut seen = HashSet::new();
         for request in &self.requests {
@@ -194,6 +201,13 @@ impl DevicePolicy {
                     }
                     match self.check(root, &candidate, &numbers, &drivers, relaxed) {
                         Verdict::Pass(node, used_relaxation) => {
+                            if let Some(reason) = left_out_reason(root, &node, &left_out) {
+                                out.dropped.push(DroppedDevice {
+                                    path: container_path,
+                                    reason: reason.to_string(),
+                                });
+                                continue;
+                            }
                             passed_by_relaxing |= used_relaxation;
                             out.passed.push(node);
                         }
@@ -377,6 +391,44 @@ impl DevicePolicy {
             used_relaxation,
         )
     }
+}
+
+/// A node [`LEFT_OUT_OF_DEFAULTS`] names: its path, its device number when
+/// the host has it, and why it is left out.
+struct LeftOut {
+    path: &'static str,
+    id: Option<DeviceId>,
+    reason: &'static str,
+}
+
+/// The left-out nodes under `root`, with the device number each has there
+/// (none when the host has no such node, or it cannot be read: its path
+/// still matches).
+fn left_out_nodes(root: &Path) -> Vec<LeftOut> {
+    LEFT_OUT_OF_DEFAULTS
+        .iter()
+        .map(|(path, reason)| {
+            let rel = Path::new(path.trim_start_matches('/'));
+            let id = resolve_in_root(root, rel)
+                .ok()
+                .and_then(|resolved| device_id(&root.join(resolved)).ok().flatten());
+            LeftOut { path, id, reason }
+        })
+        .collect()
+}
+
+/// Why the defaults leave `node` out, if they do: it is a left-out node by
+/// the path it was found at, the path it resolves to, or its number.
+fn left_out_reason(root: &Path, node: &DeviceNode, left_out: &[LeftOut]) -> Option<&'static str> {
+    let host = display_in_root(root, &node.host_path);
+    left_out
+        .iter()
+        .find(|l| {
+            l.path == node.container_path
+                || l.path == host
+                || l.id == Some((node.kind, node.major, node.minor))
+        })
+        .map(|l| l.reason)
 }
 
 enum Verdict {

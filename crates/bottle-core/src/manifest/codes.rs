@@ -108,6 +108,24 @@ pub const UPSTREAM_CA_PEM: &str = "BOT-M061";
 pub const ON_SECRET_HOST: &str = "BOT-M063";
 /// A local git repository path (`git[].url`) is not a directory.
 pub const GIT_PATH: &str = "BOT-M070";
+/// A local git repository path (`git[].url`) is a directory but neither a
+/// working checkout nor a bare repository.
+pub const GIT_NOT_A_REPOSITORY: &str = "BOT-M071";
+/// A `publish` entry that is not a port or `"PORT:HOST_PORT"`.
+pub const PUBLISH_INVALID: &str = "BOT-M080";
+/// A `publish` host port listed twice.
+pub const PUBLISH_DUPLICATE: &str = "BOT-M081";
+/// An `egress.host_services` entry that is not a port on the host's
+/// loopback.
+pub const HOST_SERVICE: &str = "BOT-M082";
+/// An `egress.tcp` entry that is not `NAME:PORT`.
+pub const TCP_DESTINATION: &str = "BOT-M083";
+/// Two relays (host services, TCP destinations) on one port, or one on a
+/// port of the bundle's own.
+pub const RELAY_PORT: &str = "BOT-M084";
+/// An `egress.allow` rule or `egress.resolve` address on loopback: the
+/// box's own, never the host's.
+pub const LOOPBACK: &str = "BOT-M085";
 
 /// Every code with a one-line summary, in code order.
 pub const ALL: &[(&str, &str)] = &[
@@ -201,5 +219,30 @@ pub const ALL: &[(&str, &str)] = &[
     (
         GIT_PATH,
         "a local git repository path that is not a directory",
+    ),
+    (
+        GIT_NOT_A_REPOSITORY,
+        "a local git repository path that is neither a working checkout nor a bare repository",
+    ),
+    (
+        PUBLISH_INVALID,
+        "a `publish` entry that is not a port or `\"PORT:HOST_PORT\"`",
+    ),
+    (PUBLISH_DUPLICATE, "a `publish` host port listed twice"),
+    (
+        HOST_SERVICE,
+        "an `egress.host_services` entry that is not a port on the host's loopback",
+    ),
+    (
+        TCP_DESTINATION,
+        "an `egress.tcp` entry that is not `NAME:PORT`",
+    ),
+    (
+        RELAY_PORT,
+        "two host services or TCP destinations on one port, or one on a bundle port",
+    ),
+    (
+        LOOPBACK,
+        "an `egress.allow` rule or `egress.resolve` address on loopback",
     ),
 ];

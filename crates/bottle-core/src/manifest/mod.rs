@@ -24,6 +24,7 @@
 
 pub mod codes;
 mod decode;
+pub mod endpoint;
 pub mod host;
 mod model;
 mod paths;
@@ -37,6 +38,7 @@ use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
+pub use endpoint::{HostService, PublishEntry, Published, TcpDestination};
 pub use host::{HostRule, HostRuleError};
 pub use model::*;
 pub use paths::is_remote_git_url;

@@ -63,6 +63,11 @@ pub struct Agent {
     /// Resource limits.
     #[serde(default)]
     pub limits: Limits,
+    /// The agent's ports published on the host's loopback: `8000` (the
+    /// same port) or `"3000:13000"` (the agent's 3000 on the host's
+    /// 13000).
+    #[serde(default)]
+    pub publish: Vec<super::endpoint::PublishEntry>,
     /// How many prepared bottles `bottle pool fill <agent>` keeps ready
     /// when it is given no count; with it set, each `start` that claims a
     /// pooled bottle refills the pool in the background.
@@ -115,6 +120,17 @@ pub struct Egress {
     /// `block` (the default for every host) or `redact`.
     #[serde(default)]
     pub on_secret: BTreeMap<String, SecretAction>,
+    /// Services on the host's loopback the agent may reach, `HOST:PORT`
+    /// (`127.0.0.1:5432`, `localhost:11434`, `[::1]:8080`): relayed by the
+    /// bundle, through the host, to exactly that port; the agent dials
+    /// `host.bottle.internal` at the same port.
+    #[serde(default)]
+    pub host_services: Vec<String>,
+    /// Pinned remote TCP destinations, `NAME:PORT` (`git.example.com:22`):
+    /// the bundle resolves the name and relays the bytes unscanned; the
+    /// agent dials the same name and port.
+    #[serde(default)]
+    pub tcp: Vec<String>,
 }
 
 /// What the bundle does with a request that carries a secret.

@@ -22,6 +22,9 @@ pub(crate) enum Expect {
     File,
     /// A directory.
     Dir,
+    /// A directory that is a git repository: a working checkout or a bare
+    /// one ([`crate::checkout::RepoKind::of_path`]).
+    GitRepository,
     /// Not checked at load: a secret the bundle reads (and reports) at
     /// launch.
     Unchecked,
@@ -108,12 +111,12 @@ pub(crate) fn host_paths<'a>(agent_path: &FieldPath, agent: &'a mut Agent) -> Ve
             push(
                 item.key("url"),
                 &mut repo.url,
-                Expect::Dir,
+                Expect::GitRepository,
                 "git repository",
                 (
                     codes::GIT_PATH,
-                    "point url at an existing repository (relative to the manifest's \
-                     directory), or create it with `git init --bare`",
+                    "point url at an existing working checkout or bare repository \
+                     (relative to the manifest's directory)",
                 ),
             );
         }

@@ -28,9 +28,84 @@ pub fn push_glob_problem(glob: &str) -> Option<String> {
         .map(|err| format!("is not a valid glob: {err}"))
 }
 
+/// How push globs match: case-sensitive, and `*` never crosses a `/`.
+pub const MATCH: glob::MatchOptions = glob::MatchOptions {
+    case_sensitive: true,
+    require_literal_separator: true,
+    require_literal_leading_dot: false,
+};
+
+/// Whether the push glob `glob`, compiled as `pattern`, lets the agent
+/// update the full ref name `refname`: a glob starting with `refs/`
+/// matches full ref names, and reaches a tag only when it starts with
+/// `refs/tags/`; any other glob matches branch names.
+pub fn matches(glob: &str, pattern: &glob::Pattern, refname: &str) -> bool {
+    if glob.starts_with("refs/") {
+        let is_tag = refname.starts_with("refs/tags/");
+        (!is_tag || glob.starts_with("refs/tags/")) && pattern.matches_with(refname, MATCH)
+    } else {
+        refname
+            .strip_prefix("refs/heads/")
+            .is_some_and(|branch| pattern.matches_with(branch, MATCH))
+    }
+}
+
+/// A repository's push globs, compiled.
+#[derive(Debug, Clone, Default)]
+pub struct PushGlobs {
+    globs: Vec<(String, glob::Pattern)>,
+}
+
+impl PushGlobs {
+    /// Compiles `globs`; the first that is not a push glob is the error,
+    /// with why ([`push_glob_problem`]).
+    pub fn new(globs: &[String]) -> Result<PushGlobs, String> {
+        let globs = globs
+            .iter()
+            .map(|glob| match push_glob_problem(glob) {
+                Some(problem) => Err(format!("push glob {glob:?} {problem}")),
+                None => glob::Pattern::new(glob)
+                    .map(|pattern| (glob.clone(), pattern))
+                    .map_err(|err| format!("push glob {glob:?} is not a valid glob: {err}")),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(PushGlobs { globs })
+    }
+
+    /// The glob that lets the agent update `refname`, if any ([`matches()`]).
+    pub fn matching(&self, refname: &str) -> Option<&str> {
+        self.globs
+            .iter()
+            .find(|(glob, pattern)| matches(glob, pattern, refname))
+            .map(|(glob, _)| glob.as_str())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn branch_globs_match_branches_and_only_tag_globs_match_tags() {
+        let globs = PushGlobs::new(&[
+            "agent/*".to_string(),
+            "refs/**".to_string(),
+            "refs/tags/agent-*".to_string(),
+        ])
+        .unwrap();
+        assert_eq!(globs.matching("refs/heads/agent/x"), Some("agent/*"));
+        assert_eq!(globs.matching("refs/heads/agent/x/y"), Some("refs/**"));
+        assert_eq!(
+            globs.matching("refs/tags/agent-1"),
+            Some("refs/tags/agent-*")
+        );
+        assert_eq!(globs.matching("refs/tags/v1"), None);
+        let branches = PushGlobs::new(&["agent/*".to_string()]).unwrap();
+        assert_eq!(branches.matching("refs/heads/main"), None);
+        assert_eq!(branches.matching("refs/heads/agent/x/y"), None);
+        assert_eq!(branches.matching("refs/tags/agent/x"), None);
+        assert!(PushGlobs::new(&["agent/[x".to_string()]).is_err());
+    }
 
     #[test]
     fn branch_tag_and_full_ref_globs_are_push_globs() {

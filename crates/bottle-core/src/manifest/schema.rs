@@ -51,6 +51,7 @@ const AGENT: Shape = Shape::Table(&[
     ("devices", Shape::Free),
     ("devices_blacklist", Shape::Free),
     ("limits", LIMITS),
+    ("publish", Shape::Free),
     ("pool", Shape::Free),
     (
         "isolation",
@@ -77,6 +78,8 @@ const EGRESS: Shape = Shape::Table(&[
         "on_secret",
         Shape::MapOf(&Shape::OneOf(&super::model::SecretAction::CHOICES)),
     ),
+    ("host_services", Shape::Free),
+    ("tcp", Shape::Free),
 ]);
 
 const CREDENTIAL: Shape = Shape::Table(&[
@@ -119,6 +122,7 @@ const AGENT_KEYS: &[&str] = &[
     "devices",
     "devices_blacklist",
     "limits",
+    "publish",
     "pool",
     "isolation",
 ];
@@ -127,6 +131,8 @@ const AGENT_KEYS: &[&str] = &[
 const NESTED: &[(&str, &str)] = &[
     ("allow", "egress.allow"),
     ("ports", "egress.ports"),
+    ("host_services", "egress.host_services"),
+    ("tcp", "egress.tcp"),
     ("memory", "limits.memory"),
     ("pids", "limits.pids"),
     ("cpus", "limits.cpus"),
@@ -289,6 +295,8 @@ mod tests {
                     "h".into(),
                     super::super::model::SecretAction::Redact,
                 )]),
+                host_services: vec![],
+                tcp: vec![],
             },
             credentials: vec![Credential {
                 name: "n".into(),
@@ -306,6 +314,7 @@ mod tests {
                 disk: Some("1g".into()),
                 audit_log: Some("64m".into()),
             },
+            publish: vec![],
             pool: Some(2),
             isolation: crate::isolation::Isolation::Gvisor,
         };

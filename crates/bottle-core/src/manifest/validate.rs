@@ -12,6 +12,9 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use super::codes;
+#[cfg(doc)]
+use super::endpoint::HOST_SERVICES_NAME;
+use super::endpoint::{EndpointError, HostService, PublishEntry, Published, TcpDestination};
 use super::host::{HostRule, HostRuleError};
 use super::paths::{self, Expect};
 use super::push_glob::push_glob_problem;
@@ -19,7 +22,14 @@ use super::span::{Doc, FieldPath};
 use super::{
     Agent, Credential, CredentialSource, GitMode, Manifest, Problem, parse_memory, resolve_path,
 };
+use crate::bundle::{GIT_GATE_PORT, PROXY_PORT, SUPERVISE_PORT};
 use crate::slug;
+
+/// The fix for a loopback address where the operator meant the host's
+/// (it names [`HOST_SERVICES_NAME`], a test checks).
+const LOOPBACK_FIX: &str = "to reach a service on this host's loopback, list it in \
+     egress.host_services, e.g. [\"127.0.0.1:5432\"]: the agent reaches it at \
+     host.bottle.internal:5432";
 
 /// The smallest audit log rotation size: room for many bounded records
 /// (each at most a few KiB) between rotations.
@@ -159,6 +169,7 @@ impl Checks<'_, '_> {
         self.credentials(&path.key("credentials"), &agent.credentials);
         self.git(&path.key("git"), agent);
         self.limits(&path.key("limits"), agent);
+        self.publish(&path.key("publish"), agent);
         if let Some(devices) = &agent.devices {
             for (i, device) in devices.iter().enumerate() {
                 self.device(
@@ -260,15 +271,36 @@ impl Checks<'_, '_> {
                 Expect::Unchecked => continue,
                 _ if value.is_empty() => continue,
                 Expect::File => "a file",
-                Expect::Dir => "a directory",
+                Expect::Dir | Expect::GitRepository => "a directory",
             };
-            let problem = match resolve_path(self.base_dir, value, home.as_deref())
-                .map(std::fs::metadata)
-            {
-                Some(Ok(meta)) if meta.is_file() && host_path.expect == Expect::File => continue,
-                Some(Ok(meta)) if meta.is_dir() && host_path.expect == Expect::Dir => continue,
-                Some(Ok(_)) => format!("is not {wanted}"),
-                Some(Err(_)) => "does not exist".to_string(),
+            let resolved = resolve_path(self.base_dir, value, home.as_deref());
+            let problem = match resolved.as_deref().map(|p| (p, std::fs::metadata(p))) {
+                Some((_, Ok(meta))) if meta.is_file() && host_path.expect == Expect::File => {
+                    continue;
+                }
+                Some((_, Ok(meta))) if meta.is_dir() && host_path.expect == Expect::Dir => continue,
+                Some((dir, Ok(meta)))
+                    if meta.is_dir() && host_path.expect == Expect::GitRepository =>
+                {
+                    if crate::checkout::RepoKind::of_path(dir).is_some() {
+                        continue;
+                    }
+                    self.report(
+                        codes::GIT_NOT_A_REPOSITORY,
+                        host_path.field,
+                        On::Value,
+                        format!(
+                            "{} {value:?} is neither a working checkout (no .git in it) nor a bare repository",
+                            host_path.noun
+                        ),
+                        "point url at a git working checkout or a bare repository, or make this \
+                         directory one (`git init`)"
+                            .to_string(),
+                    );
+                    continue;
+                }
+                Some((_, Ok(_))) => format!("is not {wanted}"),
+                Some((_, Err(_))) => "does not exist".to_string(),
                 None => "is in a home directory, but HOME is not set".to_string(),
             };
             self.report(
@@ -301,7 +333,20 @@ impl Checks<'_, '_> {
                 }
                 Err(err) => self.host_problem(item, "egress rule", rule, &err),
             }
+            if super::endpoint::is_loopback_host(rule) {
+                self.report(
+                    codes::LOOPBACK,
+                    path.key("allow").index(i),
+                    On::Value,
+                    format!(
+                        "egress rule {rule:?} is the loopback of the bundle that dials it, never \
+                         the host's"
+                    ),
+                    LOOPBACK_FIX.into(),
+                );
+            }
         }
+        self.relays(path, agent);
         if let Some(ports) = &agent.egress.ports {
             if ports.is_empty() {
                 self.report(
@@ -399,13 +444,22 @@ impl Checks<'_, '_> {
 
     /// Runs after every egress rule parsed on its own.
     fn resolve(&mut self, path: &FieldPath, agent: &Agent) {
-        let exact: Vec<HostRule> = agent
+        let mut exact: Vec<HostRule> = agent
             .egress
             .allow
             .iter()
             .filter_map(|r| HostRule::parse(r).ok())
             .filter(|r| matches!(r, HostRule::Exact(_)))
             .collect();
+        // A pinned TCP destination's name may be pinned to an address too.
+        exact.extend(
+            agent
+                .egress
+                .tcp
+                .iter()
+                .filter_map(|t| TcpDestination::parse(t).ok())
+                .map(|t| HostRule::Exact(t.host)),
+        );
         for (name, address) in &agent.egress.resolve {
             let item = path.key("resolve").key(name);
             let listed = HostRule::parse_exact(name)
@@ -417,7 +471,7 @@ impl Checks<'_, '_> {
                     item,
                     On::Key,
                     format!("resolve pins {name:?}, which is not an exact egress.allow rule"),
-                    format!("add {name:?} to egress.allow, or remove the pin"),
+                    format!("add {name:?} to egress.allow (or egress.tcp), or remove the pin"),
                 );
             } else if address.parse::<std::net::IpAddr>().is_err() {
                 self.report(
@@ -427,6 +481,166 @@ impl Checks<'_, '_> {
                     format!("resolve address {address:?} is not an IP address"),
                     "write an IPv4 or IPv6 address, e.g. \"192.0.2.10\"".into(),
                 );
+            } else if super::endpoint::is_loopback_host(address) {
+                self.report(
+                    codes::LOOPBACK,
+                    item,
+                    On::Value,
+                    format!(
+                        "resolve pins {name:?} to {address:?}, the loopback of the bundle that \
+                         dials it, never the host's"
+                    ),
+                    LOOPBACK_FIX.into(),
+                );
+            }
+        }
+    }
+
+    /// The agent's published ports: each a port or `"PORT:HOST_PORT"`,
+    /// each host port once.
+    fn publish(&mut self, path: &FieldPath, agent: &Agent) {
+        let mut seen: HashMap<u16, usize> = HashMap::new();
+        for (i, entry) in agent.publish.iter().enumerate() {
+            let item = path.index(i);
+            match Published::from_entry(entry) {
+                Ok(published) => {
+                    if let Some(first) = seen.get(&published.host_port) {
+                        self.report(
+                            codes::PUBLISH_DUPLICATE,
+                            item,
+                            On::Value,
+                            format!("host port {} is published twice", published.host_port),
+                            format!(
+                                "publish it once (publish[{first}] has it), or pick another host \
+                                 port: \"{}:HOST_PORT\"",
+                                published.port
+                            ),
+                        );
+                    } else {
+                        seen.insert(published.host_port, i);
+                    }
+                }
+                Err(err) => self.report(
+                    codes::PUBLISH_INVALID,
+                    item,
+                    On::Value,
+                    match entry {
+                        PublishEntry::Number(n) => {
+                            format!("published port {n} is not a port from 1 to 65535")
+                        }
+                        PublishEntry::Text(_) => {
+                            format!("publish entry {entry} {}", err.problem())
+                        }
+                    },
+                    "write the agent's port, e.g. 8000 (the same port on the host's 127.0.0.1), \
+                     or \"PORT:HOST_PORT\", e.g. \"3000:13000\""
+                        .into(),
+                ),
+            }
+        }
+    }
+
+    /// The host services and pinned TCP destinations: each entry valid,
+    /// and each on a port of its own, since the agent reaches every one
+    /// at the bundle's one address.
+    fn relays(&mut self, path: &FieldPath, agent: &Agent) {
+        let mut taken: HashMap<u16, String> = [
+            (PROXY_PORT, "the bundle's proxy"),
+            (GIT_GATE_PORT, "the bundle's git-gate"),
+            (SUPERVISE_PORT, "the bundle's supervise endpoint"),
+        ]
+        .into_iter()
+        .map(|(port, what)| (port, what.to_string()))
+        .collect();
+        let mut claim = |checks: &mut Self, item: FieldPath, port: u16, name: String| {
+            if let Some(holder) = taken.get(&port) {
+                checks.report(
+                    codes::RELAY_PORT,
+                    item,
+                    On::Value,
+                    format!("port {port} is taken by {holder}"),
+                    "the agent reaches every host service and TCP destination at the bundle's \
+                     one address, on the destination's port, so each port can lead to one \
+                     destination only: keep one of them"
+                        .into(),
+                );
+            } else {
+                taken.insert(port, name);
+            }
+        };
+        for (i, entry) in agent.egress.host_services.iter().enumerate() {
+            let item = path.key("host_services").index(i);
+            match HostService::parse(entry) {
+                Ok(service) => claim(
+                    self,
+                    item,
+                    service.port,
+                    format!("egress.host_services[{i}]"),
+                ),
+                Err(err) => {
+                    let (message, fix) = match err {
+                        EndpointError::NotLoopback(host) => (
+                            format!("host service {entry:?} is not on the host's loopback"),
+                            format!(
+                                "a host service is a port on this host's 127.0.0.1, e.g. \
+                                 \"127.0.0.1:5432\"; to reach {host} write egress.tcp = \
+                                 [\"NAME:PORT\"] with NAME pinned to it in egress.resolve"
+                            ),
+                        ),
+                        _ => (
+                            format!("host service {entry:?} is not HOST:PORT on the loopback"),
+                            "write \"127.0.0.1:PORT\", \"localhost:PORT\" or \"[::1]:PORT\", \
+                             e.g. \"127.0.0.1:5432\""
+                                .into(),
+                        ),
+                    };
+                    self.report(codes::HOST_SERVICE, item, On::Value, message, fix);
+                }
+            }
+        }
+        for (i, entry) in agent.egress.tcp.iter().enumerate() {
+            let item = path.key("tcp").index(i);
+            match TcpDestination::parse(entry) {
+                Ok(destination) => claim(self, item, destination.port, format!("egress.tcp[{i}]")),
+                Err(EndpointError::Loopback(_)) => self.report(
+                    codes::LOOPBACK,
+                    item,
+                    On::Value,
+                    format!(
+                        "tcp destination {entry:?} is the loopback of the bundle that dials it, \
+                         never the host's"
+                    ),
+                    LOOPBACK_FIX.into(),
+                ),
+                Err(EndpointError::Host(HostRuleError::NotExact)) => self.report(
+                    codes::TCP_DESTINATION,
+                    item,
+                    On::Value,
+                    format!("tcp destination {entry:?} is a wildcard"),
+                    "name the one host the bundle may dial, e.g. \"git.example.com:22\"".into(),
+                ),
+                Err(EndpointError::Host(err)) => {
+                    let host = entry.rsplit_once(':').map_or(entry.as_str(), |(h, _)| h);
+                    self.host_problem(item, "tcp destination host", host, &err);
+                }
+                Err(err) => {
+                    let (message, fix) = match err {
+                        EndpointError::Address(address) => (
+                            format!("tcp destination {entry:?} is an IP address"),
+                            format!(
+                                "the agent has no DNS and reaches a destination by the name the \
+                                 box's /etc/hosts gives it: name it and pin the name, e.g. tcp = \
+                                 [\"db.internal:PORT\"] and resolve = {{ \"db.internal\" = \
+                                 \"{address}\" }}"
+                            ),
+                        ),
+                        _ => (
+                            format!("tcp destination {entry:?} is not NAME:PORT"),
+                            "write one host name and its port, e.g. \"git.example.com:22\"".into(),
+                        ),
+                    };
+                    self.report(codes::TCP_DESTINATION, item, On::Value, message, fix);
+                }
             }
         }
     }
@@ -986,5 +1200,13 @@ mod tests {
         assert!(!is_repo_name(""));
         assert_eq!(repo_name_like("My Repo"), "my-repo");
         assert_eq!(repo_name_like("__"), "my-repo");
+    }
+
+    #[test]
+    fn the_loopback_fix_names_where_the_agent_finds_host_services() {
+        assert!(LOOPBACK_FIX.contains(&format!(
+            "{}:5432",
+            super::super::endpoint::HOST_SERVICES_NAME
+        )));
     }
 }

@@ -1,9 +1,14 @@
-//! The sandbox interface's lines in a bottle's audit log.
+//! The sandbox interface's lines in a bottle's audit log, and the other
+//! lines the host writes there (a published port's connections).
 //!
 //! The host appends them to the same `audit.jsonl` the bundle writes (with
 //! `O_APPEND`, one `write` per line, so lines never interleave), in the
 //! bundle's record shape with `daemon = "sandbox"`, so `bottle logs` shows
-//! tool calls and resets among the bottle's traffic.
+//! tool calls and resets among the bottle's traffic. They are
+//! security-relevant ([`crate::audit_files::is_security_relevant`]): when
+//! the bundle's rotation drops their generation it keeps them, so a flood
+//! of the agent's traffic cannot erase a tool call's evidence. The bundle
+//! counts them in the live file's size and rotates it when they fill it.
 
 use std::fs::OpenOptions;
 use std::io::Write as _;
@@ -13,8 +18,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 /// The audit record version these lines are written with (the bundle's
-/// `AUDIT_VERSION`).
-const RECORD_VERSION: u32 = 2;
+/// `AUDIT_VERSION`: the shape is unchanged since 2).
+const RECORD_VERSION: u32 = 3;
 
 /// One audit line of the sandbox interface.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -99,6 +104,40 @@ impl SandboxRecord {
             },
             duration_ms: millis(duration),
             reason: outcome.to_string(),
+            ..SandboxRecord::base(bottle)
+        }
+    }
+
+    /// The line of one connection to a published port, written by its
+    /// forwarder on the host (`daemon = "port"`): `OPEN` when the box's
+    /// port answered, `CLOSE` with the bytes each way when it ended,
+    /// `refused` (denied) when nothing in the box listened. `host_port`
+    /// is the host's loopback port, `path` the box's port.
+    pub fn published_port(
+        bottle: &str,
+        method: &'static str,
+        host_port: u16,
+        port: u16,
+        reason: &str,
+        bytes: (u64, u64),
+        duration: Duration,
+    ) -> SandboxRecord {
+        SandboxRecord {
+            daemon: "port",
+            decision: if reason == "published_port" {
+                "allow"
+            } else {
+                "deny"
+            },
+            host: "127.0.0.1".into(),
+            port: host_port,
+            method,
+            path: format!("box:{port}"),
+            bytes_up: bytes.0,
+            bytes_down: bytes.1,
+            duration_ms: millis(duration),
+            reason: reason.to_string(),
+            rule: "publish".into(),
             ..SandboxRecord::base(bottle)
         }
     }

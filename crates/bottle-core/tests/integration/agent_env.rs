@@ -52,6 +52,7 @@ fn names_set(git: &[GitRoute], prompt: bool) -> BTreeSet<String> {
         own: &OwnAddresses::default(),
         git,
         prompt,
+        host_services: false,
     })
     .into_iter()
     .map(|(name, _)| name)

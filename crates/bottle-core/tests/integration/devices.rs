@@ -17,7 +17,7 @@ use bottle_core::Coded;
 use bottle_core::backend::BackendKind;
 use bottle_core::devices::{
     AdminPolicy, BUILTIN_BLACKLIST, BlacklistSource, DeviceError, DeviceKind, DevicePolicy,
-    ResolvedDevices, policy_file, unsupported_warning,
+    LEFT_OUT_OF_DEFAULTS, ResolvedDevices, policy_file, unsupported_warning,
 };
 use bottle_core::exec::{CommandRunner, CommandSpec, SystemRunner};
 use bottle_core::manifest::Agent;
@@ -214,7 +214,6 @@ fn d01_nvidia_defaults_pass_when_the_host_has_them() {
     assert_eq!(
         passed(&resolved),
         [
-            "/dev/nvidia-caps/nvidia-cap1",
             "/dev/nvidia-caps/nvidia-cap2",
             "/dev/nvidia-modeset",
             "/dev/nvidia-uvm",
@@ -223,12 +222,60 @@ fn d01_nvidia_defaults_pass_when_the_host_has_them() {
             "/dev/nvidiactl",
         ]
     );
-    assert!(resolved.dropped.is_empty(), "{:?}", resolved.dropped);
+    // The MIG configuration capability is the one default node left out.
+    assert_eq!(
+        resolved
+            .dropped
+            .iter()
+            .map(|d| d.path.as_str())
+            .collect::<Vec<_>>(),
+        ["/dev/nvidia-caps/nvidia-cap1"]
+    );
+    assert!(
+        resolved.dropped[0].reason.contains("MIG configuration"),
+        "{}",
+        resolved.dropped[0].reason
+    );
     assert!(resolved.warnings.is_empty(), "{:?}", resolved.warnings);
-    let gpu = &resolved.passed[5];
+    let gpu = &resolved.passed[4];
     assert_eq!(gpu.host_path, root.root().join("dev/nvidia0"));
     assert_eq!((gpu.kind, gpu.major, gpu.minor), (DeviceKind::Char, 195, 0));
     assert_eq!(gpu.describe(root.root()), "/dev/nvidia0 (char 195:0)");
+}
+
+#[test]
+fn d01_the_defaults_leave_out_mig_configuration_under_any_name_but_a_manifest_may_ask() {
+    let Some(root) = FakeRoot::new("d01-mig") else {
+        return;
+    };
+    // Two other names `/dev/nvidia*` matches: a link to the capability and
+    // a node of its number.
+    root.nvidia()
+        .link("/dev/nvidia-mig-link", "nvidia-caps/nvidia-cap1")
+        .chr("/dev/nvidia-mig-config", 511, 1);
+    let resolved = resolve(&root, None, &[], &AdminPolicy::builtin_only(), NEW_KERNEL);
+    let left_out: Vec<&str> = resolved.dropped.iter().map(|d| d.path.as_str()).collect();
+    for name in [
+        "/dev/nvidia-caps/nvidia-cap1",
+        "/dev/nvidia-mig-link",
+        "/dev/nvidia-mig-config",
+    ] {
+        assert!(left_out.contains(&name), "{name} passed: {left_out:?}");
+        assert!(!passed(&resolved).contains(&name));
+    }
+    assert!(passed(&resolved).contains(&"/dev/nvidia-caps/nvidia-cap2"));
+    assert!(passed(&resolved).contains(&"/dev/nvidia0"));
+    // The operator who lists it gets it: it is left out of the defaults,
+    // not blacklisted.
+    let asked = resolve(
+        &root,
+        Some(&["/dev/nvidia-caps/nvidia-cap1"]),
+        &[],
+        &AdminPolicy::builtin_only(),
+        NEW_KERNEL,
+    );
+    assert_eq!(passed(&asked), ["/dev/nvidia-caps/nvidia-cap1"]);
+    assert!(asked.dropped.is_empty(), "{:?}", asked.dropped);
 }
 
 #[test]
@@ -481,6 +528,7 @@ fn the_manifest_blacklist_adds_entries() {
     assert_eq!(
         dropped(&resolved),
         [
+            ("/dev/nvidia-caps/nvidia-cap1", LEFT_OUT_OF_DEFAULTS[0].1),
             (
                 "/dev/nvidia-uvm",
                 "blacklisted by /dev/nvidia-uvm* (manifest devices_blacklist)"
@@ -531,14 +579,17 @@ fn the_merged_blacklist_keeps_every_builtin_and_admin_entry() {
     assert!(!passed(&resolved).contains(&"/dev/nvidia-modeset"));
     assert_eq!(
         dropped(&resolved),
-        [(
-            "/dev/nvidia-modeset",
-            format!(
-                "blacklisted by /dev/nvidia-modeset (admin policy {})",
-                file.display()
+        [
+            ("/dev/nvidia-caps/nvidia-cap1", LEFT_OUT_OF_DEFAULTS[0].1),
+            (
+                "/dev/nvidia-modeset",
+                format!(
+                    "blacklisted by /dev/nvidia-modeset (admin policy {})",
+                    file.display()
+                )
+                .as_str()
             )
-            .as_str()
-        )]
+        ]
     );
 }
 

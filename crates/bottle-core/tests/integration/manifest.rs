@@ -303,9 +303,11 @@ fn pathdiff(to: &Path, from: &Path) -> std::path::PathBuf {
 fn every_host_path_is_absolute_after_load() {
     let dir = tempfile::tempdir().unwrap();
     let sub = dir.path().join("sub");
-    for d in ["ctx", "skills", "git/app.git"] {
+    for d in ["ctx", "skills", "git/app.git/objects", "git/app.git/refs"] {
         fs::create_dir_all(sub.join(d)).unwrap();
     }
+    // What makes git/app.git a bare repository to the manifest's check.
+    fs::write(sub.join("git/app.git/HEAD"), "ref: refs/heads/main\n").unwrap();
     fs::write(sub.join("prompt.md"), "hi").unwrap();
     let text = r#"
 [agents.a]
@@ -384,7 +386,29 @@ fn a_missing_git_repository_names_the_file_field_and_fix() {
     assert_eq!(err.message, "git repository \"git/app.git\" does not exist");
     let fix = err.fix().unwrap();
     assert!(
-        fix.starts_with("point url at an existing repository"),
+        fix.starts_with("point url at an existing working checkout or bare repository"),
         "{fix}"
     );
+}
+
+#[test]
+fn a_directory_that_is_no_repository_is_refused_and_a_checkout_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir_all(dir.path().join("work/src")).unwrap();
+    let text =
+        "[agents.claude]\nimage = \"x\"\n\n[[agents.claude.git]]\nname = \"app\"\nurl = \"work\"\n";
+    fs::write(dir.path().join("bottle.toml"), text).unwrap();
+    let err = load_from(dir.path(), "bottle.toml").unwrap_err();
+    assert_eq!(err.code, codes::GIT_NOT_A_REPOSITORY);
+    assert_eq!(err.field, "agents.claude.git[0].url");
+    assert_eq!(
+        err.message,
+        "git repository \"work\" is neither a working checkout (no .git in it) nor a bare repository"
+    );
+    // With a .git of its own it is a working checkout, and loads.
+    for d in ["work/.git/objects", "work/.git/refs"] {
+        fs::create_dir_all(dir.path().join(d)).unwrap();
+    }
+    fs::write(dir.path().join("work/.git/HEAD"), "ref: refs/heads/main\n").unwrap();
+    load_from(dir.path(), "bottle.toml").unwrap();
 }

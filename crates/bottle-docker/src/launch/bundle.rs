@@ -66,9 +66,14 @@ impl<'a, D> Launch<'a, D> {
         let bottle = self.plan.bottle.clone();
         let ca = std::thread::spawn(move || bottle_bundle_files::generate_ca(&bottle));
         data::write_owner(&self.paths, self.labels.owner)?;
+        // And the mirrors of working checkouts, cloned on the host.
+        let mirrors = self.spawn_mirrors();
         data::create_private_dir(&self.paths.logs())?;
         self.mark_audit_ok()?;
         data::create_private_dir(&self.paths.requests())?;
+        if !self.plan.host_services.is_empty() {
+            data::create_private_dir(&self.paths.host_services())?;
+        }
         let names = (self.bundle.network.clone(), self.bundle.container.clone());
         let (network, bundle) = (&names.0, &names.1);
 
@@ -85,6 +90,11 @@ impl<'a, D> Launch<'a, D> {
             })
         });
         self.write_stage(ca)?;
+        mirrors.join().unwrap_or_else(|_| {
+            Err(DockerError::PlanData {
+                detail: "mirroring the working checkouts panicked".into(),
+            })
+        })?;
         self.step_done(Step::Network)?;
         self.step_done(Step::EgressNetwork)?;
 
@@ -113,6 +123,57 @@ impl<'a, D> Launch<'a, D> {
         self.write_bundle_files(bundle)?;
         self.step_done(Step::BundleFiles)?;
         Ok(())
+    }
+
+    /// Starts, on a thread, the bare mirror of each working checkout the
+    /// bundle serves (`<state_dir>/git/<name>.git`, made before the bundle
+    /// exists) and the host's sync record of the read-write ones, their
+    /// first baseline the mirror's refs as cloned.
+    fn spawn_mirrors(&self) -> std::thread::JoinHandle<Result<(), DockerError>> {
+        use bottle_core::checkout::{self, CheckoutPaths, SyncRecord, SyncedRepo};
+        let repos: Vec<data::GitRef> = self
+            .bundle
+            .git
+            .iter()
+            .filter(|repo| repo.checkout)
+            .cloned()
+            .collect();
+        let paths = CheckoutPaths::of_state_dir(&self.paths.root);
+        let bottle = self.plan.bottle.clone();
+        std::thread::spawn(move || {
+            if repos.is_empty() {
+                return Ok(());
+            }
+            data::create_private_dir(&paths.dir)?;
+            let mut record = SyncRecord {
+                v: checkout::SYNC_RECORD_VERSION,
+                bottle,
+                repos: Vec::new(),
+            };
+            let runner = bottle_core::exec::SystemRunner;
+            for repo in &repos {
+                let Some(source) = &repo.local_path else {
+                    continue;
+                };
+                let mirror = paths.mirror(&repo.name);
+                let baseline = checkout::create_mirror(&runner, source, &mirror)?;
+                if repo.mode == bottle_core::manifest::GitMode::ReadWrite {
+                    record.repos.push(SyncedRepo {
+                        name: repo.name.clone(),
+                        checkout: source.clone(),
+                        mirror,
+                        push: repo.push.clone(),
+                        allow_force: repo.allow_force,
+                        allow_delete: repo.allow_delete,
+                        baseline,
+                    });
+                }
+            }
+            if !record.repos.is_empty() {
+                checkout::write_record(&paths, &record)?;
+            }
+            Ok(())
+        })
     }
 
     /// Writes the bundle's CA and, for the operator to read, its config
@@ -247,8 +308,16 @@ impl<'a, D> Launch<'a, D> {
     fn create_bundle(&mut self, bundle: &str) -> Result<(), DockerError> {
         let logs = self.paths.logs().display().to_string();
         let requests = self.paths.requests().display().to_string();
-        let body =
-            config::bundle_container(self.bundle, &logs, &requests, self.labels_for(role::BUNDLE));
+        let host_services = (!self.plan.host_services.is_empty())
+            .then(|| self.paths.host_services().display().to_string());
+        let body = config::bundle_container(
+            self.bundle,
+            &self.paths.root,
+            &logs,
+            &requests,
+            host_services.as_deref(),
+            self.labels_for(role::BUNDLE),
+        );
         let options = CreateContainerOptionsBuilder::default()
             .name(bundle)
             .build();

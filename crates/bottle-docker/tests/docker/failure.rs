@@ -125,6 +125,36 @@ fn cleanup_removes_the_orphan_of_a_killed_launch() {
         "the orphan should be there"
     );
 
+    // Another install on this host (another state root) neither lists nor
+    // removes this install's orphan.
+    let other_root = bottle_test_support::temp_state_root();
+    let mut options = bottle_docker::DockerOptions::new(other_root.path());
+    options.bundle_bin = fx.backend.options().bundle_bin.clone();
+    let other = bottle_docker::DockerBackend::new(options).unwrap();
+    let listed = other.cleanup_plan().unwrap();
+    assert!(
+        !listed
+            .iter()
+            .any(|item| item.name == format!("bot-bottle-{name}")),
+        "{listed:?}"
+    );
+    other.cleanup_orphans().unwrap();
+    assert_eq!(
+        resources_of(&fx.backend, &name).len(),
+        3,
+        "another install's cleanup removed this install's orphan"
+    );
+    // This install's lists it, and removes it only once approved.
+    let listed = fx.backend.cleanup_plan().unwrap();
+    assert!(
+        listed
+            .iter()
+            .any(|item| item.kind == "bottle" && item.name == format!("bot-bottle-{name}")),
+        "{listed:?}"
+    );
+    assert!(fx.backend.cleanup_approved(&[]).unwrap().removed.is_empty());
+    assert_eq!(resources_of(&fx.backend, &name).len(), 3);
+
     // A live owner's bottle is left alone (this test process owns nothing
     // here, so launch one that it does own).
     let (_live_guard, live) = fx.start(&support::name("orphan-live"));
@@ -305,7 +335,7 @@ fn the_orphan_child_reports_its_launch() {
 fn cleanup_prunes_bundle_images_of_other_binaries_only() {
     use std::collections::HashMap;
 
-    use bottle_docker::images::{self, LABEL_BUNDLE_SHA256};
+    use bottle_docker::images::{self, LABEL_BUNDLE_SHA256, LABEL_BUNDLE_STATE_ROOT};
     use bottle_docker::tarball::{Ownership, TarBuilder};
     let Some(fx) = support::setup("cleanup_prunes_bundle_images_of_other_binaries_only") else {
         return;
@@ -316,33 +346,66 @@ fn cleanup_prunes_bundle_images_of_other_binaries_only() {
         .unwrap();
     let engine = fx.backend.engine().unwrap();
     let current = images::ensure_bundle_image(engine, &bundle, &[], None).unwrap();
-    // A bundle image from some older binary.
-    let stale = "bottle-bundle:stale-test";
-    let mut tar = TarBuilder::new();
-    tar.file("Dockerfile", b"FROM scratch\n", 0o644, Ownership::ROOT)
+    // Bundle images of older binaries: one this install built, one another
+    // install on this host built, one from before images were labelled.
+    let root = fx.backend.options().state_root.display().to_string();
+    let pid = std::process::id();
+    let ours = format!("bottle-bundle:stale-ours-{pid}");
+    let theirs = format!("bottle-bundle:stale-theirs-{pid}");
+    let unknown = format!("bottle-bundle:stale-unknown-{pid}");
+    for (tag, sha, install) in [
+        (&ours, "0", Some(root.as_str())),
+        (&theirs, "1", Some("/srv/another-install/bottle")),
+        (&unknown, "2", None),
+    ] {
+        let mut tar = TarBuilder::new();
+        tar.file("Dockerfile", b"FROM scratch\n", 0o644, Ownership::ROOT)
+            .unwrap();
+        let mut labels = HashMap::from([(LABEL_BUNDLE_SHA256.to_string(), sha.repeat(64))]);
+        if let Some(install) = install {
+            labels.insert(LABEL_BUNDLE_STATE_ROOT.to_string(), install.to_string());
+        }
+        images::build_from_tar(
+            engine,
+            tar.finish().unwrap(),
+            "Dockerfile",
+            tag,
+            &HashMap::new(),
+            &labels,
+            None,
+        )
         .unwrap();
-    let labels = HashMap::from([(LABEL_BUNDLE_SHA256.to_string(), "0".repeat(64))]);
-    images::build_from_tar(
-        engine,
-        tar.finish().unwrap(),
-        "Dockerfile",
-        stale,
-        &HashMap::new(),
-        &labels,
-        None,
-    )
-    .unwrap();
-    assert!(images::image_exists(engine, stale).unwrap());
+        assert!(images::image_exists(engine, tag).unwrap());
+    }
 
-    let report = fx.backend.cleanup_orphans().unwrap();
+    // Listed first, removing nothing: this install's own alone.
+    let plan = fx.backend.cleanup_plan().unwrap();
+    let listed: Vec<&str> = plan
+        .iter()
+        .filter(|item| item.kind == "image")
+        .map(|item| item.name.as_str())
+        .collect();
+    assert_eq!(listed, [ours.as_str()], "{plan:?}");
+    assert!(images::image_exists(engine, &ours).unwrap());
+
+    let report = fx.backend.cleanup_approved(&plan).unwrap();
     assert!(
-        report.removed.contains(&format!("image {stale}")),
+        report.removed.contains(&format!("image {ours}")),
         "{:?}",
         report.removed
     );
-    assert!(!images::image_exists(engine, stale).unwrap());
-    assert!(
-        images::image_exists(engine, &current).unwrap(),
-        "the current bundle image was pruned"
-    );
+    assert!(!images::image_exists(engine, &ours).unwrap());
+    for kept in [&theirs, &unknown, &current] {
+        assert!(
+            images::image_exists(engine, kept).unwrap(),
+            "{kept} was pruned"
+        );
+    }
+    for tag in [&theirs, &unknown] {
+        let _ = engine.block_on(engine.docker.remove_image(
+            tag,
+            None::<bollard::query_parameters::RemoveImageOptions>,
+            None,
+        ));
+    }
 }

@@ -4,6 +4,7 @@
 //! need only Docker.
 
 use bottle_core::backend::BackendErrorKind;
+use bottle_core::copy::{CopyIn, GuestPath};
 use bottle_core::sandbox::{SandboxError, Source, ToolCall};
 use bottle_core::{Bottle, BottleBackend, BottleLauncher};
 use bottle_docker::DockerBottle;
@@ -121,9 +122,14 @@ fn a_gvisor_box_runs_under_runsc_and_works_like_a_container() {
     // copies there, the box sees.
     let file = fx.dir.path().join("hello.txt");
     std::fs::write(&file, "from the host\n").unwrap();
-    bottle.copy_in(&file, "/tmp").unwrap();
+    let copy = CopyIn::from_host(&file).unwrap();
+    bottle
+        .copy_in(&copy, &GuestPath::parse("/tmp").unwrap())
+        .unwrap();
     assert_eq!(text(&sh(&bottle, "cat /tmp/hello.txt")), "from the host\n");
-    bottle.copy_in(&file, "/home/agent").unwrap();
+    bottle
+        .copy_in(&copy, &GuestPath::parse("/home/agent").unwrap())
+        .unwrap();
     assert_eq!(
         text(&sh(&bottle, "cat /home/agent/hello.txt")),
         "from the host\n"

@@ -40,7 +40,9 @@ fn start_exec_stop_leaves_nothing() {
     // copy_in puts a host file where asked, owned by the agent's user.
     let host_file = fx.dir.path().join("notes.txt");
     std::fs::write(&host_file, "hello bottle\n").unwrap();
-    bottle.copy_in(&host_file, "/home/agent").unwrap();
+    let copy = bottle_core::copy::CopyIn::from_host(&host_file).unwrap();
+    let home = bottle_core::copy::GuestPath::parse("/home/agent").unwrap();
+    bottle.copy_in(&copy, &home).unwrap();
     let cat = sh(
         &*bottle,
         "cat /home/agent/notes.txt; stat -c %U /home/agent/notes.txt",

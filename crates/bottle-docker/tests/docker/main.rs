@@ -9,6 +9,7 @@
 )]
 
 mod ca;
+mod copy;
 mod devices;
 mod disk;
 mod execute;
@@ -18,6 +19,7 @@ mod gvisor;
 mod isolation;
 mod lifecycle;
 mod pools;
+mod ports;
 mod reset;
 mod stop;
 mod supervise;

@@ -8,12 +8,14 @@
 //! cannot spoil the others.
 
 mod audit;
+mod copy;
 mod dns;
 mod filesystem;
 mod git;
 mod kernel;
 mod network;
 mod operator;
+mod ports;
 mod privilege;
 mod proxy;
 mod resources;
@@ -194,6 +196,7 @@ impl Probe {
 pub fn catalogue(config: &ProbeConfig) -> Vec<Probe> {
     let mut all = Vec::new();
     all.extend(network::probes());
+    all.extend(ports::probes());
     all.extend(dns::probes());
     all.extend(proxy::probes(config));
     all.extend(filesystem::probes());
@@ -202,6 +205,7 @@ pub fn catalogue(config: &ProbeConfig) -> Vec<Probe> {
     all.extend(toolbox::probes());
     all.extend(secrets::probes());
     all.extend(operator::probes());
+    all.extend(copy::probes());
     all.extend(git::probes());
     all.extend(audit::probes());
     all.extend(resources::probes());

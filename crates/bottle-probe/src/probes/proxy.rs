@@ -15,6 +15,7 @@ use super::{Attempt, Ctx, Probe, contains, errno_name, snippet};
 use crate::contract::ProbeConfig;
 use crate::net;
 
+pub(crate) mod credential_tls;
 mod hidden;
 mod websocket;
 
@@ -183,6 +184,7 @@ pub(super) fn probes(config: &ProbeConfig) -> Vec<Probe> {
             "CONNECT <credential_host>:443, then plain HTTP inside the tunnel: blocked unless the inner request is answered with the token; the CONNECT itself must open (the host is allowed)",
             credential_tunnel_plain,
         ),
+        credential_tls::probe(),
     ];
     v.extend(hidden::probes());
     v.extend(websocket::probes());

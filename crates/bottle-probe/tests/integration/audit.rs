@@ -1,8 +1,10 @@
 //! The audit flood against fake proxies that keep connections alive: a
-//! strict one that refuses everything (the probe is blocked, and the fake
-//! counts that the flood came: distinct long paths over varying names,
-//! then an identical run), one that forwards (reached), and none at all
-//! (an error: no flood, nothing proven).
+//! strict one that serves the allowed host and refuses everything else (the
+//! probe is blocked, and the fake counts that the flood came: allowed
+//! requests each with a method of its own, distinct long paths over
+//! varying names, then an identical run), one that forwards everything
+//! (reached), one that refuses even the allowed host (an error: the log
+//! cannot be filled, nothing proven), and none at all (an error).
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
@@ -17,6 +19,8 @@ use crate::fixture;
 #[derive(Debug, Default)]
 struct Seen {
     requests: usize,
+    /// Distinct methods of the requests to the allowed host.
+    allowed_methods: BTreeSet<String>,
     /// Requests on a connection that had already carried one.
     reused: usize,
     identical: usize,
@@ -24,7 +28,20 @@ struct Seen {
     longest_path: usize,
 }
 
-fn serve(forward: bool) -> (SocketAddr, Arc<Mutex<Seen>>) {
+/// What a fake proxy does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Policy {
+    /// Serves the allowed host, refuses the rest, as the bundle does.
+    Strict,
+    /// Serves everything.
+    Forward,
+    /// Refuses everything, the allowed host too.
+    RefuseAll,
+}
+
+const ALLOWED: &str = "allowed.bottle.test";
+
+fn serve(policy: Policy) -> (SocketAddr, Arc<Mutex<Seen>>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Seen::default()));
@@ -32,14 +49,14 @@ fn serve(forward: bool) -> (SocketAddr, Arc<Mutex<Seen>>) {
     std::thread::spawn(move || {
         for s in l.incoming().flatten() {
             let counts = counts.clone();
-            std::thread::spawn(move || handle(s, forward, &counts));
+            std::thread::spawn(move || handle(s, policy, &counts));
         }
     });
     (addr, seen)
 }
 
 /// Answers every request on the connection until the client closes it.
-fn handle(s: TcpStream, forward: bool, seen: &Mutex<Seen>) {
+fn handle(s: TcpStream, policy: Policy, seen: &Mutex<Seen>) {
     let mut out = s.try_clone().unwrap();
     let mut reader = BufReader::new(s);
     let mut on_this_connection = 0;
@@ -48,6 +65,7 @@ fn handle(s: TcpStream, forward: bool, seen: &Mutex<Seen>) {
         if reader.read_line(&mut line).unwrap_or(0) == 0 {
             return;
         }
+        let method = line.split_whitespace().next().unwrap_or("").to_string();
         let target = line.split_whitespace().nth(1).unwrap_or("").to_string();
         loop {
             let mut h = String::new();
@@ -63,9 +81,17 @@ fn handle(s: TcpStream, forward: bool, seen: &Mutex<Seen>) {
             seen.reused += usize::from(on_this_connection > 0);
             seen.identical += usize::from(path == AUDIT_FLOOD_SAME_PATH);
             seen.hosts.insert(host.to_string());
+            if host == ALLOWED {
+                seen.allowed_methods.insert(method.clone());
+            }
             seen.longest_path = seen.longest_path.max(path.len());
         }
         on_this_connection += 1;
+        let forward = match policy {
+            Policy::Strict => host == ALLOWED,
+            Policy::Forward => true,
+            Policy::RefuseAll => false,
+        };
         let answer = if forward {
             "HTTP/1.1 200 OK\r\nContent-Length: 17\r\n\r\ncanary tok-audit\n"
         } else {
@@ -89,12 +115,17 @@ fn run(proxy: SocketAddr) -> ProbeResult {
 
 #[test]
 fn a_refusing_proxy_is_flooded_and_the_probe_is_blocked() {
-    let (addr, seen) = serve(false);
+    let (addr, seen) = serve(Policy::Strict);
     let r = run(addr);
     assert_eq!(r.outcome, Outcome::Blocked, "{r:?}");
     assert_eq!(r.category, "audit");
     let seen = seen.lock().unwrap();
-    assert!(seen.requests >= 1100, "{seen:?}");
+    assert!(seen.requests >= 5100, "{seen:?}");
+    assert!(
+        seen.allowed_methods.len() >= 4000,
+        "a method of its own each: {}",
+        seen.allowed_methods.len()
+    );
     assert!(seen.identical >= 100, "{seen:?}");
     assert!(
         seen.reused * 2 > seen.requests,
@@ -112,9 +143,21 @@ fn a_refusing_proxy_is_flooded_and_the_probe_is_blocked() {
 
 #[test]
 fn a_forwarding_proxy_is_reached() {
-    let (addr, _) = serve(true);
+    let (addr, _) = serve(Policy::Forward);
     let r = run(addr);
     assert_eq!(r.outcome, Outcome::Reached, "{r:?}");
+}
+
+#[test]
+fn a_proxy_that_refuses_the_allowed_host_cannot_be_filled_and_is_an_error() {
+    let (addr, _) = serve(Policy::RefuseAll);
+    let r = run(addr);
+    assert_eq!(r.outcome, Outcome::Error, "{r:?}");
+    assert!(
+        r.observed.contains("allowed answered 2xx"),
+        "{}",
+        r.observed
+    );
 }
 
 #[test]

@@ -156,6 +156,20 @@ pub(crate) fn canaries() -> &'static Canaries {
         drop(any);
         http_canary((gw, any_port).into(), &token);
         http_canary((loopback(6), 8888).into(), &token);
+        // A named and an unnamed host service; the pinned TCP canary on
+        // its port and another, and another canary host.
+        let service_ports: Vec<u16> = (0..2)
+            .map(|_| {
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                let port = l.local_addr().unwrap().port();
+                drop(l);
+                http_canary(([127, 0, 0, 1], port).into(), &token);
+                port
+            })
+            .collect();
+        for (last, port) in [(10, 7070), (10, 7071), (11, 7070)] {
+            http_canary((loopback(last), port).into(), &token);
+        }
         let v6 = TcpListener::bind("[::1]:80").is_ok_and(|l| {
             drop(l);
             true
@@ -193,6 +207,14 @@ pub(crate) fn canaries() -> &'static Canaries {
             git_repo: String::new(),
             rebind_hosts: vec!["rebind-loopback.bottle.test".into()],
             canary_names: vec!["leak.canary.bottle.test".into()],
+            host_service_port: service_ports[0],
+            host_service_unnamed_port: service_ports[1],
+            pinned_tcp_host: "pinned-tcp.bottle.test".into(),
+            pinned_tcp_addr: loopback(10).to_string(),
+            pinned_tcp_port: 7070,
+            pinned_tcp_other_port: 7071,
+            other_tcp_host: "other-tcp.bottle.test".into(),
+            other_tcp_addr: loopback(11).to_string(),
         };
         Canaries { token, targets, v6 }
     })
@@ -287,5 +309,13 @@ pub(crate) fn canaries_targets_without_listeners() -> Targets {
         git_repo: String::new(),
         rebind_hosts: Vec::new(),
         canary_names: vec!["leak.canary.bottle.test".into()],
+        host_service_port: 0,
+        host_service_unnamed_port: 0,
+        pinned_tcp_host: String::new(),
+        pinned_tcp_addr: String::new(),
+        pinned_tcp_port: 0,
+        pinned_tcp_other_port: 0,
+        other_tcp_host: String::new(),
+        other_tcp_addr: String::new(),
     }
 }

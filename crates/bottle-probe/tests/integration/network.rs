@@ -62,6 +62,12 @@ fn closed_ports_and_silent_addresses_are_blocked() {
     t.host_loopback_port = closed.local_addr().unwrap().port();
     drop(closed);
     t.internet_v6 = "::1".into();
+    // The relays' probes: no listener at the pinned addresses or the
+    // service ports, and this host's /etc/hosts names neither relay.
+    t.pinned_tcp_addr = loopback(28).to_string();
+    t.other_tcp_addr = loopback(29).to_string();
+    t.host_service_port = t.host_loopback_port;
+    t.host_service_unnamed_port = t.host_loopback_port;
     let only = [
         "tcp-internet-v4-80",
         "tcp-internet-v4-443",
@@ -77,6 +83,13 @@ fn closed_ports_and_silent_addresses_are_blocked() {
         "noproxy-direct-http",
         "dns-canary-udp",
         "dns-canary-tcp",
+        "host-service-control",
+        "host-service-other-port",
+        "host-service-loopback-direct",
+        "tcp-pinned-control",
+        "tcp-pinned-direct",
+        "tcp-pinned-other-port",
+        "tcp-pinned-other-host",
     ];
     let cfg = config(&c.token, t, false, &only);
     let run = run_probe(&cfg, std::path::Path::new("/"), None);

@@ -60,6 +60,8 @@ fn the_catalogue_has_every_category_and_unique_names() {
         "privilege",
         "resources",
         "secrets",
+        "copy",
+        "ports",
     ] {
         assert!(all.iter().any(|p| p.category == cat), "no {cat} probe");
     }
@@ -72,6 +74,21 @@ fn the_catalogue_has_every_category_and_unique_names() {
     );
     assert!(names.contains(&"proxy-rebind-metadata") && names.contains(&"proxy-rebind-private"));
     assert!(names.contains(&"proxy-allowed-control"));
+    for name in [
+        "host-service-control",
+        "host-service-other-port",
+        "host-service-loopback-direct",
+        "tcp-pinned-control",
+        "tcp-pinned-direct",
+        "tcp-pinned-other-port",
+        "tcp-pinned-other-host",
+    ] {
+        assert!(names.contains(&name), "no {name}");
+    }
+    // The relays' controls go through a bundle: they never run on the host.
+    for control in ["host-service-control", "tcp-pinned-control"] {
+        assert!(all.iter().any(|p| p.name == control && !p.network));
+    }
 }
 
 #[test]
@@ -176,4 +193,31 @@ fn the_privilege_probes_see_the_test_runners_privileges() {
             run.results[0]
         );
     }
+}
+
+#[test]
+fn the_serve_child_answers_each_connection_with_the_token_then_ends() {
+    use std::io::{BufRead as _, Read as _};
+    let exe = env!("CARGO_BIN_EXE_bottle-probe");
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap().port();
+    drop(free);
+    let mut child = crate::fixture::command(exe)
+        .args(["--child", "serve", &port.to_string(), "tok-serve", "3"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.starts_with("listening"), "{first}");
+    for _ in 0..2 {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let mut got = String::new();
+        s.read_to_string(&mut got).unwrap();
+        assert_eq!(got, bottle_probe::contract::serve_reply("tok-serve"));
+    }
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert_eq!(rest, ["served 2"]);
 }

@@ -98,7 +98,16 @@ fn handle(mut s: TcpStream, mode: Mode, token: &str) {
         return;
     }
     if mode == Mode::Leaky {
-        if method == "CONNECT" {
+        if method == "CONNECT" && target == format!("{CREDENTIAL}:443") && starts_tls(&mut s) {
+            // Forwards the request, credential and all, and the answer.
+            answer_in_tls(s, |_| {
+                let body = format!("canary {token}\n");
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            });
+        } else if method == "CONNECT" {
             let _ = s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
             let mut first = [0u8; 1];
             if s.read_exact(&mut first).is_ok() && first[0] == 22 {
@@ -133,9 +142,16 @@ fn handle(mut s: TcpStream, mode: Mode, token: &str) {
         };
     match method {
         "CONNECT" if target == format!("{CREDENTIAL}:443") => {
-            let _ = s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
-            // Not TLS: hang up.
-            let _ = read_head(&mut s);
+            if starts_tls(&mut s) {
+                // Like the bundle: the credential's TLS to the canary fails.
+                answer_in_tls(s, |_| {
+                    "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        .into()
+                });
+            } else {
+                // Not TLS: hang up.
+                let _ = read_head(&mut s);
+            }
         }
         "CONNECT" if target == format!("{ALLOWED}:80") => {
             let _ = s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
@@ -249,6 +265,51 @@ fn mask_keys(t: &[u8]) -> Vec<u8> {
         }
     }
     out
+}
+
+/// Opens the tunnel and tells whether the client starts TLS in it (a
+/// handshake record's first byte), without taking the byte.
+fn starts_tls(s: &mut TcpStream) -> bool {
+    let _ = s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut first = [0u8; 1];
+    s.peek(&mut first).is_ok_and(|n| n == 1 && first[0] == 22)
+}
+
+/// Serves TLS for [`CREDENTIAL`] (a self-signed leaf) on `s`, reads the
+/// request head inside and writes `answer(head)`.
+fn answer_in_tls(s: TcpStream, answer: impl FnOnce(&str) -> String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec![CREDENTIAL.to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let der = rustls::pki_types::PrivateKeyDer::Pkcs8(rustls::pki_types::PrivatePkcs8KeyDer::from(
+        key.serialize_der(),
+    ));
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![cert.der().clone()], der)
+    .unwrap();
+    let conn = rustls::ServerConnection::new(std::sync::Arc::new(config)).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, s);
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 64 * 1024 {
+        match tls.read(&mut b) {
+            Ok(1) => head.push(b[0]),
+            _ => return,
+        }
+    }
+    let reply = answer(&String::from_utf8_lossy(&head));
+    let _ = tls.write_all(reply.as_bytes());
+    let _ = tls.flush();
+    tls.conn.send_close_notify();
+    let _ = tls.flush();
 }
 
 /// Whether `t` holds `prefix` followed by `len` bytes that all pass `ok`
@@ -372,6 +433,13 @@ fn a_strict_proxy_blocks_every_proxy_probe_and_passes_the_control() {
         redacted.is_some_and(|r| r.observed.contains("arrived masked")),
         "{redacted:?}"
     );
+    // The request to the credential's host came back from inside the TLS.
+    let tls = run
+        .results
+        .iter()
+        .find(|r| r.probe == "proxy-credential-tls")
+        .expect("proxy-credential-tls ran");
+    assert!(tls.observed.contains("status Some(502)"), "{tls:?}");
     // The hidden secrets are refused (or masked) for what they carry, not
     // lost on the way.
     for name in HIDDEN {

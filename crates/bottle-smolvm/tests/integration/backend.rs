@@ -308,7 +308,9 @@ fn launch_and_check(version: &str) {
     );
     let file = s.world.dir.path().join("notes.txt");
     std::fs::write(&file, "n").unwrap();
-    bottle.copy_in(&file, "/tmp").unwrap();
+    let copy = bottle_core::copy::CopyIn::from_host(&file).unwrap();
+    let tmp = bottle_core::copy::GuestPath::parse("/tmp").unwrap();
+    bottle.copy_in(&copy, &tmp).unwrap();
     assert!(guest.join("tmp/notes.txt").is_file());
 
     // Listed, attachable, then stopped with nothing left.
@@ -320,6 +322,10 @@ fn launch_and_check(version: &str) {
     assert_eq!(list[0].bundle_address.as_deref(), Some("192.168.77.2"));
     let attached = s.backend.attach("coder").unwrap();
     assert_eq!(attached.exec(&["true".into()]).unwrap().exit_code, 0);
+    // No image is made of a microVM: refused as unsupported, with why.
+    let refused = attached.commit("kept:1").unwrap_err();
+    assert_eq!(refused.kind, BackendErrorKind::Unsupported);
+    assert_eq!(refused.code, "BOT-K095");
 
     // The image is now a cache hit.
     let again = s.backend.prepare(&s.spec).unwrap();
@@ -366,8 +372,9 @@ fn cleanup_removes_orphans_and_nothing_else() {
     let artifact = s.world.dir.path().join("x.smolmachine");
     std::fs::write(&artifact, r#"{"format":"fake-smolmachine/1","image":"x"}"#).unwrap();
     let smolvm = s.backend.smolvm();
-    // A machine a crashed launch left (no state file), and one that is not
-    // a bottle at all.
+    // A machine with no state here (another install's, or one whose state
+    // root went), and one that is not a bottle at all: neither is this
+    // install's to remove.
     smolvm
         .create("bot-bottle-orphan", &artifact, &[], None)
         .unwrap();
@@ -417,10 +424,27 @@ fn cleanup_removes_orphans_and_nothing_else() {
         ]
     );
 
+    // Listed first, removing nothing; a vm with no state in this install's
+    // state root may be another install's: not listed, kept.
+    let plan: Vec<(String, String)> = s
+        .backend
+        .cleanup_plan()
+        .unwrap()
+        .into_iter()
+        .map(|item| (item.kind, item.name))
+        .collect();
+    assert_eq!(
+        plan,
+        [
+            ("bottle".to_string(), "bot-bottle-stale".to_string()),
+            ("bundle".to_string(), "bot-bottle-lost".to_string()),
+        ]
+    );
+    assert!(stale.join("smolvm.json").exists());
     let report = s.backend.cleanup_orphans().unwrap();
     assert!(report.failed.is_empty(), "{report:?}");
     assert!(
-        report.removed.contains(&"vm bot-bottle-orphan".to_string()),
+        !report.removed.contains(&"vm bot-bottle-orphan".to_string()),
         "{report:?}"
     );
     assert!(
@@ -436,9 +460,9 @@ fn cleanup_removes_orphans_and_nothing_else() {
         "{report:?}"
     );
     assert!(!stale.join("smolvm.json").exists());
-    assert_eq!(machines(&s), ["someone-elses-vm"]);
+    assert_eq!(machines(&s), ["bot-bottle-orphan", "someone-elses-vm"]);
     assert!(s.bundles.live().is_empty());
-    assert!(s.backend.list_active().unwrap().is_empty());
+    assert_eq!(s.backend.list_active().unwrap().len(), 1);
 }
 
 #[test]

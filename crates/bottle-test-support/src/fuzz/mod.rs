@@ -2,7 +2,7 @@
 //! binary over real loopback sockets: the proxy's HTTP/CONNECT parser,
 //! git-gate's smart HTTP and pkt-line handling, and supervise's JSON-RPC.
 //!
-//! Cases are valid requests mutated by a seeded generator ([`rng`]): each
+//! Cases are valid requests mutated by a seeded generator ([`crate::rng`]): each
 //! is a pure function of (seed, target, index), so a failure replays from
 //! the numbers it prints. Oracles, checked as the campaign goes:
 //!

@@ -227,6 +227,14 @@ impl Gate {
             git_repo: fixture::GIT_REPO.into(),
             rebind_hosts: rebind,
             canary_names: self.canary_names(),
+            host_service_port: self.ports.host_service,
+            host_service_unnamed_port: self.ports.unnamed_service,
+            pinned_tcp_host: fixture::PINNED_TCP_HOST.into(),
+            pinned_tcp_addr: canary::PINNED_TCP.to_string(),
+            pinned_tcp_port: canary::PINNED_TCP_PORT,
+            pinned_tcp_other_port: canary::PINNED_TCP_OTHER_PORT,
+            other_tcp_host: fixture::OTHER_TCP_HOST.into(),
+            other_tcp_addr: canary::OTHER_TCP.to_string(),
         }
     }
 }

@@ -60,6 +60,16 @@ impl Gate {
                 .map(|s| s.to_string())
                 .collect(),
             canary_names: self.canary_names(),
+            // On the host the services are at 127.0.0.1 and the pinned
+            // canaries at their addresses: the blocked probes' controls.
+            host_service_port: self.ports.host_service,
+            host_service_unnamed_port: self.ports.unnamed_service,
+            pinned_tcp_host: fixture::PINNED_TCP_HOST.into(),
+            pinned_tcp_addr: canary::PINNED_TCP.to_string(),
+            pinned_tcp_port: canary::PINNED_TCP_PORT,
+            pinned_tcp_other_port: canary::PINNED_TCP_OTHER_PORT,
+            other_tcp_host: fixture::OTHER_TCP_HOST.into(),
+            other_tcp_addr: canary::OTHER_TCP.to_string(),
         };
         let config = probe::control_config(
             &self.token,
@@ -186,8 +196,9 @@ impl Gate {
     }
 }
 
-/// The canary listeners of a run.
-pub(super) fn listener_specs() -> Vec<Spec> {
+/// The canary listeners of a run: `host_service` and `unnamed_service`
+/// are the host loopback services the manifest names and does not name.
+pub(super) fn listener_specs(host_service: u16, unnamed_service: u16) -> Vec<Spec> {
     let tcp = |name: &str, bind: SocketAddr| Spec {
         name: name.into(),
         bind,
@@ -220,8 +231,31 @@ pub(super) fn listener_specs() -> Vec<Spec> {
             "host-any",
             SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0)),
         ),
+        tcp(
+            HOST_SERVICE,
+            SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, host_service)),
+        ),
+        tcp(
+            "host-service-unnamed",
+            SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, unnamed_service)),
+        ),
+        tcp(
+            "pinned-tcp",
+            SocketAddr::from((canary::PINNED_TCP, canary::PINNED_TCP_PORT)),
+        ),
+        tcp(
+            "pinned-tcp-other-port",
+            SocketAddr::from((canary::PINNED_TCP, canary::PINNED_TCP_OTHER_PORT)),
+        ),
+        tcp(
+            "other-tcp",
+            SocketAddr::from((canary::OTHER_TCP, canary::PINNED_TCP_PORT)),
+        ),
     ]
 }
+
+/// The canary listener of the host service the manifest names.
+pub(super) const HOST_SERVICE: &str = "host-service";
 
 /// The in-bottle probes that put the credential's host in cleartext.
 const CREDENTIAL_PROBES: &[&str] = &[
@@ -230,7 +264,7 @@ const CREDENTIAL_PROBES: &[&str] = &[
 ];
 
 /// A plain HTTP GET of `/` from `addr`: the whole response.
-fn fetch_token(addr: SocketAddr) -> anyhow::Result<String> {
+pub(super) fn fetch_token(addr: SocketAddr) -> anyhow::Result<String> {
     exchange(addr, "GET / HTTP/1.0\r\nHost: control\r\n\r\n")
 }
 
@@ -251,7 +285,7 @@ mod tests {
 
     #[test]
     fn listeners_cover_every_canary_address_and_fit_the_interface() {
-        let specs = listener_specs();
+        let specs = listener_specs(15432, 15433);
         for addr in canary::addresses() {
             if addr == IpAddr::V4(canary::DNS) || addr == IpAddr::V4(canary::METADATA_STANDIN) {
                 continue;

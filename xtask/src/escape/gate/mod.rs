@@ -19,19 +19,24 @@
 //! probing phase and its evidence; `bottle_posture`: a bottle seen from
 //! the host; `faults`: the fault phases; `prepare`: what the run builds
 //! first; `leftovers`: what a run must not leave behind; `operator`: what
-//! agent text does to the operator's terminal; `git_repos`: each agent's
-//! bare repository on the host, seeded and read back with real git;
-//! `toolbox`: the in-box agent's channel attacked from a tool call.
+//! agent text does to the operator's terminal; `copy`: what the agent's
+//! planted links and trees do to the operator's `bottle cp`; `git_repos`:
+//! each agent's bare repository on the host, seeded and read back with
+//! real git; `toolbox`: the in-box agent's channel attacked from a tool
+//! call; `ports`: the relays' audit lines, a published port seen from the
+//! host, and the box's routes.
 
 mod audit_log;
 mod bottle_posture;
 mod bottles;
 mod controls;
+mod copy;
 mod faults;
 mod git_repos;
 mod gvisor;
 mod leftovers;
 mod operator;
+mod ports;
 mod prepare;
 mod probing;
 mod split;
@@ -164,7 +169,37 @@ struct Gate {
     git_seeds: BTreeMap<String, String>,
     /// A gVisor run: the binary the daemon's `runsc` runtime names.
     gvisor: Option<String>,
+    /// The host loopback ports of the run's services and published port.
+    ports: RunPorts,
     report: Report,
+}
+
+/// Host loopback ports the run takes, picked free before the manifest is
+/// written: the host service the manifest names, one it does not, and
+/// the host port A's [`fixture::PUBLISH_AGENT_PORT`] is published on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RunPorts {
+    /// `egress.host_services` names `127.0.0.1:<this>`.
+    pub host_service: u16,
+    /// A host loopback service no manifest names.
+    pub unnamed_service: u16,
+    /// A's published port on the host's `127.0.0.1`.
+    pub publish: u16,
+}
+
+impl RunPorts {
+    /// Three distinct free ports on 127.0.0.1 (bound at once, then let go).
+    fn pick() -> anyhow::Result<RunPorts> {
+        let held = (0..3)
+            .map(|_| std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let port = |i: usize| held[i].local_addr().map(|a| a.port());
+        Ok(RunPorts {
+            host_service: port(0)?,
+            unnamed_service: port(1)?,
+            publish: port(2)?,
+        })
+    }
 }
 
 /// Runs the gate against `options.backend`; rows and harness errors go
@@ -200,16 +235,23 @@ pub(crate) fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> 
     let work = tempdir()?;
     let result = (|| {
         let context = fixture::write_context(&work.join("agent"))?;
+        let ports = RunPorts::pick()?;
+        // The probing agents get the relays; A alone publishes (a host
+        // port is one bottle's).
         let mut agents: Vec<AgentDef> = [A, B, C, D]
             .iter()
             .map(|k| AgentDef {
                 key: k.to_string(),
                 rebind: true,
+                relays: true,
+                publish: (*k == A).then_some(ports.publish),
             })
             .collect();
         agents.extend(PARALLEL.iter().map(|k| AgentDef {
             key: k.to_string(),
             rebind: false,
+            relays: false,
+            publish: None,
         }));
         let source = match &options.backend {
             Backend::Docker => AgentSource::Build(context),
@@ -230,6 +272,7 @@ pub(crate) fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> 
                 &canary::INTERNET.to_string(),
                 &credential,
                 &work.join("git"),
+                ports.host_service,
                 options.gvisor,
             ),
         )?;
@@ -254,8 +297,8 @@ pub(crate) fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> 
             sys.clone(),
             engine.clone(),
             cli,
-            &work,
-            &binaries.probe,
+            (&work, &binaries.probe),
+            ports,
             report,
         )
     })();
@@ -303,8 +346,8 @@ fn run_with_canaries(
     sys: Arc<dyn Sys>,
     engine: EngineSocket,
     cli: BottleCli,
-    work: &Path,
-    probe_bin: &Path,
+    (work, probe_bin): (&Path, &Path),
+    ports: RunPorts,
     report: &mut Report,
 ) -> anyhow::Result<()> {
     progress("seeding each agent's git repository");
@@ -316,13 +359,18 @@ fn run_with_canaries(
     progress("canaries: interface, listeners, DNS recorder");
     let iface = Interface::create(sys.clone())?;
     iface.verify()?;
-    let listeners = Listeners::start(&listener_specs(), &report.token)?;
+    let listeners = Listeners::start(
+        &listener_specs(ports.host_service, ports.unnamed_service),
+        &report.token,
+    )?;
     let recorder = DnsRecorder::start(SocketAddr::from((canary::DNS, 53)))?;
     for (name, addr) in [
         ("rebind-loopback.bottle.test", std::net::Ipv4Addr::LOCALHOST),
         ("rebind-metadata.bottle.test", canary::METADATA),
         ("rebind-private.bottle.test", canary::PRIVATE),
         ("denied.bottle.test", canary::INTERNET),
+        (fixture::PINNED_TCP_HOST, canary::PINNED_TCP),
+        (fixture::OTHER_TCP_HOST, canary::OTHER_TCP),
     ] {
         recorder.set(name, vec![addr]);
     }
@@ -365,6 +413,7 @@ fn run_with_canaries(
         split_detectors: BTreeMap::new(),
         git_seeds,
         gvisor,
+        ports,
         report: std::mem::take(report),
     };
     let result = gate.phases(options);
@@ -414,6 +463,10 @@ impl Gate {
         progress("host-side posture of A and B");
         self.posture("posture A", &a)?;
         self.posture("posture B", &b)?;
+        progress(
+            "ports: A's relays in its audit log, its published port from the host, its routes",
+        );
+        self.ports_phase("ports A", &mut a, &b)?;
 
         let step =
             |gate: &mut Gate, name: &str, result: anyhow::Result<()>| -> anyhow::Result<()> {

@@ -74,7 +74,11 @@ impl Gate {
     }
 
     /// Copies the probe (once) and a config into `bottle` and runs it.
-    fn exec_probe(&mut self, bottle: &mut Bottle, config: &ProbeConfig) -> anyhow::Result<Output> {
+    pub(super) fn exec_probe(
+        &mut self,
+        bottle: &mut Bottle,
+        config: &ProbeConfig,
+    ) -> anyhow::Result<Output> {
         if !bottle.probe_copied {
             self.cli
                 .cp(&self.probe_bin, &bottle.guard.name, BOTTLE_DIR)?;
@@ -130,6 +134,8 @@ impl Gate {
         }
         let hits_before = self.listeners.hits().len();
         let dns_before = self.dns.queries().len();
+        // A tool call before the flood, whose audit line must outlive it.
+        let seed = (probes == ProbeSet::Full).then(|| self.audit_seed(&bottle.guard.name));
         let out = self.exec_probe(bottle, &config)?;
         if probes == ProbeSet::Full {
             // Before the probe's rows: the host's refs are the control of
@@ -168,10 +174,11 @@ impl Gate {
                 targets.redact_host.clone(),
             ],
         );
-        if probes == ProbeSet::Full {
+        if let Some(seed) = &seed {
             self.redaction_evidence(phase, hits_before);
             self.operator_output(phase, &bottle.guard.name)?;
-            self.audit_evidence(phase, &bottle.guard.name)?;
+            self.copy_evidence(phase, &bottle.guard.name, &results)?;
+            self.audit_evidence(phase, &bottle.guard.name, &bottle.key, seed, &results)?;
         }
         Ok(results)
     }
@@ -191,6 +198,14 @@ impl Gate {
                 SocketAddr::from((canary::INTERNET, 443)),
             ],
             allowed_hosts: allowed.to_vec(),
+            relayed: vec![SocketAddr::from((
+                canary::PINNED_TCP,
+                canary::PINNED_TCP_PORT,
+            ))],
+            host_services: vec![SocketAddr::from((
+                std::net::Ipv4Addr::LOCALHOST,
+                self.ports.host_service,
+            ))],
         };
         self.report
             .rows

@@ -187,6 +187,7 @@ impl GitGate {
             rule: e.refs,
             count: 1,
             truncated: false,
+            hosts: Vec::new(),
         });
     }
 
