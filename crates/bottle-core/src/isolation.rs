@@ -38,15 +38,6 @@ impl Isolation {
         }
     }
 
-    /// The Engine runtime a box of this tier runs under, by its registered
-    /// name; `None`: the daemon's default (runc).
-    pub fn engine_runtime(self) -> Option<&'static str> {
-        match self {
-            Isolation::Container => None,
-            Isolation::Gvisor => Some(GVISOR_RUNTIME),
-        }
-    }
-
     /// One line for the plan.
     pub fn describe(self) -> &'static str {
         match self {
@@ -64,18 +55,45 @@ impl fmt::Display for Isolation {
     }
 }
 
-/// The name the gVisor runtime must be registered under in the Engine
-/// (`/etc/docker/daemon.json`, `runtimes`).
+/// The name bottle looks the gVisor runtime up under in the Engine
+/// (`/etc/docker/daemon.json`, `runtimes`), unless
+/// [`GVISOR_RUNTIME_ENV`] names another.
 pub const GVISOR_RUNTIME: &str = "runsc";
+
+/// The variable naming another registration of gVisor to run boxes under
+/// (the docker backend's and the doctor's).
+pub const GVISOR_RUNTIME_ENV: &str = "BOTTLE_GVISOR_RUNTIME";
+
+/// The gVisor runtime's name from [`GVISOR_RUNTIME_ENV`]'s value (`value`):
+/// [`GVISOR_RUNTIME`] when unset or blank.
+pub fn gvisor_runtime_name(value: Option<&str>) -> String {
+    value
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .unwrap_or(GVISOR_RUNTIME)
+        .to_string()
+}
+
+/// The names of the daemon's runtimes, sorted, for a message saying which
+/// it has.
+pub fn runtime_names<'a>(names: impl IntoIterator<Item = &'a String>) -> String {
+    let mut names: Vec<&str> = names.into_iter().map(String::as_str).collect();
+    names.sort_unstable();
+    if names.is_empty() {
+        "none reported".into()
+    } else {
+        names.join(", ")
+    }
+}
 
 /// The registration bottle asks for, as `daemon.json` holds it: the
 /// platform this host has (ptrace works everywhere; systrap or kvm where
 /// the build and the host have them), the box's own network namespace,
 /// and revalidated file access to the root filesystem.
-pub const GVISOR_DAEMON_JSON: &str = r#"{ "runtimes": { "runsc": { "path": "/usr/bin/runsc", "runtimeArgs": ["--platform=ptrace", "--network=host", "--file-access=shared"] } } }"#;
+pub const GVISOR_DAEMON_JSON: &str = r#"{ "runtimes": { "runsc": { "path": "/usr/bin/runsc", "runtimeArgs": ["--platform=ptrace", "--network=host", "--file-access=shared", "--overlay2=none"] } } }"#;
 
 /// How to get a usable gVisor runtime, for error fixes and the doctor.
-pub const GVISOR_FIX: &str = "install gVisor (Debian: `apt-get install runsc`), register it with the docker daemon as `runsc` in /etc/docker/daemon.json (bottle's CI writes { \"runtimes\": { \"runsc\": { \"path\": \"/usr/bin/runsc\", \"runtimeArgs\": [\"--platform=ptrace\", \"--network=host\", \"--file-access=shared\"] } } }) and reload the daemon without restarting it: `kill -HUP $(pidof dockerd)`; `bottle doctor` checks it";
+pub const GVISOR_FIX: &str = "install gVisor (Debian: `apt-get install runsc`), register it with the docker daemon as `runsc` in /etc/docker/daemon.json (bottle's CI writes { \"runtimes\": { \"runsc\": { \"path\": \"/usr/bin/runsc\", \"runtimeArgs\": [\"--platform=ptrace\", \"--network=host\", \"--file-access=shared\", \"--overlay2=none\"] } } }) and reload the daemon without restarting it: `kill -HUP $(pidof dockerd)`; `bottle doctor` checks it";
 
 /// Host tasks (threads) gVisor's own machinery takes in the box's pids
 /// cgroup before the box runs anything: the Sentry's threads and its stub
@@ -144,8 +162,6 @@ pub enum GvisorNetwork {
     /// The box's network system calls go to the host kernel's stack, in
     /// the box's own network namespace.
     Host,
-    /// No network at all: the box could not reach its bundle.
-    None,
 }
 
 impl GvisorNetwork {
@@ -154,7 +170,6 @@ impl GvisorNetwork {
         match self {
             GvisorNetwork::Sandbox => "sandbox",
             GvisorNetwork::Host => "host",
-            GvisorNetwork::None => "none",
         }
     }
 }
@@ -204,14 +219,20 @@ pub type Unfit = Vec<String>;
 /// Reads a runsc registration's arguments: the setup it gives, or every
 /// reason bottle refuses it.
 ///
-/// Refused: `--network=none` (the box could not reach its bundle); a root
-/// filesystem not revalidated against the host (`--file-access`
-/// `exclusive`, the default: what bottle writes into a running box, its CA
-/// and `bottle cp`, would stay unseen by the box); a root overlay in
-/// memory (`--overlay`, `--overlay2` on the root: the box's writes would
-/// bypass the layer reset snapshots); and flags that open the sandbox
-/// (`--host-uds`, `--host-fifo` other than `none`, `--net-raw`,
-/// `--profile`, `--ignore-cgroups`, `--TESTONLY-*`).
+/// Only flags bottle knows to leave the box as strong pass
+/// ([`HARMLESS_FLAGS`], and the ones read here); any other is refused, so a
+/// flag a newer runsc adds is judged before a box runs under it. Refused by
+/// name: `--network=none` (the box could not reach its bundle); a root
+/// filesystem not revalidated against the host (`--file-access` other
+/// than `shared`: what bottle writes into a running box, its CA and
+/// `bottle cp`, would stay unseen) or overlaid (`--overlay2` other than
+/// `none`, which must be said: current builds default to a root overlay
+/// in memory, out of the layer reset snapshots, and refuse it with shared
+/// file access); and flags that open the sandbox when on (`--overlay`,
+/// `--net-raw`, `--profile`, `--ignore-cgroups`, `--rootless`,
+/// `--fsgofer-host-uds`, `--nvproxy`, `--tpuproxy`, `--host-uds` or
+/// `--host-fifo` other than `none`, `--TESTONLY-*`). A boolean is on
+/// unless it says one of Go's false spellings.
 pub fn assess(registration: &Registration) -> Result<GvisorSetup, Unfit> {
     let mut setup = GvisorSetup {
         platform: "ptrace".into(),
@@ -219,53 +240,64 @@ pub fn assess(registration: &Registration) -> Result<GvisorSetup, Unfit> {
         file_access_shared: false,
     };
     let mut unfit = Vec::new();
+    let mut overlay_off = false;
     let flags = parse_flags(&registration.args);
     for (name, value) in &flags {
         let value = value.as_deref();
+        let shown = value.unwrap_or_default();
         match name.as_str() {
-            "platform" => setup.platform = value.unwrap_or_default().to_string(),
+            "platform" => setup.platform = shown.to_string(),
             "network" => match value {
                 Some("sandbox") => setup.network = GvisorNetwork::Sandbox,
                 Some("host") => setup.network = GvisorNetwork::Host,
                 Some("none") => {
-                    setup.network = GvisorNetwork::None;
-                    unfit.push("--network=none: the box could not reach its bundle".into());
+                    unfit.push("--network=none: the box could not reach its bundle".into())
                 }
-                other => unfit.push(format!(
-                    "--network={}: not a network mode bottle knows",
-                    other.unwrap_or_default()
+                _ => unfit.push(format!(
+                    "--network={shown}: not a network mode bottle knows"
                 )),
             },
             "file-access" => setup.file_access_shared = value == Some("shared"),
-            "overlay" if is_true(value) => unfit.push(
-                "--overlay: the box's writes would stay in gVisor's memory, out of the layer bottle's reset snapshots".into(),
-            ),
-            "overlay2" if value.is_some_and(|v| !v.starts_with("none")) => unfit.push(format!(
-                "--overlay2={}: the box's writes would stay in gVisor's overlay, out of the layer bottle's reset snapshots",
-                value.unwrap_or_default()
-            )),
-            "host-uds" | "host-fifo" if value.is_some_and(|v| v != "none") => unfit.push(format!(
-                "--{name}={}: the box could reach host sockets or fifos",
-                value.unwrap_or_default()
-            )),
-            "net-raw" if is_true(value) => {
-                unfit.push("--net-raw: raw sockets in the box".into())
+            "overlay2" => {
+                overlay_off = value == Some("none");
+                if !overlay_off {
+                    unfit.push(format!(
+                        "--overlay2={shown}: the box's writes would stay in gVisor's overlay, out of the layer bottle's reset snapshots"
+                    ));
+                }
             }
-            "profile" if is_true(value) => unfit.push(
-                "--profile: loosens the sandbox's own seccomp filter".into(),
-            ),
-            "ignore-cgroups" if is_true(value) => unfit.push(
-                "--ignore-cgroups: the box's memory and pids limits would not hold".into(),
-            ),
-            other if other.starts_with("TESTONLY") => {
-                unfit.push(format!("--{other}: a test-only flag"))
+            "host-uds" | "host-fifo" => {
+                if value != Some("none") {
+                    unfit.push(format!(
+                        "--{name}={shown}: the box could reach host sockets or fifos"
+                    ));
+                }
             }
-            _ => {}
+            flag => {
+                if let Some(why) = OPENING_FLAGS
+                    .iter()
+                    .find(|(opening, _)| *opening == flag)
+                    .map(|(_, why)| why)
+                {
+                    if is_on(value) {
+                        unfit.push(format!("--{flag}: {why}"));
+                    }
+                } else if !HARMLESS_FLAGS.contains(&flag) {
+                    unfit.push(format!(
+                        "--{flag}: not a flag bottle knows to leave the box as strong (remove it, or tell bottle's maintainers what it does)"
+                    ));
+                }
+            }
         }
     }
     if !setup.file_access_shared {
         unfit.push(
             "--file-access is not `shared`: gVisor would cache the root filesystem and never see what bottle writes into a running box (its CA, `bottle cp`)".into(),
+        );
+    }
+    if !overlay_off {
+        unfit.push(
+            "no --overlay2=none: current runsc builds put a root overlay in memory by default, which keeps the box's writes out of the layer bottle's reset snapshots (and which they refuse with shared file access)".into(),
         );
     }
     if unfit.is_empty() {
@@ -275,8 +307,73 @@ pub fn assess(registration: &Registration) -> Result<GvisorSetup, Unfit> {
     }
 }
 
-fn is_true(value: Option<&str>) -> bool {
-    matches!(value, None | Some("true") | Some("1"))
+/// Boolean flags that open the sandbox when on, and what they would open.
+const OPENING_FLAGS: &[(&str, &str)] = &[
+    (
+        "overlay",
+        "the box's writes would stay in gVisor's memory, out of the layer bottle's reset snapshots",
+    ),
+    ("net-raw", "raw sockets in the box"),
+    ("profile", "loosens the sandbox's own seccomp filter"),
+    (
+        "ignore-cgroups",
+        "the box's memory and pids limits would not hold",
+    ),
+    (
+        "rootless",
+        "the sandbox and its gofer would run without their own namespaces' protections",
+    ),
+    ("fsgofer-host-uds", "the box could reach host sockets"),
+    ("nvproxy", "host GPU devices in the box"),
+    ("nvproxy-docker", "host GPU devices in the box"),
+    ("tpuproxy", "host TPU devices in the box"),
+    ("TESTONLY-unsafe-nonroot", "a test-only flag"),
+    ("TESTONLY-allow-packet-endpoint-write", "a test-only flag"),
+];
+
+/// Flags that change how gVisor logs, is placed in cgroups, or how fast
+/// it runs, never what the box can reach: a registration may carry them.
+const HARMLESS_FLAGS: &[&str] = &[
+    "root",
+    "debug",
+    "debug-log",
+    "debug-log-format",
+    "debug-command",
+    "log",
+    "log-format",
+    "log-fd",
+    "debug-log-fd",
+    "panic-log",
+    "panic-log-fd",
+    "alsologtostderr",
+    "systemd-cgroup",
+    "cgroupfs",
+    "cpu-num-from-quota",
+    "num-network-channels",
+    "gso",
+    "software-gso",
+    "gvisor-gro",
+    "qdisc",
+    "rx-checksum-offload",
+    "tx-checksum-offload",
+    "buffer-pooling",
+    "watchdog-action",
+    "dcache",
+    "fdlimit",
+    "lisafs",
+    "vfs2",
+    "directfs",
+    "oci-seccomp",
+    "traceback",
+    "ref-leak-mode",
+    "platform_device_path",
+    "panic-signal",
+];
+
+/// Go's `strconv.ParseBool`: a boolean flag is on unless it says false
+/// (a value runsc cannot parse fails its start, which is also no box).
+fn is_on(value: Option<&str>) -> bool {
+    !matches!(value, Some("0" | "f" | "F" | "false" | "False" | "FALSE"))
 }
 
 /// Flags whose value may follow as the next argument (Go's flag package).
@@ -406,8 +503,12 @@ mod tests {
             assert_eq!(parsed.as_str(), choice);
         }
         assert_eq!(Isolation::default(), Isolation::Container);
-        assert_eq!(Isolation::Container.engine_runtime(), None);
-        assert_eq!(Isolation::Gvisor.engine_runtime(), Some("runsc"));
+        assert_eq!(gvisor_runtime_name(None), "runsc");
+        assert_eq!(gvisor_runtime_name(Some("  ")), "runsc");
+        assert_eq!(gvisor_runtime_name(Some("runsc-kvm")), "runsc-kvm");
+        let names = ["runsc".to_string(), "runc".to_string()];
+        assert_eq!(runtime_names(&names), "runc, runsc");
+        assert_eq!(runtime_names(&[]), "none reported");
     }
 
     #[test]
@@ -416,6 +517,7 @@ mod tests {
             "--platform=ptrace",
             "--network=host",
             "--file-access=shared",
+            "--overlay2=none",
         ]))
         .unwrap();
         assert_eq!(setup.platform, "ptrace");
@@ -430,6 +532,10 @@ mod tests {
             "kvm",
             "--file-access",
             "shared",
+            "--overlay2",
+            "none",
+            "--debug-log=/var/log/runsc/",
+            "--systemd-cgroup",
         ]))
         .unwrap();
         assert_eq!(setup.platform, "kvm");
@@ -454,11 +560,43 @@ mod tests {
     #[test]
     fn registrations_that_break_or_open_the_box_are_refused_with_every_reason() {
         let unfit = assess(&registration(&["--network=host"])).unwrap_err();
-        assert_eq!(unfit.len(), 1, "{unfit:?}");
+        assert_eq!(unfit.len(), 2, "{unfit:?}");
         assert!(unfit[0].contains("--file-access"), "{unfit:?}");
+        assert!(unfit[1].contains("--overlay2=none"), "{unfit:?}");
+        let fit = ["--file-access=shared", "--overlay2=none"];
+        let with = |extra: &[&str]| {
+            let mut args = fit.to_vec();
+            args.extend_from_slice(extra);
+            assess(&registration(&args))
+        };
+        // Go's true spellings are all on.
+        for on in [
+            "--net-raw=True",
+            "--ignore-cgroups=T",
+            "--profile=TRUE",
+            "--overlay=t",
+            "--rootless=1",
+        ] {
+            assert!(with(&[on]).is_err(), "{on}");
+        }
+        // Devices, host sockets by their old name, and flags bottle does
+        // not know are refused.
+        for opening in [
+            "--nvproxy",
+            "--tpuproxy",
+            "--fsgofer-host-uds",
+            "--host-uds=open",
+            "--EXPERIMENTAL-afxdp",
+            "--a-flag-from-2030=x",
+        ] {
+            let unfit = with(&[opening]).unwrap_err();
+            let name = opening.trim_start_matches('-').split('=').next().unwrap();
+            assert!(unfit.join(" ").contains(name), "{opening}: {unfit:?}");
+        }
 
         let unfit = assess(&registration(&[
             "--file-access=shared",
+            "--overlay2=none",
             "--network=none",
             "--host-uds=all",
             "--net-raw",

@@ -22,9 +22,6 @@ use crate::host::Context;
 pub const ID: &str = "docker.gvisor";
 pub(crate) const TITLE: &str = "gvisor runtime";
 
-/// The variable naming the runtime (the docker backend's too).
-pub const RUNTIME_ENV: &str = "BOTTLE_GVISOR_RUNTIME";
-
 /// The fields of `GET /info` this check reads.
 #[derive(Debug, Clone, Default, Deserialize)]
 struct RuntimesInfo {
@@ -43,7 +40,8 @@ struct RuntimeEntry {
 /// Checks the daemon's gVisor runtime: registered, fit, its build and
 /// platform, and the build's known gaps.
 pub fn check_gvisor(ctx: &Context<'_>) -> Check {
-    let name = ctx.gvisor_runtime.as_deref().unwrap_or("runsc");
+    let name = bottle_core::isolation::gvisor_runtime_name(ctx.gvisor_runtime.as_deref());
+    let name = name.as_str();
     let skip = |why: String| Check::new(ID, TITLE, Status::Skip, format!("not checked: {why}"));
     let socket = match endpoint(ctx.docker_host.as_deref()) {
         Endpoint::Other(value) => {
@@ -60,16 +58,13 @@ pub fn check_gvisor(ctx: &Context<'_>) -> Check {
         }
     };
     let Some(entry) = info.runtimes.get(name) else {
-        let mut names: Vec<&String> = info.runtimes.keys().collect();
-        names.sort();
-        let names: Vec<&str> = names.iter().map(|n| n.as_str()).collect();
         return Check::new(
             ID,
             TITLE,
             Status::Warn,
             format!(
                 "the daemon has no `{name}` runtime (it has: {}): bottles with isolation = \"gvisor\" are refused (BOT-D090)",
-                names.join(", ")
+                bottle_core::isolation::runtime_names(info.runtimes.keys())
             ),
         )
         .with_remediation(GVISOR_FIX);

@@ -146,9 +146,7 @@ impl<'a> Context<'a> {
             bundle_bin: std::env::var_os(bottle_core::bundle_binary::BUNDLE_BIN_ENV),
             toolbox_bin: std::env::var_os(bottle_core::bundle_binary::TOOLBOX_BIN_ENV),
             exe: std::env::current_exe().ok(),
-            gvisor_runtime: std::env::var(crate::gvisor::RUNTIME_ENV)
-                .ok()
-                .filter(|name| !name.trim().is_empty()),
+            gvisor_runtime: std::env::var(bottle_core::isolation::GVISOR_RUNTIME_ENV).ok(),
         }
     }
 
