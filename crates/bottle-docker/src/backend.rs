@@ -76,14 +76,10 @@ pub struct DockerOptions {
     /// Engine's round trips are counted into it.
     pub timeline: Option<Timeline>,
     /// The name gVisor is registered under in the daemon. `None`:
-    /// [`GVISOR_RUNTIME_ENV`], then `runsc`. Whatever the name, a gVisor
+    /// [`isolation::GVISOR_RUNTIME_ENV`], then `runsc`. Whatever the name, a gVisor
     /// box is confirmed to run under gVisor after its launch.
     pub gvisor_runtime: Option<String>,
 }
-
-/// The environment variable naming the daemon's gVisor runtime when
-/// [`DockerOptions::gvisor_runtime`] does not (default `runsc`).
-pub const GVISOR_RUNTIME_ENV: &str = "BOTTLE_GVISOR_RUNTIME";
 
 /// The environment variable naming the range bottle subnets come from
 /// (`a.b.c.d/len`, a `/24` to a `/8`), when [`DockerOptions::subnet_pool`]
@@ -168,12 +164,9 @@ impl DockerBackend {
             options.subnet_pool = subnet_pool_from_env(std::env::var_os(SUBNET_POOL_ENV))?;
         }
         if options.gvisor_runtime.is_none() {
-            options.gvisor_runtime = Some(
-                std::env::var(GVISOR_RUNTIME_ENV)
-                    .ok()
-                    .filter(|name| !name.trim().is_empty())
-                    .unwrap_or_else(|| isolation::GVISOR_RUNTIME.to_string()),
-            );
+            options.gvisor_runtime = Some(isolation::gvisor_runtime_name(
+                std::env::var(isolation::GVISOR_RUNTIME_ENV).ok().as_deref(),
+            ));
         }
         Ok(DockerBackend {
             options,
@@ -260,7 +253,7 @@ impl DockerBackend {
             Isolation::Gvisor => Some(crate::gvisor::runtime_of(
                 &info,
                 self.gvisor_runtime(),
-                &|path: &Path| path.is_file(),
+                &crate::gvisor::host_binary,
             )?),
         };
 
@@ -283,6 +276,7 @@ impl DockerBackend {
             storage: layer_cap.storage().to_string(),
             dns_upstream: self.options.dns_upstream.unwrap_or(bundle.ip),
             runtime: gvisor.as_ref().map(|runtime| runtime.name.clone()),
+            runtime_binary: gvisor.as_ref().map(|runtime| runtime.binary.clone()),
             env: bottle_core::agent::agent_env_of(
                 spec,
                 bundle.ip,
@@ -451,24 +445,11 @@ impl DockerBackend {
                 },
             });
         }
-        let plan = data::read_plan(&StatePaths::new(&state_dir)).ok();
-        // The tier the bottle was planned with; without a readable plan,
-        // the runtime the Engine runs it under.
-        let isolation = match &plan {
-            Some(plan) => plan.isolation,
-            None => {
-                let runtime = inspect
-                    .host_config
-                    .as_ref()
-                    .and_then(|h| h.runtime.as_deref());
-                if runtime == Some(self.gvisor_runtime()) {
-                    Isolation::Gvisor
-                } else {
-                    Isolation::Container
-                }
-            }
-        };
-        let agent = plan.map(|plan| plan.backend_data.agent);
+        // The plan says what the box is (its tier, its gVisor binary): a
+        // bottle whose plan cannot be read is not driven on a guess.
+        let plan = data::read_plan(&StatePaths::new(&state_dir))?;
+        let gvisor_binary = gvisor_binary_of(&plan)?;
+        let agent = Some(plan.backend_data.agent);
         let user = labels
             .get(crate::names::LABEL_AGENT_USER)
             .filter(|u| !u.is_empty())
@@ -489,7 +470,7 @@ impl DockerBackend {
             toolbox: InBoxAgent::new(&names.bottle, &self.options.state_root.join(slug_of(name))),
             bundle: names.bundle.clone(),
             state_dir,
-            isolation,
+            gvisor_binary,
         })
     }
 
@@ -709,6 +690,21 @@ fn backend_lines(data: &DockerPlanData) -> Vec<(String, String)> {
             },
         ),
     ]
+}
+
+/// The gVisor binary a bottle's box must run under: `None` for the
+/// container tier; for a gVisor plan, the one it recorded (a plan without
+/// one is refused, never treated as a container).
+pub(crate) fn gvisor_binary_of(plan: &DockerPlan) -> Result<Option<PathBuf>, DockerError> {
+    match plan.isolation {
+        Isolation::Container => Ok(None),
+        Isolation::Gvisor => match &plan.backend_data.agent.runtime_binary {
+            Some(binary) => Ok(Some(binary.clone())),
+            None => Err(DockerError::NotUnderGvisor {
+                what: "the bottle's plan records no gVisor binary".into(),
+            }),
+        },
+    }
 }
 
 /// The plan's lines for a gVisor box: the runtime it runs under, and its

@@ -40,8 +40,9 @@ pub struct DockerBottle {
     pub(crate) bundle: String,
     /// The bottle's state dir (its golden snapshot and baseline).
     pub(crate) state_dir: PathBuf,
-    /// The box's isolation tier.
-    pub(crate) isolation: bottle_core::isolation::Isolation,
+    /// For a gVisor box, the runtime's binary its sandbox must run
+    /// (`None`: the container tier).
+    pub(crate) gvisor_binary: Option<PathBuf>,
 }
 
 impl DockerBottle {
@@ -81,7 +82,7 @@ impl DockerBottle {
             &self.container,
             &self.bundle,
             &self.state_dir,
-            self.isolation,
+            self.gvisor_binary.clone(),
         )
     }
 }

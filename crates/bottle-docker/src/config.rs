@@ -254,8 +254,13 @@ pub fn agent_container(
         plan.backend_data.agent.user.clone(),
     );
     let DockerPlanData { bundle, agent } = &plan.backend_data;
-    let devices = plan
-        .devices
+    // No host device node enters a gVisor box (its kernel has no driver
+    // for them; the CLI drops them with a warning before the plan).
+    let passed: &[bottle_core::plan::PlannedDevice] = match plan.isolation {
+        bottle_core::isolation::Isolation::Container => &plan.devices,
+        bottle_core::isolation::Isolation::Gvisor => &[],
+    };
+    let devices = passed
         .iter()
         .map(|device| DeviceMapping {
             path_on_host: Some(device.host_path.clone()),
@@ -527,6 +532,7 @@ pub(crate) mod tests {
                 storage: "overlay2 on xfs".into(),
                 dns_upstream: Ipv4Addr::new(192, 168, 40, 2),
                 runtime: None,
+                runtime_binary: None,
                 env: vec![("EDITOR".into(), "vi".into())],
                 prompt: None,
                 skills: Vec::new(),
@@ -731,6 +737,8 @@ pub(crate) mod tests {
             (nproc.name.as_deref(), nproc.soft, nproc.hard),
             (Some("nproc"), Some(128), Some(128))
         );
+        // No host device node enters a gVisor box.
+        assert_eq!(host.devices, None);
         // Everything else is the container tier's.
         assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
         assert_eq!(host.network_mode.as_deref(), Some("bot-bottle-demo"));

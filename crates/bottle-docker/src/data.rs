@@ -143,6 +143,10 @@ pub struct AgentData {
     /// tier), the gVisor runtime's name for a gVisor box.
     #[serde(default)]
     pub runtime: Option<String>,
+    /// For a gVisor box, the runtime's binary on the host, canonical: what
+    /// the box's sandbox process must be running.
+    #[serde(default)]
+    pub runtime_binary: Option<PathBuf>,
     /// The agent's whole environment (`bottle_core::agent::agent_env`).
     pub env: Vec<(String, String)>,
     /// Prompt file on the host.

@@ -9,7 +9,8 @@
 //! - After the agent container starts, [`confirm`] checks that it really
 //!   runs under gVisor, from three places: the Engine's record
 //!   (`HostConfig.Runtime`), the host kernel (the container's init process
-//!   is gVisor's sandbox, `runsc-sandbox ... boot`), and the box itself
+//!   is gVisor's sandbox, `runsc-sandbox ... boot`, running the registered
+//!   runsc binary), and the box itself
 //!   (the kernel answering `uname(2)` inside is not the host's). Any one
 //!   that disagrees refuses the bottle (`BOT-D092`) and the launch unwinds.
 //! - A reset's descriptor source cannot read the box's processes from the
@@ -18,8 +19,7 @@
 //!   outlive a revert instead: host processes in the box's cgroup that are
 //!   not the running sandbox's.
 
-use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use bollard::models::{ContainerInspectResponse, SystemInfo};
 use bottle_core::isolation::{GvisorSetup, Registration};
@@ -32,8 +32,11 @@ use crate::pause::{UNAME_PATH, parse_utsname};
 pub struct GvisorRuntime {
     /// Its registered name (`runsc`).
     pub name: String,
-    /// Its binary.
+    /// Its binary as registered.
     pub path: String,
+    /// That binary on this host, canonical (the daemon runs here: bind
+    /// mounts and resets already need that).
+    pub binary: PathBuf,
     /// What its arguments give a box.
     pub setup: GvisorSetup,
 }
@@ -46,29 +49,18 @@ impl GvisorRuntime {
 }
 
 /// The daemon's gVisor runtime registered as `name`, or why a gVisor
-/// bottle cannot run on it.
-/// `binary_exists` says whether an absolute path names a file on this host
-/// (the daemon runs here: bind mounts and resets already need that).
+/// bottle cannot run on it. `find_binary` finds a registered path on this
+/// host, canonical ([`host_binary`]).
 pub fn runtime_of(
     info: &SystemInfo,
     name: &str,
-    binary_exists: &dyn Fn(&Path) -> bool,
+    find_binary: &dyn Fn(&str) -> Option<PathBuf>,
 ) -> Result<GvisorRuntime, DockerError> {
     let runtimes = info.runtimes.clone().unwrap_or_default();
     let Some(runtime) = runtimes.get(name) else {
-        let mut names: Vec<&String> = runtimes.keys().collect();
-        names.sort();
         return Err(DockerError::GvisorMissing {
             runtime: name.into(),
-            registered: if names.is_empty() {
-                "none reported".into()
-            } else {
-                names
-                    .iter()
-                    .map(|n| n.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            },
+            registered: bottle_core::isolation::runtime_names(runtimes.keys()),
         });
     };
     let registration = Registration {
@@ -76,26 +68,42 @@ pub fn runtime_of(
         args: runtime.runtime_args.clone().unwrap_or_default(),
     };
     let path = registration.path.clone();
-    let missing = Path::new(&path).is_absolute() && !binary_exists(Path::new(&path));
-    let mut problems = match bottle_core::isolation::assess(&registration) {
-        Ok(setup) if !missing => {
+    let binary = find_binary(&path);
+    let missing = binary.is_none();
+    let mut problems = match (bottle_core::isolation::assess(&registration), binary) {
+        (Ok(setup), Some(binary)) => {
             return Ok(GvisorRuntime {
                 name: name.into(),
                 path,
+                binary,
                 setup,
             });
         }
-        Ok(_) => Vec::new(),
-        Err(unfit) => unfit,
+        (Ok(_), None) => Vec::new(),
+        (Err(unfit), _) => unfit,
     };
     if missing {
-        problems.insert(0, format!("{path} does not exist"));
+        problems.insert(0, format!("{path} is not a program on this host"));
     }
     Err(DockerError::GvisorUnfit {
         runtime: name.into(),
         path,
         problems: problems.join("; "),
     })
+}
+
+/// A runtime's registered path as the daemon finds it (absolute, or
+/// looked up in `PATH`), canonical; `None` when no such file exists.
+pub fn host_binary(path: &str) -> Option<PathBuf> {
+    let found = if Path::new(path).is_absolute() {
+        PathBuf::from(path)
+    } else {
+        let dirs = std::env::var_os("PATH")?;
+        std::env::split_paths(&dirs)
+            .map(|dir| dir.join(path))
+            .find(|candidate| candidate.is_file())?
+    };
+    std::fs::canonicalize(found).ok().filter(|p| p.is_file())
 }
 
 /// The Engine's record: the container runs under `runtime`.
@@ -118,10 +126,13 @@ pub(crate) fn check_runtime(
 }
 
 /// The host kernel's view: the container's init process (the Engine's
-/// `State.Pid`) is gVisor's sandbox, `runsc-sandbox ... boot`.
+/// `State.Pid`) is gVisor's sandbox, `runsc-sandbox ... boot`, and the
+/// program it runs is `binary`, the registered runsc (argv is the
+/// process's to write; its executable is the kernel's record).
 pub(crate) fn check_sandbox_process(
     inspect: &ContainerInspectResponse,
     proc_root: &Path,
+    binary: &Path,
 ) -> Result<u32, String> {
     let pid = inspect
         .state
@@ -139,14 +150,22 @@ pub(crate) fn check_sandbox_process(
         .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect();
     let argv0 = args.first().map(String::as_str).unwrap_or_default();
-    if argv0 == "runsc-sandbox" && args.iter().any(|a| a == "boot") {
-        Ok(pid)
-    } else {
-        Err(format!(
-            "the agent container's process {pid} on the host is {:?}, not gVisor's sandbox (runsc-sandbox boot)",
-            argv0
-        ))
+    if argv0 != "runsc-sandbox" || !args.iter().any(|a| a == "boot") {
+        return Err(format!(
+            "the agent container's process {pid} on the host is {argv0:?}, not gVisor's sandbox (runsc-sandbox boot)"
+        ));
     }
+    let exe_link = proc_root.join(pid.to_string()).join("exe");
+    let exe = std::fs::read_link(&exe_link)
+        .map_err(|err| format!("cannot read {}: {err}", exe_link.display()))?;
+    if exe != binary {
+        return Err(format!(
+            "the agent container's process {pid} on the host runs {}, not the registered gVisor {}",
+            exe.display(),
+            binary.display()
+        ));
+    }
+    Ok(pid)
 }
 
 /// The box's own answer: [`UNAME_PATH`]'s output names a kernel other than
@@ -183,22 +202,25 @@ pub(crate) fn host_kernel() -> Result<(String, String), String> {
 }
 
 /// Descriptors held by host processes in the cgroup of the sandbox whose
-/// init is `sandbox_pid` that are not that sandbox's own (everything its
-/// shim started: the sandbox, its stubs, its gofer, `runsc exec`s): what
-/// could outlive a revert that killed the sandbox. 0 in a box as launched;
-/// a process that escaped gVisor into the box's cgroup, or was left there,
-/// shows here.
-pub(crate) fn stray_descriptors(proc_root: &Path, sandbox_pid: u32) -> Result<u64, String> {
+/// init is `sandbox_pid` (or below it) that do not run gVisor's `binary`
+/// (the sandbox, its stubs, its gofer and each exec's `runsc exec` all
+/// do): what could outlive a revert that killed the sandbox. 0 in a box
+/// as launched; any other program there, whoever started it, shows here.
+pub(crate) fn stray_descriptors(
+    proc_root: &Path,
+    sandbox_pid: u32,
+    binary: &Path,
+) -> Result<u64, String> {
     let cgroup_of = |pid: u32| -> Option<String> {
         let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")).ok()?;
         pids_cgroup(&text)
     };
     let own = cgroup_of(sandbox_pid)
         .ok_or_else(|| format!("cannot read the cgroup of the sandbox {sandbox_pid}"))?;
+    let below = format!("{}/", own.trim_end_matches('/'));
     let entries = std::fs::read_dir(proc_root)
         .map_err(|err| format!("cannot list {}: {err}", proc_root.display()))?;
-    let mut parents = std::collections::BTreeMap::new();
-    let mut members = Vec::new();
+    let mut strays = 0;
     for entry in entries.flatten() {
         let Some(pid) = entry
             .file_name()
@@ -207,31 +229,24 @@ pub(crate) fn stray_descriptors(proc_root: &Path, sandbox_pid: u32) -> Result<u6
         else {
             continue;
         };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+        let Some(cgroup) = cgroup_of(pid) else {
             continue;
         };
-        if let Some(ppid) = parent_of(&stat) {
-            parents.insert(pid, ppid);
+        if cgroup != own && !cgroup.starts_with(&below) {
+            continue;
         }
-        if cgroup_of(pid).as_deref() == Some(own.as_str()) {
-            members.push(pid);
+        // A process that ended between listing and reading holds nothing.
+        let Ok(exe) = std::fs::read_link(entry.path().join("exe")) else {
+            continue;
+        };
+        if exe == binary {
+            continue;
+        }
+        if let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) {
+            strays += fds.count() as u64;
         }
     }
-    // The sandbox's own: everything below the runtime's shim, which
-    // starts the sandbox, its gofer and each exec's `runsc exec` (they
-    // share the box's cgroup); the sandbox alone if it has no shim.
-    let root = parents
-        .get(&sandbox_pid)
-        .copied()
-        .filter(|ppid| *ppid > 1)
-        .unwrap_or(sandbox_pid);
-    let sandbox = descendants(&parents, root);
-    Ok(members
-        .into_iter()
-        .filter(|pid| !sandbox.contains(pid))
-        .filter_map(|pid| std::fs::read_dir(proc_root.join(pid.to_string()).join("fd")).ok())
-        .map(|fds| fds.count() as u64)
-        .sum())
+    Ok(strays)
 }
 
 /// The box's cgroup from a `/proc/<pid>/cgroup` text: the `pids`
@@ -250,28 +265,6 @@ fn pids_cgroup(text: &str) -> Option<String> {
         }
     }
     unified
-}
-
-/// The parent pid from a `/proc/<pid>/stat` line.
-fn parent_of(stat: &str) -> Option<u32> {
-    let (_, rest) = stat.rsplit_once(") ")?;
-    rest.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// `root` and every process below it.
-fn descendants(parents: &std::collections::BTreeMap<u32, u32>, root: u32) -> BTreeSet<u32> {
-    let mut found = BTreeSet::from([root]);
-    loop {
-        let before = found.len();
-        for (pid, ppid) in parents {
-            if found.contains(ppid) {
-                found.insert(*pid);
-            }
-        }
-        if found.len() == before {
-            return found;
-        }
-    }
 }
 
 #[cfg(test)]
@@ -303,22 +296,27 @@ mod tests {
         }
     }
 
+    fn found(path: &str) -> Option<PathBuf> {
+        Some(PathBuf::from(path))
+    }
+
     const FIT: &[&str] = &[
         "--platform=ptrace",
         "--network=host",
         "--file-access=shared",
+        "--overlay2=none",
     ];
 
     #[test]
     fn a_daemon_without_runsc_is_refused_naming_what_it_has() {
-        let err = runtime_of(&info(&[("runc", "runc", &[])]), "runsc", &|_| true).unwrap_err();
+        let err = runtime_of(&info(&[("runc", "runc", &[])]), "runsc", &found).unwrap_err();
         assert_eq!(bottle_core::Coded::code(&err), "BOT-D090");
         assert!(err.to_string().contains("its runtimes: runc"), "{err}");
         let fix = bottle_core::Coded::fix(&err).unwrap();
         for step in ["apt-get install runsc", "daemon.json", "kill -HUP"] {
             assert!(fix.contains(step), "{fix}");
         }
-        let none = runtime_of(&SystemInfo::default(), "runsc", &|_| true).unwrap_err();
+        let none = runtime_of(&SystemInfo::default(), "runsc", &found).unwrap_err();
         assert!(none.to_string().contains("none reported"), "{none}");
     }
 
@@ -327,7 +325,7 @@ mod tests {
         let runtime = runtime_of(
             &info(&[("runc", "runc", &[]), ("runsc", "/usr/bin/runsc", FIT)]),
             "runsc",
-            &|_| true,
+            &found,
         )
         .unwrap();
         assert_eq!(
@@ -338,19 +336,20 @@ mod tests {
         let err = runtime_of(
             &info(&[("runsc", "/usr/bin/runsc", &["--network=host"])]),
             "runsc",
-            &|_| true,
+            &found,
         )
         .unwrap_err();
         assert_eq!(bottle_core::Coded::code(&err), "BOT-D091");
         assert!(err.to_string().contains("--file-access"), "{err}");
 
         let gone = runtime_of(&info(&[("runsc", "/usr/bin/runsc", FIT)]), "runsc", &|_| {
-            false
+            None
         })
         .unwrap_err();
         assert_eq!(bottle_core::Coded::code(&gone), "BOT-D091");
         assert!(
-            gone.to_string().contains("/usr/bin/runsc does not exist"),
+            gone.to_string()
+                .contains("/usr/bin/runsc is not a program on this host"),
             "{gone}"
         );
     }
@@ -385,6 +384,13 @@ mod tests {
             std::fs::write(p.join("cmdline"), cmdline.replace(' ', "\0")).unwrap();
             std::fs::write(p.join("cgroup"), cgroup).unwrap();
             std::fs::write(p.join("stat"), format!("{pid} (exe) S {ppid} 1 1 0 -1 0\n")).unwrap();
+            let program = cmdline.split(' ').next().unwrap_or_default();
+            let exe = if program.starts_with("runsc") {
+                "/usr/bin/runsc".to_string()
+            } else {
+                format!("/usr/bin/{program}")
+            };
+            std::os::unix::fs::symlink(exe, p.join("exe")).unwrap();
             for fd in 0..*fds {
                 std::fs::write(p.join("fd").join(fd.to_string()), "").unwrap();
             }
@@ -404,7 +410,7 @@ mod tests {
     }
 
     #[test]
-    fn the_containers_process_must_be_gvisors_sandbox() {
+    fn the_containers_process_must_be_gvisors_sandbox_running_the_registered_binary() {
         let proc = fake_proc(&[
             (
                 40,
@@ -414,18 +420,43 @@ mod tests {
                 3,
             ),
             (50, 1, "/pause", "4:pids:/docker/y\n", 1),
+            // Any program may call itself runsc-sandbox: its executable
+            // is what counts.
+            (
+                60,
+                1,
+                "runsc-sandbox-impostor boot",
+                "4:pids:/docker/z\n",
+                1,
+            ),
         ]);
+        std::fs::remove_file(proc.path().join("60/cmdline")).unwrap();
+        std::fs::write(proc.path().join("60/cmdline"), "runsc-sandbox\0boot\0").unwrap();
+        std::fs::remove_file(proc.path().join("60/exe")).unwrap();
+        std::os::unix::fs::symlink("/usr/bin/runc", proc.path().join("60/exe")).unwrap();
+        let runsc = Path::new("/usr/bin/runsc");
         assert_eq!(
-            check_sandbox_process(&inspect_with_pid(40), proc.path()),
+            check_sandbox_process(&inspect_with_pid(40), proc.path(), runsc),
             Ok(40)
         );
         assert!(
-            check_sandbox_process(&inspect_with_pid(50), proc.path())
+            check_sandbox_process(&inspect_with_pid(50), proc.path(), runsc)
                 .unwrap_err()
                 .contains("not gVisor's sandbox")
         );
-        assert!(check_sandbox_process(&inspect_with_pid(0), proc.path()).is_err());
-        assert!(check_sandbox_process(&inspect_with_pid(60), proc.path()).is_err());
+        let impostor =
+            check_sandbox_process(&inspect_with_pid(60), proc.path(), runsc).unwrap_err();
+        assert!(
+            impostor.contains("runs /usr/bin/runc, not the registered gVisor /usr/bin/runsc"),
+            "{impostor}"
+        );
+        // Another runsc than the registered one is not it either.
+        assert!(
+            check_sandbox_process(&inspect_with_pid(40), proc.path(), Path::new("/opt/runsc"))
+                .is_err()
+        );
+        assert!(check_sandbox_process(&inspect_with_pid(0), proc.path(), runsc).is_err());
+        assert!(check_sandbox_process(&inspect_with_pid(70), proc.path(), runsc).is_err());
     }
 
     #[test]
@@ -456,25 +487,31 @@ mod tests {
     }
 
     #[test]
-    fn only_processes_outside_the_sandbox_count_as_strays() {
+    fn only_programs_other_than_gvisor_in_the_box_cgroup_count_as_strays() {
         let box_cgroup = "4:pids:/docker/box\n";
+        let runsc = Path::new("/usr/bin/runsc");
         let proc = fake_proc(&[
             (30, 1, "containerd-shim-runc-v2", "4:pids:/\n", 12),
             (39, 30, "runsc-gofer gofer", box_cgroup, 9),
             (40, 30, "runsc-sandbox boot", box_cgroup, 30),
-            (41, 40, "exe", box_cgroup, 5),
-            (42, 41, "exe", box_cgroup, 5),
+            // The ptrace platform's stubs are forks of the sandbox.
+            (41, 40, "runsc-sandbox boot", box_cgroup, 5),
+            (42, 41, "runsc-sandbox boot", box_cgroup, 5),
             (70, 1, "sshd", "4:pids:/\n", 9),
         ]);
-        assert_eq!(stray_descriptors(proc.path(), 40), Ok(0));
+        assert_eq!(stray_descriptors(proc.path(), 40, runsc), Ok(0));
         let stray = fake_proc(&[
             (30, 1, "containerd-shim-runc-v2", "4:pids:/\n", 12),
             (40, 30, "runsc-sandbox boot", box_cgroup, 30),
-            (41, 40, "exe", box_cgroup, 5),
-            (90, 1, "sh", box_cgroup, 4),
+            // Started by the sandbox itself, yet not gVisor's program.
+            (41, 40, "sh", box_cgroup, 4),
+            // In a cgroup below the box's.
+            (90, 1, "nc", "4:pids:/docker/box/sub\n", 3),
+            // Beside it, not below.
+            (91, 1, "nc", "4:pids:/docker/boxer\n", 6),
         ]);
-        assert_eq!(stray_descriptors(stray.path(), 40), Ok(4));
-        assert!(stray_descriptors(stray.path(), 99).is_err());
+        assert_eq!(stray_descriptors(stray.path(), 40, runsc), Ok(7));
+        assert!(stray_descriptors(stray.path(), 99, runsc).is_err());
         // v1 and v2 layouts.
         assert_eq!(
             pids_cgroup("9:name=systemd:/a\n8:pids:/docker/x\n0::/\n").as_deref(),
@@ -484,11 +521,5 @@ mod tests {
             pids_cgroup("0::/system.slice/docker-x.scope\n").as_deref(),
             Some("/system.slice/docker-x.scope")
         );
-        // A sandbox without a shim counts only itself as its own.
-        let orphan = fake_proc(&[
-            (40, 1, "runsc-sandbox boot", box_cgroup, 30),
-            (39, 1, "runsc-gofer gofer", box_cgroup, 9),
-        ]);
-        assert_eq!(stray_descriptors(orphan.path(), 40), Ok(9));
     }
 }

@@ -566,7 +566,7 @@ fn recheck(
         &names.agent,
         &names.bundle,
         dir,
-        plan.isolation,
+        crate::backend::gvisor_binary_of(&plan).map_err(|e| e.to_string())?,
     );
     let diverged: Vec<String> = check_against_baseline(&substrate, &files)
         .into_iter()
@@ -615,8 +615,8 @@ fn isolated_as_launched(
         data.agent.ip,
         data.agent.runtime.as_deref(),
     )?;
-    if plan.isolation == bottle_core::isolation::Isolation::Gvisor {
-        crate::gvisor::check_sandbox_process(agent, std::path::Path::new("/proc"))?;
+    if let Some(binary) = crate::backend::gvisor_binary_of(plan).map_err(|e| e.to_string())? {
+        crate::gvisor::check_sandbox_process(agent, std::path::Path::new("/proc"), &binary)?;
     }
     Ok(())
 }

@@ -22,9 +22,10 @@
 //!   kill ends with the sandbox, and the sandbox shares the host's pid
 //!   namespace, so the descriptor source counts what could outlive the
 //!   revert instead: descriptors of host processes in the box's cgroup
-//!   that are not the running sandbox's (0 as launched;
+//!   that do not run gVisor's binary (0 as launched;
 //!   [`crate::gvisor::stray_descriptors`]). The keep-alive cannot be seen
-//!   from the host either: the revert waits for the sandbox's process.
+//!   from the host either: the revert checks the sandbox's process runs
+//!   again instead.
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
@@ -36,7 +37,6 @@ use bollard::models::ContainerInspectResponse;
 use bollard::query_parameters::KillContainerOptionsBuilder;
 use bottle_core::backend::BackendError;
 use bottle_core::exec::{CommandRunner, CommandSpec, SystemRunner};
-use bottle_core::isolation::Isolation;
 use bottle_core::sandbox::{ResetFiles, ResetSubstrate};
 use sha2::{Digest, Sha256};
 
@@ -63,20 +63,21 @@ pub struct DockerResetSubstrate {
     bundle: String,
     files: ResetFiles,
     runner: Box<dyn CommandRunner>,
-    isolation: Isolation,
+    /// For a gVisor box, the runtime's binary its sandbox must run.
+    gvisor_binary: Option<PathBuf>,
 }
 
 impl DockerResetSubstrate {
     /// The substrate of bottle `bottle`, whose agent and bundle containers
     /// are `agent` and `bundle`, whose state dir is `state_dir` and whose
-    /// box is of tier `isolation`.
+    /// box runs under gVisor's `gvisor_binary` when it is `Some`.
     pub fn new(
         engine: Engine,
         bottle: &str,
         agent: &str,
         bundle: &str,
         state_dir: &Path,
-        isolation: Isolation,
+        gvisor_binary: Option<PathBuf>,
     ) -> DockerResetSubstrate {
         DockerResetSubstrate {
             engine,
@@ -85,7 +86,7 @@ impl DockerResetSubstrate {
             bundle: bundle.to_string(),
             files: ResetFiles::new(state_dir),
             runner: Box::new(SystemRunner),
-            isolation,
+            gvisor_binary,
         }
     }
 
@@ -204,13 +205,15 @@ impl DockerResetSubstrate {
     }
 
     /// Waits until the keep-alive runs in the container again (the start
-    /// returns once its init runs; init starts the keep-alive after).
+    /// returns once its init runs; init starts the keep-alive after); in
+    /// a gVisor box, whose keep-alive the host cannot see, checks once
+    /// that the sandbox runs.
     fn wait_for_keep_alive(&self) -> Result<(), DockerError> {
-        if self.isolation == Isolation::Gvisor {
+        if let Some(binary) = &self.gvisor_binary {
             // The keep-alive runs in gVisor's kernel, out of the host's
             // sight: the box is back once its sandbox runs.
             let inspect = self.inspect()?;
-            return crate::gvisor::check_sandbox_process(&inspect, Path::new("/proc"))
+            return crate::gvisor::check_sandbox_process(&inspect, Path::new("/proc"), binary)
                 .map(drop)
                 .map_err(|what| DockerError::ResetState { what });
         }
@@ -276,8 +279,8 @@ impl DockerResetSubstrate {
 
     fn open_fds_inner(&self) -> Result<u64, DockerError> {
         let (pid, namespace) = self.init_namespace()?;
-        if self.isolation == Isolation::Gvisor {
-            return crate::gvisor::stray_descriptors(Path::new("/proc"), pid)
+        if let Some(binary) = &self.gvisor_binary {
+            return crate::gvisor::stray_descriptors(Path::new("/proc"), pid, binary)
                 .map_err(|what| DockerError::ResetState { what });
         }
         // A process may end between listing and counting: it then holds

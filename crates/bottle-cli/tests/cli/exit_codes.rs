@@ -95,3 +95,44 @@ fn a_missing_image_at_start_is_bad_input_and_writes_nothing() {
         "a refused start wrote state"
     );
 }
+
+#[test]
+fn gvisor_on_a_daemon_without_the_runtime_is_refused_before_anything_exists() {
+    let test = "gvisor_on_a_daemon_without_the_runtime_is_refused_before_anything_exists";
+    if !docker_reachable(test) {
+        return;
+    }
+    let state = temp_state_root();
+    let project = state.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(
+        project.join("bottle.toml"),
+        "[agents.coder]\nimage = \"busybox:latest\"\nisolation = \"gvisor\"\n",
+    )
+    .unwrap();
+    let name = format!("gvisor-missing-{}", std::process::id());
+    bottle(state.path())
+        .env(
+            bottle_core::isolation::GVISOR_RUNTIME_ENV,
+            "bottle-test-no-such-runtime",
+        )
+        .arg("--manifest")
+        .arg(project.join("bottle.toml"))
+        .args(["--backend", "docker", "--yes", "start", "coder"])
+        .args(["--name", &name, "--detach"])
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains("error[BOT-D090]"))
+        .stderr(predicate::str::contains("bottle-test-no-such-runtime"))
+        .stderr(predicate::str::contains("fix: "))
+        .stderr(predicate::str::contains("kill -HUP"));
+    assert!(
+        !state.path().join("bottle").exists(),
+        "a refused start wrote state"
+    );
+    let engine = bottle_docker::client::Engine::connect(None).unwrap();
+    assert_eq!(
+        crate::interrupted::docker_objects(&engine, &format!("bot-bottle-{name}")),
+        Vec::<String>::new()
+    );
+}

@@ -17,7 +17,7 @@ use nix::sys::signal::Signal;
 use crate::bottle;
 
 /// Docker's containers and networks whose names start with `prefix`.
-fn docker_objects(engine: &Engine, prefix: &str) -> Vec<String> {
+pub(crate) fn docker_objects(engine: &Engine, prefix: &str) -> Vec<String> {
     let containers = engine
         .block_on(
             engine.docker.list_containers(Some(

@@ -148,7 +148,7 @@ impl<'a> Launch<'a, DockerPlanData> {
             agent,
             &bundle,
             &self.paths.root,
-            self.plan.isolation,
+            crate::backend::gvisor_binary_of(self.plan)?,
         );
         // A bottle without reset still runs: the operator is told, and a
         // reset later halts it with "none recorded" rather than pass.
@@ -175,7 +175,7 @@ impl<'a> Launch<'a, DockerPlanData> {
             toolbox: InBoxAgent::new(&self.plan.bottle, &self.plan.state_dir),
             bundle,
             state_dir: self.paths.root.clone(),
-            isolation: self.plan.isolation,
+            gvisor_binary: crate::backend::gvisor_binary_of(self.plan)?,
         })
     }
 
@@ -339,6 +339,15 @@ impl<'a> Launch<'a, DockerPlanData> {
         let inspect = self.block(&format!("inspect container {agent}"), async {
             self.engine.docker.inspect_container(agent, None).await
         })?;
+        // A gVisor box under another runtime is not a confinement that
+        // differs but one that is missing: its own code.
+        if let Some(binary) = crate::backend::gvisor_binary_of(self.plan)? {
+            let runtime = self.agent().runtime.as_deref().unwrap_or_default();
+            crate::gvisor::check_runtime(&inspect, runtime)
+                .map_err(|what| DockerError::NotUnderGvisor { what })?;
+            let kernel = self.confirm_gvisor(agent, &inspect, &binary)?;
+            self.note(&format!("gvisor: the box's kernel is {kernel}"));
+        }
         isolation::check_agent(
             network,
             &inspect,
@@ -346,10 +355,6 @@ impl<'a> Launch<'a, DockerPlanData> {
             self.agent().runtime.as_deref(),
         )
         .map_err(|what| DockerError::IsolationUnconfirmed { what })?;
-        if self.plan.isolation == Isolation::Gvisor {
-            let kernel = self.confirm_gvisor(agent, &inspect)?;
-            self.note(&format!("gvisor: the box's kernel is {kernel}"));
-        }
         Ok(())
     }
 
@@ -360,9 +365,10 @@ impl<'a> Launch<'a, DockerPlanData> {
         &self,
         agent: &str,
         inspect: &bollard::models::ContainerInspectResponse,
+        binary: &std::path::Path,
     ) -> Result<String, DockerError> {
         let refused = |what: String| DockerError::NotUnderGvisor { what };
-        crate::gvisor::check_sandbox_process(inspect, std::path::Path::new("/proc"))
+        crate::gvisor::check_sandbox_process(inspect, std::path::Path::new("/proc"), binary)
             .map_err(refused)?;
         let (release, version) = crate::gvisor::host_kernel().map_err(refused)?;
         let out = self.engine.block_on(exec_captured(
