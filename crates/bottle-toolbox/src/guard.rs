@@ -24,7 +24,17 @@
 //!   fails for every uid without `CAP_DAC_OVERRIDE`. On Linux dumpability
 //!   already stops it; gVisor 20221219 lets the same uid list and reopen a
 //!   non-dumpable process's descriptors, and this is what keeps the agent
-//!   off the channel in a gVisor box (it does refuse `ptrace`).
+//!   off the channel in a gVisor box (it does refuse `ptrace`). A pipe it
+//!   cannot make mode 0 must already be out of its user's reach (another
+//!   owner, no group or other bits), or it refuses to serve.
+//! - **nobody got there first**: gVisor cannot run an execute-only program,
+//!   so there the binary is readable and the process dumpable from
+//!   `execve` until the first step below. Once the pipes are mode 0 nobody
+//!   can open them any more; a process that opened them in that window
+//!   still holds them, so every process of the box whose descriptors it
+//!   can read is searched for the channel's pipes (its parent aside: on
+//!   smolmachines the guest agent that started it holds their other
+//!   ends), and one found refuses the channel.
 //!
 //! What stays possible: the agent can signal it (same uid), which ends the
 //! channel: the host then answers the call with an error, never a result.
@@ -61,23 +71,128 @@ pub(crate) fn guard() -> Result<(), String> {
     }
     nix::sys::prctl::set_no_new_privs().map_err(|err| format!("cannot set no_new_privs: {err}"))?;
     // Pipes and sockets only (a terminal's mode is its owner's, and shared
-    // with everything on it), and best effort: the escape gate's toolbox
-    // probes check the result in each tier.
+    // with everything on it); the escape gate's toolbox probes check the
+    // result in each tier.
     use std::os::fd::AsFd as _;
     let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
-    for fd in [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()] {
-        let kind = nix::sys::stat::fstat(fd).map(|st| {
-            nix::sys::stat::SFlag::from_bits_truncate(
-                st.st_mode & nix::sys::stat::SFlag::S_IFMT.bits(),
-            )
-        });
-        if matches!(kind, Ok(k) if k == nix::sys::stat::SFlag::S_IFIFO || k == nix::sys::stat::SFlag::S_IFSOCK)
-        {
-            let _ = nix::sys::stat::fchmod(fd, nix::sys::stat::Mode::empty());
+    let mut channel = Vec::new();
+    for (n, fd) in [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()]
+        .into_iter()
+        .enumerate()
+    {
+        let Ok(stat) = nix::sys::stat::fstat(fd) else {
+            continue;
+        };
+        let kind = nix::sys::stat::SFlag::from_bits_truncate(
+            stat.st_mode & nix::sys::stat::SFlag::S_IFMT.bits(),
+        );
+        if kind != nix::sys::stat::SFlag::S_IFIFO && kind != nix::sys::stat::SFlag::S_IFSOCK {
+            continue;
+        }
+        if let Err(err) = nix::sys::stat::fchmod(fd, nix::sys::stat::Mode::empty()) {
+            let own = stat.st_uid == nix::unistd::geteuid().as_raw();
+            if own || stat.st_mode & 0o077 != 0 {
+                return Err(format!(
+                    "cannot close descriptor {n} to other openers (fchmod: {err}; owner {}, mode {:o})",
+                    stat.st_uid,
+                    stat.st_mode & 0o777
+                ));
+            }
+        }
+        if let Ok(link) = std::fs::read_link(format!("/proc/self/fd/{n}")) {
+            channel.push(link);
         }
     }
     if nix::sys::prctl::get_dumpable().unwrap_or(true) {
         return Err("it is still dumpable".into());
     }
+    if let Some(holder) = channel_holder(std::path::Path::new("/proc"), &channel) {
+        return Err(holder);
+    }
     Ok(())
+}
+
+/// Another process under `proc_root` holding one of `channel` (the
+/// targets of this process's stdio links, `pipe:[N]`), this process and
+/// its parent aside; processes whose descriptors cannot be read are
+/// passed over (on Linux they could not have opened ours either). No
+/// channel links (no `/proc` to reopen them through): nothing to search.
+fn channel_holder(proc_root: &std::path::Path, channel: &[std::path::PathBuf]) -> Option<String> {
+    if channel.is_empty() {
+        return None;
+    }
+    let me = std::process::id();
+    let parent = nix::unistd::getppid().as_raw().unsigned_abs();
+    let entries = match std::fs::read_dir(proc_root) {
+        Ok(entries) => entries,
+        Err(err) => {
+            return Some(format!(
+                "cannot list {} to see who else holds its channel: {err}",
+                proc_root.display()
+            ));
+        }
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me || pid == parent {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(target) = std::fs::read_link(fd.path())
+                && channel.contains(&target)
+            {
+                return Some(format!(
+                    "process {pid} holds its channel ({}): it was opened before the channel was closed",
+                    target.display()
+                ));
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::channel_holder;
+
+    fn fake_proc(processes: &[(u32, &[&str])]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (pid, links) in processes {
+            let fd = dir.path().join(pid.to_string()).join("fd");
+            std::fs::create_dir_all(&fd).unwrap();
+            for (n, link) in links.iter().enumerate() {
+                std::os::unix::fs::symlink(link, fd.join(n.to_string())).unwrap();
+            }
+        }
+        dir
+    }
+
+    #[test]
+    fn a_process_holding_the_channel_is_found() {
+        let channel = vec![PathBuf::from("pipe:[77]"), PathBuf::from("pipe:[78]")];
+        let clean = fake_proc(&[(10, &["/dev/null", "pipe:[5]"]), (11, &["socket:[77]"])]);
+        assert_eq!(channel_holder(clean.path(), &channel), None);
+        let held = fake_proc(&[(10, &["/dev/null"]), (12, &["/dev/null", "pipe:[78]"])]);
+        let found = channel_holder(held.path(), &channel).unwrap();
+        assert!(
+            found.contains("process 12 holds its channel (pipe:[78])"),
+            "{found}"
+        );
+        // This process itself is not a holder.
+        let me = fake_proc(&[(std::process::id(), &["pipe:[77]"])]);
+        assert_eq!(channel_holder(me.path(), &channel), None);
+        assert!(channel_holder(Path::new("/nonexistent"), &channel).is_some());
+        assert_eq!(channel_holder(held.path(), &[]), None);
+    }
 }

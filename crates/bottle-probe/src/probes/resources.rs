@@ -41,11 +41,18 @@ pub(super) fn probes() -> Vec<Probe> {
     ]
 }
 
-fn pids_limit() -> Result<Option<u64>, String> {
+/// The pids limit: the cgroup's, or in a gVisor box (`gvisor`), whose
+/// cgroup is not visible inside, `RLIMIT_NPROC`, where gVisor enforces it.
+fn pids_limit(gvisor: bool) -> Result<Option<u64>, String> {
     sys::cgroup_limit(&["/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max"]).or_else(
-        |cgroup| match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NPROC) {
-            Ok((soft, _)) if soft != nix::sys::resource::RLIM_INFINITY => Ok(Some(soft)),
-            _ => Err(cgroup),
+        |cgroup| {
+            if !gvisor {
+                return Err(cgroup);
+            }
+            match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NPROC) {
+                Ok((soft, _)) if soft != nix::sys::resource::RLIM_INFINITY => Ok(Some(soft)),
+                _ => Err(format!("{cgroup}; no RLIMIT_NPROC either")),
+            }
         },
     )
 }
@@ -76,7 +83,7 @@ fn mem_total(meminfo: &str) -> Option<u64> {
 }
 
 fn fork_bomb(c: &Ctx) -> Attempt {
-    let limit = pids_limit();
+    let limit = pids_limit(c.config.isolation == "gvisor");
     let n = match &limit {
         Ok(Some(l)) => (l + 64).min(FORK_CAP),
         _ => FORK_FALLBACK,
