@@ -57,6 +57,9 @@ pub(crate) fn run() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Where tests and benches find the image's tag.
+pub(crate) const TAG_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
+
 /// The image's tag, building (or re-importing) it when it is missing.
 pub(crate) fn ensure() -> anyhow::Result<String> {
     let tag = format!("{REPOSITORY}:{}", inputs_hash());

@@ -4,8 +4,8 @@
 
 use std::process::ExitCode;
 
-use crate::dist;
 use crate::process::{cargo, watch};
+use crate::{agent_image, dist};
 
 /// The benches, by package and bench target.
 const BENCHES: &[(&str, &str)] = &[
@@ -19,7 +19,7 @@ const BENCHES: &[(&str, &str)] = &[
     ("bottle-cli", "stop"),
 ];
 
-/// Builds the static binaries, then runs each bench; `--quick` makes every
+/// Builds the static binaries and the Debian agent image, then runs each bench; `--quick` makes every
 /// bench run smaller. Extra arguments are refused.
 pub(crate) fn run(args: &[String]) -> anyhow::Result<ExitCode> {
     let quick = match args {
@@ -31,6 +31,8 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<ExitCode> {
         }
     };
     let binaries = dist::run()?;
+    // Start benches measure a real agent image too, beside the demo's.
+    let debian_image = agent_image::ensure()?;
     // The pool's bench drives the real `bottle` binary, built as the CLI's
     // own benches build it (release), so every bench times the same CLI.
     if !watch(cargo().args(["build", "--release", "-p", "bottle-cli"]))?.success() {
@@ -43,7 +45,8 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<ExitCode> {
             .args(["bench", "-p", package, "--bench", bench])
             .env("BOTTLE_BUNDLE_BIN", &binaries.bundle)
             .env("BOTTLE_TOOLBOX_BIN", &binaries.toolbox)
-            .env("BOTTLE_CLI_BIN", &cli);
+            .env("BOTTLE_CLI_BIN", &cli)
+            .env(agent_image::TAG_ENV, &debian_image);
         if quick {
             command = command.args(["--", "--quick"]);
         }

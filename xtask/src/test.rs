@@ -8,9 +8,6 @@ use std::process::ExitCode;
 use crate::process::{cargo, watch, workspace_root};
 use crate::{agent_image, demo, dist};
 
-/// Where the end-to-end test finds the Debian agent image's tag.
-const DEBIAN_IMAGE_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
-
 /// Builds the static binaries and the agent image, then runs `cargo test
 /// --workspace` with their paths in the environment. Extra arguments go to
 /// `cargo test`.
@@ -30,7 +27,7 @@ pub(crate) fn run(extra: &[String]) -> anyhow::Result<ExitCode> {
         .args(extra)
         .env("BOTTLE_BUNDLE_BIN", &binaries.bundle)
         .env("BOTTLE_TOOLBOX_BIN", &binaries.toolbox)
-        .env(DEBIAN_IMAGE_ENV, debian_image);
+        .env(agent_image::TAG_ENV, debian_image);
     Ok(if watch(tests)?.success() {
         ExitCode::SUCCESS
     } else {

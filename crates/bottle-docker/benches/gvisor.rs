@@ -1,13 +1,16 @@
 //! The gVisor tier against the container tier, in one run on the real
-//! daemon, side by side: boot to the first tool call, `exec`, a tool call,
-//! a verified reset, idle memory, and the proxy's throughput from inside
-//! the box (a download through the bundle from an upstream on the host).
-//! Every figure is a ratio against runc measured in the same run, the two
-//! tiers interleaved where they repeat.
+//! daemon, side by side: boot to the first tool call (with the demo image
+//! and the Debian agent image, each beside `docker run --rm` of the same
+//! image under the same runtime), `exec`, a tool call, a verified reset,
+//! idle memory, and the proxy's throughput from inside the box (a download
+//! through the bundle from an upstream on the host). Every figure is a
+//! ratio against runc measured in the same run, the two tiers interleaved
+//! where they repeat.
 //!
-//! `cargo xtask bench` runs it with the static binaries; by hand:
-//! `BOTTLE_BUNDLE_BIN=… BOTTLE_TOOLBOX_BIN=… cargo bench -p bottle-docker
-//! --bench gvisor [-- --quick]`. It needs the daemon's `runsc` runtime
+//! `cargo xtask bench` runs it with the static binaries and the Debian
+//! image; by hand: `BOTTLE_BUNDLE_BIN=… BOTTLE_TOOLBOX_BIN=…
+//! [BOTTLE_TEST_DEBIAN_IMAGE=…] cargo bench -p bottle-docker --bench gvisor
+//! [-- --quick]`. It needs the daemon's `runsc` runtime
 //! (`.ci/setup` registers it) and says so when it is missing. Every loop
 //! is bounded in count.
 
@@ -26,11 +29,28 @@ use std::time::{Duration, Instant};
 use bottle_core::sandbox::ToolCall;
 use bottle_core::{Bottle, BottleBackend, BottleLauncher, BottleSpec};
 use bottle_docker::{DockerBackend, DockerOptions};
-use bottle_test_support::bench::{ms, percentile, row};
+use bottle_test_support::bench::{docker, ms, percentile, row};
 
 const TAG: &str = "bottle-demo-agent:bench";
 const HOST: &str = "bench.bottle.test";
 const TIERS: [&str; 2] = ["runc", "gvisor"];
+/// Where `cargo xtask bench` names the Debian agent image.
+const DEBIAN_IMAGE_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
+
+/// An image the boots are measured with.
+struct BenchImage {
+    label: &'static str,
+    tag: String,
+    /// What the image's agents' names end with.
+    suffix: &'static str,
+}
+
+/// One image's boots, per tier: the raw `docker run --rm` and the bottle.
+struct ImageBoots {
+    label: &'static str,
+    raw: [Vec<Duration>; 2],
+    boot: [Vec<Duration>; 2],
+}
 
 struct Sizes {
     boots: usize,
@@ -83,6 +103,21 @@ fn main() {
     backend
         .build_demo_agent(&demo, Path::new("/bin/busybox"), TAG)
         .unwrap();
+    let mut images = vec![BenchImage {
+        label: "demo",
+        tag: TAG.to_string(),
+        suffix: "",
+    }];
+    match std::env::var(DEBIAN_IMAGE_ENV) {
+        Ok(tag) => images.push(BenchImage {
+            label: "Debian",
+            tag,
+            suffix: "-debian",
+        }),
+        Err(_) => println!(
+            "{DEBIAN_IMAGE_ENV} is not set: the Debian image's rows are left out (`cargo xtask bench` sets it)"
+        ),
+    }
 
     // The upstream: zeros over plain HTTP, on every host address, so a
     // bundle on the egress bridge reaches it at that bridge's gateway.
@@ -93,7 +128,7 @@ fn main() {
     // A first bottle makes the egress network; its gateway is the
     // upstream's address the manifest pins the bench's host to.
     let manifest = dir.path().join("bottle.toml");
-    write_manifest(&manifest, None, port);
+    write_manifest(&manifest, &images, None, port);
     let spec = |agent: &str, name: &str| {
         let loaded = bottle_core::manifest::load(&manifest).unwrap();
         BottleSpec::new(&loaded, &manifest, agent, Some(name), state.path()).unwrap()
@@ -102,24 +137,45 @@ fn main() {
     drop(backend.launch(&warm).unwrap());
     let gateway = egress_gateway(&backend);
     backend.stop("bench-gv-warm").unwrap();
-    write_manifest(&manifest, Some(&gateway), port);
+    write_manifest(&manifest, &images, Some(&gateway), port);
 
-    // Boot to the first tool call, the tiers interleaved.
-    let mut boots: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
-    for i in 0..sizes.boots {
-        for (t, tier) in TIERS.iter().enumerate() {
-            let name = format!("bench-gv-boot-{tier}-{i}");
-            let started = Instant::now();
-            let plan = backend.prepare(&spec(tier, &name)).unwrap();
-            let bottle = backend.launch(&plan).unwrap();
-            assert_eq!(
-                bottle.execute(&ToolCall::argv(["true"])).unwrap().exit_code,
-                0
-            );
-            boots[t].push(started.elapsed());
-            drop(bottle);
-            backend.stop(&name).unwrap();
+    // Boot to the first tool call, and the raw `docker run --rm IMAGE
+    // true` of the same image under the same runtime, the tiers
+    // interleaved; the demo image and, when `cargo xtask bench` names it,
+    // the Debian agent image.
+    let mut boots: Vec<ImageBoots> = Vec::new();
+    for image in &images {
+        let mut figures = ImageBoots {
+            label: image.label,
+            raw: [Vec::new(), Vec::new()],
+            boot: [Vec::new(), Vec::new()],
+        };
+        for i in 0..sizes.boots {
+            for (t, tier) in TIERS.iter().enumerate() {
+                let mut raw = vec!["run", "--rm", "--network", "none"];
+                if *tier == "gvisor" {
+                    raw.extend(["--runtime", bottle_core::isolation::GVISOR_RUNTIME]);
+                }
+                raw.extend([image.tag.as_str(), "true"]);
+                let started = Instant::now();
+                assert!(docker(&raw), "docker {}", raw.join(" "));
+                figures.raw[t].push(started.elapsed());
+
+                let agent = format!("{tier}{}", image.suffix);
+                let name = format!("bench-gv-boot-{agent}-{i}");
+                let started = Instant::now();
+                let plan = backend.prepare(&spec(&agent, &name)).unwrap();
+                let bottle = backend.launch(&plan).unwrap();
+                assert_eq!(
+                    bottle.execute(&ToolCall::argv(["true"])).unwrap().exit_code,
+                    0
+                );
+                figures.boot[t].push(started.elapsed());
+                drop(bottle);
+                backend.stop(&name).unwrap();
+            }
         }
+        boots.push(figures);
     }
 
     // One long-lived bottle per tier for the rest.
@@ -196,12 +252,20 @@ fn main() {
 
     println!("| measure | gVisor p50 (p99), ms | baseline | runc p50 (p99), ms | ratio of p50s |");
     println!("| --- | --- | --- | --- | --- |");
-    row(
-        "boot to the first tool call",
-        &boots[1],
-        "the same, runc",
-        &boots[0],
-    );
+    for image in &boots {
+        row(
+            &format!("`docker run --rm IMAGE true`, {} image", image.label),
+            &image.raw[1],
+            "the same, runc",
+            &image.raw[0],
+        );
+        row(
+            &format!("boot to the first tool call, {} image", image.label),
+            &image.boot[1],
+            "the same, runc",
+            &image.boot[0],
+        );
+    }
     row(
         "`bottle exec true` (Engine API exec)",
         &execs[1],
@@ -243,39 +307,45 @@ fn main() {
         idle[1] as f64 / idle[0] as f64
     );
     println!(
-        "\nn per tier: boots {}, execs {}, tool calls {}, resets {}, downloads {} of {} MiB; p50 of boots {:.0} vs {:.0} ms",
-        sizes.boots,
-        sizes.execs,
-        sizes.calls,
-        sizes.resets,
-        sizes.downloads,
-        sizes.download_mib,
-        ms(percentile(&boots[1], 50)),
-        ms(percentile(&boots[0], 50))
+        "\nboot to the first tool call over `docker run --rm` of the same image and runtime (p50s):"
+    );
+    for image in &boots {
+        for (t, tier) in TIERS.iter().enumerate() {
+            println!(
+                "- {} image, {tier}: {:.0} ms over {:.0} ms = {:.2}x",
+                image.label,
+                ms(percentile(&image.boot[t], 50)),
+                ms(percentile(&image.raw[t], 50)),
+                percentile(&image.boot[t], 50).as_secs_f64()
+                    / percentile(&image.raw[t], 50).as_secs_f64()
+            );
+        }
+    }
+    println!(
+        "\nn per tier: boots {} per image, execs {}, tool calls {}, resets {}, downloads {} of {} MiB",
+        sizes.boots, sizes.execs, sizes.calls, sizes.resets, sizes.downloads, sizes.download_mib,
     );
 }
 
-/// The manifest: agent `runc` and agent `gvisor`, each allowed the
-/// bench's host on the upstream's port, pinned to `gateway` once known.
-fn write_manifest(path: &Path, gateway: Option<&str>, port: u16) {
+/// The manifest: for each image an agent per tier (`runc`, `gvisor`, with
+/// the image's suffix), each allowed the bench's host on the upstream's
+/// port, pinned to `gateway` once known.
+fn write_manifest(path: &Path, images: &[BenchImage], gateway: Option<&str>, port: u16) {
     let resolve = gateway
         .map(|g| format!("resolve = {{ \"{HOST}\" = \"{g}\" }}\n"))
         .unwrap_or_default();
-    let agent = |name: &str, isolation: &str| {
-        format!(
-            "[agents.{name}]\nimage = \"{TAG}\"\ncommand = [\"/bin/sh\"]\nisolation = \"{isolation}\"\n\
-             [agents.{name}.egress]\nallow = [\"{HOST}\"]\nports = [{port}]\n{resolve}\n"
-        )
-    };
-    std::fs::write(
-        path,
-        format!(
-            "{}{}",
-            agent("runc", "container"),
-            agent("gvisor", "gvisor")
-        ),
-    )
-    .unwrap();
+    let mut text = String::new();
+    for image in images {
+        for (tier, isolation) in [("runc", "container"), ("gvisor", "gvisor")] {
+            text.push_str(&format!(
+                "[agents.{tier}{suffix}]\nimage = {tag:?}\ncommand = [\"/bin/sh\"]\nisolation = \"{isolation}\"\n\
+                 [agents.{tier}{suffix}.egress]\nallow = [\"{HOST}\"]\nports = [{port}]\n{resolve}\n",
+                suffix = image.suffix,
+                tag = image.tag,
+            ));
+        }
+    }
+    std::fs::write(path, text).unwrap();
 }
 
 /// The egress network's gateway address (the host, on that bridge).

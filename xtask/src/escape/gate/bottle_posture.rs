@@ -25,7 +25,7 @@ impl Gate {
         self.report
             .rows
             .extend(posture::check_inspect(phase, &inspect, &spec));
-        if let Some(runtime_path) = self.gvisor.clone() {
+        if let Some(runtime) = self.gvisor.clone() {
             // The box's processes live in gVisor's kernel; on the host
             // there are gVisor's own, in the box's cgroup.
             let sandbox = inspect["State"]["Pid"].as_u64().unwrap_or(0);
@@ -39,7 +39,7 @@ impl Gate {
                 phase,
                 &pids,
                 &spec,
-                &runtime_path,
+                &runtime.path,
             ));
             return Ok(());
         }
@@ -76,10 +76,7 @@ impl Gate {
             memory: i64::try_from(limits.memory).unwrap_or(i64::MAX),
             pids: limits.pids,
             network: name.to_string(),
-            runtime: self
-                .gvisor
-                .as_ref()
-                .map(|_| bottle_core::isolation::GVISOR_RUNTIME.to_string()),
+            runtime: self.gvisor.as_ref().map(|runtime| runtime.name.clone()),
         }
     }
 

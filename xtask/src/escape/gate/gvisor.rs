@@ -13,6 +13,37 @@ use super::{BOTTLE_DIR, D, Gate, PROBE_RUN_BOUND, PROBE_TIMEOUT_MS, progress};
 use crate::escape::probe;
 use crate::escape::report::{Expect, Observed, Row};
 
+/// The daemon's gVisor runtime the run's bottles use.
+#[derive(Debug, Clone)]
+pub(crate) struct Runtime {
+    /// Its registered name ([`bottle_core::isolation::GVISOR_RUNTIME_ENV`]
+    /// or `runsc`, as bottle looks it up).
+    pub name: String,
+    /// Its binary as registered.
+    pub path: String,
+}
+
+impl Runtime {
+    /// The runtime bottle will use, from the daemon's `GET /info`.
+    pub(crate) fn of(info: &serde_json::Value) -> anyhow::Result<Runtime> {
+        let name = bottle_core::isolation::gvisor_runtime_name(
+            std::env::var(bottle_core::isolation::GVISOR_RUNTIME_ENV)
+                .ok()
+                .as_deref(),
+        );
+        let Some(path) = info["Runtimes"][&name]["path"].as_str() else {
+            anyhow::bail!(
+                "--isolation gvisor: the docker daemon has no `{name}` runtime\n  fix: {}",
+                bottle_core::isolation::GVISOR_FIX
+            );
+        };
+        Ok(Runtime {
+            path: path.to_string(),
+            name,
+        })
+    }
+}
+
 /// The probe that exhausts memory.
 pub(crate) const MEMORY_PROBE: &str = "resource-memory";
 

@@ -168,7 +168,7 @@ struct Gate {
     /// Each agent's seeded `main` in its bare repository, by agent key.
     git_seeds: BTreeMap<String, String>,
     /// A gVisor run: the binary the daemon's `runsc` runtime names.
-    gvisor: Option<String>,
+    gvisor: Option<gvisor::Runtime>,
     /// The host loopback ports of the run's services and published port.
     ports: RunPorts,
     report: Report,
@@ -381,15 +381,7 @@ fn run_with_canaries(
         Backend::Smolmachines(target) => Some(smolvm_of(target, &sys)),
     };
     let gvisor = if options.gvisor {
-        let info = engine.get("/info")?;
-        let runtime = &info["Runtimes"][bottle_core::isolation::GVISOR_RUNTIME];
-        let Some(path) = runtime["path"].as_str() else {
-            bail!(
-                "--isolation gvisor: the docker daemon has no `runsc` runtime\n  fix: {}",
-                bottle_core::isolation::GVISOR_FIX
-            );
-        };
-        Some(path.to_string())
+        Some(gvisor::Runtime::of(&engine.get("/info")?)?)
     } else {
         None
     };
