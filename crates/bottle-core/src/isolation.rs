@@ -480,6 +480,12 @@ impl GvisorBuild {
                 "runsc {}'s own network stack refuses to start on recent kernels (\"cannot run with network enabled in root network namespace\", google/gvisor#10704): {how}",
                 self.version
             ));
+            if setup.map(|s| s.network) == Some(GvisorNetwork::Host) {
+                gaps.push(format!(
+                    "runsc {} in host network mode ignores SO_RCVTIMEO (a recv with nothing to read blocks for good) and answers a blocking read(2) on a socket that has nothing yet with EAGAIN (seen with 20221219): programs that read sockets through stdio, such as busybox wget, fail in the box; curl, python, pip, node, npm and git wait with poll first and work",
+                    self.version
+                ));
+            }
         }
         gaps
     }
@@ -658,11 +664,13 @@ mod tests {
             file_access_shared: true,
         };
         let gaps = build.known_gaps(Some(&setup));
-        assert_eq!(gaps.len(), 3, "{gaps:?}");
+        assert_eq!(gaps.len(), 4, "{gaps:?}");
         assert!(gaps[0].contains("systrap"), "{gaps:?}");
         assert!(gaps[1].contains("AT_NO_AUTOMOUNT"), "{gaps:?}");
         assert!(gaps[2].contains("10704") && gaps[2].contains("registered with --network=host"));
+        assert!(gaps[3].contains("SO_RCVTIMEO"), "{gaps:?}");
         let sandbox = build.known_gaps(None);
+        assert_eq!(sandbox.len(), 3, "{sandbox:?}");
         assert!(sandbox[2].contains("will not start"), "{sandbox:?}");
 
         let current = GvisorBuild::parse("runsc version release-20261116.0\n").unwrap();

@@ -1,9 +1,15 @@
 //! Bounded socket helpers shared by the network, DNS, proxy and secrets
 //! probes: connect with a timeout, send a request, read what comes back
 //! until the peer closes, a size cap, or the deadline.
+//!
+//! Every wait for data is a `poll(2)` with the time left, never the
+//! socket's own receive timeout alone: gVisor 20221219 in its host network
+//! mode ignores `SO_RCVTIMEO` (a `recv` with nothing to read blocks for
+//! good), so a probe that trusted it would hang the whole run.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 /// The most a probe reads from one peer.
@@ -48,12 +54,69 @@ pub(crate) fn url_host(host: &str) -> String {
     }
 }
 
+/// Waits until `socket` has something to read, or `timeout` passes
+/// (`TimedOut`).
+pub(crate) fn wait_readable(socket: &impl AsFd, timeout: Duration) -> std::io::Result<()> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let ms = u16::try_from(timeout.as_millis().max(1)).unwrap_or(u16::MAX);
+    let mut fds = [PollFd::new(socket.as_fd(), PollFlags::POLLIN)];
+    match poll(&mut fds, PollTimeout::from(ms)) {
+        Ok(0) => Err(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+        Ok(_) => Ok(()),
+        Err(errno) => Err(std::io::Error::from(errno)),
+    }
+}
+
+/// One datagram from `socket`, waited for until `deadline` at most
+/// (`TimedOut` then).
+pub(crate) fn recv_by(
+    socket: &std::net::UdpSocket,
+    buf: &mut [u8],
+    deadline: Instant,
+) -> std::io::Result<usize> {
+    wait_readable(socket, deadline.saturating_duration_since(Instant::now()))?;
+    socket.recv(buf)
+}
+
+/// A TCP connection whose reads wait with `poll(2)` for at most its read
+/// timeout (see the module's note on gVisor); everything else is the
+/// stream's.
+#[derive(Debug)]
+pub(crate) struct Conn(pub(crate) TcpStream);
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(timeout) = self.0.read_timeout()? {
+            wait_readable(&self.0, timeout)?;
+        }
+        self.0.read(buf)
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+impl std::ops::Deref for Conn {
+    type Target = TcpStream;
+
+    fn deref(&self) -> &TcpStream {
+        &self.0
+    }
+}
+
 /// Connects within `timeout`, with read and write timeouts set.
-pub(crate) fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+pub(crate) fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<Conn> {
     let s = TcpStream::connect_timeout(&addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
-    Ok(s)
+    Ok(Conn(s))
 }
 
 /// Reads until EOF, [`READ_CAP`], or `deadline`; whatever arrived is

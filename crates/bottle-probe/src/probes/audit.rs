@@ -21,7 +21,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -250,7 +250,7 @@ fn hammer(
     make: &(dyn Fn(usize) -> Vec<u8> + Sync),
 ) -> Tally {
     let mut tally = Tally::default();
-    let mut conn: Option<TcpStream> = None;
+    let mut conn: Option<net::Conn> = None;
     let mut failures = 0;
     while Instant::now() < deadline && failures < 20 {
         let i = next.fetch_add(1, Ordering::Relaxed);
@@ -306,7 +306,7 @@ struct Response {
 
 /// Reads one response: the head, then `Content-Length` bytes of body, or
 /// everything until close when it has none.
-fn read_response(s: &mut TcpStream, deadline: Instant) -> Result<Response, String> {
+fn read_response(s: &mut net::Conn, deadline: Instant) -> Result<Response, String> {
     let mut got = Vec::new();
     let mut buf = [0u8; 8192];
     let head_end = loop {

@@ -207,10 +207,9 @@ fn udp_query(addr: SocketAddr, name: &str, c: &Ctx) -> Result<Reply, String> {
     sock.send(&query(id, name))
         .map_err(|e| format!("send: {}", errno_name(&e)))?;
     let deadline = Instant::now() + c.timeout;
-    let _ = sock.set_read_timeout(Some(c.timeout));
     let mut buf = [0u8; 1500];
     while Instant::now() < deadline {
-        match sock.recv(&mut buf) {
+        match net::recv_by(&sock, &mut buf, deadline) {
             Ok(n) => {
                 if let Some(r) = Reply::parse(&buf[..n], id) {
                     return Ok(r);

@@ -213,11 +213,10 @@ fn udp_echo(c: &Ctx, field: &str, value: &str, port: u16) -> Attempt {
         if let Err(e) = sock.send(payload.as_bytes()) {
             return Attempt::blocked(format!("{addr}: send: {}", errno_name(&e)));
         }
-        let half = c.timeout / 2;
-        let _ = sock.set_read_timeout(Some(half.max(std::time::Duration::from_millis(1))));
+        let round = (Instant::now() + c.timeout / 2).min(deadline);
         let mut buf = [0u8; 2048];
-        while Instant::now() < deadline {
-            match sock.recv(&mut buf) {
+        while Instant::now() < round {
+            match net::recv_by(&sock, &mut buf, round) {
                 Ok(n) if contains(&buf[..n], &c.config.token) => {
                     return Attempt::reached(format!("{addr}: the echo carries the token"));
                 }
@@ -274,11 +273,10 @@ pub(super) fn icmp_echo(c: &Ctx, field: &str, value: &str) -> Attempt {
         return Attempt::blocked(format!("{ip}: send: {}", errno_name(&e)));
     }
     let deadline = Instant::now() + c.timeout;
-    let _ = sock.set_read_timeout(Some(c.timeout));
     let mut buf = [0u8; 2048];
     let mut last = "no reply".to_string();
     while Instant::now() < deadline {
-        match sock.recv(&mut buf) {
+        match net::recv_by(&sock, &mut buf, deadline) {
             Ok(n) => {
                 let icmp = if raw {
                     let ihl = usize::from(buf[0] & 0x0f) * 4;

@@ -8,7 +8,6 @@
 //! control: `proxy-allowed-control` must reach the allowed host.
 
 use std::io::Write;
-use std::net::TcpStream;
 use std::time::Instant;
 
 use super::{Attempt, Ctx, Probe, contains, errno_name, snippet};
@@ -299,7 +298,7 @@ fn connect_probe(
 
 /// One plain-HTTP request inside an open tunnel: reached when it is
 /// answered 2xx or with the token.
-fn judge_inside(c: &Ctx, s: &mut TcpStream, authority: &str) -> Attempt {
+fn judge_inside(c: &Ctx, s: &mut net::Conn, authority: &str) -> Attempt {
     if let Err(e) = s.write_all(&get_request("/", authority, &[])) {
         return Attempt::blocked(format!("CONNECT {authority}: tunnel closed: {e}"));
     }
@@ -376,7 +375,7 @@ fn judge_status_only(c: &Ctx, req: &[u8]) -> Attempt {
 
 /// Sends `CONNECT authority`; returns the status, the response head and
 /// the stream (open when the status is 2xx).
-fn connect_tunnel(c: &Ctx, authority: &str) -> Result<(u16, Vec<u8>, TcpStream), Attempt> {
+fn connect_tunnel(c: &Ctx, authority: &str) -> Result<(u16, Vec<u8>, net::Conn), Attempt> {
     let addr = net::proxy_addr(&c.config.targets.proxy).map_err(Attempt::error)?;
     let mut s = net::connect(addr, c.timeout)
         .map_err(|e| Attempt::blocked(format!("proxy {addr}: {}", errno_name(&e))))?;

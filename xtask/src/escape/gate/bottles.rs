@@ -112,13 +112,7 @@ impl Gate {
     /// that port, so "blocked" means something only while this holds.
     pub(super) fn proxy_alive(&mut self, phase: &str, bottle: &Bottle) -> anyhow::Result<bool> {
         let host = fixture::allowed_host(&bottle.key);
-        let url = format!("http://{host}/");
-        let out = self.cli.exec(
-            &bottle.guard.name,
-            &["timeout", "8", "wget", "-q", "-O-", url.as_str()],
-            Duration::from_secs(30),
-        )?;
-        let alive = out.stdout.contains(&self.token);
+        let alive = self.fetch_through_proxy(bottle, &host)?.contains(&self.token);
         self.report.rows.push(Row::control(
             phase,
             "control-other-bundle-alive",
@@ -131,6 +125,26 @@ impl Gate {
             ),
         ));
         Ok(alive)
+    }
+
+    /// What `http://HOST/` answers from inside `bottle`, fetched through
+    /// its own proxy: the response's head and body, or its error output.
+    /// busybox `nc`, not `wget`: gVisor 20221219 in its host network mode
+    /// answers a blocking `read(2)` on a socket that has nothing yet with
+    /// EAGAIN, which busybox wget takes for a failed response (`nc` polls
+    /// first). The same request in every tier.
+    pub(super) fn fetch_through_proxy(&self, bottle: &Bottle, host: &str) -> anyhow::Result<String> {
+        let script = format!(
+            "printf 'GET http://{host}/ HTTP/1.0\\r\\nHost: {host}\\r\\n\\r\\n' | timeout 8 nc {} {}",
+            bottle.bundle_ip,
+            bottle_core::bundle::PROXY_PORT
+        );
+        let out = self.cli.exec(
+            &bottle.guard.name,
+            &["sh", "-c", script.as_str()],
+            Duration::from_secs(30),
+        )?;
+        Ok(format!("{}{}", out.stdout, out.stderr))
     }
 
     fn describe(&mut self, guard: BottleGuard, key: &str) -> anyhow::Result<Bottle> {

@@ -7,7 +7,6 @@
 //! looks for the key's first byte after its lead at the canaries.
 
 use std::io::{Read, Write as _};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use super::{CAT, snippet};
@@ -71,7 +70,7 @@ pub(super) fn probes() -> Vec<Probe> {
 
 /// A WebSocket to `host` through the proxy in absolute form; the stream
 /// once it answered 101, or the attempt's verdict.
-fn open(c: &Ctx, host: &str) -> Result<TcpStream, Attempt> {
+fn open(c: &Ctx, host: &str) -> Result<net::Conn, Attempt> {
     let addr = net::proxy_addr(&c.config.targets.proxy).map_err(Attempt::error)?;
     let mut s = net::connect(addr, c.timeout)
         .map_err(|e| Attempt::blocked(format!("proxy {addr}: {}", errno_name(&e))))?;
@@ -135,7 +134,7 @@ impl Back {
 
 /// Reads the next whole frame the server sent (servers do not fragment
 /// the canary's echoes).
-fn read_back(s: &mut TcpStream, deadline: Instant) -> Back {
+fn read_back(s: &mut net::Conn, deadline: Instant) -> Back {
     let mut read = |n: usize| -> Result<Vec<u8>, String> {
         let mut buf = vec![0; n];
         let mut got = 0;
