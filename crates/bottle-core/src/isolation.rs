@@ -90,10 +90,10 @@ pub fn runtime_names<'a>(names: impl IntoIterator<Item = &'a String>) -> String 
 /// platform this host has (ptrace works everywhere; systrap or kvm where
 /// the build and the host have them), the box's own network namespace,
 /// and revalidated file access to the root filesystem.
-pub const GVISOR_DAEMON_JSON: &str = r#"{ "runtimes": { "runsc": { "path": "/usr/bin/runsc", "runtimeArgs": ["--platform=ptrace", "--network=host", "--file-access=shared", "--overlay2=none"] } } }"#;
+pub const GVISOR_DAEMON_JSON: &str = r#"{ "runtimes": { "runsc": { "path": "/usr/bin/runsc", "runtimeArgs": ["--platform=ptrace", "--network=host", "--file-access=shared", "--overlay2=none", "--oci-seccomp"] } } }"#;
 
 /// How to get a usable gVisor runtime, for error fixes and the doctor.
-pub const GVISOR_FIX: &str = "install gVisor (Debian: `apt-get install runsc`), register it with the docker daemon as `runsc` in /etc/docker/daemon.json (bottle's CI writes { \"runtimes\": { \"runsc\": { \"path\": \"/usr/bin/runsc\", \"runtimeArgs\": [\"--platform=ptrace\", \"--network=host\", \"--file-access=shared\", \"--overlay2=none\"] } } }) and reload the daemon without restarting it: `kill -HUP $(pidof dockerd)`; `bottle doctor` checks it";
+pub const GVISOR_FIX: &str = "install gVisor (Debian: `apt-get install runsc`), register it with the docker daemon as `runsc` in /etc/docker/daemon.json (bottle's CI writes { \"runtimes\": { \"runsc\": { \"path\": \"/usr/bin/runsc\", \"runtimeArgs\": [\"--platform=ptrace\", \"--network=host\", \"--file-access=shared\", \"--overlay2=none\", \"--oci-seccomp\"] } } }) and reload the daemon without restarting it: `kill -HUP $(pidof dockerd)`; `bottle doctor` checks it";
 
 /// Host tasks (threads) gVisor's own machinery takes in the box's pids
 /// cgroup before the box runs anything: the Sentry's threads and its stub
@@ -228,7 +228,9 @@ pub type Unfit = Vec<String>;
 /// `bottle cp`, would stay unseen) or overlaid (`--overlay2` other than
 /// `none`, which must be said: current builds default to a root overlay
 /// in memory, out of the layer reset snapshots, and refuse it with shared
-/// file access); and flags that open the sandbox when on (`--overlay`,
+/// file access); no `--oci-seccomp` (without it gVisor ignores the
+/// container's seccomp profile, and the box could make calls, user
+/// namespaces among them, the container tier refuses); and flags that open the sandbox when on (`--overlay`,
 /// `--net-raw`, `--profile`, `--ignore-cgroups`, `--rootless`,
 /// `--fsgofer-host-uds`, `--nvproxy`, `--tpuproxy`, `--host-uds` or
 /// `--host-fifo` other than `none`, `--TESTONLY-*`). A boolean is on
@@ -241,6 +243,7 @@ pub fn assess(registration: &Registration) -> Result<GvisorSetup, Unfit> {
     };
     let mut unfit = Vec::new();
     let mut overlay_off = false;
+    let mut oci_seccomp = false;
     let flags = parse_flags(&registration.args);
     for (name, value) in &flags {
         let value = value.as_deref();
@@ -266,6 +269,7 @@ pub fn assess(registration: &Registration) -> Result<GvisorSetup, Unfit> {
                     ));
                 }
             }
+            "oci-seccomp" => oci_seccomp = is_on(value),
             "host-uds" | "host-fifo" => {
                 if value != Some("none") {
                     unfit.push(format!(
@@ -293,6 +297,11 @@ pub fn assess(registration: &Registration) -> Result<GvisorSetup, Unfit> {
     if !setup.file_access_shared {
         unfit.push(
             "--file-access is not `shared`: gVisor would cache the root filesystem and never see what bottle writes into a running box (its CA, `bottle cp`)".into(),
+        );
+    }
+    if !oci_seccomp {
+        unfit.push(
+            "no --oci-seccomp: gVisor would not apply the container's seccomp profile inside the box, so the box could make calls (user namespaces among them) the container tier refuses".into(),
         );
     }
     if !overlay_off {
@@ -363,7 +372,6 @@ const HARMLESS_FLAGS: &[&str] = &[
     "lisafs",
     "vfs2",
     "directfs",
-    "oci-seccomp",
     "traceback",
     "ref-leak-mode",
     "platform_device_path",
@@ -524,6 +532,7 @@ mod tests {
             "--network=host",
             "--file-access=shared",
             "--overlay2=none",
+            "--oci-seccomp",
         ]))
         .unwrap();
         assert_eq!(setup.platform, "ptrace");
@@ -540,6 +549,7 @@ mod tests {
             "shared",
             "--overlay2",
             "none",
+            "--oci-seccomp=true",
             "--debug-log=/var/log/runsc/",
             "--systemd-cgroup",
         ]))
@@ -566,10 +576,20 @@ mod tests {
     #[test]
     fn registrations_that_break_or_open_the_box_are_refused_with_every_reason() {
         let unfit = assess(&registration(&["--network=host"])).unwrap_err();
-        assert_eq!(unfit.len(), 2, "{unfit:?}");
+        assert_eq!(unfit.len(), 3, "{unfit:?}");
         assert!(unfit[0].contains("--file-access"), "{unfit:?}");
-        assert!(unfit[1].contains("--overlay2=none"), "{unfit:?}");
-        let fit = ["--file-access=shared", "--overlay2=none"];
+        assert!(unfit[1].contains("--oci-seccomp"), "{unfit:?}");
+        assert!(unfit[2].contains("--overlay2=none"), "{unfit:?}");
+        assert!(
+            assess(&registration(&[
+                "--file-access=shared",
+                "--overlay2=none",
+                "--oci-seccomp=false"
+            ]))
+            .unwrap_err()[0]
+                .contains("--oci-seccomp")
+        );
+        let fit = ["--file-access=shared", "--overlay2=none", "--oci-seccomp"];
         let with = |extra: &[&str]| {
             let mut args = fit.to_vec();
             args.extend_from_slice(extra);
@@ -603,6 +623,7 @@ mod tests {
         let unfit = assess(&registration(&[
             "--file-access=shared",
             "--overlay2=none",
+            "--oci-seccomp",
             "--network=none",
             "--host-uds=all",
             "--net-raw",
@@ -630,7 +651,8 @@ mod tests {
                 "--file-access=shared",
                 "--host-uds=none",
                 "--net-raw=false",
-                "--overlay2=none"
+                "--overlay2=none",
+                "--oci-seccomp"
             ]))
             .is_ok()
         );

@@ -305,6 +305,7 @@ mod tests {
         "--network=host",
         "--file-access=shared",
         "--overlay2=none",
+        "--oci-seccomp",
     ];
 
     #[test]

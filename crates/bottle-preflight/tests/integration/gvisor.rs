@@ -11,7 +11,7 @@ use crate::support::{FakeDocker, FakeHost, http};
 
 /// `GET /info`'s runtimes as Docker 20.10 reports them with Debian's runsc
 /// registered the way `.ci/setup` does.
-const INFO_RUNSC: &str = r#"{"ID":"x","Runtimes":{"io.containerd.runc.v2":{"path":"runc"},"runc":{"path":"runc"},"runsc":{"path":"/usr/bin/runsc","runtimeArgs":["--platform=ptrace","--network=host","--file-access=shared","--overlay2=none"]}},"DefaultRuntime":"runc"}"#;
+const INFO_RUNSC: &str = r#"{"ID":"x","Runtimes":{"io.containerd.runc.v2":{"path":"runc"},"runc":{"path":"runc"},"runsc":{"path":"/usr/bin/runsc","runtimeArgs":["--platform=ptrace","--network=host","--file-access=shared","--overlay2=none","--oci-seccomp"]}},"DefaultRuntime":"runc"}"#;
 
 fn check_with(info: &str, runner: &RecordingRunner) -> (Check, Vec<Vec<String>>) {
     let host = FakeHost::new();

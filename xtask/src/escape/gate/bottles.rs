@@ -112,7 +112,9 @@ impl Gate {
     /// that port, so "blocked" means something only while this holds.
     pub(super) fn proxy_alive(&mut self, phase: &str, bottle: &Bottle) -> anyhow::Result<bool> {
         let host = fixture::allowed_host(&bottle.key);
-        let alive = self.fetch_through_proxy(bottle, &host)?.contains(&self.token);
+        let alive = self
+            .fetch_through_proxy(bottle, &host)?
+            .contains(&self.token);
         self.report.rows.push(Row::control(
             phase,
             "control-other-bundle-alive",
@@ -132,10 +134,16 @@ impl Gate {
     /// busybox `nc`, not `wget`: gVisor 20221219 in its host network mode
     /// answers a blocking `read(2)` on a socket that has nothing yet with
     /// EAGAIN, which busybox wget takes for a failed response (`nc` polls
-    /// first). The same request in every tier.
-    pub(super) fn fetch_through_proxy(&self, bottle: &Bottle, host: &str) -> anyhow::Result<String> {
+    /// first). Its input stays open for 3 s, since the proxy closes a
+    /// connection whose client half-closes; the proxy closes after an
+    /// HTTP/1.0 answer, which ends `nc`. The same request in every tier.
+    pub(super) fn fetch_through_proxy(
+        &self,
+        bottle: &Bottle,
+        host: &str,
+    ) -> anyhow::Result<String> {
         let script = format!(
-            "printf 'GET http://{host}/ HTTP/1.0\\r\\nHost: {host}\\r\\n\\r\\n' | timeout 8 nc {} {}",
+            "{{ printf 'GET http://{host}/ HTTP/1.0\\r\\nHost: {host}\\r\\n\\r\\n'; sleep 3; }} | timeout 8 nc {} {}",
             bottle.bundle_ip,
             bottle_core::bundle::PROXY_PORT
         );

@@ -208,10 +208,23 @@ impl Gate {
             let out = self.cp(&[&at(tree), &dest.display().to_string()])?;
             let made = unsafe_entries(&dest);
             let left = std::fs::read_dir(&dest).map(|d| d.count()).unwrap_or(0);
+            // gVisor keeps a fifo the box makes in its own kernel: the
+            // host's side of the box's files, all `bottle cp` reads, never
+            // has it, so the tree comes out without it.
+            let fifo_unseen = self.gvisor.is_some()
+                && probe == "cp-out-fifo"
+                && out.success()
+                && dest.join(CP_OUT_FIFO).is_dir()
+                && std::fs::symlink_metadata(dest.join(CP_OUT_FIFO).join("pipe")).is_err();
             let (observed, detail) = if !made.is_empty() {
                 (
                     Observed::Reached,
                     format!("written on the host: {}", made.join(", ")),
+                )
+            } else if fifo_unseen {
+                (
+                    Observed::Blocked,
+                    "the box's fifo lives in gVisor's kernel, not in the files the host reads: the tree came out without it, nothing unsafe written".to_string(),
                 )
             } else if out.success() || left > 0 {
                 (

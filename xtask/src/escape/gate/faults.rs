@@ -1,7 +1,6 @@
 //! The faults: a bundle killed under its agent, the Docker daemon
 //! restarted under running bottles, and bottles started all at once.
 
-
 use anyhow::bail;
 use bottle_probe::contract::{ProbeResult, Targets};
 
