@@ -53,15 +53,28 @@ impl DockerBottle {
     }
 
     fn command(&self, argv: &[String]) -> Result<Vec<String>, DockerError> {
-        if !argv.is_empty() {
-            return Ok(argv.to_vec());
-        }
-        if self.default_command.is_empty() {
+        let argv = if !argv.is_empty() {
+            argv.to_vec()
+        } else if self.default_command.is_empty() {
             return Err(DockerError::NoCommand {
                 image: self.image.clone(),
             });
+        } else {
+            self.default_command.clone()
+        };
+        Ok(self.in_box(argv))
+    }
+
+    /// `argv` as the Engine must start it in this box: in a gVisor box
+    /// under the in-box agent's system-call filter, which gVisor does not
+    /// give the processes the Engine execs
+    /// ([`bottle_core::sandbox::FILTERED`]).
+    fn in_box(&self, argv: Vec<String>) -> Vec<String> {
+        if self.gvisor_binary.is_some() {
+            bottle_core::sandbox::filtered_argv(&argv)
+        } else {
+            argv
         }
-        Ok(self.default_command.clone())
     }
 
     /// The agent container's name.
@@ -244,6 +257,7 @@ impl Bottle for DockerBottle {
             &self.name,
             &self.container,
             self.exec_user(),
+            &self.in_box(vec![bottle_core::sandbox::TOOLBOX_PATH.to_string()]),
             call,
         )
     }

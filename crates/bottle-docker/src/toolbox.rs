@@ -46,13 +46,14 @@ impl InBoxAgent {
     }
 
     /// Runs `call` over the channel, starting the agent in `container` as
-    /// `user` when there is none yet.
+    /// `user` by `argv` when there is none yet.
     pub(crate) fn execute(
         &self,
         engine: &Engine,
         bottle: &str,
         container: &str,
         user: &str,
+        argv: &[String],
         call: &ToolCall,
     ) -> Result<ToolResult, SandboxError> {
         self.0.execute(call, || {
@@ -63,7 +64,7 @@ impl InBoxAgent {
             if !installed(engine, container).map_err(boot)? {
                 return Err(not_installed(bottle));
             }
-            crate::toolbox_stream::open(engine, container, user).map_err(boot)
+            crate::toolbox_stream::open_argv(engine, container, user, argv.to_vec()).map_err(boot)
         })
     }
 }

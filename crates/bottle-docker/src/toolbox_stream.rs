@@ -16,7 +16,7 @@ use std::io::{self, Read, Write};
 
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use bottle_core::sandbox::{TOOLBOX_PATH, ToolboxStream};
+use bottle_core::sandbox::ToolboxStream;
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
@@ -26,16 +26,6 @@ use crate::error::DockerError;
 
 /// How many chunks may wait in each direction.
 const CHUNKS_IN_FLIGHT: usize = 64;
-
-/// Starts [`TOOLBOX_PATH`] in `container` as `user` and returns its stdin
-/// and stdout.
-pub(crate) fn open(
-    engine: &Engine,
-    container: &str,
-    user: &str,
-) -> Result<ToolboxStream, DockerError> {
-    open_argv(engine, container, user, vec![TOOLBOX_PATH.to_string()])
-}
 
 /// Starts `argv` (the in-box agent, in one of its modes) in `container` as
 /// `user` and returns its stdin and stdout; its stderr is dropped.

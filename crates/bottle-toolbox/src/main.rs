@@ -26,6 +26,7 @@
 
 mod builtin;
 mod fds;
+mod filter;
 mod guard;
 mod relay;
 mod run;
@@ -35,6 +36,16 @@ use std::io::{BufReader, BufWriter};
 use bottle_core::sandbox::wire::{self, Op, PROTOCOL_VERSION, Reply, Request, Response};
 
 fn main() -> std::process::ExitCode {
+    // A program of the agent's to start under bottle's filter: it is the
+    // agent's, not a channel, so nothing below applies to it.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [mode, dashes, argv @ ..] = args.as_slice()
+        && mode == bottle_core::sandbox::FILTERED
+        && dashes == "--"
+    {
+        eprintln!("bottle-toolbox: {}", filter::exec_filtered(argv));
+        return std::process::ExitCode::from(126);
+    }
     // First, before a thread or a descriptor of its own exists: capability
     // sets are per thread, and the channel must be out of reach before a
     // call can run.
@@ -42,14 +53,14 @@ fn main() -> std::process::ExitCode {
         eprintln!("bottle-toolbox: refusing to serve: {why}");
         return std::process::ExitCode::FAILURE;
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(first) = args.first() {
         if first == bottle_core::port_relay::CONNECT && args.len() == 2 {
             return relay::connect(&args[1]);
         }
         eprintln!(
-            "bottle-toolbox: unknown arguments {args:?}; run it without any (the host's tool channel) or as `{} PORT`",
-            bottle_core::port_relay::CONNECT
+            "bottle-toolbox: unknown arguments {args:?}; run it without any (the host's tool channel), as `{} PORT` or as `{} -- PROGRAM ARGS…`",
+            bottle_core::port_relay::CONNECT,
+            bottle_core::sandbox::FILTERED
         );
         return std::process::ExitCode::from(2);
     }

@@ -24,7 +24,9 @@ pub mod wire;
 pub use call::{BUILTIN_TOOLS, Command, ToolCall, ToolResult, evidence_hash};
 pub use error::SandboxError;
 pub use reset::{Baseline, ResetFiles, ResetReport, ResetSubstrate, Source, SourceCheck};
-pub use toolbox::{OpenFds, TOOLBOX_MODE, TOOLBOX_PATH, Toolbox, ToolboxStream};
+pub use toolbox::{
+    FILTERED, OpenFds, TOOLBOX_MODE, TOOLBOX_PATH, Toolbox, ToolboxStream, filtered_argv,
+};
 
 /// The longest agent-chosen text a report or log line carries.
 const SHOWN_MAX_CHARS: usize = 300;

@@ -23,6 +23,22 @@ use crate::sandbox::wire::{self, Op, PROTOCOL_VERSION, Reply, Request, Response}
 /// Where the in-box agent lives inside every box, root-owned.
 pub const TOOLBOX_PATH: &str = "/.bottle/toolbox";
 
+/// The in-box agent's argument that makes it start a program under
+/// bottle's system-call filter instead of serving: `TOOLBOX_PATH filtered
+/// -- ARGV…`. For boxes whose runtime does not apply the container's
+/// seccomp profile to the processes the Engine execs (gVisor 20221219
+/// applies it to the container's first process only), so the agent's
+/// processes are refused what the container tier refuses them.
+pub const FILTERED: &str = "filtered";
+
+/// `argv` started through the in-box agent under bottle's system-call
+/// filter ([`FILTERED`]).
+pub fn filtered_argv(argv: &[String]) -> Vec<String> {
+    let mut out = vec![TOOLBOX_PATH.to_string(), FILTERED.to_string(), "--".to_string()];
+    out.extend_from_slice(argv);
+    out
+}
+
 /// The in-box agent's file mode: execute-only, for everyone. A program its
 /// user cannot read is never dumpable (the kernel decides at `execve`), so
 /// the agent's processes cannot open its descriptors (the channel) even in

@@ -112,6 +112,22 @@ fn a_gvisor_box_runs_under_runsc_and_works_like_a_container() {
         "the bundle stays on runc"
     );
 
+    // Every process the Engine starts for the agent runs under bottle's
+    // system-call filter (gVisor applies the container's own profile to
+    // the container's first process only): no new user namespace, as
+    // under runc, and execute's calls inherit it from the in-box agent.
+    let status = text(&sh(&bottle, "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status"));
+    assert!(status.contains("Seccomp:\t2"), "{status}");
+    let unshare = sh(&bottle, "unshare -U true");
+    assert_ne!(unshare.exit_code, 0, "{}", text(&unshare));
+    let called = bottle
+        .execute(&ToolCall::argv(["grep", "^Seccomp:", "/proc/self/status"]))
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&called.stdout).contains("Seccomp:\t2"),
+        "{called:?}"
+    );
+
     // gVisor's kernel answers the box, not the host's.
     let version = text(&sh(&bottle, "cat /proc/version"));
     assert!(!version.contains(&host_kernel_version()), "{version}");
