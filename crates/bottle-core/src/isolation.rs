@@ -220,7 +220,7 @@ pub type Unfit = Vec<String>;
 /// reason bottle refuses it.
 ///
 /// Only flags bottle knows to leave the box as strong pass
-/// ([`HARMLESS_FLAGS`], and the ones read here); any other is refused, so a
+/// (`HARMLESS_FLAGS`, and the ones read here); any other is refused, so a
 /// flag a newer runsc adds is judged before a box runs under it. Refused by
 /// name: `--network=none` (the box could not reach its bundle); a root
 /// filesystem not revalidated against the host (`--file-access` other

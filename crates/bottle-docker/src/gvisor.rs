@@ -6,7 +6,7 @@
 //!   daemon's `GET /info` and refuses a daemon without one (`BOT-D090`) or
 //!   with a registration that cannot run a bottle's box (`BOT-D091`, judged
 //!   by [`bottle_core::isolation::assess`]).
-//! - After the agent container starts, [`confirm`] checks that it really
+//! - After the agent container starts, the launch checks that it really
 //!   runs under gVisor, from three places: the Engine's record
 //!   (`HostConfig.Runtime`), the host kernel (the container's init process
 //!   is gVisor's sandbox, `runsc-sandbox ... boot`, running the registered
@@ -15,9 +15,9 @@
 //!   that disagrees refuses the bottle (`BOT-D092`) and the launch unwinds.
 //! - A reset's descriptor source cannot read the box's processes from the
 //!   host's `/proc` (they live in gVisor's kernel, and the sandbox shares
-//!   the host's pid namespace); [`stray_descriptors`] counts what could
-//!   outlive a revert instead: host processes in the box's cgroup that are
-//!   not the running sandbox's.
+//!   the host's pid namespace); `stray_descriptors` counts what could
+//!   outlive a revert instead: host processes in the box's cgroup that do
+//!   not run gVisor's binary.
 
 use std::path::{Path, PathBuf};
 

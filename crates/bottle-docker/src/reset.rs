@@ -23,7 +23,7 @@
 //!   namespace, so the descriptor source counts what could outlive the
 //!   revert instead: descriptors of host processes in the box's cgroup
 //!   that do not run gVisor's binary (0 as launched;
-//!   [`crate::gvisor::stray_descriptors`]). The keep-alive cannot be seen
+//!   `gvisor::stray_descriptors`). The keep-alive cannot be seen
 //!   from the host either: the revert checks the sandbox's process runs
 //!   again instead.
 

@@ -36,8 +36,7 @@ pub(crate) fn exec_filtered(argv: &[String]) -> String {
 
 /// Puts the filter on this process for good.
 fn install() -> Result<(), String> {
-    nix::sys::prctl::set_no_new_privs()
-        .map_err(|err| format!("cannot set no_new_privs: {err}"))?;
+    nix::sys::prctl::set_no_new_privs().map_err(|err| format!("cannot set no_new_privs: {err}"))?;
     let program = program()?;
     let fprog = libc::sock_fprog {
         len: u16::try_from(program.len()).map_err(|_| "the filter is too long".to_string())?,
@@ -208,7 +207,10 @@ mod tests {
         for (i, instruction) in program.iter().enumerate() {
             if is_jump(instruction.code) {
                 for offset in [instruction.jt, instruction.jf] {
-                    assert!(i + 1 + usize::from(offset) < program.len(), "instruction {i}");
+                    assert!(
+                        i + 1 + usize::from(offset) < program.len(),
+                        "instruction {i}"
+                    );
                 }
             }
         }

@@ -34,7 +34,11 @@ pub const FILTERED: &str = "filtered";
 /// `argv` started through the in-box agent under bottle's system-call
 /// filter ([`FILTERED`]).
 pub fn filtered_argv(argv: &[String]) -> Vec<String> {
-    let mut out = vec![TOOLBOX_PATH.to_string(), FILTERED.to_string(), "--".to_string()];
+    let mut out = vec![
+        TOOLBOX_PATH.to_string(),
+        FILTERED.to_string(),
+        "--".to_string(),
+    ];
     out.extend_from_slice(argv);
     out
 }

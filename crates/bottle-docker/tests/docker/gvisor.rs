@@ -116,7 +116,10 @@ fn a_gvisor_box_runs_under_runsc_and_works_like_a_container() {
     // system-call filter (gVisor applies the container's own profile to
     // the container's first process only): no new user namespace, as
     // under runc, and execute's calls inherit it from the in-box agent.
-    let status = text(&sh(&bottle, "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status"));
+    let status = text(&sh(
+        &bottle,
+        "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status",
+    ));
     assert!(status.contains("Seccomp:\t2"), "{status}");
     let unshare = sh(&bottle, "unshare -U true");
     assert_ne!(unshare.exit_code, 0, "{}", text(&unshare));
