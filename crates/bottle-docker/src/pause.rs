@@ -160,6 +160,25 @@ fn elf(machine: u16, code: Vec<u8>) -> Option<Vec<u8>> {
     Some(elf)
 }
 
+/// What [`UNAME_PATH`] prints in a gVisor box of 20221219: `uname(2)`'s
+/// six 65-byte fields, four of them set.
+#[cfg(test)]
+pub(crate) fn gvisor_utsname() -> Vec<u8> {
+    let mut out = vec![0u8; UTSNAME_LEN];
+    for (i, text) in [
+        "Linux",
+        "bottle",
+        "4.4.0",
+        "#1 SMP Sun Jan 10 15:06:54 PST 2016",
+    ]
+    .iter()
+    .enumerate()
+    {
+        out[i * 65..i * 65 + text.len()].copy_from_slice(text.as_bytes());
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,18 +207,7 @@ mod tests {
 
     #[test]
     fn utsname_output_is_read_field_by_field() {
-        let mut out = vec![0u8; UTSNAME_LEN];
-        for (i, text) in [
-            "Linux",
-            "bottle",
-            "4.4.0",
-            "#1 SMP Sun Jan 10 15:06:54 PST 2016",
-        ]
-        .iter()
-        .enumerate()
-        {
-            out[i * 65..i * 65 + text.len()].copy_from_slice(text.as_bytes());
-        }
+        let mut out = gvisor_utsname();
         assert_eq!(
             parse_utsname(&out),
             Some(("4.4.0".into(), "#1 SMP Sun Jan 10 15:06:54 PST 2016".into()))

@@ -426,19 +426,7 @@ pub(crate) fn check_processes(phase: &str, pids: &[u32], spec: &Spec) -> Vec<Row
         for problem in status_problems(&status) {
             proc_problems.push(format!("pid {pid} ({}): {problem}", status.name));
         }
-        match cgroup_limit(pid, "pids", "pids.max", "pids.max") {
-            Some(v) if v == spec.pids.to_string() => {}
-            other => {
-                limit_problems.push(format!("pid {pid}: pids.max {other:?}, want {}", spec.pids))
-            }
-        }
-        match cgroup_limit(pid, "memory", "memory.limit_in_bytes", "memory.max") {
-            Some(v) if v == spec.memory.to_string() => {}
-            other => limit_problems.push(format!(
-                "pid {pid}: memory limit {other:?}, want {}",
-                spec.memory
-            )),
-        }
+        limit_problems.extend(cgroup_limit_problems(pid, spec));
     }
     let observed_none = seen == 0;
     let mut rows = vec![
@@ -472,6 +460,23 @@ pub(crate) fn check_processes(phase: &str, pids: &[u32], spec: &Spec) -> Vec<Row
         }
     }
     rows
+}
+
+/// How the cgroup limits of host process `pid` differ from `spec`'s.
+fn cgroup_limit_problems(pid: u32, spec: &Spec) -> Vec<String> {
+    let mut problems = Vec::new();
+    match cgroup_limit(pid, "pids", "pids.max", "pids.max") {
+        Some(v) if v == spec.pids.to_string() => {}
+        other => problems.push(format!("pid {pid}: pids.max {other:?}, want {}", spec.pids)),
+    }
+    match cgroup_limit(pid, "memory", "memory.limit_in_bytes", "memory.max") {
+        Some(v) if v == spec.memory.to_string() => {}
+        other => problems.push(format!(
+            "pid {pid}: memory limit {other:?}, want {}",
+            spec.memory
+        )),
+    }
+    problems
 }
 
 /// gVisor's host processes may hold these capabilities and no other: the
@@ -558,19 +563,7 @@ pub(crate) fn check_gvisor_processes(
                 )),
             }
         }
-        match cgroup_limit(pid, "pids", "pids.max", "pids.max") {
-            Some(v) if v == spec.pids.to_string() => {}
-            other => {
-                limit_problems.push(format!("pid {pid}: pids.max {other:?}, want {}", spec.pids))
-            }
-        }
-        match cgroup_limit(pid, "memory", "memory.limit_in_bytes", "memory.max") {
-            Some(v) if v == spec.memory.to_string() => {}
-            other => limit_problems.push(format!(
-                "pid {pid}: memory limit {other:?}, want {}",
-                spec.memory
-            )),
-        }
+        limit_problems.extend(cgroup_limit_problems(pid, spec));
     }
     if seen == 0 {
         return ["host-proc-status", "host-cgroup-limits"]
