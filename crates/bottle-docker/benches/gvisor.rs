@@ -178,12 +178,17 @@ fn main() {
         boots.push(figures);
     }
 
-    // One long-lived bottle per tier for the rest.
+    // One long-lived bottle per tier for the rest, of the real image when
+    // there is one. Its download is curl's: busybox wget fails in a box of
+    // gVisor 20221219's host network mode (a blocking socket read answered
+    // with EAGAIN), which the demo image has nothing else to replace.
+    let long_lived = images.last().expect("the demo image at least");
     let bottles: Vec<Box<dyn Bottle>> = TIERS
         .iter()
         .map(|tier| {
+            let agent = format!("{tier}{}", long_lived.suffix);
             let plan = backend
-                .prepare(&spec(tier, &format!("bench-gv-{tier}")))
+                .prepare(&spec(&agent, &format!("bench-gv-{tier}")))
                 .unwrap();
             backend.launch(&plan).unwrap()
         })
@@ -215,18 +220,16 @@ fn main() {
         }
     }
     let url = format!("http://{HOST}:{port}/{}", sizes.download_mib << 20);
+    let download: Option<Vec<String>> = (long_lived.suffix == "-debian").then(|| {
+        ["curl", "-sS", "--fail", "-o", "/dev/null", url.as_str()]
+            .map(String::from)
+            .to_vec()
+    });
     for _ in 0..sizes.downloads {
+        let Some(argv) = &download else { break };
         for (t, bottle) in bottles.iter().enumerate() {
             let started = Instant::now();
-            let out = bottle
-                .exec(&[
-                    "wget".into(),
-                    "-q".into(),
-                    "-O".into(),
-                    "/dev/null".into(),
-                    url.clone(),
-                ])
-                .unwrap();
+            let out = bottle.exec(argv).unwrap();
             assert_eq!(out.exit_code, 0, "{}", String::from_utf8_lossy(&out.stderr));
             downloads[t].push(started.elapsed());
         }
@@ -284,22 +287,26 @@ fn main() {
         "the same, runc",
         &resets[0],
     );
-    row(
-        &format!(
-            "{} MiB through the bundle's proxy (wget in the box)",
-            sizes.download_mib
-        ),
-        &downloads[1],
-        "the same, runc",
-        &downloads[0],
-    );
-    let mib_s = |d: &[Duration]| sizes.download_mib as f64 / percentile(d, 50).as_secs_f64();
-    println!(
-        "| … as throughput, MiB/s | {:.0} | | {:.0} | {:.2} |",
-        mib_s(&downloads[1]),
-        mib_s(&downloads[0]),
-        mib_s(&downloads[1]) / mib_s(&downloads[0])
-    );
+    if downloads[0].is_empty() {
+        println!("| proxy throughput from inside | (needs the Debian image: its curl) | | | |");
+    } else {
+        row(
+            &format!(
+                "{} MiB through the bundle's proxy (curl in the box)",
+                sizes.download_mib
+            ),
+            &downloads[1],
+            "the same, runc",
+            &downloads[0],
+        );
+        let mib_s = |d: &[Duration]| sizes.download_mib as f64 / percentile(d, 50).as_secs_f64();
+        println!(
+            "| … as throughput, MiB/s | {:.0} | | {:.0} | {:.2} |",
+            mib_s(&downloads[1]),
+            mib_s(&downloads[0]),
+            mib_s(&downloads[1]) / mib_s(&downloads[0])
+        );
+    }
     println!(
         "| idle memory of the box (cgroup usage), MiB | {:.1} | | {:.1} | {:.2} |",
         idle[1] as f64 / 1048576.0,
@@ -322,8 +329,14 @@ fn main() {
         }
     }
     println!(
-        "\nn per tier: boots {} per image, execs {}, tool calls {}, resets {}, downloads {} of {} MiB",
-        sizes.boots, sizes.execs, sizes.calls, sizes.resets, sizes.downloads, sizes.download_mib,
+        "\nn per tier: boots {} per image; with the {} image: execs {}, tool calls {}, resets {}, downloads {} of {} MiB",
+        sizes.boots,
+        long_lived.label,
+        sizes.execs,
+        sizes.calls,
+        sizes.resets,
+        downloads[0].len(),
+        sizes.download_mib,
     );
 }
 
