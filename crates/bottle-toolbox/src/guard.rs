@@ -32,9 +32,9 @@
 //!   `execve` until the first step below. Once the pipes are mode 0 nobody
 //!   can open them any more; a process that opened them in that window
 //!   still holds them, so every process of the box whose descriptors it
-//!   can read is searched for the channel's pipes (its parent aside: on
-//!   smolmachines the guest agent that started it holds their other
-//!   ends), and one found refuses the channel.
+//!   can read is searched for the channel's pipes (its ancestors aside: on
+//!   smolmachines the guest agent that started it holds their other ends,
+//!   and the agent never starts it), and one found refuses the channel.
 //!
 //! What stays possible: the agent can signal it (same uid), which ends the
 //! channel: the host then answers the call with an error, never a result.
@@ -114,7 +114,7 @@ pub(crate) fn guard() -> Result<(), String> {
 
 /// Another process under `proc_root` holding one of `channel` (the
 /// targets of this process's stdio links, `pipe:[N]`), this process and
-/// its parent aside; processes whose descriptors cannot be read are
+/// its ancestors aside; processes whose descriptors cannot be read are
 /// passed over (on Linux they could not have opened ours either). No
 /// channel links (no `/proc` to reopen them through): nothing to search.
 fn channel_holder(proc_root: &std::path::Path, channel: &[std::path::PathBuf]) -> Option<String> {
@@ -122,7 +122,7 @@ fn channel_holder(proc_root: &std::path::Path, channel: &[std::path::PathBuf]) -
         return None;
     }
     let me = std::process::id();
-    let parent = nix::unistd::getppid().as_raw().unsigned_abs();
+    let ancestors = ancestors(proc_root, me);
     let entries = match std::fs::read_dir(proc_root) {
         Ok(entries) => entries,
         Err(err) => {
@@ -140,7 +140,7 @@ fn channel_holder(proc_root: &std::path::Path, channel: &[std::path::PathBuf]) -
         else {
             continue;
         };
-        if pid == me || pid == parent {
+        if pid == me || ancestors.contains(&pid) {
             continue;
         }
         let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
@@ -160,17 +160,45 @@ fn channel_holder(proc_root: &std::path::Path, channel: &[std::path::PathBuf]) -
     None
 }
 
+/// The parent of `pid`, its parent, and so on (from each
+/// `/proc/<pid>/stat`), at most 64 of them.
+fn ancestors(proc_root: &std::path::Path, pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    let mut current = pid;
+    while found.len() < 64 {
+        let Ok(stat) = std::fs::read_to_string(proc_root.join(current.to_string()).join("stat"))
+        else {
+            break;
+        };
+        let parent = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|ppid| ppid.parse::<u32>().ok());
+        match parent {
+            Some(parent) if parent > 0 && !found.contains(&parent) => {
+                found.push(parent);
+                current = parent;
+            }
+            _ => break,
+        }
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::{Path, PathBuf};
 
     use super::channel_holder;
 
-    fn fake_proc(processes: &[(u32, &[&str])]) -> tempfile::TempDir {
+    /// A `/proc` of processes: pid, parent, descriptor links.
+    fn fake_proc(processes: &[(u32, u32, &[&str])]) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
-        for (pid, links) in processes {
-            let fd = dir.path().join(pid.to_string()).join("fd");
+        for (pid, ppid, links) in processes {
+            let root = dir.path().join(pid.to_string());
+            let fd = root.join("fd");
             std::fs::create_dir_all(&fd).unwrap();
+            std::fs::write(root.join("stat"), format!("{pid} (x) S {ppid} 1 1 0\n")).unwrap();
             for (n, link) in links.iter().enumerate() {
                 std::os::unix::fs::symlink(link, fd.join(n.to_string())).unwrap();
             }
@@ -181,17 +209,35 @@ mod tests {
     #[test]
     fn a_process_holding_the_channel_is_found() {
         let channel = vec![PathBuf::from("pipe:[77]"), PathBuf::from("pipe:[78]")];
-        let clean = fake_proc(&[(10, &["/dev/null", "pipe:[5]"]), (11, &["socket:[77]"])]);
+        let clean = fake_proc(&[
+            (10, 1, &["/dev/null", "pipe:[5]"]),
+            (11, 1, &["socket:[77]"]),
+        ]);
         assert_eq!(channel_holder(clean.path(), &channel), None);
-        let held = fake_proc(&[(10, &["/dev/null"]), (12, &["/dev/null", "pipe:[78]"])]);
+        let held = fake_proc(&[
+            (10, 1, &["/dev/null"]),
+            (12, 1, &["/dev/null", "pipe:[78]"]),
+        ]);
         let found = channel_holder(held.path(), &channel).unwrap();
         assert!(
             found.contains("process 12 holds its channel (pipe:[78])"),
             "{found}"
         );
-        // This process itself is not a holder.
-        let me = fake_proc(&[(std::process::id(), &["pipe:[77]"])]);
-        assert_eq!(channel_holder(me.path(), &channel), None);
+        // This process and its ancestors (who started it and hold the
+        // pipes' other ends) are not holders; their other children are.
+        let me = std::process::id();
+        let family = fake_proc(&[
+            (me, 40, &["pipe:[77]"]),
+            (40, 30, &["pipe:[77]", "pipe:[78]"]),
+            (30, 0, &["pipe:[78]"]),
+        ]);
+        assert_eq!(channel_holder(family.path(), &channel), None);
+        let sibling = fake_proc(&[
+            (me, 40, &["pipe:[77]"]),
+            (40, 0, &[]),
+            (41, 40, &["pipe:[77]"]),
+        ]);
+        assert!(channel_holder(sibling.path(), &channel).is_some());
         assert!(channel_holder(Path::new("/nonexistent"), &channel).is_some());
         assert_eq!(channel_holder(held.path(), &[]), None);
     }
