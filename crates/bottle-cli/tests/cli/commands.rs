@@ -178,6 +178,7 @@ fn doctor_reports_every_check_and_exits_by_its_verdict() {
             "smolvm.version",
             "docker.daemon",
             "docker.disk_quota",
+            "docker.gvisor",
             "bundle.binary",
             "toolbox.binary"
         ]
