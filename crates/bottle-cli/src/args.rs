@@ -55,7 +55,7 @@ pub(crate) enum Command {
     #[command(visible_alias = "list-bottles", alias = "ls")]
     List,
     /// Stop a bottle and remove everything it owns.
-    Stop(BottleArg),
+    Stop(StopArgs),
     /// Bring the agent's accepted pushes into the working checkouts now
     /// (the bottle's holder does it within seconds, and `stop` at the end).
     Sync(BottleArg),
@@ -179,6 +179,18 @@ pub(crate) struct PlanArgs {
 pub(crate) struct BottleArg {
     /// The bottle (`bot-bottle-<slug>` or just `<slug>`).
     pub bottle: String,
+}
+
+/// `bottle stop`.
+#[derive(Debug, Args)]
+pub(crate) struct StopArgs {
+    /// The bottle (`bot-bottle-<slug>` or just `<slug>`).
+    pub bottle: String,
+    /// Return only once everything is removed (bundle, network, state
+    /// dir), not as soon as the agent's box is gone: for a script that
+    /// removes the state root or reuses its disk next.
+    #[arg(long)]
+    pub wait: bool,
 }
 
 /// `bottle reset`.

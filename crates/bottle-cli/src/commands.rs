@@ -26,7 +26,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Plan(args) => plan(global, &args),
         Command::Start(args) => start(global, &args),
         Command::List => list(global),
-        Command::Stop(args) => crate::stop::stop(global, &args.bottle),
+        Command::Stop(args) => crate::stop::stop(global, &args.bottle, args.wait),
         Command::Sync(args) => crate::checkout::sync_command(global, &args.bottle),
         Command::Cleanup(args) => cleanup(global, &args),
         Command::Attach(args) => {

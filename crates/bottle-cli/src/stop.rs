@@ -28,8 +28,9 @@ use crate::output::{note, out};
 /// The hidden subcommand the finisher runs as.
 pub(crate) const FINISH_SUBCOMMAND: &str = "__finish-stop";
 
-/// `bottle stop BOTTLE`.
-pub(crate) fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
+/// `bottle stop BOTTLE`; with `wait`, the finish runs here before it
+/// returns instead of in a detached finisher.
+pub(crate) fn stop(global: &Global, bottle: &str, wait: bool) -> Result<ExitCode, Failure> {
     let slug = slug::slug_of(bottle);
     let name = slug::bottle_name(slug);
     let root = state_root().ok();
@@ -70,7 +71,7 @@ pub(crate) fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
             Err(err) => return Err(err.into()),
         }
     }
-    let Some((report, stopping_on)) = outcome else {
+    let Some((mut report, stopping_on)) = outcome else {
         return Err(last_error
             .map(Failure::from)
             .unwrap_or_else(|| no_bottle_named(&name)));
@@ -86,6 +87,11 @@ pub(crate) fn stop(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
     }
     crate::checkout::print_report(global, &synced);
     match stopping_on {
+        Some(backend) if report.failed.is_empty() && wait => {
+            let finished = finish_on(&backend, session.as_ref(), &name)?;
+            report.removed.extend(finished.removed);
+            report.kept.extend(finished.kept);
+        }
         Some(backend) if report.failed.is_empty() => {
             let log = root
                 .as_deref()

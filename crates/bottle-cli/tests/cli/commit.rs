@@ -86,7 +86,10 @@ impl World {
 impl Drop for World {
     fn drop(&mut self) {
         for name in &self.names {
-            let _ = self.bottle("bottle.toml").args(["stop", name]).output();
+            let _ = self
+                .bottle("bottle.toml")
+                .args(["stop", "--wait", name])
+                .output();
         }
         let _ = self.engine.block_on(self.engine.docker.remove_image(
             &self.committed,

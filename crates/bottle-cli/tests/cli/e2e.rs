@@ -212,7 +212,7 @@ impl Drop for Bottles {
     fn drop(&mut self) {
         for name in &self.names {
             let _ = bottle(&self.state)
-                .args(["--backend", "docker", "stop", name])
+                .args(["--backend", "docker", "stop", "--wait", name])
                 .timeout(Duration::from_secs(120))
                 .output();
         }

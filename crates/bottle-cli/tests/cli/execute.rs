@@ -34,7 +34,7 @@ impl Stopper {
 
 impl Drop for Stopper {
     fn drop(&mut self) {
-        let _ = self.bottle().args(["stop", &self.name]).output();
+        let _ = self.bottle().args(["stop", "--wait", &self.name]).output();
     }
 }
 

@@ -118,7 +118,7 @@ fn interrupted_start_unwinds(test: &str, signal: Signal) {
     if !left.is_empty() || state_left {
         // Whatever the outcome, leave the shared daemon clean.
         let _ = bottle(state.path())
-            .args(["--backend", "docker", "stop", &name])
+            .args(["--backend", "docker", "stop", "--wait", &name])
             .output();
     }
     assert_eq!(status.code(), Some(130), "{status:?}: {stderr}");

@@ -109,7 +109,7 @@ impl Drop for World {
         {
             for b in bottles {
                 if let Some(name) = b["name"].as_str() {
-                    let _ = self.bottle().args(["stop", name]).output();
+                    let _ = self.bottle().args(["stop", "--wait", name]).output();
                 }
             }
         }

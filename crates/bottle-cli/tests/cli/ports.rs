@@ -64,7 +64,7 @@ impl World {
 
 impl Drop for World {
     fn drop(&mut self) {
-        let _ = self.bottle().args(["stop", &self.name]).output();
+        let _ = self.bottle().args(["stop", "--wait", &self.name]).output();
     }
 }
 

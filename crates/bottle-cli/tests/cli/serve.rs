@@ -382,7 +382,7 @@ impl DockerWorld {
         impl Drop for Stop<'_> {
             fn drop(&mut self) {
                 let _ = bottle(&self.0.state())
-                    .args(["--backend", "docker", "--quiet", "stop", &self.1])
+                    .args(["--backend", "docker", "--quiet", "stop", "--wait", &self.1])
                     .output();
             }
         }

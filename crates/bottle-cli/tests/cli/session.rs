@@ -390,7 +390,7 @@ fn scopeguard(world: &World) -> impl Drop + '_ {
             let _ = self
                 .0
                 .bottle()
-                .args(["--quiet", "stop", &self.0.name])
+                .args(["--quiet", "stop", "--wait", &self.0.name])
                 .output();
         }
     }

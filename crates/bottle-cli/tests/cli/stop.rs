@@ -193,6 +193,33 @@ fn stop_returns_with_the_agent_gone_and_the_rest_follows() {
     world.assert_nothing_left_but_logs(2);
 }
 
+/// `stop --wait` finishes the stop itself: when it returns, nothing of
+/// the bottle is left and no finisher runs (a script may remove the state
+/// root next).
+#[test]
+fn stop_wait_returns_with_nothing_left() {
+    let Some(world) = setup("stop_wait_returns_with_nothing_left", "stop-wait") else {
+        return;
+    };
+    world.start();
+    let stopped = world
+        .bottle()
+        .args(["stop", "--wait", &world.name])
+        .output()
+        .unwrap();
+    assert!(stopped.status.success(), "{}", stderr(&stopped));
+    assert!(finishers(&world.name).is_empty(), "a finisher was started");
+    world.assert_nothing_left_but_logs(1);
+    let said = stderr(&stopped);
+    assert!(
+        said.contains(&format!(
+            "removed container bot-bottle-{}-bundle",
+            world.name
+        )) && said.contains(&format!("removed network bot-bottle-{}", world.name)),
+        "{said}"
+    );
+}
+
 #[test]
 fn a_killed_finisher_leaves_a_stopping_bottle_that_cleanup_finishes() {
     let test = "a_killed_finisher_leaves_a_stopping_bottle_that_cleanup_finishes";

@@ -52,7 +52,7 @@ impl Drop for Stop<'_> {
         let _ = bottle(self.state)
             .arg("--manifest")
             .arg(self.manifest)
-            .args(["--quiet", "stop", self.name])
+            .args(["--quiet", "stop", "--wait", self.name])
             .output();
     }
 }
