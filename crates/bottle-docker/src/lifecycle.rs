@@ -395,12 +395,17 @@ fn removable_state_dir(dir: &Path, slug: &str) -> bool {
 ///
 /// A container that could not be removed is in the report's failures and
 /// the bottle stays recorded as stopping, so `cleanup` tries again.
+///
+/// A finisher at work holds the state dir's lock until the dir is gone;
+/// this waits for it, so a second stop finds the bottle gone rather than
+/// recording a stop in a dir being removed.
 pub fn begin_stop(
     engine: &Engine,
     state_root: &Path,
     name: &str,
 ) -> Result<StopProgress, DockerError> {
     let slug = slug_of(name).to_string();
+    let _finisher_done = lock_state_dir(&state_root.join(&slug));
     let containers = managed_containers(engine, &[(LABEL_SLUG, &slug)])?;
     let state_dirs: Vec<PathBuf> = labelled_state_dirs(&containers, &[], state_root, &slug)
         .into_iter()
