@@ -17,6 +17,14 @@
 //!    name OpenSSL's `-CApath` lookup uses, computed on the host
 //!    ([`crate::subject_hash`]) so boxes without `openssl` get it too.
 //!
+//! Debian's `update-ca-certificates` is not run when its whole effect can
+//! be written from outside ([`ImageTrust::tool_is_emulated`]): it is the
+//! Debian script, with no hooks and no other local anchor. It would link
+//! `bottle.pem` to the anchor, rebuild the bundle as the image's own plus
+//! the CA, and rehash; the same three files are written instead, without a
+//! running box, which takes the install off a launch's critical path (the
+//! tool rehashes every certificate of the image: seconds).
+//!
 //! Every path read back from the box was chosen by the image, so it is
 //! hostile: warnings pass it through [`crate::display::escape_for_terminal`].
 
@@ -69,6 +77,20 @@ pub const SYSTEM_BUNDLES: [&str; 5] = [
 
 /// OpenSSL's default hashed certificate directory.
 pub const HASHED_DIR: &str = "/etc/ssl/certs";
+
+/// Where Debian's `update-ca-certificates` finds the hooks it runs after a
+/// change (Java's keystore, Mono's): an image with any is not emulated.
+pub const DEBIAN_HOOKS_DIR: &str = "/etc/ca-certificates/update.d";
+
+/// What Debian's `update-ca-certificates` script sets, each on a line of
+/// its own: a tool without every one is not the script whose effect
+/// [`install_surveyed`] knows how to write (Alpine's is a C program).
+const DEBIAN_TOOL_MARKS: [&str; 4] = [
+    "LOCALCERTSDIR=/usr/local/share/ca-certificates",
+    "ETCCERTSDIR=/etc/ssl/certs",
+    "HOOKSDIR=/etc/ca-certificates/update.d",
+    "CERTBUNDLE=ca-certificates.crt",
+];
 
 /// How many symlinks are followed from a bundle's path.
 pub const MAX_LINK_DEPTH: usize = 8;
@@ -141,6 +163,12 @@ pub trait CaBox {
         contents: &[u8],
         mode: u32,
     ) -> Result<Result<(), Refused>, Self::Error>;
+    /// Makes `path` a symlink to `target` as root (replacing a file or
+    /// link there); `Ok(Err(_))` when the box refused it.
+    fn symlink(&mut self, path: &str, target: &str) -> Result<Result<(), Refused>, Self::Error>;
+    /// Whether the directory `dir` holds any entry (a missing one holds
+    /// none).
+    fn dir_has_entries(&mut self, dir: &str) -> Result<bool, Self::Error>;
     /// Runs `argv` as root and waits for it at most `timeout`.
     fn run(&mut self, argv: &[&str], timeout: Duration) -> Result<ToolRun, Self::Error>;
 }
@@ -152,6 +180,8 @@ pub struct CaInstallReport {
     pub installed: Vec<String>,
     /// Tools run successfully.
     pub ran: Vec<String>,
+    /// Tools whose effect was written instead of running them.
+    pub emulated: Vec<String>,
     /// Problems, one line each, safe for the operator's terminal.
     pub warnings: Vec<String>,
 }
@@ -180,6 +210,9 @@ pub struct ImageTrust {
     bundles: Vec<BundleFound>,
     /// Whether [`HASHED_DIR`] is a directory.
     hashed_dir: bool,
+    /// Whether the image's only trust tool is Debian's script with nothing
+    /// else to do than what [`install_surveyed`] writes in its place.
+    tool_emulated: bool,
 }
 
 /// One anchor's directory and tool, as found.
@@ -207,7 +240,16 @@ impl ImageTrust {
     /// needs the box running; without one the install only looks at and
     /// writes files, which a backend may do before the box starts.
     pub fn runs_a_tool(&self) -> bool {
-        self.anchors.iter().any(|found| found.tool)
+        self.anchors.iter().any(|found| found.tool) && !self.tool_emulated
+    }
+
+    /// Whether the install writes what Debian's `update-ca-certificates`
+    /// would instead of running it: it is the image's only trust tool, it
+    /// is the Debian script, [`DEBIAN_HOOKS_DIR`] and the local anchor
+    /// directory are empty, the first system bundle is a file where the
+    /// script writes it, and the hashed directory exists.
+    pub fn tool_is_emulated(&self) -> bool {
+        self.tool_emulated
     }
 
     /// Whether this survey has the shape this version of bottle makes: one
@@ -252,12 +294,59 @@ pub fn survey<B: CaBox>(target: &mut B) -> Result<ImageTrust, B::Error> {
         bundles.push(walk(target, bundle)?.0);
     }
     let hashed_dir = target.entry(HASHED_DIR)? == Entry::Dir;
+    let tool_emulated = debian_tool_alone(target, &anchors, &bundles, hashed_dir)?;
     Ok(ImageTrust {
         anchors,
         timeout,
         bundles,
         hashed_dir,
+        tool_emulated,
     })
+}
+
+/// Whether the image's only trust tool is Debian's `update-ca-certificates`
+/// and running it would do nothing but what [`install_surveyed`] writes in
+/// its place ([`ImageTrust::tool_is_emulated`]).
+fn debian_tool_alone<B: CaBox>(
+    target: &mut B,
+    anchors: &[AnchorFound],
+    bundles: &[BundleFound],
+    hashed_dir: bool,
+) -> Result<bool, B::Error> {
+    let [debian, others @ ..] = anchors else {
+        return Ok(false);
+    };
+    let debian_bundle = BundleFound::File(SYSTEM_BUNDLES[0].to_string());
+    if !debian.tool
+        || others.iter().any(|found| found.tool)
+        || bundles.first() != Some(&debian_bundle)
+        || !hashed_dir
+    {
+        return Ok(false);
+    }
+    let Entry::File { contents, .. } = target.entry(ANCHORS[0].tool[0])? else {
+        return Ok(false);
+    };
+    let script = String::from_utf8_lossy(&contents);
+    if !DEBIAN_TOOL_MARKS
+        .iter()
+        .all(|mark| script.lines().any(|line| line.trim() == *mark))
+    {
+        return Ok(false);
+    }
+    for dir in [DEBIAN_HOOKS_DIR, ANCHORS[0].dir] {
+        let empty = match target.entry(dir)? {
+            Entry::Missing => true,
+            Entry::Dir => !target.dir_has_entries(dir)?,
+            // A link the script would follow, or a file where it expects a
+            // directory: not a case to write from outside.
+            Entry::File { .. } | Entry::Link(_) => false,
+        };
+        if !empty {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Installs the PEM certificate `cert` in `target` as the image's tooling
@@ -284,9 +373,21 @@ pub fn install_surveyed<B: CaBox>(
     let body = pem_body(cert);
 
     let tools = install_anchors(target, cert, &image.anchors, &mut report)?;
+    // The anchor went in: what the tool would do next is written below.
+    let emulated = image.tool_emulated && tools == [ANCHORS[0].tool];
+    let tools = if emulated { Vec::new() } else { tools };
     let tool_ran = !tools.is_empty();
     for tool in tools {
         run_tool(target, tool, image.timeout.as_deref(), &mut report)?;
+    }
+    // The script's `bottle.pem`, which the hashed entry names (as its
+    // rehash would) and a later run of the script finds in place.
+    let linked_pem = emulated && {
+        let anchor = format!("{}/{}", ANCHORS[0].dir, ANCHORS[0].file);
+        link(target, DEBIAN_PEM, &anchor, &mut report)?
+    };
+    if emulated {
+        report.emulated.push(ANCHORS[0].tool.join(" "));
     }
 
     let mut bundles = 0;
@@ -325,8 +426,12 @@ pub fn install_surveyed<B: CaBox>(
         image.hashed_dir
     };
     if hashed_dir {
+        let entry = match linked_pem {
+            true => HashedEntry::LinkTo(DEBIAN_PEM_NAME),
+            false => HashedEntry::Copy(cert),
+        };
         match crate::subject_hash::subject_hash(cert) {
-            Ok(hash) => install_hashed(target, &hash, cert, &body, &mut report)?,
+            Ok(hash) => install_hashed(target, &hash, entry, &body, &mut report)?,
             Err(err) => report.warn(format!("ca: no entry in {HASHED_DIR}: {err}")),
         }
     }
@@ -452,6 +557,29 @@ fn bounded(text: &str, max: usize) -> String {
     }
 }
 
+/// Makes `path` a symlink to `to`, recording it as installed, or the
+/// box's refusal as a warning; whether it was made.
+fn link<B: CaBox>(
+    target: &mut B,
+    path: &str,
+    to: &str,
+    report: &mut CaInstallReport,
+) -> Result<bool, B::Error> {
+    match target.symlink(path, to)? {
+        Ok(()) => {
+            report.installed.push(format!("{path} -> {to}"));
+            Ok(true)
+        }
+        Err(Refused(why)) => {
+            report.warn(format!(
+                "ca: could not link {path}: {}",
+                bounded(why.trim(), STDERR_SHOWN)
+            ));
+            Ok(false)
+        }
+    }
+}
+
 /// Writes `contents` to `path`, recording it as installed, or the box's
 /// refusal as a warning; whether it was written.
 fn put<B: CaBox>(
@@ -476,19 +604,38 @@ fn put<B: CaBox>(
     }
 }
 
-/// Puts `cert` at the first free `<hash>.N` in [`HASHED_DIR`], unless an
+/// The name Debian's script gives the CA's link in [`HASHED_DIR`] (the
+/// anchor's file name, `.crt` made `.pem`).
+const DEBIAN_PEM_NAME: &str = "bottle.pem";
+
+/// [`DEBIAN_PEM_NAME`]'s path.
+const DEBIAN_PEM: &str = "/etc/ssl/certs/bottle.pem";
+
+/// What a `<hash>.N` entry in [`HASHED_DIR`] is made of.
+#[derive(Debug, Clone, Copy)]
+enum HashedEntry<'a> {
+    /// A file with the certificate.
+    Copy(&'a [u8]),
+    /// A symlink to this name in the same directory, as a rehash makes.
+    LinkTo(&'a str),
+}
+
+/// Puts the CA at the first free `<hash>.N` in [`HASHED_DIR`], unless an
 /// entry there already holds it.
 fn install_hashed<B: CaBox>(
     target: &mut B,
     hash: &str,
-    cert: &[u8],
+    entry: HashedEntry<'_>,
     body: &str,
     report: &mut CaInstallReport,
 ) -> Result<(), B::Error> {
     for n in 0..10 {
         let path = format!("{HASHED_DIR}/{hash}.{n}");
         if target.entry(&path)? == Entry::Missing {
-            put(target, &path, cert, 0o644, report)?;
+            match entry {
+                HashedEntry::Copy(cert) => put(target, &path, cert, 0o644, report)?,
+                HashedEntry::LinkTo(name) => link(target, &path, name, report)?,
+            };
             return Ok(());
         }
         let held = resolve_file(target, &path, report)?;
@@ -678,6 +825,21 @@ mod tests {
                 },
             );
             Ok(Ok(()))
+        }
+        fn symlink(
+            &mut self,
+            path: &str,
+            target: &str,
+        ) -> Result<Result<(), Refused>, Self::Error> {
+            if self.read_only.iter().any(|dir| path.starts_with(dir)) {
+                return Ok(Err(Refused("Read-only file system".into())));
+            }
+            self.entries.insert(path.into(), Entry::Link(target.into()));
+            Ok(Ok(()))
+        }
+        fn dir_has_entries(&mut self, dir: &str) -> Result<bool, Self::Error> {
+            let inside = format!("{dir}/");
+            Ok(self.entries.keys().any(|path| path.starts_with(&inside)))
         }
         fn run(&mut self, argv: &[&str], _: Duration) -> Result<ToolRun, Self::Error> {
             self.ran.push(argv.join(" "));
@@ -931,7 +1093,7 @@ mod tests {
             });
             image
         };
-        for image in [toolless_image as fn() -> FakeBox, fedora] {
+        for image in [toolless_image as fn() -> FakeBox, fedora, debian_image] {
             let mut fresh = image();
             let fresh_report = install(&mut fresh, CERT).unwrap();
             // The survey of another box of the same image, as a cache
@@ -979,5 +1141,109 @@ mod tests {
         for bad in [short, relative, unknown_timeout, no_anchors] {
             assert!(!bad.is_well_formed(), "{bad:?}");
         }
+    }
+
+    /// A Debian image as `ca-certificates` leaves it: the script, its empty
+    /// hook and local anchor directories, the bundle, the hashed directory.
+    fn debian_image() -> FakeBox {
+        FakeBox::default()
+            .file(
+                "/usr/sbin/update-ca-certificates",
+                b"#!/bin/sh\nLOCALCERTSDIR=/usr/local/share/ca-certificates\nETCCERTSDIR=/etc/ssl/certs\n\
+                  CERTBUNDLE=ca-certificates.crt\nHOOKSDIR=/etc/ca-certificates/update.d\n",
+            )
+            .file("/usr/bin/timeout", b"")
+            .dir("/etc/ca-certificates/update.d")
+            .dir("/usr/local/share/ca-certificates")
+            .dir("/etc/ssl/certs")
+            .file("/etc/ssl/certs/ca-certificates.crt", b"roots\n")
+    }
+
+    #[test]
+    fn debians_tool_alone_is_written_from_outside_not_run() {
+        let trust = survey(&mut debian_image()).unwrap();
+        assert!(
+            trust.tool_is_emulated() && !trust.runs_a_tool(),
+            "{trust:?}"
+        );
+        let mut target = debian_image();
+        let report = install_surveyed(&mut target, CERT, &trust).unwrap();
+        assert!(target.ran.is_empty(), "{:?}", target.ran);
+        assert_eq!(report.emulated, ["/usr/sbin/update-ca-certificates"]);
+        assert!(report.warnings.is_empty(), "{report:?}");
+        // What the script would leave: the anchor, `bottle.pem` linking to
+        // it, the bundle with the CA after the image's roots, the hashed
+        // name linking to `bottle.pem`.
+        let anchor = "/usr/local/share/ca-certificates/bottle.crt";
+        assert!(has_ca(&target.contents(anchor)));
+        assert_eq!(
+            target.entries["/etc/ssl/certs/bottle.pem"],
+            Entry::Link(anchor.into())
+        );
+        let bundle = target.contents("/etc/ssl/certs/ca-certificates.crt");
+        assert!(bundle.starts_with(b"roots\n") && has_ca(&bundle));
+        let hash = include_str!("subject_hash/test-ca.hash").trim();
+        assert_eq!(
+            target.entries[&format!("/etc/ssl/certs/{hash}.0")],
+            Entry::Link("bottle.pem".into())
+        );
+        assert!(has_ca(&target.contents(AGENT_CA_PATH)));
+    }
+
+    #[test]
+    fn debians_tool_runs_when_anything_else_would_do_more() {
+        let hooked = || debian_image().file("/etc/ca-certificates/update.d/jks-keystore", b"");
+        let linked_hooks = || debian_image().link("/etc/ca-certificates/update.d", "/opt/hooks");
+        let local = || debian_image().file("/usr/local/share/ca-certificates/corp.crt", b"");
+        let other_script = || debian_image().file("/usr/sbin/update-ca-certificates", b"\x7fELF");
+        let with_fedoras = || debian_image().file("/usr/bin/update-ca-trust", b"#!/bin/sh\n");
+        let moved_bundle = || {
+            debian_image()
+                .link("/etc/ssl/certs/ca-certificates.crt", "/opt/roots.pem")
+                .file("/opt/roots.pem", b"roots\n")
+        };
+        let unhashed = || {
+            let mut image = debian_image();
+            image.entries.remove("/etc/ssl/certs");
+            image
+        };
+        for image in [
+            hooked,
+            linked_hooks,
+            local,
+            other_script,
+            with_fedoras,
+            moved_bundle,
+            unhashed,
+        ] {
+            let trust = survey(&mut image()).unwrap();
+            assert!(
+                trust.runs_a_tool() && !trust.tool_is_emulated(),
+                "{trust:?}"
+            );
+            let mut target = image();
+            let report = install_surveyed(&mut target, CERT, &trust).unwrap();
+            assert!(report.emulated.is_empty(), "{report:?}");
+            assert!(!target.ran.is_empty(), "the tool did not run");
+        }
+    }
+
+    #[test]
+    fn a_refused_link_is_a_warning_and_the_hashed_entry_is_a_copy() {
+        let trust = survey(&mut debian_image()).unwrap();
+        let mut target = debian_image();
+        target.read_only.push("/etc/ssl/certs/bottle.pem");
+        let report = install_surveyed(&mut target, CERT, &trust).unwrap();
+        assert!(
+            report
+                .warnings
+                .iter()
+                .any(|w| w.contains("could not link /etc/ssl/certs/bottle.pem")),
+            "{report:?}"
+        );
+        let hash = include_str!("subject_hash/test-ca.hash").trim();
+        assert!(has_ca(
+            &target.contents(&format!("/etc/ssl/certs/{hash}.0"))
+        ));
     }
 }

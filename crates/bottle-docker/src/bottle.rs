@@ -368,6 +368,21 @@ pub fn container_entry(
     }
 }
 
+/// Whether the directory `path` in the container holds any entry (a
+/// missing one holds none).
+pub fn container_dir_has_entries(
+    engine: &Engine,
+    container: &str,
+    path: &str,
+) -> Result<bool, DockerError> {
+    match download_archive(engine, container, path) {
+        Ok(archive) => crate::tarball::holds_entries_below_its_first(&archive)
+            .map_err(DockerError::io(format!("list {path} in"), container)),
+        Err(err) if crate::error::is_not_found(&err) => Ok(false),
+        Err(err) => Err(DockerError::api(format!("list {path} in {container}"))(err)),
+    }
+}
+
 /// The daemon's tar archive of `path` in the container.
 fn download_archive(
     engine: &Engine,

@@ -15,8 +15,8 @@ use bottle_core::ca_install::ImageTrust;
 pub const CA_SURVEY_CACHE: &str = ".cache/ca-survey";
 
 /// How a remembered survey is laid out; a file of another version is a
-/// miss.
-const CA_SURVEY_VERSION: u32 = 1;
+/// miss. 2: whether Debian's trust tool is written from outside.
+const CA_SURVEY_VERSION: u32 = 2;
 
 /// Writes `contents` to `path` aside and renames it into place, creating
 /// the directory (mode 0700); whether it was written.
@@ -124,6 +124,12 @@ mod tests {
         fn write(&mut self, _: &str, _: &[u8], _: u32) -> Result<Result<(), Refused>, Self::Error> {
             Ok(Ok(()))
         }
+        fn symlink(&mut self, _: &str, _: &str) -> Result<Result<(), Refused>, Self::Error> {
+            Ok(Ok(()))
+        }
+        fn dir_has_entries(&mut self, _: &str) -> Result<bool, Self::Error> {
+            Ok(false)
+        }
         fn run(&mut self, _: &[&str], _: std::time::Duration) -> Result<ToolRun, Self::Error> {
             Ok(ToolRun::CouldNotRun("no tools here".into()))
         }
@@ -152,7 +158,9 @@ mod tests {
         let good = std::fs::read_to_string(&file).unwrap();
         // Each of these is rejected; the good entry, written back, is not.
         let foreign = good.replace(&IMAGE[7..], &OTHER[7..]);
-        let future = good.replace("\"version\":1", "\"version\":2");
+        let this = format!("\"version\":{CA_SURVEY_VERSION}");
+        let future = good.replace(&this, &format!("\"version\":{}", CA_SURVEY_VERSION + 1));
+        let past = good.replace(&this, &format!("\"version\":{}", CA_SURVEY_VERSION - 1));
         let misshapen = good.replace("\"bundles\":[", "\"bundles\":[\"Absent\",");
         for bad in [
             "",
@@ -160,6 +168,7 @@ mod tests {
             &good[..good.len() / 2],
             &foreign,
             &future,
+            &past,
             &misshapen,
         ] {
             assert_ne!(bad, good);

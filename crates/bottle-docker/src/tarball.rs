@@ -66,6 +66,19 @@ impl TarBuilder {
             .map_err(DockerError::io("build an archive entry for", path))
     }
 
+    /// Adds a symlink at `path` to `target`, stored as given.
+    pub fn symlink(
+        &mut self,
+        path: &str,
+        target: &str,
+        owner: Ownership,
+    ) -> Result<(), DockerError> {
+        let mut header = header(tar::EntryType::Symlink, 0, 0o777, owner);
+        self.builder
+            .append_link(&mut header, path, target)
+            .map_err(DockerError::io("build an archive entry for", path))
+    }
+
     /// Adds a host file or directory tree under `name`, keeping modes and
     /// symlinks (not following them), with every entry owned by `owner`.
     pub fn host_path(
@@ -220,6 +233,17 @@ pub fn first_entry(archive: &[u8]) -> Result<bottle_core::ca_install::Entry, std
         return Ok(Entry::File { contents, mode });
     }
     Ok(Entry::Missing)
+}
+
+/// Whether a container's archive of one directory holds anything below
+/// it (the archive's first entry is the directory itself).
+pub fn holds_entries_below_its_first(archive: &[u8]) -> Result<bool, std::io::Error> {
+    let mut reader = tar::Archive::new(archive);
+    let mut entries = reader.entries()?;
+    if entries.next().transpose()?.is_none() {
+        return Ok(false);
+    }
+    Ok(entries.next().transpose()?.is_some())
 }
 
 /// A path inside a container as an archive entry name: no leading slash.

@@ -230,6 +230,19 @@ const WRITE_SCRIPT: &str = r#"dir=${1%/*}; mkdir -p "${dir:-/}" || exit 1
 if [ -L "$1" ]; then rm -f "$1" || exit 1; fi
 cat "$2" > "$1" && chmod "$3" "$1"; rc=$?; rm -f "$2"; exit $rc"#;
 
+/// Makes `$1` a symlink to `$2`, replacing a file or link there, a link
+/// to a directory included (`-n`), but not a directory: `ln` would put
+/// the link inside it.
+const LINK_SCRIPT: &str = r#"if [ -d "$1" ] && [ ! -L "$1" ]; then echo "$1 is a directory" >&2; exit 1; fi
+ln -sfn "$2" "$1""#;
+
+/// Prints `entries` when the directory `$1` holds any entry, hidden ones
+/// included, and nothing otherwise (a missing `$1` holds none).
+const DIR_ENTRIES_SCRIPT: &str = r#"[ -d "$1" ] || exit 0
+for f in "$1"/* "$1"/.[!.]* "$1"/..?*; do
+  if [ -e "$f" ] || [ -L "$f" ]; then echo entries; exit 0; fi
+done"#;
+
 /// Where a file is staged in the guest before [`WRITE_SCRIPT`] moves it
 /// (the first provisioning step made the directory).
 const STAGED: &str = "/etc/bottle/.ca-install";
@@ -298,6 +311,30 @@ impl CaBox for GuestCaBox<'_> {
         })
     }
 
+    fn symlink(&mut self, path: &str, target: &str) -> Result<Result<(), Refused>, SmolvmError> {
+        let out = self.sh(LINK_SCRIPT, &[path, target])?;
+        Ok(if out.exit_code == 0 {
+            Ok(())
+        } else {
+            Err(Refused(String::from_utf8_lossy(&out.stderr).into_owned()))
+        })
+    }
+
+    fn dir_has_entries(&mut self, dir: &str) -> Result<bool, SmolvmError> {
+        let out = self.sh(DIR_ENTRIES_SCRIPT, &[dir])?;
+        if out.exit_code != 0 {
+            return Err(SmolvmError::Provision {
+                step: format!("list {dir} for the CA"),
+                detail: format!(
+                    "exit {}: {}",
+                    out.exit_code,
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            });
+        }
+        Ok(out.stdout.starts_with(b"entries"))
+    }
+
     fn run(&mut self, argv: &[&str], timeout: Duration) -> Result<ToolRun, SmolvmError> {
         let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
         Ok(
@@ -358,6 +395,54 @@ mod tests {
         );
         assert_eq!(parse_entry(b"file rw\n"), None);
         assert_eq!(parse_entry(b"nothing"), None);
+    }
+
+    /// Runs a guest script under the host's `sh` (dash here, as busybox's
+    /// in many guests: POSIX only) with `args`.
+    fn run_script(script: &str, args: &[&str]) -> bottle_core::exec::CommandOutput {
+        use bottle_core::exec::{CommandRunner as _, CommandSpec, SystemRunner};
+        SystemRunner
+            .run(
+                &CommandSpec::new("/bin/sh")
+                    .args(["-c", script, "bottle-ca"])
+                    .args(args.iter().copied()),
+            )
+            .unwrap()
+    }
+
+    #[test]
+    fn the_guest_scripts_list_a_directory_and_link_without_following() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = |name: &str| dir.path().join(name).display().to_string();
+        std::fs::create_dir(at("empty")).unwrap();
+        std::fs::create_dir(at("hidden")).unwrap();
+        std::fs::write(at("hidden/.hook"), "").unwrap();
+        std::fs::create_dir(at("dangling")).unwrap();
+        std::os::unix::fs::symlink("/nowhere", at("dangling/hook")).unwrap();
+        for (path, holds) in [
+            ("empty", false),
+            ("missing", false),
+            ("hidden", true),
+            ("dangling", true),
+        ] {
+            let out = run_script(DIR_ENTRIES_SCRIPT, &[&at(path)]);
+            assert_eq!(out.code, Some(0), "{path}");
+            assert_eq!(out.stdout.starts_with(b"entries"), holds, "{path}");
+        }
+
+        std::fs::write(at("file"), "old").unwrap();
+        std::os::unix::fs::symlink(at("empty"), at("to-dir")).unwrap();
+        for path in ["file", "new", "to-dir"] {
+            let out = run_script(LINK_SCRIPT, &[&at(path), "bottle.crt"]);
+            assert_eq!(out.code, Some(0), "{path}: {}", out.stderr_text());
+            assert_eq!(
+                std::fs::read_link(at(path)).unwrap(),
+                Path::new("bottle.crt")
+            );
+        }
+        let out = run_script(LINK_SCRIPT, &[&at("empty"), "bottle.crt"]);
+        assert_ne!(out.code, Some(0), "a directory is not replaced");
+        assert!(std::fs::read_dir(at("empty")).unwrap().next().is_none());
     }
 
     #[test]

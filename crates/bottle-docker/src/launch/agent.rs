@@ -16,7 +16,10 @@ use bottle_core::display::escape_for_terminal;
 use bottle_core::sandbox::{SandboxError, reset};
 use bottle_core::sandbox::{TOOLBOX_MODE, TOOLBOX_PATH};
 
-use crate::bottle::{DockerBottle, container_entry, container_owner, exec_captured, upload};
+use crate::bottle::{
+    DockerBottle, container_dir_has_entries, container_entry, container_owner, exec_captured,
+    upload,
+};
 use crate::client::Engine;
 use crate::config::{self, AGENT_PROMPT_PATH, AGENT_SKILLS_DIR};
 use crate::data::{self, AgentData, DockerPlanData};
@@ -276,6 +279,12 @@ impl<'a> Launch<'a, DockerPlanData> {
         if !report.ran.is_empty() {
             self.note(&format!("ca: ran {}", report.ran.join(", ")));
         }
+        if !report.emulated.is_empty() {
+            self.note(&format!(
+                "ca: wrote what {} would (it has no hooks and no other local anchor to act on)",
+                report.emulated.join(", ")
+            ));
+        }
         report.warnings
     }
 
@@ -397,21 +406,9 @@ struct ContainerCaBox<'a> {
     container: &'a str,
 }
 
-impl CaBox for ContainerCaBox<'_> {
-    type Error = DockerError;
-
-    fn entry(&mut self, path: &str) -> Result<Entry, DockerError> {
-        container_entry(self.engine, self.container, path)
-    }
-
-    fn write(
-        &mut self,
-        path: &str,
-        contents: &[u8],
-        mode: u32,
-    ) -> Result<Result<(), Refused>, DockerError> {
-        let mut tar = TarBuilder::new();
-        tar.file(&entry_name(path), contents, mode, Ownership::ROOT)?;
+impl ContainerCaBox<'_> {
+    /// Extracts `tar` (one entry, for `path`) at the container's root.
+    fn extract(&self, path: &str, tar: TarBuilder) -> Result<Result<(), Refused>, DockerError> {
         let options = UploadToContainerOptionsBuilder::default().path("/").build();
         let uploaded = self.engine.block_on(self.engine.docker.upload_to_container(
             self.container,
@@ -430,6 +427,35 @@ impl CaBox for ContainerCaBox<'_> {
                 self.container
             ))(err)),
         }
+    }
+}
+
+impl CaBox for ContainerCaBox<'_> {
+    type Error = DockerError;
+
+    fn entry(&mut self, path: &str) -> Result<Entry, DockerError> {
+        container_entry(self.engine, self.container, path)
+    }
+
+    fn write(
+        &mut self,
+        path: &str,
+        contents: &[u8],
+        mode: u32,
+    ) -> Result<Result<(), Refused>, DockerError> {
+        let mut tar = TarBuilder::new();
+        tar.file(&entry_name(path), contents, mode, Ownership::ROOT)?;
+        self.extract(path, tar)
+    }
+
+    fn symlink(&mut self, path: &str, target: &str) -> Result<Result<(), Refused>, DockerError> {
+        let mut tar = TarBuilder::new();
+        tar.symlink(&entry_name(path), target, Ownership::ROOT)?;
+        self.extract(path, tar)
+    }
+
+    fn dir_has_entries(&mut self, dir: &str) -> Result<bool, DockerError> {
+        container_dir_has_entries(self.engine, self.container, dir)
     }
 
     fn run(&mut self, argv: &[&str], timeout: std::time::Duration) -> Result<ToolRun, DockerError> {

@@ -10,6 +10,9 @@ use bottle_docker::tarball::{Ownership, TarBuilder};
 
 use crate::support::{self, DEMO_TAG, Fixture, name, sh};
 
+/// Names the Debian test image (`cargo xtask agent-image`).
+const DEBIAN_IMAGE_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
+
 /// An image built for one test, removed when dropped.
 struct TestImage {
     engine: Engine,
@@ -324,6 +327,115 @@ fn the_ca_survives_the_agent_running_update_ca_certificates_again() {
         read_as_agent(&*bottle, "/etc/ssl/certs/ca-certificates.crt"),
         expected
     );
+}
+
+/// The Debian test image's trust store as `update-ca-certificates` leaves
+/// it: the bundle's digest, then every entry of the hashed directory with
+/// its link target, sorted.
+const TRUST_STORE: &str = "sha256sum /etc/ssl/certs/ca-certificates.crt && \
+     find /etc/ssl/certs -mindepth 1 -printf '%f -> %l\\n' | LC_ALL=C sort";
+
+/// Debian's own `update-ca-certificates` is not run at launch (its rehash
+/// of every certificate is seconds on the critical path): its effect is
+/// written from outside. The real script, run afterwards from scratch,
+/// leaves exactly that trust store, and run as an agent would, changes
+/// nothing; OpenSSL finds the CA by file and by hashed directory.
+#[test]
+fn debians_tool_is_written_from_outside_exactly_as_it_would_write() {
+    let test = "debians_tool_is_written_from_outside_exactly_as_it_would_write";
+    let Some(mut fx) = support::setup(test) else {
+        return;
+    };
+    let Ok(image) = std::env::var(DEBIAN_IMAGE_ENV) else {
+        bottle_test_support::skip_docker_test(
+            test,
+            format!("{DEBIAN_IMAGE_ENV} is not set (run `cargo xtask test`)"),
+        );
+        return;
+    };
+    fx.image = image;
+    let name = name("ca-debian");
+    let (_guard, bottle) = fx.start(&name);
+    let bottle_name = format!("bot-bottle-{name}");
+    assert_eq!(bottle.launch_warnings(), [] as [String; 0]);
+    let ca = ca_of(&*bottle);
+    let store = |what: &str| {
+        let out = run_as_root(&fx, &bottle_name, &["/bin/sh", "-c", TRUST_STORE]);
+        assert_eq!(
+            out.exit_code,
+            0,
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // The survey the launch remembered says the tool is written, not run.
+    let surveys = fx.state.path().join(bottle_docker::cache::CA_SURVEY_CACHE);
+    let remembered: Vec<String> = std::fs::read_dir(&surveys)
+        .unwrap()
+        .map(|entry| std::fs::read_to_string(entry.unwrap().path()).unwrap())
+        .collect();
+    assert!(
+        remembered.len() == 1 && remembered[0].contains("\"tool_emulated\":true"),
+        "{remembered:?}"
+    );
+    let written = store("as written");
+    assert!(
+        written.contains("bottle.pem -> /usr/local/share/ca-certificates/bottle.crt\n"),
+        "{written}"
+    );
+    assert!(
+        read_as_agent(&*bottle, "/etc/ssl/certs/ca-certificates.crt").ends_with(&ca),
+        "the bundle ends with the CA"
+    );
+    for argv in [
+        [
+            "openssl",
+            "verify",
+            "-CApath",
+            "/etc/ssl/certs",
+            "/etc/bottle/ca.pem",
+        ],
+        [
+            "openssl",
+            "verify",
+            "-CAfile",
+            "/etc/ssl/certs/ca-certificates.crt",
+            "/etc/bottle/ca.pem",
+        ],
+    ] {
+        let out = sh(&*bottle, &argv.join(" "));
+        assert_eq!(
+            out.exit_code,
+            0,
+            "{argv:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    let again = run_as_root(&fx, &bottle_name, &["/usr/sbin/update-ca-certificates"]);
+    let said = String::from_utf8_lossy(&again.stdout);
+    assert_eq!(
+        again.exit_code,
+        0,
+        "{said}{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(said.contains("0 added, 0 removed"), "{said}");
+    assert_eq!(store("after the agent's run"), written);
+
+    let fresh = run_as_root(
+        &fx,
+        &bottle_name,
+        &["/usr/sbin/update-ca-certificates", "--fresh"],
+    );
+    assert_eq!(
+        fresh.exit_code,
+        0,
+        "{}",
+        String::from_utf8_lossy(&fresh.stderr)
+    );
+    assert_eq!(store("rebuilt from scratch by the real script"), written);
 }
 
 #[test]
