@@ -7,8 +7,10 @@
 //! - the library path: prepare, launch and the first tool call through the
 //!   in-box agent, against the same baseline.
 //!
-//! Then the per-step timeline (`bottle start --timings`) of the CLI's
-//! median run. `cargo xtask bench` runs it with the static binaries; by
+//! Each with the demo image and, when `BOTTLE_TEST_DEBIAN_IMAGE` names it,
+//! the Debian test image (a real agent image), each against `docker run`
+//! of its own image. Then the per-step timeline (`bottle start
+//! --timings`) of the CLI's median run. `cargo xtask bench` runs it with the static binaries; by
 //! hand: `BOTTLE_BUNDLE_BIN=… BOTTLE_TOOLBOX_BIN=… cargo bench --profile dev
 //! -p bottle-cli --bench start [-- --quick]`. Every loop is bounded in
 //! count, and every wait for output in time.
@@ -37,6 +39,45 @@ const MARKER: &str = "bench-agent-started";
 /// How long one start may take before the bench gives up.
 const START_WITHIN: Duration = Duration::from_secs(60);
 
+/// Names the Debian test image (`cargo xtask agent-image`), measured
+/// beside the demo's when set.
+const DEBIAN_IMAGE_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
+
+/// One image's manifest and what was measured with it.
+struct Subject {
+    label: String,
+    image: String,
+    manifest: PathBuf,
+    docker_runs: Vec<Duration>,
+    cli: Vec<Duration>,
+    timelines: Vec<String>,
+    library: Vec<Duration>,
+    library_timelines: Vec<String>,
+}
+
+impl Subject {
+    fn new(label: &str, image: &str, dir: &Path) -> Subject {
+        let manifest = dir.join(format!("{label}.toml"));
+        std::fs::write(
+            &manifest,
+            format!(
+                "[agents.bench]\nimage = \"{image}\"\ncommand = [\"/bin/sh\", \"-c\", \"echo {MARKER}\"]\n[agents.bench.egress]\nallow = [\"bench.bottle.test\"]\n"
+            ),
+        )
+        .unwrap();
+        Subject {
+            label: label.to_string(),
+            image: image.to_string(),
+            manifest,
+            docker_runs: Vec::new(),
+            cli: Vec::new(),
+            timelines: Vec::new(),
+            library: Vec::new(),
+            library_timelines: Vec::new(),
+        }
+    }
+}
+
 fn main() {
     let quick = std::env::args().any(|arg| arg == "--quick");
     let runs = if quick { 3 } else { 10 };
@@ -63,84 +104,93 @@ fn main() {
     backend
         .build_demo_agent(&demo, Path::new("/bin/busybox"), TAG)
         .unwrap();
-    let manifest = dir.path().join("bottle.toml");
-    std::fs::write(
-        &manifest,
-        format!(
-            "[agents.bench]\nimage = \"{TAG}\"\ncommand = [\"/bin/sh\", \"-c\", \"echo {MARKER}\"]\n[agents.bench.egress]\nallow = [\"bench.bottle.test\"]\n"
-        ),
-    )
-    .unwrap();
-    // One untimed start of each, so neither pays for a first image load.
-    assert!(docker(&["run", "--rm", TAG, "true"]));
-    cli_start(state.path(), &manifest, "bench-start-warm");
+    let mut subjects = vec![Subject::new("demo image", TAG, dir.path())];
+    match std::env::var(DEBIAN_IMAGE_ENV) {
+        Ok(debian) => subjects.push(Subject::new("Debian image", &debian, dir.path())),
+        Err(_) => println!("({DEBIAN_IMAGE_ENV} is not set: the demo image only)\n"),
+    }
+    // One untimed start of each, so none pays for a first image load.
+    for (n, subject) in subjects.iter().enumerate() {
+        assert!(docker(&["run", "--rm", &subject.image, "true"]));
+        cli_start(state.path(), &subject.manifest, &format!("bench-warm-{n}"));
+    }
 
-    let mut cli = Vec::new();
-    let mut timelines = Vec::new();
-    let mut library = Vec::new();
-    let mut library_timelines = Vec::new();
-    let mut docker_runs = Vec::new();
     for i in 0..runs {
-        let started = Instant::now();
-        assert!(docker(&["run", "--rm", TAG, "true"]));
-        docker_runs.push(started.elapsed());
+        for (n, subject) in subjects.iter_mut().enumerate() {
+            let started = Instant::now();
+            assert!(docker(&["run", "--rm", &subject.image, "true"]));
+            subject.docker_runs.push(started.elapsed());
 
-        let (took, timeline) = cli_start(state.path(), &manifest, &format!("bench-cli-{i}"));
-        cli.push(took);
-        timelines.push(timeline);
+            let name = format!("bench-cli-{n}-{i}");
+            let (took, timeline) = cli_start(state.path(), &subject.manifest, &name);
+            subject.cli.push(took);
+            subject.timelines.push(timeline);
 
-        let name = format!("bench-lib-{i}");
-        let loaded = bottle_core::manifest::load(&manifest).unwrap();
-        let spec =
-            BottleSpec::new(&loaded, &manifest, "bench", Some(&name), &bottle_state).unwrap();
-        let timeline = Timeline::new();
-        let backend = DockerBackend::new(options(Some(timeline.clone()))).unwrap();
-        backend.preflight().unwrap();
-        timeline.lap("connect (not timed)");
-        let started = Instant::now();
-        let plan = backend.prepare(&spec).unwrap();
-        timeline.lap("prepare");
-        let bottle = backend.launch(&plan).unwrap();
-        assert_eq!(
-            bottle.execute(&ToolCall::argv(["true"])).unwrap().exit_code,
-            0
-        );
-        library.push(started.elapsed());
-        timeline.lap("first tool call");
-        library_timelines.push(timeline.render());
-        drop(bottle);
-        backend.stop(&name).unwrap();
+            let name = format!("bench-lib-{n}-{i}");
+            let loaded = bottle_core::manifest::load(&subject.manifest).unwrap();
+            let spec = BottleSpec::new(
+                &loaded,
+                &subject.manifest,
+                "bench",
+                Some(&name),
+                &bottle_state,
+            )
+            .unwrap();
+            let timeline = Timeline::new();
+            let backend = DockerBackend::new(options(Some(timeline.clone()))).unwrap();
+            backend.preflight().unwrap();
+            timeline.lap("connect (not timed)");
+            let started = Instant::now();
+            let plan = backend.prepare(&spec).unwrap();
+            timeline.lap("prepare");
+            let bottle = backend.launch(&plan).unwrap();
+            assert_eq!(
+                bottle.execute(&ToolCall::argv(["true"])).unwrap().exit_code,
+                0
+            );
+            subject.library.push(started.elapsed());
+            timeline.lap("first tool call");
+            subject.library_timelines.push(timeline.render());
+            drop(bottle);
+            backend.stop(&name).unwrap();
+        }
     }
 
     println!(
         "| measure | bottle p50 (p99), ms | baseline | baseline p50 (p99), ms | ratio of p50s |"
     );
     println!("| --- | --- | --- | --- | --- |");
-    row(
-        "`bottle start` (CLI) to the agent's first output",
-        &cli,
-        "`docker run --rm IMAGE true`",
-        &docker_runs,
-    );
-    row(
-        "prepare + launch + first tool call (library)",
-        &library,
-        "`docker run --rm IMAGE true`",
-        &docker_runs,
-    );
+    for subject in &subjects {
+        let label = &subject.label;
+        row(
+            &format!("`bottle start` (CLI) to the agent's first output, {label}"),
+            &subject.cli,
+            "`docker run --rm IMAGE true`",
+            &subject.docker_runs,
+        );
+        row(
+            &format!("prepare + launch + first tool call (library), {label}"),
+            &subject.library,
+            "`docker run --rm IMAGE true`",
+            &subject.docker_runs,
+        );
+    }
     println!("\nn: {runs} of each, interleaved");
-    let median = median_index(&cli);
-    println!(
-        "\n`bottle start --timings` of the median CLI run ({:.0} ms to first output):\n",
-        ms(cli[median])
-    );
-    println!("```\n{}```", timelines[median]);
-    let median = median_index(&library);
-    println!(
-        "\nThe launch steps of the median library run ({:.0} ms to the first tool call):\n",
-        ms(library[median])
-    );
-    println!("```\n{}```", library_timelines[median]);
+    for subject in &subjects {
+        let label = &subject.label;
+        let median = median_index(&subject.cli);
+        println!(
+            "\n`bottle start --timings` of the median CLI run, {label} ({:.0} ms to first output):\n",
+            ms(subject.cli[median])
+        );
+        println!("```\n{}```", subject.timelines[median]);
+        let median = median_index(&subject.library);
+        println!(
+            "\nThe launch steps of the median library run, {label} ({:.0} ms to the first tool call):\n",
+            ms(subject.library[median])
+        );
+        println!("```\n{}```", subject.library_timelines[median]);
+    }
 }
 
 /// Runs `bottle --yes --quiet start bench --timings` attached, whose agent

@@ -171,6 +171,14 @@ pub trait CaBox {
     fn dir_has_entries(&mut self, dir: &str) -> Result<bool, Self::Error>;
     /// Runs `argv` as root and waits for it at most `timeout`.
     fn run(&mut self, argv: &[&str], timeout: Duration) -> Result<ToolRun, Self::Error>;
+    /// Makes every write and link so far take effect, for a box that holds
+    /// them back to make them in one go (each costs it a round trip);
+    /// `Ok(Err(_))` when the box refused them. The install calls it before
+    /// a tool runs and at its end; a box that writes at once has nothing to
+    /// do.
+    fn flush(&mut self) -> Result<Result<(), Refused>, Self::Error> {
+        Ok(Ok(()))
+    }
 }
 
 /// What installing the CA did, and what it could not do.
@@ -375,7 +383,16 @@ pub fn install_surveyed<B: CaBox>(
     let tools = install_anchors(target, cert, &image.anchors, &mut report)?;
     // The anchor went in: what the tool would do next is written below.
     let emulated = image.tool_emulated && tools == [ANCHORS[0].tool];
-    let tools = if emulated { Vec::new() } else { tools };
+    let mut tools = if emulated { Vec::new() } else { tools };
+    let mut settled = 0;
+    if !tools.is_empty() {
+        let before = report.installed.len();
+        settled = settle(target, settled, &mut report)?;
+        if settled < before {
+            // The anchors did not go in: the tools have nothing to add.
+            tools.clear();
+        }
+    }
     let tool_ran = !tools.is_empty();
     for tool in tools {
         run_tool(target, tool, image.timeout.as_deref(), &mut report)?;
@@ -435,7 +452,27 @@ pub fn install_surveyed<B: CaBox>(
             Err(err) => report.warn(format!("ca: no entry in {HASHED_DIR}: {err}")),
         }
     }
+    settle(target, settled, &mut report)?;
     Ok(report)
+}
+
+/// Flushes the box's held-back writes ([`CaBox::flush`]). When it refuses
+/// them, what was recorded as installed since `settled` was not: it
+/// becomes one warning. Returns how much of the report is settled.
+fn settle<B: CaBox>(
+    target: &mut B,
+    settled: usize,
+    report: &mut CaInstallReport,
+) -> Result<usize, B::Error> {
+    if let Err(Refused(why)) = target.flush()? {
+        let unwritten: Vec<String> = report.installed.drain(settled..).collect();
+        report.warn(format!(
+            "ca: could not write {}: {}",
+            unwritten.join(", "),
+            bounded(why.trim(), STDERR_SHOWN)
+        ));
+    }
+    Ok(report.installed.len())
 }
 
 /// The system bundle `bundle` as the survey `found` it: the file it led to
@@ -774,6 +811,11 @@ mod tests {
         outcome: Option<ToolRun>,
         /// Directories whose writes the box refuses.
         read_only: Vec<&'static str>,
+        /// Why the box refuses its held-back writes at a flush, if it
+        /// does.
+        refuse_flush: Option<&'static str>,
+        /// How many flushes were asked for.
+        flushes: usize,
     }
 
     impl FakeBox {
@@ -840,6 +882,13 @@ mod tests {
         fn dir_has_entries(&mut self, dir: &str) -> Result<bool, Self::Error> {
             let inside = format!("{dir}/");
             Ok(self.entries.keys().any(|path| path.starts_with(&inside)))
+        }
+        fn flush(&mut self) -> Result<Result<(), Refused>, Self::Error> {
+            self.flushes += 1;
+            Ok(match self.refuse_flush {
+                Some(why) => Err(Refused(why.into())),
+                None => Ok(()),
+            })
         }
         fn run(&mut self, argv: &[&str], _: Duration) -> Result<ToolRun, Self::Error> {
             self.ran.push(argv.join(" "));
@@ -1245,5 +1294,31 @@ mod tests {
         assert!(has_ca(
             &target.contents(&format!("/etc/ssl/certs/{hash}.0"))
         ));
+    }
+
+    #[test]
+    fn held_back_writes_are_flushed_before_a_tool_and_at_the_end() {
+        let mut target = debian_image();
+        install(&mut target, CERT).unwrap();
+        assert_eq!(target.flushes, 1, "no tool: one flush, at the end");
+        let mut target = debian_image().file("/etc/ca-certificates/update.d/hook", b"");
+        install(&mut target, CERT).unwrap();
+        assert_eq!(target.flushes, 2, "before the tool, and at the end");
+    }
+
+    #[test]
+    fn a_refused_flush_unclaims_what_it_held_as_one_warning() {
+        let mut target = debian_image();
+        target.refuse_flush = Some("no space left on device");
+        let report = install(&mut target, CERT).unwrap();
+        assert!(report.installed.is_empty(), "{report:?}");
+        assert_eq!(report.warnings.len(), 1, "{report:?}");
+        let warning = &report.warnings[0];
+        assert!(
+            warning.contains("could not write /etc/bottle/ca.pem")
+                && warning.contains("/etc/ssl/certs/ca-certificates.crt")
+                && warning.contains("no space left on device"),
+            "{warning}"
+        );
     }
 }

@@ -224,10 +224,7 @@ impl<'a> Launch<'a, DockerPlanData> {
         let surveys = self.settings.ca_surveys.clone();
         let cert_path = self.paths.ca_cert();
         std::thread::spawn(move || {
-            let mut target = ContainerCaBox {
-                engine: &engine,
-                container: &container,
-            };
+            let mut target = ContainerCaBox::new(&engine, &container);
             let trust = match surveys.lookup(&image_id) {
                 Some(trust) => trust,
                 None => {
@@ -258,10 +255,7 @@ impl<'a> Launch<'a, DockerPlanData> {
     ) -> Result<ca_install::CaInstallReport, DockerError> {
         let cert_path = self.paths.ca_cert();
         let cert = std::fs::read(&cert_path).map_err(DockerError::io("read", cert_path))?;
-        let mut target = ContainerCaBox {
-            engine: self.engine,
-            container: agent,
-        };
+        let mut target = ContainerCaBox::new(self.engine, agent);
         ca_install::install_surveyed(&mut target, &cert, trust)
     }
 
@@ -400,15 +394,43 @@ pub(super) enum CaInstall {
     AfterStart(ca_install::ImageTrust),
 }
 
-/// The agent container as [`ca_install`] sees it.
+/// The agent container as [`ca_install`] sees it. Writes and links are
+/// held back in one archive and extracted together at a flush (each
+/// upload is a round trip that waits for the container's lock, which a
+/// starting container holds); reading a path that is held back flushes
+/// first, and a refusal met there is what the next flush answers.
 struct ContainerCaBox<'a> {
     engine: &'a Engine,
     container: &'a str,
+    held: Option<TarBuilder>,
+    held_paths: Vec<String>,
+    refused: Option<Refused>,
 }
 
-impl ContainerCaBox<'_> {
-    /// Extracts `tar` (one entry, for `path`) at the container's root.
-    fn extract(&self, path: &str, tar: TarBuilder) -> Result<Result<(), Refused>, DockerError> {
+impl<'a> ContainerCaBox<'a> {
+    fn new(engine: &'a Engine, container: &'a str) -> ContainerCaBox<'a> {
+        ContainerCaBox {
+            engine,
+            container,
+            held: None,
+            held_paths: Vec::new(),
+            refused: None,
+        }
+    }
+
+    /// The archive writes are held back in, with `path` recorded.
+    fn hold(&mut self, path: &str) -> &mut TarBuilder {
+        self.held_paths.push(path.to_string());
+        self.held.get_or_insert_with(TarBuilder::new)
+    }
+
+    /// Extracts what is held back at the container's root, keeping a
+    /// refusal for [`CaBox::flush`] to answer.
+    fn extract_held(&mut self) -> Result<(), DockerError> {
+        let Some(tar) = self.held.take() else {
+            return Ok(());
+        };
+        let paths = std::mem::take(&mut self.held_paths).join(", ");
         let options = UploadToContainerOptionsBuilder::default().path("/").build();
         let uploaded = self.engine.block_on(self.engine.docker.upload_to_container(
             self.container,
@@ -416,14 +438,15 @@ impl ContainerCaBox<'_> {
             bollard::body_full(tar.finish()?.into()),
         ));
         match uploaded {
-            Ok(()) => Ok(Ok(())),
-            // The daemon answered: it could not extract this file there
+            Ok(()) => Ok(()),
+            // The daemon answered: it could not extract these files there
             // (a read-only directory, no room left).
             Err(bollard::errors::Error::DockerResponseServerError { message, .. }) => {
-                Ok(Err(Refused(message)))
+                self.refused.get_or_insert(Refused(message));
+                Ok(())
             }
             Err(err) => Err(DockerError::api(format!(
-                "copy {path} into {}",
+                "copy {paths} into {}",
                 self.container
             ))(err)),
         }
@@ -434,6 +457,9 @@ impl CaBox for ContainerCaBox<'_> {
     type Error = DockerError;
 
     fn entry(&mut self, path: &str) -> Result<Entry, DockerError> {
+        if self.held_paths.iter().any(|held| held == path) {
+            self.extract_held()?;
+        }
         container_entry(self.engine, self.container, path)
     }
 
@@ -443,15 +469,23 @@ impl CaBox for ContainerCaBox<'_> {
         contents: &[u8],
         mode: u32,
     ) -> Result<Result<(), Refused>, DockerError> {
-        let mut tar = TarBuilder::new();
-        tar.file(&entry_name(path), contents, mode, Ownership::ROOT)?;
-        self.extract(path, tar)
+        self.hold(path)
+            .file(&entry_name(path), contents, mode, Ownership::ROOT)?;
+        Ok(Ok(()))
     }
 
     fn symlink(&mut self, path: &str, target: &str) -> Result<Result<(), Refused>, DockerError> {
-        let mut tar = TarBuilder::new();
-        tar.symlink(&entry_name(path), target, Ownership::ROOT)?;
-        self.extract(path, tar)
+        self.hold(path)
+            .symlink(&entry_name(path), target, Ownership::ROOT)?;
+        Ok(Ok(()))
+    }
+
+    fn flush(&mut self) -> Result<Result<(), Refused>, DockerError> {
+        self.extract_held()?;
+        Ok(match self.refused.take() {
+            Some(refused) => Err(refused),
+            None => Ok(()),
+        })
     }
 
     fn dir_has_entries(&mut self, dir: &str) -> Result<bool, DockerError> {
@@ -459,6 +493,8 @@ impl CaBox for ContainerCaBox<'_> {
     }
 
     fn run(&mut self, argv: &[&str], timeout: std::time::Duration) -> Result<ToolRun, DockerError> {
+        // A tool reads what was written before it.
+        self.extract_held()?;
         let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
         // Built inside the runtime: a timer needs its reactor.
         let ran = self.engine.block_on(async {
