@@ -388,27 +388,20 @@ fn debians_tool_is_written_from_outside_exactly_as_it_would_write() {
         read_as_agent(&*bottle, "/etc/ssl/certs/ca-certificates.crt").ends_with(&ca),
         "the bundle ends with the CA"
     );
-    for argv in [
-        [
-            "openssl",
-            "verify",
-            "-CApath",
-            "/etc/ssl/certs",
-            "/etc/bottle/ca.pem",
-        ],
-        [
-            "openssl",
-            "verify",
-            "-CAfile",
-            "/etc/ssl/certs/ca-certificates.crt",
-            "/etc/bottle/ca.pem",
-        ],
+    // Each store alone: the agent's SSL_CERT_FILE (the CA file itself)
+    // unset and OpenSSL's other defaults turned off.
+    for store in [
+        "-no-CAfile -no-CAstore -CApath /etc/ssl/certs",
+        "-no-CApath -no-CAstore -CAfile /etc/ssl/certs/ca-certificates.crt",
     ] {
-        let out = sh(&*bottle, &argv.join(" "));
+        let check = format!(
+            "env -u SSL_CERT_FILE -u SSL_CERT_DIR openssl verify {store} /etc/bottle/ca.pem"
+        );
+        let out = sh(&*bottle, &check);
         assert_eq!(
             out.exit_code,
             0,
-            "{argv:?}: {}",
+            "{check}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
