@@ -2,7 +2,9 @@
 //! `bottle start --yes` of an agent with a pooled bottle waiting (claim,
 //! re-check, run a command that prints) until its first output, against
 //! `docker run --rm IMAGE true` of the same image, interleaved; a cold
-//! `bottle start` of the same agent is the third column's reference. The
+//! `bottle start` of the same agent is the third column's reference. With
+//! the demo image and, when `BOTTLE_TEST_DEBIAN_IMAGE` names it, the
+//! Debian test image. The
 //! refill between iterations (`bottle pool fill`) is not timed, nor is
 //! the stop after the first output.
 //!
@@ -30,6 +32,9 @@ use bottle_docker::{DockerBackend, DockerOptions};
 use bottle_test_support::bench::{docker, row, time};
 
 const TAG: &str = "bottle-demo-agent:bench";
+/// Names the Debian test image (`cargo xtask agent-image`), measured
+/// beside the demo's when set.
+const DEBIAN_IMAGE_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
 
 fn main() {
     let quick = std::env::args().any(|arg| arg == "--quick");
@@ -52,14 +57,22 @@ fn main() {
     backend
         .build_demo_agent(&demo, Path::new("/bin/busybox"), TAG)
         .unwrap();
+    // The demo image's agent and, when named, the Debian test image's.
+    let mut subjects = vec![("bench", TAG.to_string(), "demo image")];
+    match std::env::var(DEBIAN_IMAGE_ENV) {
+        Ok(debian) => subjects.push(("bench-debian", debian, "Debian image")),
+        Err(_) => println!("({DEBIAN_IMAGE_ENV} is not set: the demo image only)\n"),
+    }
     let manifest = dir.path().join("bottle.toml");
-    std::fs::write(
-        &manifest,
-        format!(
-            "[agents.bench]\nimage = \"{TAG}\"\ncommand = [\"/bin/echo\", \"first-output\"]\n[agents.bench.egress]\nallow = [\"bench.bottle.test\"]\n"
-        ),
-    )
-    .unwrap();
+    let agents: String = subjects
+        .iter()
+        .map(|(agent, image, _)| {
+            format!(
+                "[agents.{agent}]\nimage = \"{image}\"\ncommand = [\"/bin/echo\", \"first-output\"]\n[agents.{agent}.egress]\nallow = [\"bench.bottle.test\"]\n\n"
+            )
+        })
+        .collect();
+    std::fs::write(&manifest, agents).unwrap();
     let bottle = |args: &[&str]| {
         #[expect(
             clippy::disallowed_methods,
@@ -75,34 +88,46 @@ fn main() {
         command
     };
     let _drain = Drain(bottle(&["pool", "drain"]));
+    // One untimed cold start of each image, so none pays a first load.
+    for (agent, image, _) in &subjects {
+        assert!(docker(&["run", "--rm", image, "true"]));
+        first_output(bottle(&["start", agent, "--name", "warm"]));
+    }
 
-    let (mut claims, mut colds, mut raws) = (Vec::new(), Vec::new(), Vec::new());
+    let mut measured: Vec<[Vec<Duration>; 3]> =
+        subjects.iter().map(|_| Default::default()).collect();
     for _ in 0..rounds {
-        let filled = bottle(&["pool", "fill", "bench", "1"])
-            .stdout(Stdio::null())
-            .status()
-            .unwrap();
-        assert!(filled.success(), "bottle pool fill failed");
-        claims.push(first_output(bottle(&["start", "bench"])));
-        colds.push(first_output(bottle(&["start", "bench", "--name", "cold"])));
-        raws.push(time(|| {
-            assert!(docker(&["run", "--rm", TAG, "true"]));
-        }));
+        for ((agent, image, _), [claims, colds, raws]) in subjects.iter().zip(&mut measured) {
+            let filled = bottle(&["pool", "fill", agent, "1"])
+                .stdout(Stdio::null())
+                .status()
+                .unwrap();
+            assert!(filled.success(), "bottle pool fill {agent} failed");
+            claims.push(first_output(bottle(&["start", agent])));
+            colds.push(first_output(bottle(&["start", agent, "--name", "cold"])));
+            raws.push(time(|| {
+                assert!(docker(&["run", "--rm", image, "true"]));
+            }));
+        }
     }
     println!("| measure | bottle p50 (p99) ms | baseline | baseline p50 (p99) ms | ratio |");
     println!("| --- | --- | --- | --- | --- |");
-    row(
-        "start of a pooled bottle, create → first output (claim, re-check, exec)",
-        &claims,
-        "`docker run --rm IMAGE true`",
-        &raws,
-    );
-    row(
-        "cold start, create → first output (the same CLI, no pool)",
-        &colds,
-        "`docker run --rm IMAGE true`",
-        &raws,
-    );
+    for ((_, _, label), [claims, colds, raws]) in subjects.iter().zip(&measured) {
+        row(
+            &format!(
+                "start of a pooled bottle, create → first output (claim, re-check, exec), {label}"
+            ),
+            claims,
+            "`docker run --rm IMAGE true`",
+            raws,
+        );
+        row(
+            &format!("cold start, create → first output (the same CLI, no pool), {label}"),
+            colds,
+            "`docker run --rm IMAGE true`",
+            raws,
+        );
+    }
     println!("\nn: {rounds} of each, interleaved");
 }
 
