@@ -602,19 +602,14 @@ fn link<B: CaBox>(
     to: &str,
     report: &mut CaInstallReport,
 ) -> Result<bool, B::Error> {
-    match target.symlink(path, to)? {
-        Ok(()) => {
-            report.installed.push(format!("{path} -> {to}"));
-            Ok(true)
-        }
-        Err(Refused(why)) => {
-            report.warn(format!(
-                "ca: could not link {path}: {}",
-                bounded(why.trim(), STDERR_SHOWN)
-            ));
-            Ok(false)
-        }
-    }
+    let made = target.symlink(path, to)?;
+    Ok(record(
+        made,
+        format!("{path} -> {to}"),
+        "link",
+        path,
+        report,
+    ))
 }
 
 /// Writes `contents` to `path`, recording it as installed, or the box's
@@ -626,17 +621,30 @@ fn put<B: CaBox>(
     mode: u32,
     report: &mut CaInstallReport,
 ) -> Result<bool, B::Error> {
-    match target.write(path, contents, mode)? {
+    let written = target.write(path, contents, mode)?;
+    Ok(record(written, path.to_string(), "write", path, report))
+}
+
+/// Records what the box did with one write or link of `path`: `installed`
+/// in the report, or its refusal as a warning that it could not `verb` it.
+fn record(
+    done: Result<(), Refused>,
+    installed: String,
+    verb: &str,
+    path: &str,
+    report: &mut CaInstallReport,
+) -> bool {
+    match done {
         Ok(()) => {
-            report.installed.push(path.to_string());
-            Ok(true)
+            report.installed.push(installed);
+            true
         }
         Err(Refused(why)) => {
             report.warn(format!(
-                "ca: could not write {path}: {}",
+                "ca: could not {verb} {path}: {}",
                 bounded(why.trim(), STDERR_SHOWN)
             ));
-            Ok(false)
+            false
         }
     }
 }
