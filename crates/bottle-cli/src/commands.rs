@@ -263,9 +263,9 @@ impl Started<'_> {
         // Bottles started at the same time can plan the same free subnet;
         // the later launch finds it taken before it creates anything. Under
         // `-y` a fresh plan is what starting again would run, so plan again.
-        for _ in 0..SUBNET_TAKEN_REPLANS {
+        for _ in 0..PLAN_TAKEN_REPLANS {
             match &launched {
-                Err(failure) if global.yes && failure.code == Some(SUBNET_TAKEN) => {
+                Err(failed) if global.yes && failed.plan_taken => {
                     note(
                         global.quiet,
                         "the planned subnet was taken by a launch running at the same time: planning again",
@@ -276,7 +276,7 @@ impl Started<'_> {
                 _ => break,
             }
         }
-        let bottle = launched?;
+        let bottle = launched.map_err(|failed| failed.failure)?;
         self.lap("launched");
         for warning in bottle.launch_warnings() {
             note(global.quiet, &format!("warning: {warning}"));
@@ -378,21 +378,40 @@ impl Started<'_> {
     }
 }
 
-/// The docker backend's code for a planned subnet that another launch took
-/// first (`BOT-D150`).
-const SUBNET_TAKEN: &str = "BOT-D150";
+/// How many times `start -y` plans again after a launch found its plan
+/// taken ([`BackendErrorKind::PlanTaken`]); each new plan skips every
+/// network that exists by then, so a few suffice even for dozens of
+/// simultaneous starts.
+const PLAN_TAKEN_REPLANS: usize = 8;
 
-/// How many times `start -y` plans again after [`SUBNET_TAKEN`]; each new
-/// plan skips every network that exists by then, so a few suffice even
-/// for dozens of simultaneous starts.
-const SUBNET_TAKEN_REPLANS: usize = 8;
+/// A launch's failure, and whether a launch running at the same time took
+/// what its plan chose (planning again may succeed).
+pub(crate) struct LaunchFailed {
+    pub failure: Failure,
+    pub plan_taken: bool,
+}
+
+impl From<Failure> for LaunchFailed {
+    fn from(failure: Failure) -> LaunchFailed {
+        LaunchFailed {
+            failure,
+            plan_taken: false,
+        }
+    }
+}
+
+impl From<LaunchFailed> for Failure {
+    fn from(failed: LaunchFailed) -> Failure {
+        failed.failure
+    }
+}
 
 /// `backend.launch`, which the operator's ^C (or `SIGTERM`) makes fail
 /// and unwind rather than end the process half-way ([`crate::interrupt`]).
 pub(crate) fn launch_interruptibly<B: BottleLauncher>(
     backend: &B,
     plan: &Plan<B::PlanData>,
-) -> Result<Box<dyn bottle_core::Bottle>, Failure> {
+) -> Result<Box<dyn bottle_core::Bottle>, LaunchFailed> {
     let signals = crate::interrupt::during_launch()?;
     let launched = backend.launch(plan);
     signals.ended();
@@ -401,9 +420,16 @@ pub(crate) fn launch_interruptibly<B: BottleLauncher>(
             return Err(Failure {
                 exit: EXIT_INTERRUPTED,
                 ..Failure::from(err)
+            }
+            .into());
+        }
+        Err(err) => {
+            return Err(LaunchFailed {
+                plan_taken: err.kind == BackendErrorKind::PlanTaken,
+                failure: Failure::from(err),
             });
         }
-        launched => launched?,
+        Ok(bottle) => bottle,
     };
     if !crate::interrupt::requested() {
         return Ok(bottle);
@@ -411,7 +437,7 @@ pub(crate) fn launch_interruptibly<B: BottleLauncher>(
     // Interrupted after the launch's last check: take it down all the same.
     let name = bottle.name().to_string();
     drop(bottle);
-    let report = backend.stop(&name)?;
+    let report = backend.stop(&name).map_err(Failure::from)?;
     Err(Failure::new(
         "BOT-C021",
         EXIT_INTERRUPTED,
@@ -424,7 +450,8 @@ pub(crate) fn launch_interruptibly<B: BottleLauncher>(
             "run `bottle cleanup`; these remain: {}",
             report.failed.join("; ")
         )
-    }))
+    })
+    .into())
 }
 
 /// The backends to ask when the operator did not pick one.

@@ -101,7 +101,7 @@ pub(crate) fn exit_for(kind: BackendErrorKind) -> u8 {
         BackendErrorKind::IsolationUnconfirmed => EXIT_ISOLATION,
         // A bottle or image that is not there was named by the operator.
         BackendErrorKind::NotFound => EXIT_USAGE,
-        BackendErrorKind::Failed => EXIT_BACKEND,
+        BackendErrorKind::Failed | BackendErrorKind::PlanTaken => EXIT_BACKEND,
         BackendErrorKind::Unsupported => EXIT_UNAVAILABLE,
     }
 }

@@ -69,6 +69,10 @@ pub enum BackendErrorKind {
     Unsupported,
     /// Isolation could not be confirmed, so the bottle was refused.
     IsolationUnconfirmed,
+    /// A launch running at the same time took what this launch's plan
+    /// chose (a subnet) before it created anything: a fresh plan may
+    /// succeed.
+    PlanTaken,
     /// Anything else that went wrong while driving the backend.
     Failed,
 }

@@ -35,6 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use bottle_core::backend::BackendErrorKind;
 use bottle_core::{BottleBackend, BottleLauncher, BottleSpec};
 use bottle_docker::names::{EGRESS_NETWORK, ResourceNames};
 use bottle_docker::{DockerBackend, DockerOptions};
@@ -305,7 +306,7 @@ fn start(backend: &DockerBackend, manifest: &Path, state: &Path, name: &str) -> 
         let plan = backend.prepare(&spec).unwrap();
         match backend.launch(&plan) {
             Ok(bottle) => return (bottle.name().to_string(), replans),
-            Err(err) if err.code == "BOT-D150" => continue,
+            Err(err) if err.kind == BackendErrorKind::PlanTaken => continue,
             Err(err) => panic!("{name}: {err} ({})", err.code),
         }
     }

@@ -435,6 +435,7 @@ impl DockerError {
             DockerError::IsolationUnconfirmed { .. }
             | DockerError::BundleUnhealthy { .. }
             | DockerError::NotUnderGvisor { .. } => BackendErrorKind::IsolationUnconfirmed,
+            DockerError::SubnetTaken { .. } => BackendErrorKind::PlanTaken,
             _ => BackendErrorKind::Failed,
         }
     }
@@ -746,6 +747,15 @@ mod tests {
         };
         assert_eq!(err.kind(), BackendErrorKind::IsolationUnconfirmed);
         assert!(err.to_string().contains("boom"));
+    }
+
+    #[test]
+    fn a_taken_subnet_says_a_fresh_plan_may_succeed() {
+        let err = DockerError::SubnetTaken {
+            subnet: "192.168.40.0/24".into(),
+            network: "bot-bottle-x".into(),
+        };
+        assert_eq!(err.kind(), BackendErrorKind::PlanTaken);
     }
 
     #[test]

@@ -39,6 +39,11 @@ fn a_full_subnet_pool_and_a_taken_subnet_say_so() {
         panic!("a second bottle launched on a subnet already in use");
     };
     assert_eq!(taken.code, "BOT-D150", "{taken}");
+    assert_eq!(
+        taken.kind,
+        bottle_core::backend::BackendErrorKind::PlanTaken,
+        "the CLI plans again on this kind"
+    );
     assert!(taken.message.contains(TINY_POOL), "{}", taken.message);
     assert!(
         taken.fix.contains("start the bottle again"),
