@@ -44,7 +44,7 @@ const RESYNC: Duration = Duration::from_secs(60);
 
 /// The state dir of the bottle `bottle` (a name or a slug).
 fn state_dir(bottle: &str) -> Result<PathBuf, Failure> {
-    Ok(crate::commands::state_root()?.join(slug::slug_of(bottle)))
+    Ok(crate::lookup::state_root()?.join(slug::slug_of(bottle)))
 }
 
 /// Whether the bottle whose state dir is `state_dir` has a working
@@ -192,7 +192,7 @@ pub(crate) fn sync_command(global: &Global, bottle: &str) -> Result<ExitCode, Fa
     let name = slug::bottle_name(slug::slug_of(bottle));
     let state_dir = state_dir(bottle)?;
     if !state_dir.is_dir() {
-        return Err(crate::commands::no_bottle_named(&name));
+        return Err(crate::lookup::no_bottle_named(&name));
     }
     if !has_checkouts(&state_dir) {
         note(

@@ -1,22 +1,23 @@
 //! One function per command. Parse → validate → plan → act.
 
-use std::io::{self, BufRead as _, Write as _};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use bottle_core::audit_files;
-use bottle_core::backend::BackendErrorKind;
-use bottle_core::timeline::Timeline;
-use bottle_core::{BottleInfo, BottleLauncher, BottleSpec, Manifest, Plan, manifest, slug};
+use bottle_core::{BottleInfo, Plan, slug};
 
 use crate::args::{
     CleanupArgs, Cli, Command, CommitArgs, CompletionsArgs, ExecArgs, Global, PlanArgs, PortArgs,
-    StartArgs,
 };
 use crate::backends;
 use crate::devices;
-use crate::failure::{EXIT_DECLINED, EXIT_INTERRUPTED, EXIT_USAGE, Failure, exit_for};
+use crate::failure::{EXIT_DECLINED, EXIT_USAGE, Failure};
+use crate::lookup::{
+    backends_to_ask, find_bottle, find_bottle_and_backend, load_manifest, spec_for, state_root,
+};
 use crate::output::{self, note, out};
+use crate::prompt::confirm_to;
 
 /// Runs one command.
 pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
@@ -24,7 +25,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
     match cli.command {
         Command::Check => check(global),
         Command::Plan(args) => plan(global, &args),
-        Command::Start(args) => start(global, &args),
+        Command::Start(args) => crate::start::start(global, &args),
         Command::List => list(global),
         Command::Stop(args) => crate::stop::stop(global, &args.bottle, args.wait),
         Command::Sync(args) => crate::checkout::sync_command(global, &args.bottle),
@@ -63,27 +64,6 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Pool(args) => crate::pool::run(global, &args),
         Command::Completions(args) => completions(&args),
     }
-}
-
-pub(crate) fn load_manifest(global: &Global) -> Result<Manifest, Failure> {
-    Ok(manifest::load(&global.manifest)?)
-}
-
-pub(crate) fn state_root() -> Result<PathBuf, Failure> {
-    Ok(bottle_core::state::state_root(|key| {
-        std::env::var(key).ok()
-    })?)
-}
-
-fn spec_for(global: &Global, agent: &str, name: Option<&str>) -> Result<BottleSpec, Failure> {
-    let manifest = load_manifest(global)?;
-    Ok(BottleSpec::new(
-        &manifest,
-        &global.manifest,
-        agent,
-        name,
-        &state_root()?,
-    )?)
 }
 
 fn check(global: &Global) -> Result<ExitCode, Failure> {
@@ -128,353 +108,6 @@ fn plan(global: &Global, args: &PlanArgs) -> Result<ExitCode, Failure> {
         ));
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Asks y/N on the terminal; anything but y/yes declines.
-pub(crate) fn confirm(question: &str) -> Result<bool, Failure> {
-    confirm_to(question, "the plan", "start")
-}
-
-/// [`confirm`] for `what` (`the plan`), which `--yes` would `act` on
-/// (`start`) without asking: with no terminal to ask on, an error saying so.
-pub(crate) fn confirm_to(question: &str, what: &str, act: &str) -> Result<bool, Failure> {
-    if !output::interactive() {
-        return Err(Failure::new(
-            "BOT-C003",
-            EXIT_USAGE,
-            format!("no terminal to confirm {what} on"),
-        )
-        .with_fix(format!("pass --yes to {act} without confirming")));
-    }
-    let mut stderr = io::stderr();
-    let _ = write!(stderr, "{question} [y/N] ");
-    let _ = stderr.flush();
-    let mut answer = String::new();
-    io::stdin()
-        .lock()
-        .read_line(&mut answer)
-        .map_err(|err| anyhow::anyhow!("could not read the answer: {err}"))?;
-    Ok(matches!(
-        answer.trim().to_ascii_lowercase().as_str(),
-        "y" | "yes"
-    ))
-}
-
-fn start(global: &Global, args: &StartArgs) -> Result<ExitCode, Failure> {
-    let timeline = args.timings.then(Timeline::new);
-    let lap = |name: &str| {
-        if let Some(timeline) = &timeline {
-            timeline.lap(name);
-        }
-    };
-    let kind = backends::selected(global)?;
-    let spec = spec_for(global, &args.agent, args.name.as_deref())?;
-    let resolved = devices::resolve(&spec)?;
-    lap("load-manifest");
-    let backend = backends::open(
-        kind,
-        global,
-        backends::Mode {
-            detach: args.detach,
-            timeline: timeline.clone(),
-        },
-    )?;
-    backend.preflight()?;
-    lap("preflight");
-    let started = Started {
-        global,
-        args,
-        timeline: timeline.as_ref(),
-    };
-    // A bottle named by the operator is always started cold: a pool
-    // entry's name cannot change.
-    if let backends::AnyBackend::Docker(b) = &backend
-        && args.name.is_none()
-        && let Some(code) = crate::pool::start_claimed(b, &started, &spec, &resolved)?
-    {
-        return Ok(code);
-    }
-    match &backend {
-        backends::AnyBackend::Docker(b) => started.on(b, &spec, &resolved),
-        backends::AnyBackend::Smolmachines(b) => started.on(b, &spec, &resolved),
-    }
-}
-
-/// One `bottle start`: the operator's options and, with `--timings`, the
-/// timeline its phases are recorded on.
-pub(crate) struct Started<'a> {
-    pub(crate) global: &'a Global,
-    pub(crate) args: &'a StartArgs,
-    timeline: Option<&'a Timeline>,
-}
-
-impl Started<'_> {
-    pub(crate) fn lap(&self, name: &str) {
-        if let Some(timeline) = self.timeline {
-            timeline.lap(name);
-        }
-    }
-
-    /// With `--timings`, the timeline on stderr (never mixed with the
-    /// agent's output on stdout, and whatever `--quiet` says: the operator
-    /// asked for it).
-    fn print_timings(&self) {
-        if let Some(timeline) = self.timeline {
-            output::err_bytes(format!("timings:\n{}", timeline.render()).as_bytes());
-        }
-    }
-
-    /// `start` on one backend: prepare, show, confirm, launch, attach.
-    fn on<B: BottleLauncher>(
-        &self,
-        backend: &B,
-        spec: &BottleSpec,
-        resolved: &bottle_core::devices::ResolvedDevices,
-    ) -> Result<ExitCode, Failure> {
-        let global = self.global;
-        let kind = backend.kind();
-        let plan_for = |spec: &BottleSpec| -> Result<Plan<B::PlanData>, Failure> {
-            let mut plan = backend.prepare(spec)?;
-            resolved.fill_plan(&mut plan, Path::new("/"));
-            if !kind.supports_devices() {
-                plan.devices.clear();
-            }
-            Ok(plan)
-        };
-        let mut plan = plan_for(spec)?;
-        for warning in &resolved.warnings {
-            note(global.quiet, &format!("warning: {warning}"));
-        }
-        if !kind.supports_devices()
-            && let Some(warning) = bottle_core::devices::unsupported_warning(kind, resolved)
-        {
-            note(global.quiet, &format!("warning: {warning}"));
-        }
-        self.lap("prepare");
-        if !global.quiet || !global.yes {
-            output::err(&format!("{}\n{}", plan.bottle, plan.render()));
-        }
-        if !global.yes && !confirm("start this bottle?")? {
-            note(global.quiet, "not started");
-            return Ok(ExitCode::from(EXIT_DECLINED));
-        }
-        self.lap("confirm");
-        let mut launched = launch_interruptibly(backend, &plan);
-        // Bottles started at the same time can plan the same free subnet;
-        // the later launch finds it taken before it creates anything. Under
-        // `-y` a fresh plan is what starting again would run, so plan again.
-        for _ in 0..PLAN_TAKEN_REPLANS {
-            match &launched {
-                Err(failed) if global.yes && failed.plan_taken => {
-                    note(
-                        global.quiet,
-                        "the planned subnet was taken by a launch running at the same time: planning again",
-                    );
-                    plan = plan_for(spec)?;
-                    launched = launch_interruptibly(backend, &plan);
-                }
-                _ => break,
-            }
-        }
-        let bottle = launched.map_err(|failed| failed.failure)?;
-        self.lap("launched");
-        for warning in bottle.launch_warnings() {
-            note(global.quiet, &format!("warning: {warning}"));
-        }
-        let forwards = crate::forward::Forward::of_plan(&plan.publish, &plan.host_services);
-        self.run_agent(backend, bottle, &plan.command, &forwards)
-    }
-
-    /// The end of `start` for a launched (or claimed) bottle: hand the
-    /// agent's `command` to a detached session and print the name, or run
-    /// it attached and stop the bottle when it ends.
-    ///
-    /// First the host's side of its published ports and host services
-    /// (`forwards`): a port that cannot be published fails the start, and
-    /// the bottle is removed.
-    pub(crate) fn run_agent(
-        &self,
-        backend: &dyn bottle_core::BottleBackend,
-        bottle: Box<dyn bottle_core::Bottle>,
-        command: &[String],
-        forwards: &[crate::forward::Forward],
-    ) -> Result<ExitCode, Failure> {
-        let global = self.global;
-        let kind = backend.kind();
-        let state_dir = crate::forward::state_dir_of(bottle.name())?;
-        match crate::forward::spawn_all(
-            &bottle_core::exec::SystemRunner,
-            &state_dir,
-            kind,
-            bottle.name(),
-            forwards,
-        ) {
-            Ok(records) => {
-                for record in records
-                    .iter()
-                    .filter(|r| r.kind == crate::forward::KIND_PORT)
-                {
-                    note(
-                        global.quiet,
-                        &format!(
-                            "the agent's port {} is on http://{}",
-                            record.port, record.listen
-                        ),
-                    );
-                }
-            }
-            Err(failure) => {
-                let name = bottle.name().to_string();
-                drop(bottle);
-                let _ = backend.stop(&name);
-                return Err(failure);
-            }
-        }
-        self.lap("forwards");
-        if self.args.detach {
-            let name = bottle.name().to_string();
-            drop(bottle);
-            let paths = bottle_core::state::SessionPaths::new(&state_root()?, slug::slug_of(&name));
-            if let Err(failure) = crate::session::spawn_host(
-                &bottle_core::exec::SystemRunner,
-                &paths,
-                kind,
-                &name,
-                command,
-            ) {
-                // A detached start whose agent does not run leaves nothing
-                // behind: it says why, and the bottle goes.
-                crate::session::end(&paths);
-                crate::forward::end_all(&state_dir);
-                let _ = backend.stop(&name);
-                return Err(failure);
-            }
-            self.lap("session-spawn");
-            self.print_timings();
-            out(&format!("{name}\n"));
-            note(
-                global.quiet,
-                &format!(
-                    "the agent runs in the background:\n  bottle attach {name}   join it (detach: ctrl-p ctrl-q)\n  bottle logs {name}     its audit log\n  bottle stop {name}     end it and remove the bottle"
-                ),
-            );
-            return Ok(ExitCode::SUCCESS);
-        }
-        self.print_timings();
-        let watcher = crate::checkout::Watcher::start(&state_dir);
-        let code = bottle.exec_interactive(command);
-        let name = bottle.name().to_string();
-        drop(bottle);
-        crate::forward::end_all(&state_dir);
-        // The agent is done: what it pushed goes into the checkouts before
-        // the stop removes the mirrors.
-        if let Some(watcher) = watcher {
-            crate::checkout::print_report(global, &watcher.finish());
-        }
-        let stopped = backend.stop(&name);
-        let code = code?;
-        stopped?;
-        Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
-    }
-}
-
-/// How many times `start -y` plans again after a launch found its plan
-/// taken ([`BackendErrorKind::PlanTaken`]); each new plan skips every
-/// network that exists by then, so a few suffice even for dozens of
-/// simultaneous starts.
-const PLAN_TAKEN_REPLANS: usize = 8;
-
-/// A launch's failure, and whether a launch running at the same time took
-/// what its plan chose (planning again may succeed).
-pub(crate) struct LaunchFailed {
-    pub failure: Failure,
-    pub plan_taken: bool,
-}
-
-impl From<Failure> for LaunchFailed {
-    fn from(failure: Failure) -> LaunchFailed {
-        LaunchFailed {
-            failure,
-            plan_taken: false,
-        }
-    }
-}
-
-impl From<LaunchFailed> for Failure {
-    fn from(failed: LaunchFailed) -> Failure {
-        failed.failure
-    }
-}
-
-/// `backend.launch`, which the operator's ^C (or `SIGTERM`) makes fail
-/// and unwind rather than end the process half-way ([`crate::interrupt`]).
-pub(crate) fn launch_interruptibly<B: BottleLauncher>(
-    backend: &B,
-    plan: &Plan<B::PlanData>,
-) -> Result<Box<dyn bottle_core::Bottle>, LaunchFailed> {
-    let signals = crate::interrupt::during_launch()?;
-    let launched = backend.launch(plan);
-    signals.ended();
-    let bottle = match launched {
-        Err(err) if crate::interrupt::requested() => {
-            return Err(Failure {
-                exit: EXIT_INTERRUPTED,
-                ..Failure::from(err)
-            }
-            .into());
-        }
-        Err(err) => {
-            return Err(LaunchFailed {
-                plan_taken: err.kind == BackendErrorKind::PlanTaken,
-                failure: Failure::from(err),
-            });
-        }
-        Ok(bottle) => bottle,
-    };
-    if !crate::interrupt::requested() {
-        return Ok(bottle);
-    }
-    // Interrupted after the launch's last check: take it down all the same.
-    let name = bottle.name().to_string();
-    drop(bottle);
-    let report = backend.stop(&name).map_err(Failure::from)?;
-    Err(Failure::new(
-        "BOT-C021",
-        EXIT_INTERRUPTED,
-        format!("the launch of {name} was interrupted as it completed; the bottle was stopped"),
-    )
-    .with_fix(if report.failed.is_empty() {
-        "start it again".to_string()
-    } else {
-        format!(
-            "run `bottle cleanup`; these remain: {}",
-            report.failed.join("; ")
-        )
-    })
-    .into())
-}
-
-/// The backends to ask when the operator did not pick one.
-pub(crate) fn backends_to_ask(global: &Global) -> Result<Vec<backends::AnyBackend>, Failure> {
-    let kinds = if backends::explicit(global) {
-        vec![backends::selected(global)?]
-    } else {
-        bottle_core::BackendKind::ALL.to_vec()
-    };
-    let mut opened = Vec::new();
-    let mut last_error = None;
-    for kind in kinds {
-        match backends::open(kind, global, backends::Mode::default())
-            .and_then(|b| b.preflight().map(|()| b))
-        {
-            Ok(backend) => opened.push(backend),
-            Err(err) => last_error = Some(err),
-        }
-    }
-    match (opened.is_empty(), last_error) {
-        (true, Some(err)) => Err(err.into()),
-        _ => Ok(opened),
-    }
 }
 
 fn list(global: &Global) -> Result<ExitCode, Failure> {
@@ -556,17 +189,6 @@ fn ports_cell(ports: &[bottle_core::backend::OpenPort]) -> String {
         .map(|p| format!("{}->{}", p.port, p.listen))
         .collect::<Vec<_>>()
         .join(",")
-}
-
-/// No backend asked has the bottle `name`: bad input, like a backend's own
-/// not-found.
-pub(crate) fn no_bottle_named(name: &str) -> Failure {
-    Failure::new(
-        "BOT-C004",
-        exit_for(BackendErrorKind::NotFound),
-        format!("no bottle named {name}"),
-    )
-    .with_fix("see `bottle list`")
 }
 
 /// `bottle cleanup`: lists what this install left behind (never another
@@ -674,35 +296,6 @@ fn running_everywhere(global: &Global) -> Option<Vec<String>> {
         running.extend(backend.list_active().ok()?.into_iter().map(|b| b.name));
     }
     Some(running)
-}
-
-/// Finds a running bottle on whichever backend runs it.
-pub(crate) fn find_bottle(
-    global: &Global,
-    bottle: &str,
-) -> Result<Box<dyn bottle_core::Bottle>, Failure> {
-    find_bottle_and_backend(global, bottle).map(|(found, _)| found)
-}
-
-/// [`find_bottle`], and the backend that runs it.
-pub(crate) fn find_bottle_and_backend(
-    global: &Global,
-    bottle: &str,
-) -> Result<(Box<dyn bottle_core::Bottle>, bottle_core::BackendKind), Failure> {
-    let name = slug::bottle_name(slug::slug_of(bottle));
-    let mut last_error = None;
-    for backend in backends_to_ask(global)? {
-        match backend.attach(&name) {
-            Ok(found) => return Ok((found, backend.kind())),
-            Err(err) if err.kind == BackendErrorKind::NotFound => {
-                last_error = Some(err);
-            }
-            Err(err) => return Err(err.into()),
-        }
-    }
-    Err(last_error
-        .map(Failure::from)
-        .unwrap_or_else(|| no_bottle_named(&name)))
 }
 
 fn exec(global: &Global, args: &ExecArgs) -> Result<ExitCode, Failure> {

@@ -21,9 +21,9 @@ use bottle_core::copy::host::{self, HostTarget};
 use bottle_core::copy::{ArchiveSource, CopyError, CopyIn, GuestPath};
 
 use crate::args::{CpArgs, Global};
-use crate::commands::find_bottle;
 use crate::failure::{EXIT_INTERRUPTED, EXIT_USAGE, Failure, exit_for};
 use crate::interrupt;
+use crate::lookup::find_bottle;
 use crate::output::note;
 
 /// One side of a copy as written on the command line.

@@ -54,7 +54,7 @@ pub(crate) struct ExecuteArgs {
 /// Runs `bottle execute`.
 pub(crate) fn run(global: &Global, args: &ExecuteArgs) -> Result<ExitCode, Failure> {
     let call = tool_call(args, &mut std::io::stdin().lock())?;
-    let bottle = crate::commands::find_bottle(global, &args.bottle)?;
+    let bottle = crate::lookup::find_bottle(global, &args.bottle)?;
     let result = bottle.execute(&call).map_err(|err| sandbox_failure(&err))?;
     if global.json {
         output::json(&result)?;

@@ -14,12 +14,15 @@ mod failure;
 mod forward;
 mod interrupt;
 mod logs;
+mod lookup;
 mod output;
 mod pool;
+mod prompt;
 mod requests;
 mod reset;
 mod serve;
 mod session;
+mod start;
 mod stop;
 
 use std::process::ExitCode;

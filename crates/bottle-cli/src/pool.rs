@@ -12,9 +12,11 @@ use bottle_docker::DockerBackend;
 
 use crate::args::{Global, PoolCommand};
 use crate::backends::{self, AnyBackend};
-use crate::commands::{Started, confirm, launch_interruptibly, load_manifest, state_root};
 use crate::failure::{EXIT_DECLINED, EXIT_UNAVAILABLE, EXIT_USAGE, Failure};
+use crate::lookup::{load_manifest, state_root};
 use crate::output::{self, note, out};
+use crate::prompt::confirm;
+use crate::start::{Started, launch_interruptibly};
 
 /// The hidden subcommand a claiming `start` runs to top the pool up.
 pub(crate) const REFILL_SUBCOMMAND: &str = "__refill-pool";

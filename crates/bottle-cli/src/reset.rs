@@ -23,11 +23,8 @@ const SHOWN_VALUE_CHARS: usize = 71;
 
 /// Runs `bottle reset`.
 pub(crate) fn reset(global: &Global, args: &ResetArgs) -> Result<ExitCode, Failure> {
-    let (bottle, kind) = crate::commands::find_bottle_and_backend(global, &args.bottle)?;
-    let session = SessionPaths::new(
-        &crate::commands::state_root()?,
-        slug::slug_of(bottle.name()),
-    );
+    let (bottle, kind) = crate::lookup::find_bottle_and_backend(global, &args.bottle)?;
+    let session = SessionPaths::new(&crate::lookup::state_root()?, slug::slug_of(bottle.name()));
     // Read before the revert ends the agent: the command its session ran.
     let detached_agent = detached_command(&session);
     match bottle.reset() {

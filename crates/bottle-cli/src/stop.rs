@@ -21,8 +21,8 @@ use bottle_core::{BackendKind, CleanupReport, slug};
 
 use crate::args::Global;
 use crate::backends::{self, AnyBackend};
-use crate::commands::{backends_to_ask, no_bottle_named, state_root};
 use crate::failure::{EXIT_BACKEND, Failure};
+use crate::lookup::{backends_to_ask, no_bottle_named, state_root};
 use crate::output::{note, out};
 
 /// The hidden subcommand the finisher runs as.

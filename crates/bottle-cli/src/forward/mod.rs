@@ -166,7 +166,7 @@ pub(crate) struct Record {
 
 /// The state dir of bottle `name` under the state root.
 pub(crate) fn state_dir_of(name: &str) -> Result<PathBuf, Failure> {
-    Ok(crate::commands::state_root()?.join(slug::slug_of(name)))
+    Ok(crate::lookup::state_root()?.join(slug::slug_of(name)))
 }
 
 /// The forwarder's invocation: this `bottle`, on the bottle's backend.

@@ -38,7 +38,7 @@ pub(crate) fn serve(
     published: Published,
     ready: &Path,
 ) -> Result<ExitCode, Failure> {
-    let bottle = crate::commands::find_bottle(global, name)?;
+    let bottle = crate::lookup::find_bottle(global, name)?;
     let port = published.port;
     // The relay must work before the port is offered: one connection now
     // says whether the in-box agent relays, and whether anything listens.

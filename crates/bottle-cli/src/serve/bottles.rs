@@ -65,7 +65,7 @@ impl Bottles {
         Bottles::with_attach(
             state_root,
             Arc::new(move |name: &str| {
-                crate::commands::find_bottle(&global, name).map_err(|failure| {
+                crate::lookup::find_bottle(&global, name).map_err(|failure| {
                     // Bad input to a lookup is a name no backend has.
                     let status = if failure.exit == crate::failure::EXIT_USAGE {
                         StatusCode::NOT_FOUND

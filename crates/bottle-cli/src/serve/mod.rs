@@ -40,7 +40,7 @@ pub(crate) struct Server {
 
 /// Serves until SIGINT or SIGTERM, then removes the socket.
 pub(crate) fn run(global: &Global, args: &ServeArgs) -> Result<ExitCode, Failure> {
-    let state_root = crate::commands::state_root()?;
+    let state_root = crate::lookup::state_root()?;
     let path = args
         .socket
         .clone()

@@ -43,7 +43,7 @@ pub(crate) fn run(
     keys: DetachKeys,
 ) -> Result<ExitCode, Failure> {
     let name = slug::bottle_name(slug::slug_of(bottle));
-    let paths = SessionPaths::new(&crate::commands::state_root()?, slug::slug_of(bottle));
+    let paths = SessionPaths::new(&crate::lookup::state_root()?, slug::slug_of(bottle));
     let Ok(stream) = UnixStream::connect(paths.socket()) else {
         return exited(&paths, &name);
     };
@@ -89,7 +89,7 @@ fn exited(paths: &SessionPaths, name: &str) -> Result<ExitCode, Failure> {
     else {
         // No state dir at all: there is no such bottle, session or not.
         if !paths.dir.parent().is_some_and(std::path::Path::exists) {
-            return Err(crate::commands::no_bottle_named(name));
+            return Err(crate::lookup::no_bottle_named(name));
         }
         return Err(Failure::new(
             "BOT-C013",

@@ -54,10 +54,10 @@ pub(crate) fn run(
     rustix::process::setsid().map_err(|e| io_failure("leave the terminal's session")(e.into()))?;
     close_inherited_fds().map_err(io_failure("close the descriptors it inherited"))?;
     let name = slug::bottle_name(slug::slug_of(bottle));
-    let paths = SessionPaths::new(&crate::commands::state_root()?, slug::slug_of(bottle));
+    let paths = SessionPaths::new(&crate::lookup::state_root()?, slug::slug_of(bottle));
     // Before the socket exists, so `start` sees a bottle that cannot be
     // found as the holder's death, with this error in its log.
-    let found = crate::commands::find_bottle(global, &name)?;
+    let found = crate::lookup::find_bottle(global, &name)?;
     let (master, slave) = open_pty().map_err(io_failure("open a pty"))?;
     let socket = paths.socket();
     let _ = std::fs::remove_file(&socket);
@@ -102,7 +102,7 @@ pub(crate) fn run(
     };
     // The agent's pushes into working checkouts come back while it runs
     // (`crate::checkout`); `stop` syncs again at the end.
-    let state_dir = crate::commands::state_root()?.join(slug::slug_of(bottle));
+    let state_dir = crate::lookup::state_root()?.join(slug::slug_of(bottle));
     let watcher = crate::checkout::Watcher::start(&state_dir);
     let code = match found.exec_session(command, &mut started) {
         Ok(code) => code,

@@ -1,0 +1,313 @@
+//! `bottle start`: plan, confirm, launch (planning again when a launch
+//! running at the same time took the plan's subnet), then hand the agent's
+//! command to a session or run it attached.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use bottle_core::backend::BackendErrorKind;
+use bottle_core::timeline::Timeline;
+use bottle_core::{BottleLauncher, BottleSpec, Plan, slug};
+
+use crate::args::{Global, StartArgs};
+use crate::backends;
+use crate::devices;
+use crate::failure::{EXIT_DECLINED, EXIT_INTERRUPTED, Failure};
+use crate::lookup::{spec_for, state_root};
+use crate::output::{self, note, out};
+use crate::prompt::confirm;
+
+/// `bottle start`.
+pub(crate) fn start(global: &Global, args: &StartArgs) -> Result<ExitCode, Failure> {
+    let timeline = args.timings.then(Timeline::new);
+    let lap = |name: &str| {
+        if let Some(timeline) = &timeline {
+            timeline.lap(name);
+        }
+    };
+    let kind = backends::selected(global)?;
+    let spec = spec_for(global, &args.agent, args.name.as_deref())?;
+    let resolved = devices::resolve(&spec)?;
+    lap("load-manifest");
+    let backend = backends::open(
+        kind,
+        global,
+        backends::Mode {
+            detach: args.detach,
+            timeline: timeline.clone(),
+        },
+    )?;
+    backend.preflight()?;
+    lap("preflight");
+    let started = Started {
+        global,
+        args,
+        timeline: timeline.as_ref(),
+    };
+    // A bottle named by the operator is always started cold: a pool
+    // entry's name cannot change.
+    if let backends::AnyBackend::Docker(b) = &backend
+        && args.name.is_none()
+        && let Some(code) = crate::pool::start_claimed(b, &started, &spec, &resolved)?
+    {
+        return Ok(code);
+    }
+    match &backend {
+        backends::AnyBackend::Docker(b) => started.on(b, &spec, &resolved),
+        backends::AnyBackend::Smolmachines(b) => started.on(b, &spec, &resolved),
+    }
+}
+
+/// One `bottle start`: the operator's options and, with `--timings`, the
+/// timeline its phases are recorded on.
+pub(crate) struct Started<'a> {
+    pub(crate) global: &'a Global,
+    pub(crate) args: &'a StartArgs,
+    timeline: Option<&'a Timeline>,
+}
+
+impl Started<'_> {
+    pub(crate) fn lap(&self, name: &str) {
+        if let Some(timeline) = self.timeline {
+            timeline.lap(name);
+        }
+    }
+
+    /// With `--timings`, the timeline on stderr (never mixed with the
+    /// agent's output on stdout, and whatever `--quiet` says: the operator
+    /// asked for it).
+    fn print_timings(&self) {
+        if let Some(timeline) = self.timeline {
+            output::err_bytes(format!("timings:\n{}", timeline.render()).as_bytes());
+        }
+    }
+
+    /// `start` on one backend: prepare, show, confirm, launch, attach.
+    fn on<B: BottleLauncher>(
+        &self,
+        backend: &B,
+        spec: &BottleSpec,
+        resolved: &bottle_core::devices::ResolvedDevices,
+    ) -> Result<ExitCode, Failure> {
+        let global = self.global;
+        let kind = backend.kind();
+        let plan_for = |spec: &BottleSpec| -> Result<Plan<B::PlanData>, Failure> {
+            let mut plan = backend.prepare(spec)?;
+            resolved.fill_plan(&mut plan, Path::new("/"));
+            if !kind.supports_devices() {
+                plan.devices.clear();
+            }
+            Ok(plan)
+        };
+        let mut plan = plan_for(spec)?;
+        for warning in &resolved.warnings {
+            note(global.quiet, &format!("warning: {warning}"));
+        }
+        if !kind.supports_devices()
+            && let Some(warning) = bottle_core::devices::unsupported_warning(kind, resolved)
+        {
+            note(global.quiet, &format!("warning: {warning}"));
+        }
+        self.lap("prepare");
+        if !global.quiet || !global.yes {
+            output::err(&format!("{}\n{}", plan.bottle, plan.render()));
+        }
+        if !global.yes && !confirm("start this bottle?")? {
+            note(global.quiet, "not started");
+            return Ok(ExitCode::from(EXIT_DECLINED));
+        }
+        self.lap("confirm");
+        let mut launched = launch_interruptibly(backend, &plan);
+        // Bottles started at the same time can plan the same free subnet;
+        // the later launch finds it taken before it creates anything. Under
+        // `-y` a fresh plan is what starting again would run, so plan again.
+        for _ in 0..PLAN_TAKEN_REPLANS {
+            match &launched {
+                Err(failed) if global.yes && failed.plan_taken => {
+                    note(
+                        global.quiet,
+                        "the planned subnet was taken by a launch running at the same time: planning again",
+                    );
+                    plan = plan_for(spec)?;
+                    launched = launch_interruptibly(backend, &plan);
+                }
+                _ => break,
+            }
+        }
+        let bottle = launched.map_err(|failed| failed.failure)?;
+        self.lap("launched");
+        for warning in bottle.launch_warnings() {
+            note(global.quiet, &format!("warning: {warning}"));
+        }
+        let forwards = crate::forward::Forward::of_plan(&plan.publish, &plan.host_services);
+        self.run_agent(backend, bottle, &plan.command, &forwards)
+    }
+
+    /// The end of `start` for a launched (or claimed) bottle: hand the
+    /// agent's `command` to a detached session and print the name, or run
+    /// it attached and stop the bottle when it ends.
+    ///
+    /// First the host's side of its published ports and host services
+    /// (`forwards`): a port that cannot be published fails the start, and
+    /// the bottle is removed.
+    pub(crate) fn run_agent(
+        &self,
+        backend: &dyn bottle_core::BottleBackend,
+        bottle: Box<dyn bottle_core::Bottle>,
+        command: &[String],
+        forwards: &[crate::forward::Forward],
+    ) -> Result<ExitCode, Failure> {
+        let global = self.global;
+        let kind = backend.kind();
+        let state_dir = crate::forward::state_dir_of(bottle.name())?;
+        match crate::forward::spawn_all(
+            &bottle_core::exec::SystemRunner,
+            &state_dir,
+            kind,
+            bottle.name(),
+            forwards,
+        ) {
+            Ok(records) => {
+                for record in records
+                    .iter()
+                    .filter(|r| r.kind == crate::forward::KIND_PORT)
+                {
+                    note(
+                        global.quiet,
+                        &format!(
+                            "the agent's port {} is on http://{}",
+                            record.port, record.listen
+                        ),
+                    );
+                }
+            }
+            Err(failure) => {
+                let name = bottle.name().to_string();
+                drop(bottle);
+                let _ = backend.stop(&name);
+                return Err(failure);
+            }
+        }
+        self.lap("forwards");
+        if self.args.detach {
+            let name = bottle.name().to_string();
+            drop(bottle);
+            let paths = bottle_core::state::SessionPaths::new(&state_root()?, slug::slug_of(&name));
+            if let Err(failure) = crate::session::spawn_host(
+                &bottle_core::exec::SystemRunner,
+                &paths,
+                kind,
+                &name,
+                command,
+            ) {
+                // A detached start whose agent does not run leaves nothing
+                // behind: it says why, and the bottle goes.
+                crate::session::end(&paths);
+                crate::forward::end_all(&state_dir);
+                let _ = backend.stop(&name);
+                return Err(failure);
+            }
+            self.lap("session-spawn");
+            self.print_timings();
+            out(&format!("{name}\n"));
+            note(
+                global.quiet,
+                &format!(
+                    "the agent runs in the background:\n  bottle attach {name}   join it (detach: ctrl-p ctrl-q)\n  bottle logs {name}     its audit log\n  bottle stop {name}     end it and remove the bottle"
+                ),
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        self.print_timings();
+        let watcher = crate::checkout::Watcher::start(&state_dir);
+        let code = bottle.exec_interactive(command);
+        let name = bottle.name().to_string();
+        drop(bottle);
+        crate::forward::end_all(&state_dir);
+        // The agent is done: what it pushed goes into the checkouts before
+        // the stop removes the mirrors.
+        if let Some(watcher) = watcher {
+            crate::checkout::print_report(global, &watcher.finish());
+        }
+        let stopped = backend.stop(&name);
+        let code = code?;
+        stopped?;
+        Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+    }
+}
+
+/// How many times `start -y` plans again after a launch found its plan
+/// taken ([`BackendErrorKind::PlanTaken`]); each new plan skips every
+/// network that exists by then, so a few suffice even for dozens of
+/// simultaneous starts.
+const PLAN_TAKEN_REPLANS: usize = 8;
+
+/// A launch's failure, and whether a launch running at the same time took
+/// what its plan chose (planning again may succeed).
+pub(crate) struct LaunchFailed {
+    pub failure: Failure,
+    pub plan_taken: bool,
+}
+
+impl From<Failure> for LaunchFailed {
+    fn from(failure: Failure) -> LaunchFailed {
+        LaunchFailed {
+            failure,
+            plan_taken: false,
+        }
+    }
+}
+
+impl From<LaunchFailed> for Failure {
+    fn from(failed: LaunchFailed) -> Failure {
+        failed.failure
+    }
+}
+
+/// `backend.launch`, which the operator's ^C (or `SIGTERM`) makes fail
+/// and unwind rather than end the process half-way ([`crate::interrupt`]).
+pub(crate) fn launch_interruptibly<B: BottleLauncher>(
+    backend: &B,
+    plan: &Plan<B::PlanData>,
+) -> Result<Box<dyn bottle_core::Bottle>, LaunchFailed> {
+    let signals = crate::interrupt::during_launch()?;
+    let launched = backend.launch(plan);
+    signals.ended();
+    let bottle = match launched {
+        Err(err) if crate::interrupt::requested() => {
+            return Err(Failure {
+                exit: EXIT_INTERRUPTED,
+                ..Failure::from(err)
+            }
+            .into());
+        }
+        Err(err) => {
+            return Err(LaunchFailed {
+                plan_taken: err.kind == BackendErrorKind::PlanTaken,
+                failure: Failure::from(err),
+            });
+        }
+        Ok(bottle) => bottle,
+    };
+    if !crate::interrupt::requested() {
+        return Ok(bottle);
+    }
+    // Interrupted after the launch's last check: take it down all the same.
+    let name = bottle.name().to_string();
+    drop(bottle);
+    let report = backend.stop(&name).map_err(Failure::from)?;
+    Err(Failure::new(
+        "BOT-C021",
+        EXIT_INTERRUPTED,
+        format!("the launch of {name} was interrupted as it completed; the bottle was stopped"),
+    )
+    .with_fix(if report.failed.is_empty() {
+        "start it again".to_string()
+    } else {
+        format!(
+            "run `bottle cleanup`; these remain: {}",
+            report.failed.join("; ")
+        )
+    })
+    .into())
+}
