@@ -106,11 +106,21 @@ pub fn host_binary(path: &str) -> Option<PathBuf> {
     std::fs::canonicalize(found).ok().filter(|p| p.is_file())
 }
 
-/// The Engine's record: the container runs under `runtime`.
-pub(crate) fn check_runtime(
+/// The host's side of a gVisor box, checked at launch and at every claim
+/// and reset: the Engine runs it under `runtime` ([`check_runtime`]) and
+/// its process is gVisor's sandbox running `binary`
+/// ([`check_sandbox_process`]).
+pub(crate) fn check_host_side(
     inspect: &ContainerInspectResponse,
     runtime: &str,
+    binary: &Path,
 ) -> Result<(), String> {
+    check_runtime(inspect, runtime)?;
+    check_sandbox_process(inspect, Path::new("/proc"), binary).map(drop)
+}
+
+/// The Engine's record: the container runs under `runtime`.
+fn check_runtime(inspect: &ContainerInspectResponse, runtime: &str) -> Result<(), String> {
     let found = inspect
         .host_config
         .as_ref()

@@ -83,17 +83,13 @@ pub(crate) fn check_bundle(
 
 /// The agent runs at its pinned address on the bottle network and on no
 /// other, with every capability dropped, no new privileges and not
-/// privileged, and under the Engine runtime `runtime` when the plan names
-/// one (a gVisor box).
+/// privileged. (A gVisor box's runtime and sandbox process are
+/// [`crate::gvisor::check_host_side`]'s.)
 pub(crate) fn check_agent(
     network: &str,
     agent: &ContainerInspectResponse,
     pinned: Ipv4Addr,
-    runtime: Option<&str>,
 ) -> Result<(), String> {
-    if let Some(runtime) = runtime {
-        crate::gvisor::check_runtime(agent, runtime)?;
-    }
     if agent.state.as_ref().and_then(|s| s.running) != Some(true) {
         return Err("the agent container is not running".into());
     }
@@ -188,28 +184,6 @@ mod tests {
         }
     }
 
-    fn check_agent_runc(
-        network: &str,
-        agent: &ContainerInspectResponse,
-        pinned: Ipv4Addr,
-    ) -> Result<(), String> {
-        check_agent(network, agent, pinned, None)
-    }
-
-    #[test]
-    fn a_gvisor_agent_must_run_under_runsc() {
-        let mut agent = container(&[(NET, AGENT_IP)], confined());
-        assert!(
-            check_agent(NET, &agent, AGENT_IP, Some("runsc"))
-                .unwrap_err()
-                .contains("not runsc")
-        );
-        if let Some(host) = agent.host_config.as_mut() {
-            host.runtime = Some("runsc".into());
-        }
-        assert_eq!(check_agent(NET, &agent, AGENT_IP, Some("runsc")), Ok(()));
-    }
-
     fn confined() -> HostConfig {
         HostConfig {
             cap_drop: Some(vec!["ALL".into()]),
@@ -276,18 +250,18 @@ mod tests {
     #[test]
     fn the_agent_must_be_confined_to_the_bottle_network_without_privileges() {
         assert_eq!(
-            check_agent_runc(NET, &container(&[(NET, AGENT_IP)], confined()), AGENT_IP),
+            check_agent(NET, &container(&[(NET, AGENT_IP)], confined()), AGENT_IP),
             Ok(())
         );
         let two_networks = container(&[(NET, AGENT_IP), (EGRESS_NETWORK, AGENT_IP)], confined());
         assert!(
-            check_agent_runc(NET, &two_networks, AGENT_IP)
+            check_agent(NET, &two_networks, AGENT_IP)
                 .unwrap_err()
                 .contains("not only")
         );
         let moved = container(&[(NET, BUNDLE_IP)], confined());
         assert!(
-            check_agent_runc(NET, &moved, AGENT_IP)
+            check_agent(NET, &moved, AGENT_IP)
                 .unwrap_err()
                 .contains("not at the pinned")
         );
@@ -296,7 +270,7 @@ mod tests {
             ..confined()
         };
         assert!(
-            check_agent_runc(NET, &container(&[(NET, AGENT_IP)], caps), AGENT_IP)
+            check_agent(NET, &container(&[(NET, AGENT_IP)], caps), AGENT_IP)
                 .unwrap_err()
                 .contains("capabilities")
         );
@@ -305,7 +279,7 @@ mod tests {
             ..confined()
         };
         assert!(
-            check_agent_runc(NET, &container(&[(NET, AGENT_IP)], nnp), AGENT_IP)
+            check_agent(NET, &container(&[(NET, AGENT_IP)], nnp), AGENT_IP)
                 .unwrap_err()
                 .contains("gain privileges")
         );
@@ -314,14 +288,14 @@ mod tests {
             ..confined()
         };
         assert!(
-            check_agent_runc(NET, &container(&[(NET, AGENT_IP)], privileged), AGENT_IP)
+            check_agent(NET, &container(&[(NET, AGENT_IP)], privileged), AGENT_IP)
                 .unwrap_err()
                 .contains("privileged")
         );
         let mut stopped = container(&[(NET, AGENT_IP)], confined());
         stopped.state = None;
         assert!(
-            check_agent_runc(NET, &stopped, AGENT_IP)
+            check_agent(NET, &stopped, AGENT_IP)
                 .unwrap_err()
                 .contains("not running")
         );

@@ -609,14 +609,10 @@ fn isolated_as_launched(
         LaunchMode::Bottle,
     )?;
     isolation::check_bundle(network_name, bundle, data.bundle.ip)?;
-    isolation::check_agent(
-        network_name,
-        agent,
-        data.agent.ip,
-        data.agent.runtime.as_deref(),
-    )?;
+    isolation::check_agent(network_name, agent, data.agent.ip)?;
     if let Some(binary) = crate::backend::gvisor_binary_of(plan).map_err(|e| e.to_string())? {
-        crate::gvisor::check_sandbox_process(agent, std::path::Path::new("/proc"), &binary)?;
+        let runtime = data.agent.runtime.as_deref().unwrap_or_default();
+        crate::gvisor::check_host_side(agent, runtime, &binary)?;
     }
     Ok(())
 }

@@ -345,25 +345,18 @@ impl<'a> Launch<'a, DockerPlanData> {
         // A gVisor box under another runtime is not a confinement that
         // differs but one that is missing: its own code.
         if let Some(binary) = crate::backend::gvisor_binary_of(self.plan)? {
-            let runtime = self.agent().runtime.as_deref().unwrap_or_default();
-            crate::gvisor::check_runtime(&inspect, runtime)
-                .map_err(|what| DockerError::NotUnderGvisor { what })?;
             let kernel = self.confirm_gvisor(agent, &inspect, &binary)?;
             self.note(&format!("gvisor: the box's kernel is {kernel}"));
         }
-        isolation::check_agent(
-            network,
-            &inspect,
-            self.agent().ip,
-            self.agent().runtime.as_deref(),
-        )
-        .map_err(|what| DockerError::IsolationUnconfirmed { what })?;
+        isolation::check_agent(network, &inspect, self.agent().ip)
+            .map_err(|what| DockerError::IsolationUnconfirmed { what })?;
         Ok(())
     }
 
-    /// The host kernel sees gVisor's sandbox as the container's process,
-    /// and the box's own `uname(2)` answers with a kernel that is not the
-    /// host's. Returns the box's kernel.
+    /// The Engine runs the box under the plan's gVisor runtime, the host
+    /// kernel sees gVisor's sandbox as the container's process, and the
+    /// box's own `uname(2)` answers with a kernel that is not the host's.
+    /// Returns the box's kernel.
     fn confirm_gvisor(
         &self,
         agent: &str,
@@ -371,8 +364,8 @@ impl<'a> Launch<'a, DockerPlanData> {
         binary: &std::path::Path,
     ) -> Result<String, DockerError> {
         let refused = |what: String| DockerError::NotUnderGvisor { what };
-        crate::gvisor::check_sandbox_process(inspect, std::path::Path::new("/proc"), binary)
-            .map_err(refused)?;
+        let runtime = self.agent().runtime.as_deref().unwrap_or_default();
+        crate::gvisor::check_host_side(inspect, runtime, binary).map_err(refused)?;
         let (release, version) = crate::gvisor::host_kernel().map_err(refused)?;
         let out = self.engine.block_on(exec_captured(
             self.engine,
