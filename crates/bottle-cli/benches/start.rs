@@ -17,7 +17,6 @@
 
 #![expect(
     clippy::unwrap_used,
-    clippy::expect_used,
     clippy::print_stdout,
     reason = "a bench prints its table and fails loudly"
 )]
@@ -38,10 +37,6 @@ const TAG: &str = "bottle-demo-agent:bench-start";
 const MARKER: &str = "bench-agent-started";
 /// How long one start may take before the bench gives up.
 const START_WITHIN: Duration = Duration::from_secs(60);
-
-/// Names the Debian test image (`cargo xtask agent-image`), measured
-/// beside the demo's when set.
-const DEBIAN_IMAGE_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
 
 /// One image's manifest and what was measured with it.
 struct Subject {
@@ -81,13 +76,7 @@ impl Subject {
 fn main() {
     let quick = std::env::args().any(|arg| arg == "--quick");
     let runs = if quick { 3 } else { 10 };
-    let bundle = std::env::var_os("BOTTLE_BUNDLE_BIN")
-        .map(PathBuf::from)
-        .expect("set BOTTLE_BUNDLE_BIN to the static bundle");
-    assert!(
-        std::env::var_os("BOTTLE_TOOLBOX_BIN").is_some(),
-        "set BOTTLE_TOOLBOX_BIN to the static in-box agent"
-    );
+    let bundle = bottle_test_support::bench::static_bundle();
     let state = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let bottle_state = state.path().join("bottle");
@@ -105,9 +94,8 @@ fn main() {
         .build_demo_agent(&demo, Path::new("/bin/busybox"), TAG)
         .unwrap();
     let mut subjects = vec![Subject::new("demo image", TAG, dir.path())];
-    match std::env::var(DEBIAN_IMAGE_ENV) {
-        Ok(debian) => subjects.push(Subject::new("Debian image", &debian, dir.path())),
-        Err(_) => println!("({DEBIAN_IMAGE_ENV} is not set: the demo image only)\n"),
+    if let Some(debian) = bottle_test_support::bench::debian_image() {
+        subjects.push(Subject::new("Debian image", &debian, dir.path()));
     }
     // One untimed start of each, so none pays for a first image load.
     for (n, subject) in subjects.iter().enumerate() {

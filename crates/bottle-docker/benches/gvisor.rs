@@ -23,7 +23,7 @@
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bottle_core::sandbox::ToolCall;
@@ -34,9 +34,6 @@ use bottle_test_support::bench::{docker, ms, percentile, row};
 const TAG: &str = "bottle-demo-agent:bench";
 const HOST: &str = "bench.bottle.test";
 const TIERS: [&str; 2] = ["runc", "gvisor"];
-/// Where `cargo xtask bench` names the Debian agent image.
-const DEBIAN_IMAGE_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
-
 /// An image the boots are measured with.
 struct BenchImage {
     label: &'static str,
@@ -86,13 +83,7 @@ fn main() {
         println!("gvisor bench skipped: {why}");
         return;
     }
-    let bundle = std::env::var_os("BOTTLE_BUNDLE_BIN")
-        .map(PathBuf::from)
-        .expect("set BOTTLE_BUNDLE_BIN to the static bundle");
-    assert!(
-        std::env::var_os("BOTTLE_TOOLBOX_BIN").is_some(),
-        "set BOTTLE_TOOLBOX_BIN to the static in-box agent"
-    );
+    let bundle = bottle_test_support::bench::static_bundle();
     let state = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut options = DockerOptions::new(state.path());
@@ -108,15 +99,12 @@ fn main() {
         tag: TAG.to_string(),
         suffix: "",
     }];
-    match std::env::var(DEBIAN_IMAGE_ENV) {
-        Ok(tag) => images.push(BenchImage {
+    if let Some(tag) = bottle_test_support::bench::debian_image() {
+        images.push(BenchImage {
             label: "Debian",
             tag,
             suffix: "-debian",
-        }),
-        Err(_) => println!(
-            "{DEBIAN_IMAGE_ENV} is not set: the Debian image's rows are left out (`cargo xtask bench` sets it)"
-        ),
+        });
     }
 
     // The upstream: zeros over plain HTTP, on every host address, so a

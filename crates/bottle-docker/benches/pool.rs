@@ -32,20 +32,11 @@ use bottle_docker::{DockerBackend, DockerOptions};
 use bottle_test_support::bench::{docker, row, time};
 
 const TAG: &str = "bottle-demo-agent:bench";
-/// Names the Debian test image (`cargo xtask agent-image`), measured
-/// beside the demo's when set.
-const DEBIAN_IMAGE_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
 
 fn main() {
     let quick = std::env::args().any(|arg| arg == "--quick");
     let rounds = if quick { 3 } else { 10 };
-    let bundle = std::env::var_os("BOTTLE_BUNDLE_BIN")
-        .map(PathBuf::from)
-        .expect("set BOTTLE_BUNDLE_BIN to the static bundle");
-    assert!(
-        std::env::var_os("BOTTLE_TOOLBOX_BIN").is_some(),
-        "set BOTTLE_TOOLBOX_BIN to the static in-box agent"
-    );
+    let bundle = bottle_test_support::bench::static_bundle();
     let cli = cli_binary();
     let state = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -59,9 +50,8 @@ fn main() {
         .unwrap();
     // The demo image's agent and, when named, the Debian test image's.
     let mut subjects = vec![("bench", TAG.to_string(), "demo image")];
-    match std::env::var(DEBIAN_IMAGE_ENV) {
-        Ok(debian) => subjects.push(("bench-debian", debian, "Debian image")),
-        Err(_) => println!("({DEBIAN_IMAGE_ENV} is not set: the demo image only)\n"),
+    if let Some(debian) = bottle_test_support::bench::debian_image() {
+        subjects.push(("bench-debian", debian, "Debian image"));
     }
     let manifest = dir.path().join("bottle.toml");
     let agents: String = subjects

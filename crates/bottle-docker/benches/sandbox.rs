@@ -9,12 +9,11 @@
 
 #![expect(
     clippy::unwrap_used,
-    clippy::expect_used,
     clippy::print_stdout,
     reason = "a bench prints its table and fails loudly"
 )]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bottle_core::sandbox::ToolCall;
@@ -54,13 +53,7 @@ fn main() {
             restarts: 100,
         }
     };
-    let bundle = std::env::var_os("BOTTLE_BUNDLE_BIN")
-        .map(PathBuf::from)
-        .expect("set BOTTLE_BUNDLE_BIN to the static bundle");
-    assert!(
-        std::env::var_os("BOTTLE_TOOLBOX_BIN").is_some(),
-        "set BOTTLE_TOOLBOX_BIN to the static in-box agent"
-    );
+    let bundle = bottle_test_support::bench::static_bundle();
     let state = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut options = DockerOptions::new(state.path());

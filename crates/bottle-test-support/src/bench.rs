@@ -9,8 +9,35 @@
     reason = "a bench prints its table and fails loudly"
 )]
 
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// The static bundle `BOTTLE_BUNDLE_BIN` names, once `BOTTLE_TOOLBOX_BIN`
+/// names the static in-box agent too: what every bench that launches
+/// bottles needs (`cargo xtask bench` sets both).
+pub fn static_bundle() -> PathBuf {
+    assert!(
+        std::env::var_os("BOTTLE_TOOLBOX_BIN").is_some(),
+        "set BOTTLE_TOOLBOX_BIN to the static in-box agent"
+    );
+    std::env::var_os("BOTTLE_BUNDLE_BIN")
+        .map(PathBuf::from)
+        .expect("set BOTTLE_BUNDLE_BIN to the static bundle")
+}
+
+/// The Debian test image's tag ([`crate::DEBIAN_IMAGE_ENV`]), or `None`
+/// after a line saying its rows are left out.
+pub fn debian_image() -> Option<String> {
+    let image = std::env::var(crate::DEBIAN_IMAGE_ENV).ok();
+    if image.is_none() {
+        println!(
+            "({} is not set: the Debian image's rows are left out; `cargo xtask bench` sets it)\n",
+            crate::DEBIAN_IMAGE_ENV
+        );
+    }
+    image
+}
 
 /// Runs `docker ARGS` with its output discarded; whether it succeeded.
 pub fn docker(args: &[&str]) -> bool {

@@ -123,6 +123,11 @@ pub async fn wait_for_async<T>(
 /// test needs) fails the test instead of skipping it.
 pub const REQUIRE_DOCKER_ENV: &str = "BOTTLE_REQUIRE_DOCKER";
 
+/// Names the Debian test image, a real agent image (`cargo xtask
+/// agent-image` builds it and prints its tag; `cargo xtask test` and
+/// `cargo xtask bench` set this).
+pub const DEBIAN_IMAGE_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
+
 /// Whether `BOTTLE_REQUIRE_DOCKER=1`.
 pub fn docker_required() -> bool {
     std::env::var(REQUIRE_DOCKER_ENV).is_ok_and(|value| value == "1")

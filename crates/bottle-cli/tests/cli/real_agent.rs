@@ -14,12 +14,11 @@ use std::path::{Path, PathBuf};
 
 use bottle_core::exec::CommandSpec;
 use bottle_test_support::corp_net::{Site, Version};
-use bottle_test_support::{skip_docker_test, temp_state_root};
+use bottle_test_support::{DEBIAN_IMAGE_ENV, skip_docker_test, temp_state_root};
 
 use crate::e2e::{Bottles, Corp, both, run, shell_quote};
 
 const TEST: &str = "a_real_agents_day_behind_a_corporate_network";
-const IMAGE_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
 /// The corporate proxy's address, on an interface this test makes.
 const CORP_PROXY: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 71);
 const FILES: &str = "files.corp.test";
@@ -158,11 +157,11 @@ req.end();
 #[test]
 fn a_real_agents_day_behind_a_corporate_network() {
     let _serial = crate::one_launch_at_a_time();
-    let Ok(image) = std::env::var(IMAGE_ENV) else {
+    let Ok(image) = std::env::var(DEBIAN_IMAGE_ENV) else {
         skip_docker_test(
             TEST,
             format!(
-                "{IMAGE_ENV} is not set (run `cargo xtask agent-image` and set it to the tag it prints, or run `cargo xtask test`)"
+                "{DEBIAN_IMAGE_ENV} is not set (run `cargo xtask agent-image` and set it to the tag it prints, or run `cargo xtask test`)"
             ),
         );
         return;

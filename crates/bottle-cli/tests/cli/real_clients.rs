@@ -33,13 +33,12 @@ use bottle_test_support::corp_net::{
     CorpNet, NPM_BULK_ADVISORIES, NpmPackage, PythonFile, SDIST_PROJECT, Site, Version,
     WHEEL_PROJECT, make_bare_repo, npm_registry, python_index, write_corpus,
 };
-use bottle_test_support::{skip_docker_test, temp_state_root};
+use bottle_test_support::{DEBIAN_IMAGE_ENV, skip_docker_test, temp_state_root};
 
 use crate::e2e::{Bottles, Corp, both, run, shell_quote};
 
 const TEST: &str = "real_clients_work_through_a_bottle_with_no_finding";
 const GVISOR_TEST: &str = "real_clients_work_through_a_gvisor_bottle_with_no_finding";
-const IMAGE_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
 /// Where the corpus of recorded requests is written, when set.
 const CORPUS_ENV: &str = "BOTTLE_RECORD_CLIENT_CORPUS";
 /// The corporate proxy's address, on an interface this test makes (not
@@ -262,11 +261,11 @@ fn real_clients_work_through_a_gvisor_bottle_with_no_finding() {
 )]
 fn a_clients_day(test: &str, isolation: &str) {
     let _serial = crate::one_launch_at_a_time();
-    let Ok(image) = std::env::var(IMAGE_ENV) else {
+    let Ok(image) = std::env::var(DEBIAN_IMAGE_ENV) else {
         skip_docker_test(
             test,
             format!(
-                "{IMAGE_ENV} is not set (run `cargo xtask agent-image` and set it to the tag it prints, or run `cargo xtask test`)"
+                "{DEBIAN_IMAGE_ENV} is not set (run `cargo xtask agent-image` and set it to the tag it prints, or run `cargo xtask test`)"
             ),
         );
         return;

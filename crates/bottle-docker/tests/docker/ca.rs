@@ -8,10 +8,9 @@ use bottle_core::exec::{CommandRunner, CommandSpec, SystemRunner};
 use bottle_docker::client::Engine;
 use bottle_docker::tarball::{Ownership, TarBuilder};
 
-use crate::support::{self, DEMO_TAG, Fixture, name, sh};
+use bottle_test_support::DEBIAN_IMAGE_ENV;
 
-/// Names the Debian test image (`cargo xtask agent-image`).
-const DEBIAN_IMAGE_ENV: &str = "BOTTLE_TEST_DEBIAN_IMAGE";
+use crate::support::{self, DEMO_TAG, Fixture, name, sh};
 
 /// An image built for one test, removed when dropped.
 struct TestImage {
