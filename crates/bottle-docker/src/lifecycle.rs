@@ -433,7 +433,9 @@ pub fn begin_stop(
 /// reading the record under it: two finishers (the detached one,
 /// `cleanup`, a launch of the same name) never interleave, and one that
 /// comes late finds the record gone and cannot take down a new bottle of
-/// the same name.
+/// the same name. A dir without its record that goes within two seconds
+/// was being removed under the finisher (`rm -rf` deletes the record
+/// first): the rest is then found by its labels, as below.
 ///
 /// With the state dir gone (another finisher removed it, or someone
 /// removed the state root before the finish), what still carries the
@@ -448,10 +450,15 @@ pub fn finish_stop(
     let slug = slug_of(name).to_string();
     let dir = state_root.join(&slug);
     if let Some(_lock) = lock_state_dir(&dir) {
-        if !stopping::is_stopping(&dir) {
+        if stopping::is_stopping(&dir) {
+            return stop(engine, state_root, name);
+        }
+        // No record: a new bottle of the name, or this one's dir being
+        // removed under the finisher (an `rm -rf` deletes the record
+        // before the dir). Only the second is still this stop's.
+        if !goes_away(&dir, REMOVAL_GRACE) {
             return Ok(CleanupReport::default());
         }
-        return stop(engine, state_root, name);
     }
     // Only what was made for this state dir: a bottle of the same name
     // under another state root is not this stop's.
@@ -468,6 +475,25 @@ pub fn finish_stop(
     }
     remove_resources(engine, &containers, &networks, &mut report);
     Ok(report)
+}
+
+/// How long a finisher that finds a state dir without its `stopping`
+/// record waits to see whether the dir is being removed.
+const REMOVAL_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether the directory `dir` is gone within `grace` (checked every
+/// 20 ms, so a removal in progress is seen to its end).
+fn goes_away(dir: &Path, grace: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + grace;
+    loop {
+        if !dir.exists() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// Finishes the stop of the bottle `slug` if it is recorded as stopping

@@ -571,7 +571,7 @@ fn both_backends_give_the_agent_the_same_environment() {
     for (backend, name) in [("smolmachines", &vm), ("docker", &container)] {
         world
             .bottle("1.9.3", "")
-            .args(["--backend", backend, "stop", name])
+            .args(["--backend", backend, "stop", "--wait", name])
             .assert()
             .success();
     }
@@ -739,7 +739,7 @@ fn exec_passes_stdin_through_to_eof_on_both_backends() {
     for (backend, name) in [("smolmachines", &vm), ("docker", &container)] {
         let _ = world
             .bottle("1.9.3", "")
-            .args(["--backend", backend, "stop", name])
+            .args(["--backend", backend, "stop", "--wait", name])
             .output();
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

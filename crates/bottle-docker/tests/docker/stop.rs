@@ -1,9 +1,9 @@
 //! A stop in two parts: `begin_stop` removes the agent's container and
 //! leaves the bundle, the network and the state dir (recorded as
 //! stopping); `finish_stop` removes
-//! them even when the state dir vanished first (a test's temp dir, an
-//! operator's `rm -rf`), and a late finisher spares a new bottle of the
-//! same name.
+//! them even when the state dir vanished first or is vanishing as it comes
+//! (a test's temp dir, an operator's `rm -rf`), and a late finisher spares
+//! a new bottle of the same name.
 
 use bottle_core::backend::StopProgress;
 use bottle_core::{BottleBackend, slug::bottle_name};
@@ -53,6 +53,33 @@ fn a_stop_begun_is_finished_without_its_state_dir_and_a_late_finish_spares_a_new
     ] {
         assert!(report.removed.contains(&gone), "{:?}", report.removed);
     }
+    assert_eq!(resources_of(&fx.backend, &name), Vec::<String>::new());
+
+    // The state dir is being removed as the finisher comes: the record is
+    // gone, the dir not yet (`rm -rf` deletes what is inside first). The
+    // finisher waits for the dir to go and removes the rest.
+    let (_guard, bottle) = fx.start(&name);
+    drop(bottle);
+    let StopProgress::Stopping(_) = fx.backend.begin_stop(&full).unwrap() else {
+        panic!("a docker bottle with a state dir stops in two parts");
+    };
+    std::fs::remove_file(state_dir.join("stopping")).unwrap();
+    let removing = {
+        let state_dir = state_dir.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            std::fs::remove_dir_all(&state_dir).unwrap();
+        })
+    };
+    let report = fx.backend.finish_stop(&full).unwrap();
+    removing.join().unwrap();
+    assert!(
+        report
+            .removed
+            .contains(&format!("container bot-bottle-{name}-bundle")),
+        "{:?}",
+        report.removed
+    );
     assert_eq!(resources_of(&fx.backend, &name), Vec::<String>::new());
 
     // A new bottle of the same name, not stopping: a finisher that comes
