@@ -226,6 +226,79 @@ fn every_spawn_site_is_listed_in_architecture_md() {
 }
 
 // ---------------------------------------------------------------------------
+// Every path ARCHITECTURE.md names exists.
+
+/// Where a path ARCHITECTURE.md names from the repository root starts.
+const ROOTED: [&str; 5] = ["crates/", "xtask/", "docs/", "examples/", ".ci/"];
+
+/// Every file and directory under `root`, relative with `/` separators
+/// (directories end in `/`), skipping `target/` and `.git/`.
+fn repository_paths(root: &Path) -> BTreeSet<String> {
+    let mut paths = BTreeSet::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let relative = path
+                .strip_prefix(root)
+                .unwrap()
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy())
+                .collect::<Vec<_>>()
+                .join("/");
+            if path.is_dir() {
+                if !matches!(relative.as_str(), "target" | ".git") {
+                    paths.insert(format!("{relative}/"));
+                    pending.push(path);
+                }
+            } else {
+                paths.insert(relative);
+            }
+        }
+    }
+    paths
+}
+
+/// The paths a document names in backticks: each one rooted at the
+/// repository ([`ROOTED`]), which must exist there, and each other `.rs`
+/// file (a crate paragraph names its modules relative to the crate), which
+/// must end some path of the repository.
+fn check_named_paths(document: &str, paths: &BTreeSet<String>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for span in document.split('`').skip(1).step_by(2) {
+        if span.is_empty() || span.contains(char::is_whitespace) || span.contains(['*', '<', '{']) {
+            continue;
+        }
+        let rooted = ROOTED.iter().any(|root| span.starts_with(root));
+        let found = if rooted {
+            paths.contains(span) || paths.contains(&format!("{}/", span.trim_end_matches('/')))
+        } else if span.ends_with(".rs") {
+            let tail = format!("/{span}");
+            paths
+                .iter()
+                .any(|path| path.ends_with(&tail) || path == span)
+        } else {
+            continue;
+        };
+        if !found {
+            problems.push(format!(
+                "ARCHITECTURE.md names `{span}`, which is not in the repository: correct the path or delete the mention"
+            ));
+        }
+    }
+    problems
+}
+
+#[test]
+fn every_path_architecture_md_names_exists() {
+    let root = repo_root();
+    assert_tidy(
+        "paths in ARCHITECTURE.md",
+        &check_named_paths(&read(&root, "ARCHITECTURE.md"), &repository_paths(&root)),
+    );
+}
+
+// ---------------------------------------------------------------------------
 // No declared dependency goes unused.
 
 /// Whether `text` names the crate `name` (as written in code, `_` for `-`)
@@ -544,6 +617,25 @@ mod planted {
     }
 
     const ARCHITECTURE_MD: &str = "5. One place spawns.\n\n   **Spawn sites** (checked by tidy):\n   - `crates/z/src/exec.rs`\n\n## Errors\n- `not/a/site.rs`\n";
+
+    #[test]
+    fn named_paths_are_found_rooted_or_as_a_tail() {
+        let paths: BTreeSet<String> = [
+            "crates/",
+            "crates/a/",
+            "crates/a/src/",
+            "crates/a/src/lib.rs",
+            "crates/a/src/launch/agent.rs",
+        ]
+        .map(String::from)
+        .into();
+        let document = "`crates/a` and `crates/a/src/lib.rs`, `launch/agent.rs`, \
+                        `lib.rs`, `box/`, `bottle-*`, `a b.rs`";
+        assert_eq!(check_named_paths(document, &paths), Vec::<String>::new());
+        let stale = check_named_paths("`crates/b/src/x.rs` and `gone.rs`", &paths);
+        assert_eq!(stale.len(), 2, "{stale:?}");
+        assert!(stale[0].contains("`crates/b/src/x.rs`") && stale[1].contains("`gone.rs`"));
+    }
 
     #[test]
     fn spawn_sites_agree() {
