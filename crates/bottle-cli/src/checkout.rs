@@ -42,11 +42,6 @@ pub(crate) const POLL: Duration = Duration::from_secs(1);
 /// have changed (a change within one timestamp tick, say).
 const RESYNC: Duration = Duration::from_secs(60);
 
-/// The state dir of the bottle `bottle` (a name or a slug).
-fn state_dir(bottle: &str) -> Result<PathBuf, Failure> {
-    Ok(crate::lookup::state_root()?.join(slug::slug_of(bottle)))
-}
-
 /// Whether the bottle whose state dir is `state_dir` has a working
 /// checkout the agent may push to.
 pub(crate) fn has_checkouts(state_dir: &Path) -> bool {
@@ -190,7 +185,7 @@ fn watch(state_dir: &Path, mirrors: &[PathBuf], stop: &AtomicBool) -> Vec<checko
 /// checkouts now, and says what it did.
 pub(crate) fn sync_command(global: &Global, bottle: &str) -> Result<ExitCode, Failure> {
     let name = slug::bottle_name(slug::slug_of(bottle));
-    let state_dir = state_dir(bottle)?;
+    let state_dir = crate::lookup::state_dir_of(bottle)?;
     if !state_dir.is_dir() {
         return Err(crate::lookup::no_bottle_named(&name));
     }

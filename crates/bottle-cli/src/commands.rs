@@ -1,4 +1,5 @@
-//! One function per command. Parse → validate → plan → act.
+//! Dispatches each command: the small ones are here, the rest (`start`,
+//! `stop`, `cp` …) in modules of their own. Parse → validate → plan → act.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -330,7 +331,7 @@ fn port(global: &Global, args: &PortArgs) -> Result<ExitCode, Failure> {
     let (bottle, kind) = find_bottle_and_backend(global, &args.bottle)?;
     let name = bottle.name().to_string();
     drop(bottle);
-    let state_dir = crate::forward::state_dir_of(&name)?;
+    let state_dir = crate::lookup::state_dir_of(&name)?;
     if let Some(host_port) = args.close {
         if !crate::forward::close_port(&state_dir, host_port) {
             return Err(Failure::new(

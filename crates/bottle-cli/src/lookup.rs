@@ -22,6 +22,12 @@ pub(crate) fn state_root() -> Result<PathBuf, Failure> {
     })?)
 }
 
+/// The state dir of the bottle `bottle` (a name or a slug) under the state
+/// root.
+pub(crate) fn state_dir_of(bottle: &str) -> Result<PathBuf, Failure> {
+    Ok(state_root()?.join(slug::slug_of(bottle)))
+}
+
 /// The spec of bottle `name` (or a generated one) running `agent`.
 pub(crate) fn spec_for(
     global: &Global,

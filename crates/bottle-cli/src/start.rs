@@ -159,7 +159,7 @@ impl Started<'_> {
     ) -> Result<ExitCode, Failure> {
         let global = self.global;
         let kind = backend.kind();
-        let state_dir = crate::forward::state_dir_of(bottle.name())?;
+        let state_dir = crate::lookup::state_dir_of(bottle.name())?;
         match crate::forward::spawn_all(
             &bottle_core::exec::SystemRunner,
             &state_dir,

@@ -164,11 +164,6 @@ pub(crate) struct Record {
     pub owner: Owner,
 }
 
-/// The state dir of bottle `name` under the state root.
-pub(crate) fn state_dir_of(name: &str) -> Result<PathBuf, Failure> {
-    Ok(crate::lookup::state_root()?.join(slug::slug_of(name)))
-}
-
 /// The forwarder's invocation: this `bottle`, on the bottle's backend.
 fn forward_spec(
     bottle_exe: &Path,
@@ -520,7 +515,7 @@ pub(crate) fn run(
         _ => return Err(usage("name one of --publish and --host-service".into())),
     };
     let name = slug::bottle_name(slug::slug_of(&args.bottle));
-    let state_dir = state_dir_of(&name)?;
+    let state_dir = crate::lookup::state_dir_of(&name)?;
     let ready = ForwardPaths::new(&state_dir).ready(&forward.key());
     match &forward {
         Forward::Port(published) => {

@@ -102,7 +102,7 @@ pub(crate) fn run(
     };
     // The agent's pushes into working checkouts come back while it runs
     // (`crate::checkout`); `stop` syncs again at the end.
-    let state_dir = crate::lookup::state_root()?.join(slug::slug_of(bottle));
+    let state_dir = crate::lookup::state_dir_of(bottle)?;
     let watcher = crate::checkout::Watcher::start(&state_dir);
     let code = match found.exec_session(command, &mut started) {
         Ok(code) => code,
