@@ -200,14 +200,28 @@ fn run_script(
     if out.exit_code == 0 {
         Ok(())
     } else {
-        Err(SmolvmError::Provision {
-            step: step.into(),
-            detail: format!(
-                "exit {}: {}",
-                out.exit_code,
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        })
+        Err(failed_step(step.into(), &out))
+    }
+}
+
+/// A provisioning `step` whose guest command exited non-zero (`out`).
+fn failed_step(step: String, out: &GuestOutput) -> SmolvmError {
+    SmolvmError::Provision {
+        step,
+        detail: format!(
+            "exit {}: {}",
+            out.exit_code,
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// A guest write's outcome (`out`): done, or refused with its stderr.
+fn written(out: &GuestOutput) -> Result<(), Refused> {
+    if out.exit_code == 0 {
+        Ok(())
+    } else {
+        Err(Refused(String::from_utf8_lossy(&out.stderr).into_owned()))
     }
 }
 
@@ -281,14 +295,7 @@ impl CaBox for GuestCaBox<'_> {
         let entry = (out.exit_code == 0)
             .then(|| parse_entry(&out.stdout))
             .flatten();
-        entry.ok_or_else(|| SmolvmError::Provision {
-            step: format!("look at {path} for the CA"),
-            detail: format!(
-                "exit {}: {}",
-                out.exit_code,
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        })
+        entry.ok_or_else(|| failed_step(format!("look at {path} for the CA"), &out))
     }
 
     fn write(
@@ -304,33 +311,18 @@ impl CaBox for GuestCaBox<'_> {
         copied?;
         let mode = format!("{:o}", mode & 0o7777);
         let out = self.sh(WRITE_SCRIPT, &[path, STAGED, &mode])?;
-        Ok(if out.exit_code == 0 {
-            Ok(())
-        } else {
-            Err(Refused(String::from_utf8_lossy(&out.stderr).into_owned()))
-        })
+        Ok(written(&out))
     }
 
     fn symlink(&mut self, path: &str, target: &str) -> Result<Result<(), Refused>, SmolvmError> {
         let out = self.sh(LINK_SCRIPT, &[path, target])?;
-        Ok(if out.exit_code == 0 {
-            Ok(())
-        } else {
-            Err(Refused(String::from_utf8_lossy(&out.stderr).into_owned()))
-        })
+        Ok(written(&out))
     }
 
     fn dir_has_entries(&mut self, dir: &str) -> Result<bool, SmolvmError> {
         let out = self.sh(DIR_ENTRIES_SCRIPT, &[dir])?;
         if out.exit_code != 0 {
-            return Err(SmolvmError::Provision {
-                step: format!("list {dir} for the CA"),
-                detail: format!(
-                    "exit {}: {}",
-                    out.exit_code,
-                    String::from_utf8_lossy(&out.stderr)
-                ),
-            });
+            return Err(failed_step(format!("list {dir} for the CA"), &out));
         }
         Ok(out.stdout.starts_with(b"entries"))
     }
