@@ -70,7 +70,7 @@ impl TarBuilder {
     pub fn symlink(
         &mut self,
         path: &str,
-        target: &str,
+        target: impl AsRef<Path>,
         owner: Ownership,
     ) -> Result<(), DockerError> {
         let mut header = header(tar::EntryType::Symlink, 0, 0o777, owner);
@@ -152,11 +152,7 @@ impl TarBuilder {
     ) -> Result<(), DockerError> {
         if meta.file_type().is_symlink() {
             let target = std::fs::read_link(path).map_err(DockerError::io("read", path))?;
-            let mut header = header(tar::EntryType::Symlink, 0, 0o777, owner);
-            return self
-                .builder
-                .append_link(&mut header, name, &target)
-                .map_err(DockerError::io("build an archive entry for", path));
+            return self.symlink(name, target, owner);
         }
         if !meta.is_file() {
             // Sockets, fifos and devices have no business in a bottle.
