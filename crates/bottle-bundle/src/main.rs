@@ -110,6 +110,7 @@ fn run(config: &std::path::Path) -> ExitCode {
         if let Some(addr) = running.supervise_addr {
             eprintln!("bottle-bundle: supervise on {addr}");
         }
+        eprintln!("{}", bottle_core::bundle::BUNDLE_READY_LINE);
         // As PID 1 in a container, an unhandled SIGTERM would be ignored
         // and `docker stop` would wait for its SIGKILL timeout.
         let mut term = match signal(SignalKind::terminate()) {

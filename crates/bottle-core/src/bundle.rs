@@ -22,6 +22,11 @@ pub const PROXY_PORT: u16 = 8888;
 pub const GIT_GATE_PORT: u16 = 9418;
 /// The agent-facing supervise (MCP) port.
 pub const SUPERVISE_PORT: u16 = 9100;
+/// The line the bundle writes to its stderr once every listener is bound
+/// and served (after the lines naming them): a launch that attached to the
+/// bundle before starting it waits for this line instead of probing the
+/// proxy through an exec, which costs two Engine round trips per probe.
+pub const BUNDLE_READY_LINE: &str = "bottle-bundle: ready";
 /// Where the bottle's request queue (`<state_dir>/requests` on the host) is
 /// mounted inside the bundle.
 pub const BUNDLE_REQUESTS_DIR: &str = "/run/bottle/requests";

@@ -1,7 +1,8 @@
 //! The sandbox interface against raw Docker, in one run on the real daemon:
 //! a tool call's round trip through the in-box agent's channel vs `docker
 //! exec` (the Engine API's exec, and the `docker` CLI), reset's p50 and
-//! p99, and boot to the first tool call vs `docker run --rm`.
+//! p99, and boot to the first tool call vs `docker run --rm`, for the demo
+//! image and, when `cargo xtask bench` names it, the Debian test image.
 //!
 //! `cargo xtask bench` runs it with the static binaries; by hand:
 //! `BOTTLE_BUNDLE_BIN=… BOTTLE_TOOLBOX_BIN=… cargo bench -p bottle-docker
@@ -64,137 +65,206 @@ fn main() {
     backend
         .build_demo_agent(&demo, Path::new("/bin/busybox"), TAG)
         .unwrap();
-    let manifest = dir.path().join("bottle.toml");
-    std::fs::write(&manifest, format!("[agents.bench]\nimage = \"{TAG}\"\ncommand = [\"/bin/sh\"]\n[agents.bench.egress]\nallow = [\"bench.bottle.test\"]\n")).unwrap();
-    let spec = |name: &str| {
-        let loaded = bottle_core::manifest::load(&manifest).unwrap();
-        BottleSpec::new(&loaded, &manifest, "bench", Some(name), state.path()).unwrap()
-    };
-
-    // Boot to the first tool call, against `docker run --rm IMAGE true`.
-    let mut boots = Vec::new();
-    let mut runs = Vec::new();
-    for i in 0..sizes.boots {
-        let name = format!("bench-boot-{i}");
-        let started = Instant::now();
-        let plan = backend.prepare(&spec(&name)).unwrap();
-        let bottle = backend.launch(&plan).unwrap();
-        let first = bottle.execute(&ToolCall::argv(["true"])).unwrap();
-        assert_eq!(first.exit_code, 0);
-        boots.push(started.elapsed());
-        drop(bottle);
-        backend.stop(&name).unwrap();
-        let started = Instant::now();
-        assert!(docker(&["run", "--rm", TAG, "true"]));
-        runs.push(started.elapsed());
+    let mut images = vec![("demo image", TAG.to_string())];
+    if let Some(debian) = bottle_test_support::bench::debian_image() {
+        images.push(("Debian image", debian));
     }
-
-    let name = "bench-sandbox";
-    let plan = backend.prepare(&spec(name)).unwrap();
-    let bottle = backend.launch(&plan).unwrap();
-    let container = format!("bot-bottle-{name}-agent");
-
-    // Tool call round trip.
-    for _ in 0..20 {
-        bottle.execute(&ToolCall::argv(["true"])).unwrap();
-    }
-    let calls = time(sizes.calls, || {
-        assert_eq!(
-            bottle.execute(&ToolCall::argv(["true"])).unwrap().exit_code,
-            0
-        );
-    });
-    let api_execs = time(sizes.baseline_calls, || {
-        assert_eq!(bottle.exec(&["true".to_string()]).unwrap().exit_code, 0);
-    });
-    let cli_execs = time(sizes.cli_calls, || {
-        assert!(docker(&["exec", &container, "true"]))
-    });
-
-    // Reset, each verified from its three sources; then the floor under
-    // it: the Engine killing and starting the same container, nothing else.
-    let mut reverts = Vec::new();
-    let mut verifies = Vec::new();
-    let resets = time(sizes.resets, || {
-        let report = bottle.reset().unwrap();
-        assert!(report.verified);
-        reverts.push(report.revert);
-        verifies.push(report.verify);
-    });
-    let engine = backend.engine().unwrap();
-    let kill = || {
-        bollard::query_parameters::KillContainerOptionsBuilder::default()
-            .signal("SIGKILL")
-            .build()
-    };
-    let restarts = time(sizes.restarts, || {
-        engine.block_on(async {
-            engine
-                .docker
-                .kill_container(&container, Some(kill()))
-                .await
-                .unwrap();
-            engine
-                .docker
-                .start_container(&container, None)
-                .await
-                .unwrap();
-        });
-    });
-    // The raw restarts left the box running but not as a reset leaves it.
-    assert!(bottle.reset().unwrap().verified);
-    let after_reset = Instant::now();
-    bottle.execute(&ToolCall::argv(["true"])).unwrap();
-    let first_call_after_reset = after_reset.elapsed();
-    drop(bottle);
-    backend.stop(name).unwrap();
+    let measured: Vec<(&str, Measured)> = images
+        .iter()
+        .map(|(label, image)| {
+            let bench = Bench {
+                backend: &backend,
+                state: state.path(),
+                dir: dir.path(),
+                image,
+            };
+            (*label, bench.measure(&sizes))
+        })
+        .collect();
 
     println!(
         "| measure | bottle p50 (p99), ms | baseline | baseline p50 (p99), ms | ratio of p50s |"
     );
     println!("| --- | --- | --- | --- | --- |");
-    row(
-        "boot to the first tool call",
-        &boots,
-        "`docker run --rm IMAGE true`",
-        &runs,
-    );
-    row(
-        "tool call `true` through the in-box agent",
-        &calls,
-        "Engine API exec of `true` (`docker exec` without the CLI)",
-        &api_execs,
-    );
-    row(
-        "tool call `true` through the in-box agent",
-        &calls,
-        "`docker exec CONTAINER true`",
-        &cli_execs,
-    );
-    row(
-        "reset, verified from three sources",
-        &resets,
-        "Engine API SIGKILL + start of the same container",
-        &restarts,
-    );
-    println!(
-        "| … of which revert / verify | {:.1} / {:.1} | | | |",
-        ms(percentile(&reverts, 50)),
-        ms(percentile(&verifies, 50))
-    );
-    println!(
-        "| first tool call after a reset (starts a new in-box agent) | {:.1} | | | |",
-        ms(first_call_after_reset)
-    );
-    println!(
-        "\nn: boots {}, tool calls {}, API execs {}, CLI execs {}, resets {}, raw restarts {}",
-        boots.len(),
-        calls.len(),
-        api_execs.len(),
-        cli_execs.len(),
-        resets.len(),
-        restarts.len()
-    );
+    for (label, m) in &measured {
+        m.print(label);
+    }
+    for (label, m) in &measured {
+        println!(
+            "\n{label}: n: boots {}, tool calls {}, API execs {}, CLI execs {}, resets {}, raw restarts {}",
+            m.boots.len(),
+            m.calls.len(),
+            m.api_execs.len(),
+            m.cli_execs.len(),
+            m.resets.len(),
+            m.restarts.len()
+        );
+    }
+}
+
+/// One image's bottles on one backend.
+struct Bench<'a> {
+    backend: &'a DockerBackend,
+    state: &'a Path,
+    dir: &'a Path,
+    image: &'a str,
+}
+
+/// What one image's run measured.
+struct Measured {
+    boots: Vec<Duration>,
+    runs: Vec<Duration>,
+    calls: Vec<Duration>,
+    api_execs: Vec<Duration>,
+    cli_execs: Vec<Duration>,
+    resets: Vec<Duration>,
+    reverts: Vec<Duration>,
+    verifies: Vec<Duration>,
+    restarts: Vec<Duration>,
+    first_call_after_reset: Duration,
+}
+
+impl Bench<'_> {
+    fn spec(&self, name: &str) -> BottleSpec {
+        let manifest = self.dir.join("bottle.toml");
+        std::fs::write(&manifest, format!("[agents.bench]\nimage = \"{}\"\ncommand = [\"/bin/sh\"]\n[agents.bench.egress]\nallow = [\"bench.bottle.test\"]\n", self.image)).unwrap();
+        let loaded = bottle_core::manifest::load(&manifest).unwrap();
+        BottleSpec::new(&loaded, &manifest, "bench", Some(name), self.state).unwrap()
+    }
+
+    fn measure(&self, sizes: &Sizes) -> Measured {
+        let backend = self.backend;
+        // Boot to the first tool call, against `docker run --rm IMAGE true`.
+        let mut boots = Vec::new();
+        let mut runs = Vec::new();
+        for i in 0..sizes.boots {
+            let name = format!("bench-boot-{i}");
+            let spec = self.spec(&name);
+            let started = Instant::now();
+            let plan = backend.prepare(&spec).unwrap();
+            let bottle = backend.launch(&plan).unwrap();
+            let first = bottle.execute(&ToolCall::argv(["true"])).unwrap();
+            assert_eq!(first.exit_code, 0);
+            boots.push(started.elapsed());
+            drop(bottle);
+            backend.stop(&name).unwrap();
+            let started = Instant::now();
+            assert!(docker(&["run", "--rm", self.image, "true"]));
+            runs.push(started.elapsed());
+        }
+
+        let name = "bench-sandbox";
+        let plan = backend.prepare(&self.spec(name)).unwrap();
+        let bottle = backend.launch(&plan).unwrap();
+        let container = format!("bot-bottle-{name}-agent");
+
+        // Tool call round trip.
+        for _ in 0..20 {
+            bottle.execute(&ToolCall::argv(["true"])).unwrap();
+        }
+        let calls = time(sizes.calls, || {
+            assert_eq!(
+                bottle.execute(&ToolCall::argv(["true"])).unwrap().exit_code,
+                0
+            );
+        });
+        let api_execs = time(sizes.baseline_calls, || {
+            assert_eq!(bottle.exec(&["true".to_string()]).unwrap().exit_code, 0);
+        });
+        let cli_execs = time(sizes.cli_calls, || {
+            assert!(docker(&["exec", &container, "true"]))
+        });
+
+        // Reset, each verified from its three sources; then the floor
+        // under it: the Engine killing and starting the same container,
+        // nothing else.
+        let mut reverts = Vec::new();
+        let mut verifies = Vec::new();
+        let resets = time(sizes.resets, || {
+            let report = bottle.reset().unwrap();
+            assert!(report.verified);
+            reverts.push(report.revert);
+            verifies.push(report.verify);
+        });
+        let engine = backend.engine().unwrap();
+        let kill = || {
+            bollard::query_parameters::KillContainerOptionsBuilder::default()
+                .signal("SIGKILL")
+                .build()
+        };
+        let restarts = time(sizes.restarts, || {
+            engine.block_on(async {
+                engine
+                    .docker
+                    .kill_container(&container, Some(kill()))
+                    .await
+                    .unwrap();
+                engine
+                    .docker
+                    .start_container(&container, None)
+                    .await
+                    .unwrap();
+            });
+        });
+        // The raw restarts left the box running but not as a reset leaves
+        // it.
+        assert!(bottle.reset().unwrap().verified);
+        let after_reset = Instant::now();
+        bottle.execute(&ToolCall::argv(["true"])).unwrap();
+        let first_call_after_reset = after_reset.elapsed();
+        drop(bottle);
+        backend.stop(name).unwrap();
+        Measured {
+            boots,
+            runs,
+            calls,
+            api_execs,
+            cli_execs,
+            resets,
+            reverts,
+            verifies,
+            restarts,
+            first_call_after_reset,
+        }
+    }
+}
+
+impl Measured {
+    fn print(&self, image: &str) {
+        row(
+            &format!("boot to the first tool call, {image}"),
+            &self.boots,
+            "`docker run --rm IMAGE true`",
+            &self.runs,
+        );
+        row(
+            &format!("tool call `true` through the in-box agent, {image}"),
+            &self.calls,
+            "Engine API exec of `true` (`docker exec` without the CLI)",
+            &self.api_execs,
+        );
+        row(
+            &format!("tool call `true` through the in-box agent, {image}"),
+            &self.calls,
+            "`docker exec CONTAINER true`",
+            &self.cli_execs,
+        );
+        row(
+            &format!("reset, verified from three sources, {image}"),
+            &self.resets,
+            "Engine API SIGKILL + start of the same container",
+            &self.restarts,
+        );
+        println!(
+            "| … of which revert / verify | {:.1} / {:.1} | | | |",
+            ms(percentile(&self.reverts, 50)),
+            ms(percentile(&self.verifies, 50))
+        );
+        println!(
+            "| first tool call after a reset (starts a new in-box agent), {image} | {:.1} | | | |",
+            ms(self.first_call_after_reset)
+        );
+    }
 }
 
 fn time(n: usize, mut f: impl FnMut()) -> Vec<Duration> {

@@ -172,7 +172,7 @@ pub enum DockerError {
         /// What could not be confirmed.
         what: String,
     },
-    /// The bundle did not answer its health check in time.
+    /// The bundle exited, or did not say it was ready (nor answer its health check) in time.
     #[error(
         "the bundle of {name} did not become healthy: {reason}\n  bundle logs:\n{}",
         bundle_logs(logs)

@@ -58,7 +58,7 @@ impl<'a> Launch<'a, DockerPlanData> {
         let starting = bundle.clone();
         let egress_lock = self.egress_lock.take();
         self.bundle_starting = Some(self.engine.spawn(async move {
-            let started = docker.start_container(&starting, None).await;
+            let started = super::bundle::start_watched(&docker, &starting).await;
             drop(egress_lock);
             started
         }));
@@ -92,9 +92,12 @@ impl<'a> Launch<'a, DockerPlanData> {
                 .spawn(async move { docker.start_container(&starting, None).await }),
         );
         if let Some(start) = self.bundle_starting.take() {
-            self.engine
-                .block_on(super::started(start))
-                .map_err(|err| self.bundle_start_failed(err))?;
+            let (started, output) = self.engine.block_on(start).unwrap_or_else(|join| {
+                let err = std::io::Error::other(join.to_string());
+                (Err(bollard::errors::Error::IOError { err }), None)
+            });
+            self.bundle_output = output;
+            started.map_err(|err| self.bundle_start_failed(err))?;
         }
         self.step_done(Step::BundleStart)?;
 

@@ -12,10 +12,12 @@
 use std::time::{Duration, Instant};
 
 use bollard::models::NetworkConnectRequest;
-use bollard::query_parameters::{CreateContainerOptionsBuilder, LogsOptionsBuilder};
+use bollard::query_parameters::{
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, LogsOptionsBuilder,
+};
 use futures_util::StreamExt;
 
-use super::{Launch, LaunchMode, Step};
+use super::{BundleOutput, Launch, LaunchMode, Step};
 use crate::bottle::{exec_captured, upload};
 use crate::client::Engine;
 use crate::config::{
@@ -34,9 +36,11 @@ impl<'a, D> Launch<'a, D> {
     pub(super) fn run_bundle(&mut self) -> Result<(), DockerError> {
         self.prepare_bundle()?;
         let bundle = self.bundle.container.clone();
-        self.engine
-            .block_on(self.engine.docker.start_container(&bundle, None))
-            .map_err(|err| self.bundle_start_failed(err))?;
+        let (started, output) = self
+            .engine
+            .block_on(start_watched(&self.engine.docker, &bundle));
+        self.bundle_output = output;
+        started.map_err(|err| self.bundle_start_failed(err))?;
         self.egress_lock = None;
         self.step_done(Step::BundleStart)?;
         self.check_bundle()
@@ -202,7 +206,8 @@ impl<'a, D> Launch<'a, D> {
         self.verify_bundle(network, bundle)?;
         self.step_done(Step::BundleVerify)?;
 
-        self.wait_healthy(bundle)?;
+        let output = self.bundle_output.take();
+        self.wait_healthy(bundle, output)?;
         if self.mode == LaunchMode::BundleForVm {
             self.wait_host_reaches(bundle)?;
         }
@@ -407,14 +412,29 @@ impl<'a, D> Launch<'a, D> {
         let inspect = self.block(&format!("inspect container {bundle}"), async {
             self.engine.docker.inspect_container(bundle, None).await
         })?;
+        // A bundle that already exited has no address to check: say so.
+        if let Some(exited) = exited(&inspect) {
+            return Err(self.unhealthy(bundle, exited));
+        }
         isolation::check_bundle(network, &inspect, self.bundle.ip)
             .map_err(|what| DockerError::IsolationUnconfirmed { what })
     }
 
-    /// Polls the proxy's health endpoint on the bundle's bottle-network
-    /// address, from inside the bundle (works wherever the Engine API does,
-    /// including daemons whose container addresses the host cannot reach).
-    fn wait_healthy(&self, bundle: &str) -> Result<(), DockerError> {
+    /// Waits until the bundle serves: its ready line on the stderr
+    /// attached before the start, or else (no attach, or the stream ended or
+    /// went quiet without the line) the proxy's health endpoint on the
+    /// bundle's bottle-network address, polled from inside the bundle
+    /// (works wherever the Engine API does, including daemons whose
+    /// container addresses the host cannot reach), which also tells a
+    /// bundle that exited from one still coming up.
+    fn wait_healthy(&self, bundle: &str, output: Option<BundleOutput>) -> Result<(), DockerError> {
+        let deadline = Instant::now() + self.settings.health_timeout;
+        if let Some(output) = output {
+            let within = self.settings.health_timeout;
+            if self.engine.block_on(ready_line_seen(output, within)) {
+                return Ok(());
+            }
+        }
         let addr = format!("{}:{}", self.bundle.ip, bottle_core::bundle::PROXY_PORT);
         let argv = [
             BUNDLE_BINARY_PATH.to_string(),
@@ -422,7 +442,6 @@ impl<'a, D> Launch<'a, D> {
             "--addr".to_string(),
             addr.clone(),
         ];
-        let deadline = Instant::now() + self.settings.health_timeout;
         // A bundle that is not up at the first probe usually is a few
         // milliseconds later: the pause grows from 5 ms to 100 ms.
         let mut pause = Duration::from_millis(5);
@@ -431,12 +450,8 @@ impl<'a, D> Launch<'a, D> {
             let state = self.block(&format!("inspect container {bundle}"), async {
                 self.engine.docker.inspect_container(bundle, None).await
             })?;
-            let state = state.state.unwrap_or_default();
-            if state.running != Some(true) {
-                return Err(self.unhealthy(
-                    bundle,
-                    format!("the bundle exited (code {})", state.exit_code.unwrap_or(-1)),
-                ));
+            if let Some(exited) = exited(&state) {
+                return Err(self.unhealthy(bundle, exited));
             }
             match self
                 .engine
@@ -564,6 +579,73 @@ pub fn container_logs(engine: &Engine, container: &str, lines: usize) -> String 
     })
 }
 
+/// Why a container the Engine describes is not running, if it is not.
+fn exited(inspect: &bollard::models::ContainerInspectResponse) -> Option<String> {
+    let state = inspect.state.as_ref();
+    match state.and_then(|state| state.running) {
+        Some(true) => None,
+        _ => Some(format!(
+            "the bundle exited (code {})",
+            state.and_then(|state| state.exit_code).unwrap_or(-1)
+        )),
+    }
+}
+
+/// Attaches to the bundle's stderr, then starts it: attached first, so the
+/// ready line cannot be written before anyone reads. An attach the Engine
+/// refuses is no error: `bundle-health` then probes.
+pub(super) async fn start_watched(
+    docker: &bollard::Docker,
+    bundle: &str,
+) -> (Result<(), bollard::errors::Error>, Option<BundleOutput>) {
+    let options = AttachContainerOptionsBuilder::default()
+        .stderr(true)
+        .stream(true)
+        .build();
+    let output = docker
+        .attach_container(bundle, Some(options))
+        .await
+        .ok()
+        .map(|attached| attached.output);
+    (docker.start_container(bundle, None).await, output)
+}
+
+/// The most of the bundle's stderr read while waiting for its ready line:
+/// a bundle says a few lines before it.
+const READY_OUTPUT_LIMIT: usize = 64 * 1024;
+
+/// Whether the bundle's stderr shows [`bottle_core::bundle::BUNDLE_READY_LINE`]
+/// as a whole line within `within`; false when the stream ends, fails or
+/// says too much first.
+async fn ready_line_seen(mut output: BundleOutput, within: Duration) -> bool {
+    let read = async {
+        let mut said = Vec::new();
+        while let Some(Ok(chunk)) = output.next().await {
+            said.extend_from_slice(&chunk.into_bytes());
+            if has_ready_line(&said) {
+                return true;
+            }
+            if said.len() > READY_OUTPUT_LIMIT {
+                return false;
+            }
+        }
+        false
+    };
+    tokio::time::timeout(within, read).await.unwrap_or(false)
+}
+
+/// Whether `said` holds the ready line, ended by a newline.
+fn has_ready_line(said: &[u8]) -> bool {
+    let ready = bottle_core::bundle::BUNDLE_READY_LINE.as_bytes();
+    let mut lines = said.split(|byte| *byte == b'\n');
+    // The last piece has no newline yet.
+    let finished = said.iter().filter(|byte| **byte == b'\n').count();
+    lines
+        .by_ref()
+        .take(finished)
+        .any(|line| line.strip_suffix(b"\r").unwrap_or(line) == ready)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -589,5 +671,50 @@ mod tests {
             err.to_string()
                 .contains("BOTTLE_DOCKER_TEST_UNSET_VARIABLE")
         );
+    }
+
+    #[test]
+    fn only_a_whole_ready_line_counts() {
+        let ready = bottle_core::bundle::BUNDLE_READY_LINE;
+        let lines = format!("bottle-bundle: proxy on 0.0.0.0:8888\n{ready}\n");
+        assert!(has_ready_line(lines.as_bytes()));
+        assert!(has_ready_line(format!("{ready}\r\n").as_bytes()));
+        // Not yet ended, inside another line, or only its start.
+        assert!(!has_ready_line(ready.as_bytes()));
+        assert!(!has_ready_line(format!("x {ready}\n").as_bytes()));
+        assert!(!has_ready_line(format!("{ready} not\n").as_bytes()));
+        assert!(!has_ready_line(b"bottle-bundle: error[BOT-B001]: ...\n"));
+    }
+
+    #[test]
+    fn a_stream_that_ends_or_fails_before_the_line_is_not_ready() {
+        use bollard::container::LogOutput;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let line = |text: &str| {
+            Ok(LogOutput::StdErr {
+                message: text.as_bytes().to_vec().into(),
+            })
+        };
+        let ready = format!("{}\n", bottle_core::bundle::BUNDLE_READY_LINE);
+        let within = Duration::from_secs(5);
+        // The line split across two chunks is still seen.
+        let (head, tail) = ready.split_at(7);
+        let split: BundleOutput =
+            Box::pin(futures_util::stream::iter(vec![line(head), line(tail)]));
+        assert!(runtime.block_on(ready_line_seen(split, within)));
+        let ended: BundleOutput = Box::pin(futures_util::stream::iter(vec![line("starting\n")]));
+        assert!(!runtime.block_on(ready_line_seen(ended, within)));
+        let failed: BundleOutput = Box::pin(futures_util::stream::iter(vec![
+            Err(bollard::errors::Error::IOError {
+                err: std::io::Error::other("gone"),
+            }),
+            line(&ready),
+        ]));
+        assert!(!runtime.block_on(ready_line_seen(failed, within)));
+        let quiet: BundleOutput = Box::pin(futures_util::stream::pending());
+        assert!(!runtime.block_on(ready_line_seen(quiet, Duration::from_millis(20))));
     }
 }

@@ -85,7 +85,10 @@ struct Launch<'a, D> {
     egress_lock: Option<lifecycle::EgressLock>,
     /// The bundle's start, under way while the agent container is created
     /// and filled; joined before the bundle's checks, and before any undo.
-    bundle_starting: Option<ContainerStart>,
+    bundle_starting: Option<BundleStart>,
+    /// The bundle's stderr, attached before its start: `bundle-health`
+    /// reads the ready line from it.
+    bundle_output: Option<BundleOutput>,
     /// The agent's start (its keep-alive only), under way while the
     /// bundle is checked; joined before the agent's checks, and before any
     /// undo.
@@ -100,6 +103,20 @@ type CaInstalling = std::thread::JoinHandle<Result<agent::CaInstall, crate::erro
 
 /// A container's start, sent to the Engine while the launch goes on.
 type ContainerStart = tokio::task::JoinHandle<Result<(), bollard::errors::Error>>;
+
+/// The bundle's stderr, attached before its start.
+type BundleOutput = std::pin::Pin<
+    Box<
+        dyn futures_util::Stream<
+                Item = Result<bollard::container::LogOutput, bollard::errors::Error>,
+            > + Send,
+    >,
+>;
+
+/// The bundle's start, sent to the Engine with its stderr attached first
+/// (no stderr when the Engine refused the attach).
+type BundleStart =
+    tokio::task::JoinHandle<(Result<(), bollard::errors::Error>, Option<BundleOutput>)>;
 
 /// What a start sent ahead came to.
 async fn started(start: ContainerStart) -> Result<(), bollard::errors::Error> {
@@ -202,6 +219,7 @@ impl<'a, D> Launch<'a, D> {
             undo,
             egress_lock: None,
             bundle_starting: None,
+            bundle_output: None,
             agent_starting: None,
             ca_installing: None,
         })
@@ -211,12 +229,13 @@ impl<'a, D> Launch<'a, D> {
     /// one removes it, newest first.
     fn finish<T>(mut self, result: Result<T, DockerError>) -> Result<T, DockerError> {
         // The undo must not race a start still in flight.
-        for start in [self.bundle_starting.take(), self.agent_starting.take()]
-            .into_iter()
-            .flatten()
-        {
+        if let Some(start) = self.bundle_starting.take() {
+            let _ = self.engine.block_on(start);
+        }
+        if let Some(start) = self.agent_starting.take() {
             let _ = self.engine.block_on(started(start));
         }
+        self.bundle_output = None;
         if let Some(installing) = self.ca_installing.take() {
             let _ = installing.join();
         }

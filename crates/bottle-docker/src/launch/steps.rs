@@ -22,7 +22,7 @@ use crate::error::DockerError;
 /// | `provision-skills` | the skills directories |
 /// | `bundle-start` | the bundle's start, sent after `bundle-files`, has completed |
 /// | `bundle-verify` | check its address, both networks, and that the bottle network is internal |
-/// | `bundle-health` | wait until the proxy answers `/__bottle/health` |
+/// | `bundle-health` | wait until the bundle serves: its ready line on the stderr attached before its start, else (no attach, or no line) until the proxy answers `/__bottle/health` through an exec |
 /// | `agent-start` | the agent's keep-alive (nothing of the agent runs yet), sent after `bundle-start`, has started |
 /// | `agent-verify` | check it is running, on the bottle network only, at its address, with every capability dropped |
 /// | `provision-ca` | the CA as `bottle_core::ca_install` defines (joining the install `agent-files` started; an image with a trust tool installs it now): `/etc/bottle/ca.pem` (the directory made in `agent-files`), the anchors, the image's trust tool (an exec as root, so after the start), the system bundles, the hashed directory |

@@ -409,3 +409,48 @@ fn cleanup_prunes_bundle_images_of_other_binaries_only() {
         ));
     }
 }
+
+/// A bundle that exits before it says it is ready (here a static busybox
+/// in the bundle's place, which knows no `bottle-bundle` applet) fails the
+/// launch at `bundle-health` as soon as its output ends, naming the exit
+/// and showing its logs, and leaves nothing behind.
+#[test]
+fn a_bundle_that_exits_before_it_is_ready_fails_the_launch_at_once() {
+    let busybox = std::path::Path::new("/bin/busybox");
+    if !busybox.is_file() {
+        support::unavailable(
+            "a_bundle_that_exits_before_it_is_ready_fails_the_launch_at_once",
+            "/bin/busybox is missing (apt-get install busybox-static)",
+        );
+        return;
+    }
+    let Some(fx) = support::setup_with(
+        "a_bundle_that_exits_before_it_is_ready_fails_the_launch_at_once",
+        |options| {
+            options.bundle_bin = Some(busybox.to_path_buf());
+            options.health_timeout = Duration::from_secs(120);
+        },
+    ) else {
+        return;
+    };
+    let name = name("bundle-exits");
+    let spec = fx.spec(&name);
+    let _guard = support::Guard {
+        backend: &fx.backend,
+        name: spec.name.clone(),
+    };
+    let plan = fx.backend.prepare(&spec).unwrap();
+    let started = std::time::Instant::now();
+    let err = fx
+        .backend
+        .launch(&plan)
+        .err()
+        .expect("the launch succeeded");
+    assert_eq!(err.code, "BOT-D051", "{err}");
+    assert!(err.message.contains("the bundle exited"), "{err}");
+    assert!(err.message.contains("applet not found"), "{err}");
+    // It did not wait out the health timeout.
+    assert!(started.elapsed() < Duration::from_secs(60), "{err}");
+    assert_eq!(resources_of(&fx.backend, &name), Vec::<String>::new());
+    assert!(!spec.state_dir.exists());
+}
