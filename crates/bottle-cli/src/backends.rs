@@ -123,7 +123,7 @@ fn smolmachines(
     );
     let mut options = bottle_docker::DockerOptions::new(&state_root);
     options.detach = mode.detach;
-    options.timeline = mode.timeline;
+    options.timeline = mode.timeline.clone();
     options.progress = progress(global);
     // The VM's bundle launch stops on the same ^C as the VM's.
     options.interrupt = crate::interrupt::launch();
@@ -143,7 +143,8 @@ fn smolmachines(
         state_root,
     )
     .with_host_check(host_check)
-    .with_interrupt(crate::interrupt::launch()))
+    .with_interrupt(crate::interrupt::launch())
+    .with_timeline(mode.timeline))
 }
 
 /// The host check run before anything else:

@@ -63,6 +63,12 @@ pub trait BundleHost: Send + Sync {
     /// Succeeds, with an empty report, when there is nothing to remove.
     fn stop(&self, bottle: &str) -> Result<CleanupReport, BackendError>;
 
+    /// The steps of [`BundleHost::start`] a `BOTTLE_FAILPOINT` may name
+    /// (the host fails there itself); none by default.
+    fn launch_steps(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+
     /// Bottles of this install (its state root) whose bundle exists
     /// (running or not), for `cleanup`; another install's are not listed.
     fn bottles(&self) -> Result<Vec<String>, BackendError>;

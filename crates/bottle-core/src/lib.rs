@@ -30,6 +30,7 @@ pub mod error;
 pub mod exec;
 pub mod images;
 pub mod isolation;
+pub mod launch_steps;
 pub mod manifest;
 pub mod plan;
 pub mod port_relay;

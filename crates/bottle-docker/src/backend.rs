@@ -158,7 +158,7 @@ impl DockerBackend {
             .into());
         }
         if let Some(value) = &options.failpoint {
-            Failpoint::parse(value)?;
+            Failpoint::parse(value).map_err(DockerError::from)?;
         }
         if options.subnet_pool.is_none() {
             options.subnet_pool = subnet_pool_from_env(std::env::var_os(SUBNET_POOL_ENV))?;
@@ -485,12 +485,14 @@ impl DockerBackend {
         Ok(LaunchSettings {
             progress: self.options.progress.clone(),
             health_timeout: self.options.health_timeout,
-            failpoint: match &self.options.failpoint {
-                Some(value) => Failpoint::parse(value)?,
-                None => Failpoint::from_env()?,
+            step_ends: bottle_core::launch_steps::StepEnds {
+                timeline: self.options.timeline.clone(),
+                interrupt: self.options.interrupt.clone(),
+                failpoint: match &self.options.failpoint {
+                    Some(value) => Failpoint::parse(value)?,
+                    None => Failpoint::from_env()?,
+                },
             },
-            interrupt: self.options.interrupt.clone(),
-            timeline: self.options.timeline.clone(),
             ca_surveys: crate::cache::CaSurveyCache::new(&self.options.state_root),
         })
     }

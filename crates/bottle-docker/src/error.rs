@@ -192,14 +192,8 @@ pub enum DockerError {
         step: String,
     },
     /// `BOTTLE_FAILPOINT` names no step of the launch.
-    #[error(
-        "BOTTLE_FAILPOINT={value:?} names no launch step (steps: {})",
-        crate::launch::Step::ALL.map(crate::launch::Step::name).join(", ")
-    )]
-    UnknownFailpoint {
-        /// The value given.
-        value: String,
-    },
+    #[error(transparent)]
+    UnknownFailpoint(#[from] bottle_core::launch_steps::UnknownFailpoint),
     /// The operator's terminal could not be set up or read.
     #[error("could not {action}: {detail}")]
     Terminal {
@@ -495,7 +489,7 @@ impl Coded for DockerError {
             DockerError::Commit { .. } => "BOT-D097",
             DockerError::BundleUnhealthy { .. } => "BOT-D051",
             DockerError::Failpoint { .. } => "BOT-D060",
-            DockerError::UnknownFailpoint { .. } => "BOT-D061",
+            DockerError::UnknownFailpoint(_) => "BOT-D061",
             DockerError::Terminal { .. } => "BOT-D070",
             DockerError::DiskCapUnsupported { .. } => "BOT-D080",
             DockerError::NoSystemTrustStore { .. } => "BOT-D081",
@@ -542,7 +536,7 @@ impl Coded for DockerError {
             DockerError::Checkout(err) => return err.fix(),
             DockerError::IsolationUnconfirmed { .. } => "nothing was left running; check `docker info` (the daemon must support internal bridge networks) and report this if it persists".into(),
             DockerError::BundleUnhealthy { .. } => "read the bundle logs above; `bottle doctor` checks the bundle binary and the daemon".into(),
-            DockerError::Failpoint { .. } | DockerError::UnknownFailpoint { .. } => "unset BOTTLE_FAILPOINT".into(),
+            DockerError::Failpoint { .. } | DockerError::UnknownFailpoint(_) => "unset BOTTLE_FAILPOINT".into(),
             DockerError::Terminal { .. } => "run the command from a terminal, or use `bottle exec` without a TTY".into(),
             DockerError::UnsupportedArch { .. } => "use an x86_64 or aarch64 docker host, or the smolmachines backend".into(),
             DockerError::DiskCapUnsupported { .. } => "remove `disk` from the agent's [agents.<name>.limits] to run with the writable layer uncapped, or put Docker's data root (/var/lib/docker) on xfs mounted with `pquota` (or use the btrfs or zfs storage driver)".into(),
@@ -571,6 +565,17 @@ impl Coded for DockerError {
             DockerError::Runtime(_) => "check the process limits (threads, file descriptors)".into(),
         };
         Some(fix)
+    }
+}
+
+impl From<bottle_core::launch_steps::StepStop> for DockerError {
+    fn from(stop: bottle_core::launch_steps::StepStop) -> DockerError {
+        match stop {
+            bottle_core::launch_steps::StepStop::Interrupted(err) => DockerError::Interrupted(err),
+            bottle_core::launch_steps::StepStop::Failpoint { step } => DockerError::Failpoint {
+                step: step.to_string(),
+            },
+        }
     }
 }
 
@@ -664,7 +669,10 @@ mod tests {
                 logs: String::new(),
             },
             DockerError::Failpoint { step: text() },
-            DockerError::UnknownFailpoint { value: text() },
+            DockerError::UnknownFailpoint(bottle_core::launch_steps::UnknownFailpoint {
+                value: text(),
+                steps: text(),
+            }),
             DockerError::Terminal {
                 action: text(),
                 detail: text(),

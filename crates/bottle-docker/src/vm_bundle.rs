@@ -41,6 +41,7 @@ use crate::lifecycle;
 use crate::names::{
     EGRESS_NETWORK, LABEL_MANAGED, LABEL_NAME, LABEL_SLUG, LABEL_STATE_DIR, MANAGED_FOR_VM,
 };
+use bottle_core::launch_steps::LaunchStep as _;
 
 /// Runs microVM bottles' bundles on the Docker Engine.
 #[derive(Debug)]
@@ -52,7 +53,19 @@ impl DockerBundleHost {
     /// A host with the docker backend's `options` (state root, bundle
     /// binary, progress, daemon, health timeout, failpoint). Does not
     /// contact the daemon yet.
-    pub fn new(options: DockerOptions) -> Result<DockerBundleHost, BackendError> {
+    pub fn new(mut options: DockerOptions) -> Result<DockerBundleHost, BackendError> {
+        // A failpoint naming no step of a bundle's own launch (a step of
+        // the microVM's, say) is not this host's: the microVM backend
+        // checks the name against both and fires its own.
+        let value = match &options.failpoint {
+            Some(value) => value.clone(),
+            None => std::env::var(launch::FAILPOINT_ENV).unwrap_or_default(),
+        };
+        let ours = matches!(
+            launch::Failpoint::parse(&value),
+            Ok(Some(failpoint)) if launch::BUNDLE_STEPS.contains(&failpoint.step)
+        );
+        options.failpoint = Some(if ours { value } else { String::new() });
         Ok(DockerBundleHost {
             backend: DockerBackend::new(options)?,
         })
@@ -155,6 +168,13 @@ impl BundleHost for DockerBundleHost {
 
     fn prepare(&self, spec: &BottleSpec) -> Result<PreparedBundle<BundleData>, BackendError> {
         Ok(self.prepare_inner(spec)?)
+    }
+
+    fn launch_steps(&self) -> Vec<&'static str> {
+        launch::BUNDLE_STEPS
+            .iter()
+            .map(|step| step.name())
+            .collect()
     }
 
     fn start<D>(

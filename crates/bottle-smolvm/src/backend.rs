@@ -49,6 +49,11 @@ pub struct SmolvmBackend<H> {
     pub(crate) interactive: Arc<dyn InteractiveRunner>,
     /// The operator's ^C: a launch checks it between its steps.
     pub(crate) interrupt: bottle_core::undo::Interrupt,
+    /// `bottle start --timings`: every launch step ends a lap.
+    pub(crate) timeline: Option<bottle_core::timeline::Timeline>,
+    /// A `BOTTLE_FAILPOINT` value given directly (tests), read instead of
+    /// the environment.
+    pub(crate) failpoint: Option<String>,
     /// The static in-box agent put into every machine (`None`: not found;
     /// the bottle then runs without the sandbox interface).
     pub(crate) toolbox_binary: Option<PathBuf>,
@@ -95,6 +100,8 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             }),
             interactive: Arc::new(TerminalRunner),
             interrupt: bottle_core::undo::Interrupt::default(),
+            timeline: None,
+            failpoint: None,
             toolbox_binary: crate::provision::find_toolbox(),
         }
     }
@@ -127,6 +134,23 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
     /// CLI sets it on ^C; give the bundle host the same one).
     pub fn with_interrupt(mut self, interrupt: bottle_core::undo::Interrupt) -> SmolvmBackend<H> {
         self.interrupt = interrupt;
+        self
+    }
+
+    /// Records every launch step on `timeline` (`bottle start --timings`;
+    /// give the bundle host the same one).
+    pub fn with_timeline(
+        mut self,
+        timeline: Option<bottle_core::timeline::Timeline>,
+    ) -> SmolvmBackend<H> {
+        self.timeline = timeline;
+        self
+    }
+
+    /// Fails every launch after the step `value` names, as
+    /// `BOTTLE_FAILPOINT` would (which is then not read).
+    pub fn with_failpoint(mut self, value: Option<String>) -> SmolvmBackend<H> {
+        self.failpoint = value;
         self
     }
 

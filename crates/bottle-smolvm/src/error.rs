@@ -220,6 +220,16 @@ pub enum SmolvmError {
         /// The tier asked for.
         isolation: String,
     },
+    /// `BOTTLE_FAILPOINT` made the launch fail after this step.
+    #[error("launch failed on purpose after step {step} (BOTTLE_FAILPOINT)")]
+    Failpoint {
+        /// The step.
+        step: String,
+    },
+    /// `BOTTLE_FAILPOINT` names no step of the microVM's launch or its
+    /// bundle's.
+    #[error(transparent)]
+    UnknownFailpoint(bottle_core::launch_steps::UnknownFailpoint),
     /// A collaborator (the bundle host, the host check) failed; its error is
     /// passed through unchanged.
     #[error(transparent)]
@@ -272,6 +282,8 @@ impl Coded for SmolvmError {
             SmolvmError::VmMissing { .. } => "BOT-K070",
             SmolvmError::Provision { .. } => "BOT-K071",
             SmolvmError::AlreadyExists { .. } => "BOT-K072",
+            SmolvmError::Failpoint { .. } => "BOT-K074",
+            SmolvmError::UnknownFailpoint(_) => "BOT-K075",
             SmolvmError::Copy { .. } => "BOT-K094",
             SmolvmError::CommitUnsupported => "BOT-K095",
             SmolvmError::IsolationUnsupported { .. } => "BOT-K096",
@@ -345,9 +357,25 @@ impl Coded for SmolvmError {
             SmolvmError::IsolationUnsupported { .. } => {
                 "remove `isolation` from the agent (a microVM needs no other tier), or run it with --backend docker, where isolation = \"gvisor\" runs the box under gVisor".into()
             }
+            SmolvmError::Failpoint { .. } | SmolvmError::UnknownFailpoint(_) => {
+                "unset BOTTLE_FAILPOINT".into()
+            }
             SmolvmError::External(err) => return err.fix(),
         };
         Some(fix)
+    }
+}
+
+impl From<bottle_core::launch_steps::StepStop> for SmolvmError {
+    fn from(stop: bottle_core::launch_steps::StepStop) -> SmolvmError {
+        match stop {
+            bottle_core::launch_steps::StepStop::Interrupted(err) => {
+                SmolvmError::External(BackendError::from_coded(BackendErrorKind::Failed, err))
+            }
+            bottle_core::launch_steps::StepStop::Failpoint { step } => SmolvmError::Failpoint {
+                step: step.to_string(),
+            },
+        }
     }
 }
 
@@ -466,6 +494,11 @@ mod tests {
                 agent: text(),
                 isolation: text(),
             },
+            SmolvmError::Failpoint { step: text() },
+            SmolvmError::UnknownFailpoint(bottle_core::launch_steps::UnknownFailpoint {
+                value: text(),
+                steps: text(),
+            }),
             SmolvmError::External(BackendError::new(
                 BackendErrorKind::Failed,
                 "BOT-D003",

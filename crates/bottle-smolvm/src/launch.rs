@@ -1,30 +1,27 @@
 //! `launch`: the steps that turn a confirmed plan into a running microVM
 //! bottle, each registering its undo, run last-first if a later one fails.
+//! Every step ends through [`bottle_core::launch_steps`] (its `--timings`
+//! lap, the operator's ^C, `BOTTLE_FAILPOINT`); the bundle host's own
+//! steps (the docker bundle's `network` … `bundle-health`) end inside
+//! `bundle` the same way.
 //!
-//! Steps, in order:
-//! 1. refuse smolvm versions whose allowlist is not enforced, and machines
-//!    that already exist;
-//! 2. the agent image as a `.smolmachine` (cached by image ID);
-//! 3. the bottle's state file (before anything that could leak, so
-//!    `cleanup` finds it);
-//! 4. the bundle, through the [`BundleHost`] (which resolved it at
-//!    `prepare`, so the plan shows the exact `/32`); its address must be a
-//!    valid one-address allowlist and the one the plan showed;
-//! 5. `machine create --from … --allow-cidr <bundle>/32`;
-//! 6. the state-DB patch: the record must hold exactly that `/32` and no
-//!    DNS names, confirmed by reading it back, else the launch is refused;
-//! 7. `machine start`, and the record read back again (the policy smolvm
-//!    booted with must still be the one confirmed);
-//! 8. provisioning through `machine cp` and `machine exec`, the in-box
-//!    agent included;
-//! 9. the golden snapshot a reset returns to ([`crate::reset`]): the
-//!    machine stopped, its disks copied, started again.
+//! | step | what it does |
+//! | --- | --- |
+//! | `image` | refuse smolvm versions whose allowlist is not enforced and machines that already exist; the agent image as a `.smolmachine` (cached by image ID) |
+//! | `bottle-state` | the bottle's state file (before anything that could leak, so `cleanup` finds it) |
+//! | `bundle` | the bundle, through the [`BundleHost`] (which resolved it at `prepare`, so the plan shows the exact `/32`); its address must be a valid one-address allowlist and the one the plan showed |
+//! | `machine-create` | `machine create --from … --allow-cidr <bundle>/32`, then the state-DB patch: the record must hold exactly that `/32` and no DNS names, confirmed by reading it back, else the launch is refused |
+//! | `machine-start` | `machine start`, and the record read back again (the policy smolvm booted with must still be the one confirmed) |
+//! | `provision` | provisioning through `machine cp` and `machine exec`, the in-box agent included |
+//! | `snapshot` | the golden snapshot a reset returns to ([`crate::reset`]): the machine stopped, its disks copied, started again |
+//! | `complete` | the state file says the bottle runs |
 
 use std::path::Path;
 use std::sync::Arc;
 
 use bottle_core::backend::{BackendError, BackendErrorKind, BackendKind};
 use bottle_core::bundle_host::BundleHost;
+use bottle_core::launch_steps::{Failpoint, LaunchStep, StepEnds, UnknownFailpoint};
 use bottle_core::process::Owner;
 use bottle_core::undo::Unwind;
 
@@ -61,6 +58,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
                 "run `bottle start` again so the plan is prepared by this backend",
             ));
         }
+        let ends = self.step_ends()?;
         let machine = data.machine.clone();
         if self.machines()?.iter().any(|m| m.name == machine) {
             return Err(SmolvmError::AlreadyExists { machine }.into());
@@ -68,9 +66,10 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         let smolmachine =
             self.cache
                 .smolmachine(self.images.as_ref(), &data.image, &self.smolvm)?;
+        ends.done(Step::Image).map_err(SmolvmError::from)?;
 
         let mut unwind = Unwind::default();
-        let result = self.launch_steps(plan, data, &smolmachine, &mut unwind);
+        let result = self.launch_steps(plan, data, &smolmachine, &ends, &mut unwind);
         match result {
             Ok(bottle) => {
                 unwind.disarm();
@@ -92,11 +91,35 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         }
     }
 
-    /// Fails the launch, which then unwinds, once the operator interrupted
-    /// it; `step` names what was just done.
-    fn interrupted(&self, step: &str) -> Result<(), SmolvmError> {
-        self.interrupt.check(step).map_err(|err| {
-            SmolvmError::External(BackendError::from_coded(BackendErrorKind::Failed, err))
+    /// What ends every step of a launch: the timeline, the interrupt and
+    /// the failpoint (given, or `BOTTLE_FAILPOINT`). A failpoint naming one
+    /// of the bundle host's steps is the host's to fire; one naming
+    /// neither's is refused before anything starts.
+    fn step_ends(&self) -> Result<StepEnds<Step>, SmolvmError> {
+        let value = match &self.failpoint {
+            Some(value) => value.clone(),
+            None => std::env::var(bottle_core::launch_steps::FAILPOINT_ENV).unwrap_or_default(),
+        };
+        let failpoint = match Failpoint::parse(&value) {
+            Ok(failpoint) => failpoint,
+            Err(unknown) => {
+                let step = value.trim().trim_end_matches(":sleep");
+                let hosts = self.bundles.launch_steps();
+                if !hosts.contains(&step) {
+                    let mut steps = vec![Step::names()];
+                    steps.extend(hosts.iter().map(|step| (*step).to_string()));
+                    return Err(SmolvmError::UnknownFailpoint(UnknownFailpoint {
+                        steps: steps.join(", "),
+                        ..unknown
+                    }));
+                }
+                None
+            }
+        };
+        Ok(StepEnds {
+            timeline: self.timeline.clone(),
+            interrupt: self.interrupt.clone(),
+            failpoint,
         })
     }
 
@@ -105,6 +128,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         plan: &SmolvmPlan<H::Prepared>,
         data: &PlanData<H::Prepared>,
         smolmachine: &Path,
+        ends: &StepEnds<Step>,
         unwind: &mut Unwind<'a>,
     ) -> Result<SmolvmBottle, SmolvmError> {
         let machine = data.machine.clone();
@@ -137,7 +161,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             unwind.push("bottle state files", move || remove_own_files(&state_dir));
         }
 
-        self.interrupted("bottle-state")?;
+        ends.done(Step::BottleState)?;
         let endpoint = self
             .bundles
             .start(plan, &data.bundle.data)
@@ -166,7 +190,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         state.bundle_address = Some(endpoint.address.to_string());
         state.env = env.clone();
         write_state_file(&state_path, &state)?;
-        self.interrupted("bundle")?;
+        ends.done(Step::Bundle)?;
 
         self.smolvm.create(
             &machine,
@@ -183,7 +207,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         }
         let db = self.db_path()?;
         statedb::enforce(&db, &machine, &policy)?;
-        self.interrupted("machine-create")?;
+        ends.done(Step::MachineCreate)?;
 
         self.smolvm.start(&machine)?;
         {
@@ -195,7 +219,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         }
         // smolvm read the record to boot; it must still be the one confirmed.
         statedb::verify(&db, &machine, &policy)?;
-        self.interrupted("machine-start")?;
+        ends.done(Step::MachineStart)?;
 
         let mut warnings = provision::provision(
             &self.smolvm,
@@ -213,7 +237,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             }
             None => false,
         };
-        self.interrupted("provision")?;
+        ends.done(Step::Provision)?;
 
         let bottle = SmolvmBottle::new(
             machine,
@@ -234,11 +258,59 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
                 .into_owned(),
             );
         }
-        self.interrupted("golden snapshot")?;
+        ends.done(Step::Snapshot)?;
 
         state.phase = Phase::Running;
         write_state_file(&state_path, &state)?;
+        ends.done(Step::Complete)?;
         Ok(bottle.with_warnings(warnings))
+    }
+}
+
+/// The microVM launch's steps, in order (the table above).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// `image`.
+    Image,
+    /// `bottle-state`.
+    BottleState,
+    /// `bundle`.
+    Bundle,
+    /// `machine-create`.
+    MachineCreate,
+    /// `machine-start`.
+    MachineStart,
+    /// `provision`.
+    Provision,
+    /// `snapshot`.
+    Snapshot,
+    /// `complete`.
+    Complete,
+}
+
+impl LaunchStep for Step {
+    const ALL: &'static [Step] = &[
+        Step::Image,
+        Step::BottleState,
+        Step::Bundle,
+        Step::MachineCreate,
+        Step::MachineStart,
+        Step::Provision,
+        Step::Snapshot,
+        Step::Complete,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Step::Image => "image",
+            Step::BottleState => "bottle-state",
+            Step::Bundle => "bundle",
+            Step::MachineCreate => "machine-create",
+            Step::MachineStart => "machine-start",
+            Step::Provision => "provision",
+            Step::Snapshot => "snapshot",
+            Step::Complete => "complete",
+        }
     }
 }
 
@@ -255,4 +327,20 @@ fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_step_table_lists_every_step_in_launch_order() {
+        let table: Vec<&str> = include_str!("launch.rs")
+            .lines()
+            .filter_map(|line| line.strip_prefix("//! | `"))
+            .filter_map(|rest| rest.split('`').next())
+            .collect();
+        let names: Vec<&str> = Step::ALL.iter().map(|step| step.name()).collect();
+        assert_eq!(table, names);
+    }
 }

@@ -1103,3 +1103,99 @@ fn a_published_port_and_a_host_service_cross_a_microvm_bottle() {
     );
     assert_nothing_left(&world, &docker.engine);
 }
+
+/// `bottle start --timings` on smolmachines: every step of the microVM's
+/// launch, in order, with the bundle host's steps inside `bundle`.
+#[test]
+fn start_with_timings_names_every_step_of_the_microvms_launch() {
+    use bottle_core::launch_steps::LaunchStep as _;
+    let test = "start_with_timings_names_every_step_of_the_microvms_launch";
+    let Some(docker) = docker(test) else { return };
+    let world = World::new(&docker.image, "smol-timings");
+    if !sandbox_available(&world, test) {
+        return;
+    }
+    let start = world
+        .bottle("1.9.3", "")
+        .args([
+            "--backend",
+            "smolmachines",
+            "--yes",
+            "--quiet",
+            "start",
+            "coder",
+        ])
+        .args(["--name", &world.name(), "--detach", "--timings"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&start.stderr);
+    assert!(start.status.success(), "start failed: {stderr}");
+    let laps: Vec<&str> = stderr
+        .lines()
+        .skip_while(|line| *line != "timings:")
+        .skip(2)
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    let position = |lap: &str| {
+        laps.iter()
+            .position(|l| *l == lap)
+            .unwrap_or_else(|| panic!("no {lap} lap: {stderr}"))
+    };
+    let steps: Vec<usize> = bottle_smolvm::launch::Step::ALL
+        .iter()
+        .map(|step| position(step.name()))
+        .collect();
+    assert!(steps.is_sorted(), "out of order: {stderr}");
+    let (bottle_state, bundle) = (position("bottle-state"), position("bundle"));
+    for step in ["network", "bundle-files", "bundle-start", "bundle-health"] {
+        assert!(
+            (bottle_state..bundle).contains(&position(step)),
+            "{step}: {stderr}"
+        );
+    }
+    assert!(position("confirm") < steps[0], "{stderr}");
+    world
+        .bottle("1.9.3", "")
+        .args([
+            "--backend",
+            "smolmachines",
+            "--quiet",
+            "stop",
+            "--wait",
+            &world.name(),
+        ])
+        .assert()
+        .success();
+    assert_nothing_left(&world, &docker.engine);
+}
+
+/// `BOTTLE_FAILPOINT` on smolmachines: a step of the microVM's launch or
+/// of its bundle's fails the start there and leaves nothing; a name of
+/// neither is refused before anything starts.
+#[test]
+fn failpoints_fail_a_microvm_start_at_either_launchs_steps() {
+    let test = "failpoints_fail_a_microvm_start_at_either_launchs_steps";
+    let Some(docker) = docker(test) else { return };
+    let world = World::new(&docker.image, "smol-failpoint");
+    if !sandbox_available(&world, test) {
+        return;
+    }
+    for (failpoint, code) in [
+        ("machine-start", "BOT-K074"),
+        ("bundle-files", "BOT-D060"),
+        ("agent-create", "BOT-K075"),
+    ] {
+        world
+            .bottle("1.9.3", "")
+            .env("BOTTLE_FAILPOINT", failpoint)
+            .args(["--backend", "smolmachines", "--yes", "start", "coder"])
+            .args(["--name", &world.name(), "--detach"])
+            .assert()
+            .failure()
+            .stdout("")
+            .stderr(predicate::str::contains(format!("error[{code}]")))
+            .stderr(predicate::str::contains(failpoint));
+        assert!(world.booted().is_none(), "{failpoint}: the machine booted");
+        assert_nothing_left(&world, &docker.engine);
+    }
+}

@@ -11,10 +11,8 @@
 //! `bundle-health` also requires the host to connect to the bundle's proxy
 //! port. [`Step`] lists the steps in order (`steps.rs`).
 //!
-//! `BOTTLE_FAILPOINT=<step>` makes the launch fail right after that step
-//! (and unwind); `BOTTLE_FAILPOINT=<step>:sleep` makes it stop there for up
-//! to ten minutes, so a test can kill the process mid-launch. Either can
-//! only make a launch fail, never change what it creates.
+//! Every step ends through [`bottle_core::launch_steps`]: its lap on the
+//! `--timings` timeline, the operator's ^C, and `BOTTLE_FAILPOINT`.
 
 mod agent;
 mod bundle;
@@ -35,8 +33,12 @@ use crate::lifecycle;
 use crate::names::{self, BottleLabels};
 use bottle_core::process::Owner;
 
+pub use bottle_core::launch_steps::FAILPOINT_ENV;
 pub use bundle::container_logs;
-pub use steps::{FAILPOINT_ENV, Failpoint, Step};
+pub use steps::{BUNDLE_STEPS, Step};
+
+/// A `BOTTLE_FAILPOINT` naming a docker launch step.
+pub type Failpoint = bottle_core::launch_steps::Failpoint<Step>;
 
 /// What a launch brings up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,12 +60,9 @@ pub struct LaunchSettings {
     pub progress: Option<Progress>,
     /// How long to wait for the bundle's health check.
     pub health_timeout: Duration,
-    /// Failure injection.
-    pub failpoint: Option<Failpoint>,
-    /// The operator's ^C: checked after every step.
-    pub interrupt: bottle_core::undo::Interrupt,
-    /// `bottle start --timings`: every step ends a lap.
-    pub timeline: Option<bottle_core::timeline::Timeline>,
+    /// What ends every step: its lap (`--timings`), the operator's ^C,
+    /// failure injection.
+    pub step_ends: bottle_core::launch_steps::StepEnds<Step>,
     /// The agent images' CA surveys, remembered by image ID.
     pub ca_surveys: crate::cache::CaSurveyCache,
 }
@@ -291,15 +290,7 @@ impl<D> Launch<'_, D> {
     /// Ends a step: records it on the timeline, then fails here if the
     /// operator interrupted the launch or the failpoint names it.
     fn step_done(&self, step: Step) -> Result<(), DockerError> {
-        if let Some(timeline) = &self.settings.timeline {
-            timeline.lap(step.name());
-        }
-        let interrupt = &self.settings.interrupt;
-        interrupt.check(step.name())?;
-        match &self.settings.failpoint {
-            Some(failpoint) => failpoint.trip_after(step, interrupt),
-            None => Ok(()),
-        }
+        Ok(self.settings.step_ends.done(step)?)
     }
 
     /// Runs an Engine API call to completion; `action` names it in the

@@ -1,10 +1,7 @@
-//! The launch's steps by name, and the failure injection
-//! (`BOTTLE_FAILPOINT`) that lets tests stop a launch after any of them to
-//! prove the unwinding.
+//! The docker launch's steps by name. What ends each one (its lap, the
+//! interrupt check, `BOTTLE_FAILPOINT`) is [`bottle_core::launch_steps`].
 
-use std::time::Duration;
-
-use crate::error::DockerError;
+use bottle_core::launch_steps::LaunchStep;
 
 /// The launch steps, in the order of a bottle's launch (the names
 /// `BOTTLE_FAILPOINT` accepts):
@@ -80,9 +77,20 @@ pub enum Step {
     Complete,
 }
 
-impl Step {
-    /// Every step, in launch order.
-    pub const ALL: [Step; 19] = [
+/// The steps a bundle alone runs (a microVM's, [`super::launch_bundle`]).
+pub const BUNDLE_STEPS: &[Step] = &[
+    Step::Network,
+    Step::EgressNetwork,
+    Step::BundleCreate,
+    Step::BundleConnect,
+    Step::BundleFiles,
+    Step::BundleStart,
+    Step::BundleVerify,
+    Step::BundleHealth,
+];
+
+impl LaunchStep for Step {
+    const ALL: &'static [Step] = &[
         Step::Network,
         Step::EgressNetwork,
         Step::BundleCreate,
@@ -104,8 +112,7 @@ impl Step {
         Step::Complete,
     ];
 
-    /// The name `BOTTLE_FAILPOINT` accepts.
-    pub fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             Step::Network => "network",
             Step::EgressNetwork => "egress-network",
@@ -128,11 +135,6 @@ impl Step {
             Step::Complete => "complete",
         }
     }
-
-    /// The step named `name`.
-    pub fn parse(name: &str) -> Option<Step> {
-        Step::ALL.into_iter().find(|step| step.name() == name)
-    }
 }
 
 impl std::fmt::Display for Step {
@@ -141,138 +143,16 @@ impl std::fmt::Display for Step {
     }
 }
 
-/// The environment variable for failure injection.
-pub const FAILPOINT_ENV: &str = "BOTTLE_FAILPOINT";
-
-/// How long a `:sleep` failpoint waits before failing anyway.
-const FAILPOINT_SLEEP: Duration = Duration::from_secs(600);
-
-/// A parsed `BOTTLE_FAILPOINT`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failpoint {
-    /// The step after which the launch fails.
-    pub step: Step,
-    /// Wait (to be killed) instead of failing at once.
-    pub sleep: bool,
-}
-
-impl Failpoint {
-    /// Parses a `BOTTLE_FAILPOINT` value; unknown steps are an error so a
-    /// typo cannot silently test nothing.
-    pub fn parse(value: &str) -> Result<Option<Failpoint>, DockerError> {
-        let value = value.trim();
-        if value.is_empty() {
-            return Ok(None);
-        }
-        let (step, sleep) = match value.split_once(':') {
-            Some((step, "sleep")) => (step, true),
-            Some(_) => {
-                return Err(DockerError::UnknownFailpoint {
-                    value: value.to_string(),
-                });
-            }
-            None => (value, false),
-        };
-        let Some(step) = Step::parse(step) else {
-            return Err(DockerError::UnknownFailpoint {
-                value: value.to_string(),
-            });
-        };
-        Ok(Some(Failpoint { step, sleep }))
-    }
-
-    /// Reads `BOTTLE_FAILPOINT`.
-    pub fn from_env() -> Result<Option<Failpoint>, DockerError> {
-        Failpoint::parse(&std::env::var(FAILPOINT_ENV).unwrap_or_default())
-    }
-
-    /// Ends `step`: fails here if this failpoint names it, after waiting
-    /// (to be killed, or interrupted: then it fails as interrupted) if it
-    /// says so.
-    pub(super) fn trip_after(
-        &self,
-        step: Step,
-        interrupt: &bottle_core::undo::Interrupt,
-    ) -> Result<(), DockerError> {
-        if self.step != step {
-            return Ok(());
-        }
-        if self.sleep && interrupt.wait(FAILPOINT_SLEEP) {
-            interrupt.check(step.name())?;
-        }
-        Err(DockerError::Failpoint {
-            step: step.name().to_string(),
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn failpoints_parse_and_refuse_unknown_steps() {
-        assert_eq!(Failpoint::parse("").unwrap(), None);
-        assert_eq!(
-            Failpoint::parse("bundle-start").unwrap(),
-            Some(Failpoint {
-                step: Step::BundleStart,
-                sleep: false
-            })
-        );
-        assert_eq!(
-            Failpoint::parse("agent-create:sleep").unwrap(),
-            Some(Failpoint {
-                step: Step::AgentCreate,
-                sleep: true
-            })
-        );
-        assert!(matches!(
-            Failpoint::parse("bundle-strat"),
-            Err(DockerError::UnknownFailpoint { .. })
-        ));
-        assert!(matches!(
-            Failpoint::parse("network:nap"),
-            Err(DockerError::UnknownFailpoint { .. })
-        ));
-    }
-
-    #[test]
-    fn a_failpoint_fails_after_its_step_only() {
-        let failpoint = Failpoint {
-            step: Step::BundleFiles,
-            sleep: false,
-        };
-        let interrupt = bottle_core::undo::Interrupt::default();
-        assert!(failpoint.trip_after(Step::BundleCreate, &interrupt).is_ok());
-        assert!(matches!(
-            failpoint.trip_after(Step::BundleFiles, &interrupt),
-            Err(DockerError::Failpoint { step }) if step == "bundle-files"
-        ));
-    }
-
-    #[test]
-    fn a_sleeping_failpoint_ends_as_interrupted_when_the_operator_interrupts() {
-        let failpoint = Failpoint {
-            step: Step::BundleFiles,
-            sleep: true,
-        };
-        let interrupt = bottle_core::undo::Interrupt::default();
-        let operator = interrupt.clone();
-        let presses = std::thread::spawn(move || operator.request());
-        assert!(matches!(
-            failpoint.trip_after(Step::BundleFiles, &interrupt),
-            Err(DockerError::Interrupted(err)) if err.step == "bundle-files"
-        ));
-        presses.join().unwrap();
-    }
-
-    #[test]
     fn step_names_are_unique_and_parse_back() {
-        for step in Step::ALL {
+        for &step in Step::ALL {
             assert_eq!(Step::parse(step.name()), Some(step));
         }
-        let mut names: Vec<&str> = Step::ALL.map(Step::name).to_vec();
+        let mut names: Vec<&str> = Step::ALL.iter().map(|step| step.name()).collect();
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), Step::ALL.len());
@@ -285,6 +165,7 @@ mod tests {
             .filter_map(|line| line.strip_prefix("/// | `"))
             .filter_map(|rest| rest.split('`').next())
             .collect();
-        assert_eq!(table, Step::ALL.map(Step::name));
+        let names: Vec<&str> = Step::ALL.iter().map(|step| step.name()).collect();
+        assert_eq!(table, names);
     }
 }

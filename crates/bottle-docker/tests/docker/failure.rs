@@ -5,6 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use bottle_core::launch_steps::LaunchStep as _;
 use bottle_core::process::Owner;
 use bottle_core::{BottleBackend, BottleLauncher};
 use bottle_docker::data::{self, StatePaths};
@@ -18,7 +19,7 @@ fn every_failed_step_unwinds_everything() {
     let Some(fx) = support::setup("every_failed_step_unwinds_everything") else {
         return;
     };
-    for step in bottle_docker::Step::ALL.map(bottle_docker::Step::name) {
+    for step in bottle_docker::Step::ALL.iter().map(|step| step.name()) {
         let mut options = fx.backend.options().clone();
         options.failpoint = Some(step.to_string());
         let backend = bottle_docker::DockerBackend::new(options).unwrap();

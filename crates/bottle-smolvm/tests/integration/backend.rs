@@ -672,6 +672,77 @@ fn the_ca_is_installed_as_bottle_core_defines_and_its_problems_are_warnings() {
     assert_nothing_left(&s);
 }
 
+/// `BOTTLE_FAILPOINT` after every step of the microVM's launch fails it
+/// there, and the launch unwinds everything it had made.
+#[test]
+fn every_failed_step_unwinds_everything() {
+    use bottle_core::launch_steps::LaunchStep as _;
+    if !sandbox_available(&setup("1.9.3", "").world) {
+        return;
+    }
+    for step in bottle_smolvm::launch::Step::ALL
+        .iter()
+        .map(|step| step.name())
+    {
+        let s = setup("1.9.3", "");
+        let backend = s.backend.with_failpoint(Some(step.to_string()));
+        let s = Setup { backend, ..s };
+        let plan = s.backend.prepare(&s.spec).unwrap();
+        let err = s
+            .backend
+            .launch(&plan)
+            .map(drop)
+            .expect_err(&format!("{step}: the launch succeeded"));
+        assert_eq!(err.code, "BOT-K074", "{step}: {err}");
+        assert!(
+            err.message.contains(&format!("after step {step} ")),
+            "{step}: {err}"
+        );
+        assert_nothing_left(&s);
+    }
+}
+
+/// A failpoint naming neither the microVM's steps nor its bundle host's
+/// is refused before anything starts, listing both; one naming a step of
+/// the bundle host's is left to the host.
+#[test]
+fn failpoints_are_the_microvms_or_its_bundle_hosts() {
+    let s = setup("1.9.3", "");
+    let backend = s.backend.with_failpoint(Some("machine-strat".into()));
+    let s = Setup { backend, ..s };
+    let plan = s.backend.prepare(&s.spec).unwrap();
+    let err = s.backend.launch(&plan).map(drop).unwrap_err();
+    assert_eq!(err.code, "BOT-K075", "{err}");
+    assert!(err.message.contains("machine-create"), "{err}");
+    assert!(s.bundles.calls().is_empty(), "{:?}", s.bundles.calls());
+    assert_nothing_left(&s);
+}
+
+/// `bottle start --timings` on smolmachines: every step of the launch
+/// ends a lap, in order.
+#[test]
+fn every_step_ends_a_lap_on_the_timeline() {
+    use bottle_core::launch_steps::LaunchStep as _;
+    let s = setup("1.9.3", "");
+    if !sandbox_available(&s.world) {
+        return;
+    }
+    let timeline = bottle_core::timeline::Timeline::new();
+    let backend = s.backend.with_timeline(Some(timeline.clone()));
+    let s = Setup { backend, ..s };
+    let plan = s.backend.prepare(&s.spec).unwrap();
+    let bottle = s.backend.launch(&plan).unwrap();
+    drop(bottle);
+    let laps: Vec<String> = timeline.laps().into_iter().map(|lap| lap.name).collect();
+    let steps: Vec<&str> = bottle_smolvm::launch::Step::ALL
+        .iter()
+        .map(|step| step.name())
+        .collect();
+    assert_eq!(laps, steps);
+    s.backend.stop(MACHINE).unwrap();
+    assert_nothing_left(&s);
+}
+
 #[test]
 fn an_interrupted_launch_unwinds_what_it_started() {
     let s = setup("1.9.3", "");
