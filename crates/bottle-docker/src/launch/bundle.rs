@@ -421,16 +421,16 @@ impl<'a, D> Launch<'a, D> {
     }
 
     /// Waits until the bundle serves: its ready line on the stderr
-    /// attached before the start, or else (no attach, or the stream ended or
-    /// went quiet without the line) the proxy's health endpoint on the
-    /// bundle's bottle-network address, polled from inside the bundle
-    /// (works wherever the Engine API does, including daemons whose
-    /// container addresses the host cannot reach), which also tells a
-    /// bundle that exited from one still coming up.
+    /// attached before the start, or else (no attach, or the stream ended
+    /// or stayed without the line for [`READY_LINE_WAIT`]) the proxy's
+    /// health endpoint on the bundle's bottle-network address, polled from
+    /// inside the bundle (works wherever the Engine API does, including
+    /// daemons whose container addresses the host cannot reach), which also
+    /// tells a bundle that exited from one still coming up.
     fn wait_healthy(&self, bundle: &str, output: Option<BundleOutput>) -> Result<(), DockerError> {
         let deadline = Instant::now() + self.settings.health_timeout;
         if let Some(output) = output {
-            let within = self.settings.health_timeout;
+            let within = self.settings.health_timeout.min(READY_LINE_WAIT);
             if self.engine.block_on(ready_line_seen(output, within)) {
                 return Ok(());
             }
@@ -609,6 +609,12 @@ pub(super) async fn start_watched(
         .map(|attached| attached.output);
     (docker.start_container(bundle, None).await, output)
 }
+
+/// How long `bundle-health` waits for the ready line before it probes
+/// instead: a bundle says it within milliseconds of its start, and one
+/// that never will (a binary older than the line) must not cost the whole
+/// health timeout.
+const READY_LINE_WAIT: Duration = Duration::from_secs(2);
 
 /// The most of the bundle's stderr read while waiting for its ready line:
 /// a bundle says a few lines before it.
