@@ -550,6 +550,98 @@ fn crates_stay_in_their_layers() {
 }
 
 // ---------------------------------------------------------------------------
+// No module of these crates imports one that imports it back: a crate whose
+// modules form a circle can only be understood, or split, as a whole.
+
+/// The crates held to [`import_circles`] being empty.
+const CRATES_WITHOUT_IMPORT_CIRCLES: &[&str] = &["crates/bottle-docker"];
+
+/// For each top-level module of the crate at `crate_dir` (`launch` for
+/// `src/launch/agent.rs`), the crate's other top-level modules it names as
+/// `crate::NAME`, comment lines skipped.
+fn module_imports(
+    sources: &BTreeMap<String, String>,
+    crate_dir: &str,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let src = format!("{crate_dir}/src/");
+    let top = |path: &str| -> Option<String> {
+        let rest = path.strip_prefix(&src)?;
+        let first = rest.split('/').next()?.trim_end_matches(".rs");
+        Some(first.to_string())
+    };
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (path, text) in sources {
+        let Some(module) = top(path) else { continue };
+        let named = graph.entry(module.clone()).or_default();
+        for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for (at, _) in line.match_indices("crate::") {
+                let name: String = line[at + "crate::".len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() && name != module {
+                    named.insert(name);
+                }
+            }
+        }
+    }
+    let modules: BTreeSet<String> = graph.keys().cloned().collect();
+    for named in graph.values_mut() {
+        named.retain(|name| modules.contains(name));
+    }
+    graph
+}
+
+/// Every set of two or more modules that all reach one another through
+/// `graph`'s imports, each sorted.
+fn import_circles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    let reach = |from: &str| -> BTreeSet<String> {
+        let mut seen = BTreeSet::new();
+        let mut pending = vec![from.to_string()];
+        while let Some(module) = pending.pop() {
+            for next in graph.get(&module).into_iter().flatten() {
+                if seen.insert(next.clone()) {
+                    pending.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reached: BTreeMap<&String, BTreeSet<String>> =
+        graph.keys().map(|module| (module, reach(module))).collect();
+    let mut circles: BTreeSet<Vec<String>> = BTreeSet::new();
+    for (module, from_it) in &reached {
+        let circle: Vec<String> = from_it
+            .iter()
+            .filter(|other| {
+                reached
+                    .get(other)
+                    .is_some_and(|back| back.contains(*module))
+            })
+            .cloned()
+            .collect();
+        if circle.len() > 1 {
+            circles.insert(circle);
+        }
+    }
+    circles.into_iter().collect()
+}
+
+#[test]
+fn no_module_imports_one_that_imports_it_back() {
+    let sources = production_sources(&repo_root());
+    let problems: Vec<String> = CRATES_WITHOUT_IMPORT_CIRCLES
+        .iter()
+        .flat_map(|dir| {
+            import_circles(&module_imports(&sources, dir))
+                .into_iter()
+                .map(move |circle| format!("{dir}: {} import one another", circle.join(", ")))
+        })
+        .collect();
+    assert_tidy("import circles", &problems);
+}
+
+// ---------------------------------------------------------------------------
 // Each check fails on a planted violation.
 
 mod planted {
@@ -560,6 +652,31 @@ mod planted {
             .iter()
             .map(|(p, t)| (p.to_string(), t.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn an_import_circle_is_found_and_a_chain_is_not() {
+        let sources = files(&[
+            ("crates/z/src/lib.rs", "pub mod a; pub mod b; pub mod c;"),
+            (
+                "crates/z/src/a.rs",
+                "use crate::b::B;\n// crate::c in a comment",
+            ),
+            ("crates/z/src/b/mod.rs", "use crate::c;"),
+            ("crates/z/src/b/inner.rs", "fn f() { crate::a::g() }"),
+            ("crates/z/src/c.rs", "use crate::lib_only;"),
+        ]);
+        let graph = module_imports(&sources, "crates/z");
+        assert_eq!(
+            import_circles(&graph),
+            [vec!["a".to_string(), "b".to_string()]]
+        );
+        let chain = files(&[
+            ("crates/z/src/a.rs", "use crate::b::B;"),
+            ("crates/z/src/b.rs", "use crate::c;"),
+            ("crates/z/src/c.rs", ""),
+        ]);
+        assert!(import_circles(&module_imports(&chain, "crates/z")).is_empty());
     }
 
     const ERRORS_MD: &str = "| code | what it means |\n| --- | --- |\n| `BOT-Z001` | one |\n";

@@ -224,6 +224,20 @@ pub struct CleanupReport {
     pub kept: Vec<String>,
 }
 
+impl CleanupReport {
+    /// Takes in `other`'s lines; a resource already reported removed is
+    /// reported once.
+    pub fn merge(&mut self, other: CleanupReport) {
+        for line in other.removed {
+            if !self.removed.contains(&line) {
+                self.removed.push(line);
+            }
+        }
+        self.failed.extend(other.failed);
+        self.kept.extend(other.kept);
+    }
+}
+
 /// What `bottle commit` made.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommitReport {

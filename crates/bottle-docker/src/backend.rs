@@ -448,7 +448,7 @@ impl DockerBackend {
         // The plan says what the box is (its tier, its gVisor binary): a
         // bottle whose plan cannot be read is not driven on a guess.
         let plan = data::read_plan(&StatePaths::new(&state_dir))?;
-        let gvisor_binary = gvisor_binary_of(&plan)?;
+        let gvisor_binary = data::gvisor_binary_of(&plan)?;
         let agent = Some(plan.backend_data.agent);
         let user = labels
             .get(crate::names::LABEL_AGENT_USER)
@@ -694,21 +694,6 @@ fn backend_lines(data: &DockerPlanData) -> Vec<(String, String)> {
     ]
 }
 
-/// The gVisor binary a bottle's box must run under: `None` for the
-/// container tier; for a gVisor plan, the one it recorded (a plan without
-/// one is refused, never treated as a container).
-pub(crate) fn gvisor_binary_of(plan: &DockerPlan) -> Result<Option<PathBuf>, DockerError> {
-    match plan.isolation {
-        Isolation::Container => Ok(None),
-        Isolation::Gvisor => match &plan.backend_data.agent.runtime_binary {
-            Some(binary) => Ok(Some(binary.clone())),
-            None => Err(DockerError::NotUnderGvisor {
-                what: "the bottle's plan records no gVisor binary".into(),
-            }),
-        },
-    }
-}
-
 /// The plan's lines for a gVisor box: the runtime it runs under, and its
 /// limits as the Engine enforces them.
 fn gvisor_lines(
@@ -815,7 +800,7 @@ impl DockerBackend {
     fn cleanup_pass(&self, pass: &mut CleanupPass<'_>) -> Result<(), DockerError> {
         let engine = self.engine()?;
         let root = &self.options.state_root;
-        crate::pool::cleanup_broken(engine, root, pass)?;
+        lifecycle::cleanup_broken_pool_entries(engine, root, pass)?;
         lifecycle::cleanup(engine, root, pass)?;
         // Without the current binary there is no telling which image is
         // still wanted; then nothing is pruned.

@@ -37,7 +37,6 @@ use bottle_core::ca_install::ANCHORS;
 use bytes::Bytes;
 use futures_util::StreamExt as _;
 
-use crate::bottle::DockerBottle;
 use crate::client::Engine;
 use crate::data::StatePaths;
 use crate::error::DockerError;
@@ -378,12 +377,24 @@ fn as_container_config(config: &bollard::models::ImageConfig) -> ContainerConfig
     }
 }
 
+/// The bottle a commit is made of.
+pub(crate) struct CommitSource<'a> {
+    /// The Engine the bottle runs on.
+    pub engine: &'a Engine,
+    /// Its agent container.
+    pub container: &'a str,
+    /// The image it was started from, as the operator named it.
+    pub image: &'a str,
+    /// Its state dir (where its CA is).
+    pub state_dir: &'a std::path::Path,
+}
+
 /// Commits the agent container of `bottle` as `image` (the module says how).
-pub(crate) fn commit(bottle: &DockerBottle, image: &str) -> Result<CommitReport, DockerError> {
+pub(crate) fn commit(bottle: &CommitSource<'_>, image: &str) -> Result<CommitReport, DockerError> {
     let (repo, tag) = split_reference(image)?;
-    let engine = &bottle.engine;
+    let engine = bottle.engine;
     let container = engine
-        .block_on(engine.docker.inspect_container(&bottle.container, None))
+        .block_on(engine.docker.inspect_container(bottle.container, None))
         .map_err(DockerError::api(format!("inspect {}", bottle.container)))?;
     let original = container.image.clone().unwrap_or_default();
     let config = engine
@@ -395,14 +406,14 @@ pub(crate) fn commit(bottle: &DockerBottle, image: &str) -> Result<CommitReport,
         && config.entrypoint.as_ref().is_none_or(Vec::is_empty)
     {
         return Err(DockerError::CommitNoCommand {
-            image: bottle.image.clone(),
+            image: bottle.image.to_string(),
         });
     }
-    let ca_path = StatePaths::new(&bottle.state_dir).ca_cert();
+    let ca_path = StatePaths::new(bottle.state_dir).ca_cert();
     let ca = std::fs::read(&ca_path).map_err(DockerError::io("read", &ca_path))?;
     let scrub = Scrub::new(&ca);
 
-    let (imported, removed) = export_scrubbed(engine, &bottle.container, &scrub)?;
+    let (imported, removed) = export_scrubbed(engine, bottle.container, &scrub)?;
     let result = configure(engine, &imported, &config, &repo, &tag);
     // The configured image's parent stays; the bare import has no name.
     result.map(|id| CommitReport {
@@ -595,7 +606,7 @@ pub fn image_has_path(engine: &Engine, image: &str, path: &str) -> Result<bool, 
                 .create_container(Some(CreateContainerOptionsBuilder::default().build()), body),
         )
         .map_err(DockerError::api(format!("create a container of {image}")))?;
-    let found = crate::bottle::container_entry(engine, &created.id, path);
+    let found = crate::archive::container_entry(engine, &created.id, path);
     let remove = RemoveContainerOptionsBuilder::default().force(true).build();
     let _ = engine.block_on(engine.docker.remove_container(&created.id, Some(remove)));
     Ok(!matches!(found?, bottle_core::ca_install::Entry::Missing))

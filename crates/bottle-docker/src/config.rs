@@ -76,6 +76,17 @@ pub const OPT_ENABLE_ICC: &str = "com.docker.network.bridge.enable_icc";
 /// Driver option: masquerade traffic leaving the bridge.
 pub const OPT_MASQUERADE: &str = "com.docker.network.bridge.enable_ip_masquerade";
 
+/// Whether the host holds an address on a bottle network's bridge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostOnBridge {
+    /// A container bottle's network: the host has no address there, so
+    /// nothing on the host is reachable from the box.
+    Withheld,
+    /// A microVM's bundle network: the host keeps its gateway address,
+    /// because smolvm dials the guest's traffic from the host.
+    Gateway,
+}
+
 /// The bottle's private network: internal, no host address, no NAT.
 pub fn internal_network(
     name: &str,

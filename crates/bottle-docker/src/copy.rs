@@ -53,7 +53,7 @@ use bottle_core::backend::BackendError;
 use bottle_core::copy::{CopyError, CopyIn, GuestEntry, GuestPath, Owner, guest};
 use futures_util::StreamExt;
 
-use crate::bottle::container_owner;
+use crate::archive::container_owner;
 use crate::client::Engine;
 use crate::error::{DockerError, is_not_found};
 

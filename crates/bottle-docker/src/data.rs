@@ -23,6 +23,7 @@ use bottle_core::process::Owner;
 use serde::{Deserialize, Serialize};
 
 use crate::error::DockerError;
+use bottle_core::isolation::Isolation;
 
 /// Version of [`DockerPlanData`] and of the state dir layout.
 pub const STATE_LAYOUT_VERSION: u32 = 1;
@@ -392,6 +393,21 @@ pub fn remove_state_dir(root: &Path) -> Result<Removal, DockerError> {
         Err(err) => return Err(DockerError::io("remove", root)(err)),
     };
     Ok(Removal { removed, kept_log })
+}
+
+/// The gVisor binary a bottle's box must run under: `None` for the
+/// container tier; for a gVisor plan, the one it recorded (a plan without
+/// one is refused, never treated as a container).
+pub(crate) fn gvisor_binary_of(plan: &DockerPlan) -> Result<Option<PathBuf>, DockerError> {
+    match plan.isolation {
+        Isolation::Container => Ok(None),
+        Isolation::Gvisor => match &plan.backend_data.agent.runtime_binary {
+            Some(binary) => Ok(Some(binary.clone())),
+            None => Err(DockerError::NotUnderGvisor {
+                what: "the bottle's plan records no gVisor binary".into(),
+            }),
+        },
+    }
 }
 
 #[cfg(test)]

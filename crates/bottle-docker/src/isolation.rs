@@ -8,18 +8,17 @@ use bollard::models::{ContainerInspectResponse, EndpointSettings, NetworkInspect
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
-use crate::config::OPT_INHIBIT_IPV4;
-use crate::launch::LaunchMode;
+use crate::config::{HostOnBridge, OPT_INHIBIT_IPV4};
 use crate::names::EGRESS_NETWORK;
 
 /// The bottle network is internal, of the planned subnet only, and gives
-/// the host an address on its bridge exactly when `mode` needs one (a
-/// microVM's bundle is dialled from the host; a container bottle's is not).
+/// the host an address on its bridge exactly as `host` says (a microVM's
+/// bundle is dialled from the host; a container bottle's is not).
 pub(crate) fn check_bottle_network(
     name: &str,
     network: &NetworkInspect,
     planned_subnet: &str,
-    mode: LaunchMode,
+    host: HostOnBridge,
 ) -> Result<(), String> {
     if network.internal != Some(true) {
         return Err(format!("network {name} is not internal"));
@@ -29,13 +28,13 @@ pub(crate) fn check_bottle_network(
         .as_ref()
         .and_then(|o| o.get(OPT_INHIBIT_IPV4))
         .map(String::as_str);
-    match mode {
-        LaunchMode::Bottle if inhibit != Some("true") => {
+    match host {
+        HostOnBridge::Withheld if inhibit != Some("true") => {
             return Err(format!(
                 "network {name} gives the host an address on the bridge ({OPT_INHIBIT_IPV4} is not set)"
             ));
         }
-        LaunchMode::BundleForVm if inhibit == Some("true") => {
+        HostOnBridge::Gateway if inhibit == Some("true") => {
             return Err(format!(
                 "network {name} gives the host no address on the bridge ({OPT_INHIBIT_IPV4} is set), so smolvm could not dial the bundle"
             ));
@@ -197,33 +196,33 @@ mod tests {
         let subnet = "10.242.0.0/29";
         let good = network(true, Some("true"), subnet);
         assert_eq!(
-            check_bottle_network(NET, &good, subnet, LaunchMode::Bottle),
+            check_bottle_network(NET, &good, subnet, HostOnBridge::Withheld),
             Ok(())
         );
         let open = network(false, Some("true"), subnet);
         assert!(
-            check_bottle_network(NET, &open, subnet, LaunchMode::Bottle)
+            check_bottle_network(NET, &open, subnet, HostOnBridge::Withheld)
                 .unwrap_err()
                 .contains("not internal")
         );
         let host_address = network(true, None, subnet);
         assert!(
-            check_bottle_network(NET, &host_address, subnet, LaunchMode::Bottle)
+            check_bottle_network(NET, &host_address, subnet, HostOnBridge::Withheld)
                 .unwrap_err()
                 .contains("gives the host an address")
         );
         assert_eq!(
-            check_bottle_network(NET, &host_address, subnet, LaunchMode::BundleForVm),
+            check_bottle_network(NET, &host_address, subnet, HostOnBridge::Gateway),
             Ok(())
         );
         assert!(
-            check_bottle_network(NET, &good, subnet, LaunchMode::BundleForVm)
+            check_bottle_network(NET, &good, subnet, HostOnBridge::Gateway)
                 .unwrap_err()
                 .contains("could not dial")
         );
         let other = network(true, Some("true"), "10.242.0.8/29");
         assert!(
-            check_bottle_network(NET, &other, subnet, LaunchMode::Bottle)
+            check_bottle_network(NET, &other, subnet, HostOnBridge::Withheld)
                 .unwrap_err()
                 .contains("planned 10.242.0.0/29")
         );

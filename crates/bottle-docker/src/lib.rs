@@ -30,6 +30,7 @@
 //! carries the `bottle.*` labels of [`names`] and is registered for undo
 //! before the next step runs.
 
+pub mod archive;
 pub mod backend;
 pub mod bottle;
 pub mod cache;
@@ -47,6 +48,7 @@ pub mod lifecycle;
 pub mod names;
 pub mod pause;
 pub mod pool;
+pub mod pool_entry;
 pub mod reset;
 mod stopping;
 pub mod tarball;

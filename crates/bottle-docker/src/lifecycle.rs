@@ -335,7 +335,7 @@ fn bottles_with_containers(engine: &Engine) -> Result<Vec<BottleInfo>, DockerErr
             let pooled = any
                 .labels
                 .get(LABEL_STATE_DIR)
-                .is_some_and(|dir| crate::pool::is_ready(Path::new(dir)));
+                .is_some_and(|dir| crate::pool_entry::is_ready(Path::new(dir)));
             let state = if state_dir.is_some_and(stopping::is_stopping) {
                 "stopping".to_string()
             } else if is_orphan(&any.labels) {
@@ -646,10 +646,10 @@ fn orphan_reason(labels: &HashMap<String, String>) -> Option<&'static str> {
     let launched = StatePaths::new(dir).launched().exists();
     // A pool entry is launched detached; the `start` that claimed it
     // decides whether it still is, and owns it if not.
-    let orphan = match crate::pool::claim_record(dir) {
+    let orphan = match crate::pool_entry::claim_record(dir) {
         Some(claim) if !claim.detached => !claim.owner.is_alive(),
         Some(_) => !(launched && agent_started(dir)),
-        None if crate::pool::is_ready(dir) => !(detached && launched),
+        None if crate::pool_entry::is_ready(dir) => !(detached && launched),
         None => !(detached && launched && agent_started(dir)),
     };
     orphan.then_some(DEAD)
@@ -678,6 +678,25 @@ fn agent_started(state_dir: &Path) -> bool {
     !session.dir.exists()
         || session.started().exists()
         || (session.holder().exists() && !session.command().exists())
+}
+
+/// Removes the warm-pool entries that can no longer be claimed
+/// ([`crate::pool_entry::broken_entries`]), each once the pass approves it
+/// and this process took it.
+pub fn cleanup_broken_pool_entries(
+    engine: &Engine,
+    state_root: &Path,
+    pass: &mut CleanupPass<'_>,
+) -> Result<(), DockerError> {
+    for (slug, why) in crate::pool_entry::broken_entries(engine, state_root) {
+        let name = bottle_name(&slug);
+        let item = CleanupItem::new("pool entry", name.clone(), why);
+        if !pass.found(item) || !crate::pool_entry::take(&state_root.join(&slug), false) {
+            continue;
+        }
+        pass.report.merge(stop(engine, state_root, &name)?);
+    }
+    Ok(())
 }
 
 /// What crashed launches and dead owners of this install left behind,
@@ -720,7 +739,7 @@ pub fn cleanup(
             Some((dir, root)) if stopping::is_stopping(dir) => finish_stop(engine, root, &name)?,
             _ => stop(engine, state_root, &name)?,
         };
-        merge(&mut pass.report, removed);
+        pass.report.merge(removed);
     }
     // State dirs with no Docker resources at all: prepared but never (or
     // no longer) launched.
@@ -745,10 +764,8 @@ pub fn cleanup(
                     "its stop was not finished",
                 );
                 if pass.found(item) {
-                    merge(
-                        &mut pass.report,
-                        finish_stop(engine, state_root, &bottle_name(&slug))?,
-                    );
+                    pass.report
+                        .merge(finish_stop(engine, state_root, &bottle_name(&slug))?);
                 }
                 continue;
             }
@@ -813,16 +830,6 @@ fn egress_unused(engine: &Engine) -> Result<bool, DockerError> {
             "list the containers on {EGRESS_NETWORK}"
         )))?;
     Ok(users.is_empty())
-}
-
-fn merge(into: &mut CleanupReport, from: CleanupReport) {
-    for line in from.removed {
-        if !into.removed.contains(&line) {
-            into.removed.push(line);
-        }
-    }
-    into.failed.extend(from.failed);
-    into.kept.extend(from.kept);
 }
 
 #[cfg(test)]

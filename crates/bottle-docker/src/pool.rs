@@ -24,7 +24,6 @@
 //! differ from what was recorded, or when the bundle does not answer its
 //! health check.
 
-use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
@@ -32,7 +31,7 @@ use std::time::Instant;
 
 use bollard::models::ContainerInspectResponse;
 use bottle_core::BottleSpec;
-use bottle_core::backend::{BackendError, BackendKind, CleanupItem, CleanupPass, CleanupReport};
+use bottle_core::backend::{BackendError, BackendKind, CleanupReport};
 use bottle_core::plan::PlannedDevice;
 use bottle_core::process::Owner;
 use bottle_core::sandbox::reset::check_against_baseline;
@@ -48,69 +47,20 @@ use crate::config::BUNDLE_BINARY_PATH;
 use crate::data::{self, DockerPlan, STATE_LAYOUT_VERSION, StatePaths};
 use crate::error::DockerError;
 use crate::isolation;
-use crate::launch::LaunchMode;
 use crate::lifecycle;
 use crate::names::ResourceNames;
+use crate::pool_entry::{
+    CLAIMED, READY, RECORD, inspect_both, lives_as_filled, read_record, start_facts, take,
+};
+pub use crate::pool_entry::{
+    ClaimRecord, POOL_LAYOUT_VERSION, PoolRecord, StartFacts, claim_record, is_ready,
+};
 use crate::reset::{DockerResetSubstrate, engine_facts, tree_hash};
 
-/// The version of the pool's files; an entry of another version is
-/// discarded, never reused.
-pub const POOL_LAYOUT_VERSION: u32 = 1;
-
-const RECORD: &str = "pool.json";
-const READY: &str = "pool-ready";
-const CLAIMED: &str = "pool-claimed";
 /// Between the agent's name and an entry's random suffix.
 const ENTRY_INFIX: &str = "-pool-";
 /// The key of the credentials' HMAC, in the state root, owner-only.
 const FINGERPRINT_KEY: &str = "pool-fingerprint.key";
-
-/// What the Engine says of a container's life: a restart or a stop and
-/// start changes it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StartFacts {
-    /// Whether it runs.
-    pub running: bool,
-    /// When it last started.
-    pub started_at: String,
-    /// How often the daemon restarted it.
-    pub restart_count: i64,
-}
-
-/// `pool.json`: what an entry was made from and how it stood when filled.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PoolRecord {
-    /// [`POOL_LAYOUT_VERSION`].
-    pub version: u32,
-    /// The manifest's agent.
-    pub agent: String,
-    /// [`DockerBackend::pool_fingerprint`] at fill.
-    pub fingerprint: String,
-    /// RFC 3339 time it was filled.
-    pub filled: String,
-    /// The agent container at fill.
-    pub agent_start: StartFacts,
-    /// The bundle container at fill.
-    pub bundle_start: StartFacts,
-    /// The bundle's Engine facts at fill (networks and addresses, limits,
-    /// image), compared as a whole at claim.
-    pub bundle_engine: BTreeMap<String, String>,
-}
-
-/// `pool-claimed`: who took an entry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClaimRecord {
-    /// RFC 3339 time of the claim.
-    pub claimed: String,
-    /// The `bottle start` that claimed it.
-    pub owner: Owner,
-    /// Whether that start detached (then the bottle outlives it);
-    /// otherwise `cleanup` treats the bottle as an orphan once its owner
-    /// died.
-    pub detached: bool,
-    /// How long the claim's re-check took, in milliseconds.
-    pub verify_ms: u64,
-}
 
 /// One entry as `bottle pool list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,90 +96,6 @@ pub fn entry_name(agent: &str) -> Result<String, BackendError> {
     Ok(format!(
         "{}{ENTRY_INFIX}{suffix}",
         stem.trim_end_matches('-')
-    ))
-}
-
-/// Whether the bottle whose state dir is `state_dir` is a pool entry
-/// waiting to be claimed.
-pub fn is_ready(state_dir: &Path) -> bool {
-    state_dir.join(READY).exists() && !state_dir.join(CLAIMED).exists()
-}
-
-/// Takes the entry in `dir` for this process: its claim record is linked
-/// into place, which fails if another process took it first, so of two
-/// racing takers exactly one wins; the record names this process from the
-/// first instant, so a taker that dies is an owner `cleanup` can judge.
-/// `detached`: the taker's bottle outlives it.
-fn take(dir: &Path, detached: bool) -> bool {
-    if !is_ready(dir) {
-        return false;
-    }
-    let owner = Owner::current();
-    let record = ClaimRecord {
-        claimed: bottle_core::time::now_rfc3339_millis(),
-        owner,
-        detached,
-        verify_ms: 0,
-    };
-    let Ok(json) = serde_json::to_vec_pretty(&record) else {
-        return false;
-    };
-    let temp = dir.join(format!("{CLAIMED}.{}.tmp", owner.pid));
-    if data::write_file(&temp, &json, 0o600).is_err() {
-        return false;
-    }
-    let won = std::fs::hard_link(&temp, dir.join(CLAIMED)).is_ok();
-    let _ = std::fs::remove_file(&temp);
-    if won {
-        let _ = std::fs::remove_file(dir.join(READY));
-    }
-    won
-}
-
-/// The claim record of the bottle whose state dir is `state_dir`, if it
-/// was a pool entry that a `start` claimed.
-pub fn claim_record(state_dir: &Path) -> Option<ClaimRecord> {
-    let text = std::fs::read(state_dir.join(CLAIMED)).ok()?;
-    serde_json::from_slice(&text).ok()
-}
-
-fn read_record(state_dir: &Path) -> Result<PoolRecord, DockerError> {
-    let path = state_dir.join(RECORD);
-    let text = std::fs::read(&path).map_err(DockerError::io("read", &path))?;
-    serde_json::from_slice(&text).map_err(|err| DockerError::PoolRecord {
-        path: path.clone(),
-        detail: err.to_string(),
-    })
-}
-
-fn start_facts(inspect: &ContainerInspectResponse) -> StartFacts {
-    let state = inspect.state.clone().unwrap_or_default();
-    StartFacts {
-        running: state.running == Some(true),
-        started_at: state.started_at.unwrap_or_default(),
-        restart_count: inspect.restart_count.unwrap_or(-1),
-    }
-}
-
-fn inspect_both(
-    engine: &Engine,
-    names: &ResourceNames,
-) -> Result<(ContainerInspectResponse, ContainerInspectResponse), DockerError> {
-    let (agent, bundle) = engine.block_on(async {
-        futures_util::join!(
-            engine.docker.inspect_container(&names.agent, None),
-            engine.docker.inspect_container(&names.bundle, None)
-        )
-    });
-    Ok((
-        agent.map_err(DockerError::api(format!(
-            "inspect container {}",
-            names.agent
-        )))?,
-        bundle.map_err(DockerError::api(format!(
-            "inspect container {}",
-            names.bundle
-        )))?,
     ))
 }
 
@@ -445,80 +311,9 @@ pub fn drain(
             continue;
         }
         let name = bottle_name(&dir.file_name().unwrap_or_default().to_string_lossy());
-        merge(&mut report, lifecycle::stop(engine, state_root, &name)?);
+        report.merge(lifecycle::stop(engine, state_root, &name)?);
     }
     Ok(report)
-}
-
-/// Removes the waiting entries that can no longer be claimed: a record
-/// that cannot be read or is of another layout, a container that stopped
-/// or restarted, a halted box. Entries that merely belong to another
-/// manifest are left: only a claim knows the manifest.
-pub fn cleanup_broken(
-    engine: &Engine,
-    state_root: &Path,
-    pass: &mut CleanupPass<'_>,
-) -> Result<(), DockerError> {
-    let Ok(dirs) = std::fs::read_dir(state_root) else {
-        return Ok(());
-    };
-    for dir in dirs.flatten().map(|entry| entry.path()) {
-        if !is_ready(&dir) {
-            continue;
-        }
-        let Some(slug) = dir.file_name().map(|n| n.to_string_lossy().to_string()) else {
-            continue;
-        };
-        let broken = match read_record(&dir) {
-            Err(err) => Some(err.to_string()),
-            Ok(record) if record.version != POOL_LAYOUT_VERSION => {
-                Some(format!("layout version {}", record.version))
-            }
-            Ok(record) => {
-                let names = ResourceNames::for_slug(&slug);
-                match inspect_both(engine, &names) {
-                    Err(err) => Some(err.to_string()),
-                    Ok((agent, bundle)) => lives_as_filled(&record, &agent, &bundle).err(),
-                }
-            }
-        };
-        let Some(why) = broken else {
-            continue;
-        };
-        let item = CleanupItem::new("pool entry", bottle_name(&slug), why);
-        if !pass.found(item) || !take(&dir, false) {
-            continue;
-        }
-        merge(
-            &mut pass.report,
-            lifecycle::stop(engine, state_root, &bottle_name(&slug))?,
-        );
-    }
-    Ok(())
-}
-
-/// Whether both containers still live the life they had at fill: running,
-/// never restarted, not started again since.
-fn lives_as_filled(
-    record: &PoolRecord,
-    agent: &ContainerInspectResponse,
-    bundle: &ContainerInspectResponse,
-) -> Result<(), String> {
-    for (what, recorded, now) in [
-        ("agent", &record.agent_start, start_facts(agent)),
-        ("bundle", &record.bundle_start, start_facts(bundle)),
-    ] {
-        if !now.running {
-            return Err(format!("the {what} container is not running"));
-        }
-        if &now != recorded {
-            return Err(format!(
-                "the {what} container was started again (started {} restarts {}, at fill {} restarts {})",
-                now.started_at, now.restart_count, recorded.started_at, recorded.restart_count
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// The claim's checks of one entry, each failing with why; its plan when
@@ -566,7 +361,7 @@ fn recheck(
         &names.agent,
         &names.bundle,
         dir,
-        crate::backend::gvisor_binary_of(&plan).map_err(|e| e.to_string())?,
+        crate::data::gvisor_binary_of(&plan).map_err(|e| e.to_string())?,
     );
     let diverged: Vec<String> = check_against_baseline(&substrate, &files)
         .into_iter()
@@ -606,11 +401,11 @@ fn isolated_as_launched(
         network_name,
         network,
         &data.bundle.subnet,
-        LaunchMode::Bottle,
+        crate::config::HostOnBridge::Withheld,
     )?;
     isolation::check_bundle(network_name, bundle, data.bundle.ip)?;
     isolation::check_agent(network_name, agent, data.agent.ip)?;
-    if let Some(binary) = crate::backend::gvisor_binary_of(plan).map_err(|e| e.to_string())? {
+    if let Some(binary) = crate::data::gvisor_binary_of(plan).map_err(|e| e.to_string())? {
         let runtime = data.agent.runtime.as_deref().unwrap_or_default();
         crate::gvisor::check_host_side(agent, runtime, &binary)?;
     }
@@ -656,12 +451,6 @@ fn bundle_answers(
 /// `bottle cleanup` (its ready marker is gone, so no one claims it).
 fn discard(engine: &Engine, state_root: &Path, name: &str) {
     let _ = lifecycle::stop(engine, state_root, slug_of(name));
-}
-
-fn merge(into: &mut CleanupReport, from: CleanupReport) {
-    into.removed.extend(from.removed);
-    into.failed.extend(from.failed);
-    into.kept.extend(from.kept);
 }
 
 /// What identifies a file without reading it: its path, size, inode and
@@ -758,52 +547,6 @@ mod tests {
         assert_eq!(long.len(), bottle_core::slug::MAX_SLUG_LEN);
         assert_eq!(bottle_core::slug::slugify(&long).unwrap(), long);
         assert_ne!(entry_name("demo").unwrap(), entry_name("demo").unwrap());
-    }
-
-    fn record() -> PoolRecord {
-        let started = StartFacts {
-            running: true,
-            started_at: "2026-11-24T11:00:00Z".into(),
-            restart_count: 0,
-        };
-        PoolRecord {
-            version: POOL_LAYOUT_VERSION,
-            agent: "demo".into(),
-            fingerprint: "sha256:x".into(),
-            filled: "2026-11-24T11:00:01Z".into(),
-            agent_start: started.clone(),
-            bundle_start: started,
-            bundle_engine: BTreeMap::new(),
-        }
-    }
-
-    fn inspect(started_at: &str, restarts: i64, running: bool) -> ContainerInspectResponse {
-        ContainerInspectResponse {
-            restart_count: Some(restarts),
-            state: Some(bollard::models::ContainerState {
-                running: Some(running),
-                started_at: Some(started_at.into()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn an_entry_started_again_or_stopped_is_not_as_filled() {
-        let record = record();
-        let same = inspect("2026-11-24T11:00:00Z", 0, true);
-        assert_eq!(lives_as_filled(&record, &same, &same), Ok(()));
-        let restarted = inspect("2026-11-24T11:00:00Z", 1, true);
-        assert!(lives_as_filled(&record, &restarted, &same).is_err());
-        let started_again = inspect("2026-11-24T11:05:00Z", 0, true);
-        assert!(lives_as_filled(&record, &same, &started_again).is_err());
-        let stopped = inspect("2026-11-24T11:00:00Z", 0, false);
-        assert!(
-            lives_as_filled(&record, &stopped, &same)
-                .unwrap_err()
-                .contains("not running")
-        );
     }
 
     /// The bottle network, bundle and agent of `config::tests::sample_plan`
@@ -930,36 +673,11 @@ mod tests {
     }
 
     #[test]
-    fn of_two_takers_one_wins_and_is_named_in_the_record() {
-        let dir = tempfile::tempdir().unwrap();
-        assert!(!take(dir.path(), true), "nothing waits yet");
-        data::write_file(&dir.path().join(READY), b"", 0o600).unwrap();
-        assert!(is_ready(dir.path()));
-        assert!(take(dir.path(), true));
-        assert!(!take(dir.path(), false), "taken twice");
-        assert!(!is_ready(dir.path()));
-        let record = claim_record(dir.path()).unwrap();
-        assert_eq!(record.owner, Owner::current());
-        assert!(record.detached);
-        // A taker that died between the link and removing the marker left
-        // both: the entry is taken all the same.
-        data::write_file(&dir.path().join(READY), b"", 0o600).unwrap();
-        assert!(!is_ready(dir.path()));
-        assert!(!take(dir.path(), false));
-        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
-            .collect();
-        assert!(leftovers.is_empty(), "{leftovers:?}");
-    }
-
-    #[test]
     fn only_ready_entries_with_a_record_are_claimable_and_listed_by_state() {
         let root = tempfile::tempdir().unwrap();
         let write = |slug: &str, agent: &str, ready: bool| {
             let dir = root.path().join(slug);
-            let mut record = record();
+            let mut record = crate::pool_entry::tests::record();
             record.agent = agent.into();
             data::write_file(
                 &dir.join(RECORD),

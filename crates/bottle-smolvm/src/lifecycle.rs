@@ -171,12 +171,8 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
 
     fn remove_bundle(&self, bottle: &str, report: &mut CleanupReport) {
         match self.bundles.stop(bottle) {
-            Ok(sub) => {
-                report.removed.extend(sub.removed);
-                report.failed.extend(sub.failed);
-                // The bundle's host keeps the audit log it removes.
-                report.kept.extend(sub.kept);
-            }
+            // The bundle's host keeps the audit log it removes.
+            Ok(sub) => report.merge(sub),
             Err(err) => report
                 .failed
                 .push(format!("bundle of {bottle}: {}", err.message)),

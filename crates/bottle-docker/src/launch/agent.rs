@@ -16,10 +16,8 @@ use bottle_core::display::escape_for_terminal;
 use bottle_core::sandbox::{SandboxError, reset};
 use bottle_core::sandbox::{TOOLBOX_MODE, TOOLBOX_PATH};
 
-use crate::bottle::{
-    DockerBottle, container_dir_has_entries, container_entry, container_owner, exec_captured,
-    upload,
-};
+use crate::archive::{container_dir_has_entries, container_entry, container_owner, upload};
+use crate::bottle::{DockerBottle, exec_captured};
 use crate::client::Engine;
 use crate::config::{self, AGENT_PROMPT_PATH, AGENT_SKILLS_DIR};
 use crate::data::{self, AgentData, DockerPlanData};
@@ -154,7 +152,7 @@ impl<'a> Launch<'a, DockerPlanData> {
             agent,
             &bundle,
             &self.paths.root,
-            crate::backend::gvisor_binary_of(self.plan)?,
+            crate::data::gvisor_binary_of(self.plan)?,
         );
         // A bottle without reset still runs: the operator is told, and a
         // reset later halts it with "none recorded" rather than pass.
@@ -181,7 +179,7 @@ impl<'a> Launch<'a, DockerPlanData> {
             toolbox: InBoxAgent::new(&self.plan.bottle, &self.plan.state_dir),
             bundle,
             state_dir: self.paths.root.clone(),
-            gvisor_binary: crate::backend::gvisor_binary_of(self.plan)?,
+            gvisor_binary: crate::data::gvisor_binary_of(self.plan)?,
         })
     }
 
@@ -347,7 +345,7 @@ impl<'a> Launch<'a, DockerPlanData> {
         })?;
         // A gVisor box under another runtime is not a confinement that
         // differs but one that is missing: its own code.
-        if let Some(binary) = crate::backend::gvisor_binary_of(self.plan)? {
+        if let Some(binary) = crate::data::gvisor_binary_of(self.plan)? {
             let kernel = self.confirm_gvisor(agent, &inspect, &binary)?;
             self.note(&format!("gvisor: the box's kernel is {kernel}"));
         }

@@ -18,7 +18,8 @@ use bollard::query_parameters::{
 use futures_util::StreamExt;
 
 use super::{BundleOutput, Launch, LaunchMode, Step};
-use crate::bottle::{exec_captured, upload};
+use crate::archive::upload;
+use crate::bottle::exec_captured;
 use crate::client::Engine;
 use crate::config::{
     self, BUNDLE_BINARY_PATH, BUNDLE_CA_CERT, BUNDLE_CA_KEY, BUNDLE_CREDENTIALS_DIR,
@@ -267,8 +268,13 @@ impl<'a, D> Launch<'a, D> {
         let inspect = self.block(&format!("inspect network {network}"), async {
             self.engine.docker.inspect_network(network, None).await
         })?;
-        isolation::check_bottle_network(network, &inspect, &self.bundle.subnet, self.mode)
-            .map_err(|what| DockerError::IsolationUnconfirmed { what })
+        isolation::check_bottle_network(
+            network,
+            &inspect,
+            &self.bundle.subnet,
+            self.mode.host_on_bridge(),
+        )
+        .map_err(|what| DockerError::IsolationUnconfirmed { what })
     }
 
     /// Why the bundle did not start: the egress network's address pool is

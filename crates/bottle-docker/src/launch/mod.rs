@@ -54,6 +54,16 @@ pub enum LaunchMode {
     BundleForVm,
 }
 
+impl LaunchMode {
+    /// Whether the host holds an address on the bottle network's bridge.
+    pub(crate) fn host_on_bridge(self) -> crate::config::HostOnBridge {
+        match self {
+            LaunchMode::Bottle => crate::config::HostOnBridge::Withheld,
+            LaunchMode::BundleForVm => crate::config::HostOnBridge::Gateway,
+        }
+    }
+}
+
 /// Settings of one launch that come from the backend's options.
 pub struct LaunchSettings {
     /// Progress lines (provisioning notes).
