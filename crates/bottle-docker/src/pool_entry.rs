@@ -44,7 +44,7 @@ pub struct PoolRecord {
     pub version: u32,
     /// The manifest's agent.
     pub agent: String,
-    /// [`DockerBackend::pool_fingerprint`] at fill.
+    /// [`crate::backend::DockerBackend::pool_fingerprint`] at fill.
     pub fingerprint: String,
     /// RFC 3339 time it was filled.
     pub filled: String,
