@@ -554,7 +554,7 @@ fn crates_stay_in_their_layers() {
 // modules form a circle can only be understood, or split, as a whole.
 
 /// The crates held to [`import_circles`] being empty.
-const CRATES_WITHOUT_IMPORT_CIRCLES: &[&str] = &["crates/bottle-docker"];
+const CRATES_WITHOUT_IMPORT_CIRCLES: &[&str] = &["crates/bottle-cli", "crates/bottle-docker"];
 
 /// For each top-level module of the crate at `crate_dir` (`launch` for
 /// `src/launch/agent.rs`), the crate's other top-level modules it names as

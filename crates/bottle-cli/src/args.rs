@@ -1,6 +1,7 @@
 //! Command-line arguments.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -67,7 +68,7 @@ pub(crate) enum Command {
     /// Run a command in a bottle.
     Exec(ExecArgs),
     /// Run one tool call through a bottle's in-box agent.
-    Execute(crate::execute::ExecuteArgs),
+    Execute(ExecuteArgs),
     /// Copy files into a bottle or out of one (never through a link in
     /// it, never anything unsafe onto the host).
     Cp(CpArgs),
@@ -223,8 +224,8 @@ pub(crate) struct AttachArgs {
     /// The bottle (`bot-bottle-<slug>` or just `<slug>`).
     pub bottle: String,
     /// The keys that detach, leaving the agent running (e.g. `ctrl-a,d`).
-    #[arg(long, value_name = "KEYS", default_value = crate::session::keys::DEFAULT_DETACH_KEYS)]
-    pub detach_keys: crate::session::keys::DetachKeys,
+    #[arg(long, value_name = "KEYS", default_value = crate::detach_keys::DEFAULT_DETACH_KEYS)]
+    pub detach_keys: crate::detach_keys::DetachKeys,
 }
 
 /// `bottle __session-host`.
@@ -264,7 +265,7 @@ pub(crate) struct CpArgs {
     pub destination: std::ffi::OsString,
     /// The largest archive read out of a bottle, or from stdin: binary
     /// units, e.g. 1G, 500m.
-    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = crate::cp::parse_max_size)]
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = crate::arg_values::parse_max_size)]
     pub max_size: u64,
 }
 
@@ -395,6 +396,37 @@ pub(crate) struct CompletionsArgs {
     pub shell: clap_complete::Shell,
 }
 
+/// `bottle execute`.
+#[derive(Debug, Args)]
+pub(crate) struct ExecuteArgs {
+    /// The bottle (`bot-bottle-<slug>` or just `<slug>`).
+    pub bottle: String,
+    /// How long the call may run before it is killed (`500ms`, `60s`,
+    /// `5m`, `1h`).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::arg_values::parse_deadline)]
+    pub deadline: Duration,
+    /// The working directory inside the box (default: the agent's home).
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// A variable added to the agent's environment for this call
+    /// (repeatable).
+    #[arg(long = "env", value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Bytes for the call's stdin: a host file, or `-` for this process's
+    /// stdin (default: none).
+    #[arg(long, value_name = "PATH|-")]
+    pub stdin_file: Option<PathBuf>,
+    /// A built-in tool of the in-box agent instead of a program
+    /// (`read_file`, `write_file`, `list_dir`).
+    #[arg(long, value_name = "TOOL", conflicts_with = "argv")]
+    pub tool: Option<String>,
+    /// The tool's parameters, a JSON object.
+    #[arg(long, value_name = "JSON", requires = "tool", default_value = "{}")]
+    pub params: String,
+    /// The program and its arguments (run without a shell).
+    #[arg(last = true, required_unless_present = "tool")]
+    pub argv: Vec<String>,
+}
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

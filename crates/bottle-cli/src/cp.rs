@@ -245,13 +245,6 @@ impl Write for Tracked {
     }
 }
 
-/// The size `--max-size` takes: `1G`, `500m`, `4096` (binary units).
-pub(crate) fn parse_max_size(text: &str) -> Result<u64, String> {
-    bottle_core::manifest::parse_memory(text)
-        .filter(|n| *n > 0)
-        .ok_or_else(|| format!("{text:?} is not a size (e.g. 1G, 500m, 4096)"))
-}
-
 #[cfg(test)]
 mod tests {
     use bottle_core::Coded as _;
@@ -287,11 +280,7 @@ mod tests {
     }
 
     #[test]
-    fn sizes_are_binary() {
-        assert_eq!(parse_max_size("1G"), Ok(1 << 30));
-        assert_eq!(parse_max_size("500m"), Ok(500 << 20));
-        assert!(parse_max_size("0").is_err());
-        assert!(parse_max_size("lots").is_err());
+    fn an_interrupted_copy_exits_as_interrupted() {
         assert_eq!(CopyError::Interrupted.code(), "BOT-F024");
         assert_eq!(failure(&CopyError::Interrupted).exit, EXIT_INTERRUPTED);
     }

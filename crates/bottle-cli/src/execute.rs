@@ -8,48 +8,14 @@
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use bottle_core::sandbox::{SandboxError, ToolCall, ToolResult};
-use clap::Args;
 
-use crate::args::Global;
+use crate::args::{ExecuteArgs, Global};
 use crate::failure::{EXIT_USAGE, Failure};
 use crate::output;
-
-/// `bottle execute`.
-#[derive(Debug, Args)]
-pub(crate) struct ExecuteArgs {
-    /// The bottle (`bot-bottle-<slug>` or just `<slug>`).
-    pub bottle: String,
-    /// How long the call may run before it is killed (`500ms`, `60s`,
-    /// `5m`, `1h`).
-    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_deadline)]
-    pub deadline: Duration,
-    /// The working directory inside the box (default: the agent's home).
-    #[arg(long, value_name = "DIR")]
-    pub cwd: Option<String>,
-    /// A variable added to the agent's environment for this call
-    /// (repeatable).
-    #[arg(long = "env", value_name = "K=V")]
-    pub env: Vec<String>,
-    /// Bytes for the call's stdin: a host file, or `-` for this process's
-    /// stdin (default: none).
-    #[arg(long, value_name = "PATH|-")]
-    pub stdin_file: Option<PathBuf>,
-    /// A built-in tool of the in-box agent instead of a program
-    /// (`read_file`, `write_file`, `list_dir`).
-    #[arg(long, value_name = "TOOL", conflicts_with = "argv")]
-    pub tool: Option<String>,
-    /// The tool's parameters, a JSON object.
-    #[arg(long, value_name = "JSON", requires = "tool", default_value = "{}")]
-    pub params: String,
-    /// The program and its arguments (run without a shell).
-    #[arg(last = true, required_unless_present = "tool")]
-    pub argv: Vec<String>,
-}
 
 /// Runs `bottle execute`.
 pub(crate) fn run(global: &Global, args: &ExecuteArgs) -> Result<ExitCode, Failure> {
@@ -138,32 +104,11 @@ fn passed_through(result: &ToolResult) -> ExitCode {
     ExitCode::from(u8::try_from(result.exit_code).unwrap_or(1))
 }
 
-/// A deadline: a whole number and a unit, `ms`, `s`, `m` or `h`.
-fn parse_deadline(text: &str) -> Result<Duration, String> {
-    let unit_at = text
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("{text:?} has no unit: write e.g. 500ms, 60s, 5m or 1h"))?;
-    let (number, unit) = text.split_at(unit_at);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} does not start with a whole number"))?;
-    let millis = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        _ => return Err(format!("unknown unit {unit:?}: use ms, s, m or h")),
-    };
-    match number.checked_mul(millis) {
-        Some(0) => Err("the deadline must be longer than 0".into()),
-        Some(ms) => Ok(Duration::from_millis(ms)),
-        None => Err(format!("{text:?} is too long")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use clap::Parser as _;
+
+    use std::time::Duration;
 
     use super::*;
     use crate::args::{Cli, Command};
@@ -253,15 +198,6 @@ mod tests {
         ]);
         let err = tool_call(&missing, &mut std::io::empty()).unwrap_err();
         assert_eq!(err.code, Some("BOT-C032"));
-    }
-
-    #[test]
-    fn deadlines_parse_with_a_unit() {
-        assert_eq!(parse_deadline("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_deadline("2m"), Ok(Duration::from_secs(120)));
-        assert!(parse_deadline("60").is_err());
-        assert!(parse_deadline("0s").is_err());
-        assert!(parse_deadline("5d").is_err());
     }
 
     #[test]

@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use bottle_core::backend::BackendErrorKind;
 use bottle_core::undo::Interrupt;
+use bottle_core::{BottleLauncher, Plan};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::flag;
 
@@ -77,4 +79,73 @@ impl HeldSignals {
 /// [`launch`]'s flag, the process's one interrupt.
 pub(crate) fn during_copy() -> Result<HeldSignals, Failure> {
     during_launch()
+}
+/// A launch's failure, and whether a launch running at the same time took
+/// what its plan chose (planning again may succeed).
+pub(crate) struct LaunchFailed {
+    pub failure: Failure,
+    pub plan_taken: bool,
+}
+
+impl From<Failure> for LaunchFailed {
+    fn from(failure: Failure) -> LaunchFailed {
+        LaunchFailed {
+            failure,
+            plan_taken: false,
+        }
+    }
+}
+
+impl From<LaunchFailed> for Failure {
+    fn from(failed: LaunchFailed) -> Failure {
+        failed.failure
+    }
+}
+
+/// `backend.launch`, which the operator's ^C (or `SIGTERM`) makes fail
+/// and unwind rather than end the process half-way ([`crate::interrupt`]).
+pub(crate) fn launch_interruptibly<B: BottleLauncher>(
+    backend: &B,
+    plan: &Plan<B::PlanData>,
+) -> Result<Box<dyn bottle_core::Bottle>, LaunchFailed> {
+    let signals = crate::interrupt::during_launch()?;
+    let launched = backend.launch(plan);
+    signals.ended();
+    let bottle = match launched {
+        Err(err) if crate::interrupt::requested() => {
+            return Err(Failure {
+                exit: EXIT_INTERRUPTED,
+                ..Failure::from(err)
+            }
+            .into());
+        }
+        Err(err) => {
+            return Err(LaunchFailed {
+                plan_taken: err.kind == BackendErrorKind::PlanTaken,
+                failure: Failure::from(err),
+            });
+        }
+        Ok(bottle) => bottle,
+    };
+    if !crate::interrupt::requested() {
+        return Ok(bottle);
+    }
+    // Interrupted after the launch's last check: take it down all the same.
+    let name = bottle.name().to_string();
+    drop(bottle);
+    let report = backend.stop(&name).map_err(Failure::from)?;
+    Err(Failure::new(
+        "BOT-C021",
+        EXIT_INTERRUPTED,
+        format!("the launch of {name} was interrupted as it completed; the bottle was stopped"),
+    )
+    .with_fix(if report.failed.is_empty() {
+        "start it again".to_string()
+    } else {
+        format!(
+            "run `bottle cleanup`; these remain: {}",
+            report.failed.join("; ")
+        )
+    })
+    .into())
 }

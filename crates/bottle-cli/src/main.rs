@@ -3,11 +3,13 @@
 //! Only this crate prints to the terminal or chooses exit codes; the
 //! libraries return typed errors with stable codes.
 
+mod arg_values;
 mod args;
 mod backends;
 mod checkout;
 mod commands;
 mod cp;
+mod detach_keys;
 mod devices;
 mod execute;
 mod failure;

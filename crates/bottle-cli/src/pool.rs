@@ -1,5 +1,6 @@
-//! `bottle pool fill|list|drain`, and `start`'s claim of a pooled bottle
-//! (`bottle_docker::pool` holds the entries and their checks).
+//! `bottle pool fill|list|drain`, and the refill a claiming `start` asks
+//! for (`bottle_docker::pool` holds the entries and their checks; the
+//! claim itself is `start`'s).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -7,16 +8,16 @@ use std::process::ExitCode;
 use bottle_core::display::escape_for_terminal;
 use bottle_core::exec::{CommandRunner as _, CommandSpec, SystemRunner};
 use bottle_core::slug;
-use bottle_core::{BackendKind, BottleLauncher as _, BottleSpec, Plan};
+use bottle_core::{BackendKind, BottleLauncher as _, BottleSpec};
 use bottle_docker::DockerBackend;
 
 use crate::args::{Global, PoolCommand};
 use crate::backends::{self, AnyBackend};
 use crate::failure::{EXIT_DECLINED, EXIT_UNAVAILABLE, EXIT_USAGE, Failure};
+use crate::interrupt::launch_interruptibly;
 use crate::lookup::{load_manifest, state_root};
 use crate::output::{self, note, out};
 use crate::prompt::confirm;
-use crate::start::{Started, launch_interruptibly};
 
 /// The hidden subcommand a claiming `start` runs to top the pool up.
 pub(crate) const REFILL_SUBCOMMAND: &str = "__refill-pool";
@@ -201,89 +202,10 @@ fn drain(global: &Global, agent: Option<&str>) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `start` of a pooled bottle: claims a ready entry of the agent made
-/// from what a cold start would use, shows its plan and asks as `start`
-/// does, then runs the agent. `None` when no entry passed the claim's
-/// checks: the caller starts cold (each refused entry is named and was
-/// removed).
-pub(crate) fn start_claimed(
-    backend: &DockerBackend,
-    started: &Started,
-    spec: &BottleSpec,
-    resolved: &bottle_core::devices::ResolvedDevices,
-) -> Result<Option<ExitCode>, Failure> {
-    // A working checkout's mirror is made at launch, so no pool entry can
-    // serve one (`pool fill` refuses to make them).
-    let serves_checkout = spec.agent.git.iter().any(|repo| {
-        bottle_core::checkout::RepoKind::of_url(&repo.url)
-            == Some(bottle_core::checkout::RepoKind::Checkout)
-    });
-    if serves_checkout {
-        return Ok(None);
-    }
-    let root = state_root()?;
-    let any_ready = bottle_docker::pool::list(&root)
-        .iter()
-        .any(|e| e.agent == spec.agent_name && e.state == "ready");
-    if !any_ready {
-        return Ok(None);
-    }
-    let mut devices = Plan::from_spec(spec, BackendKind::Docker, spec.agent.memory_bytes());
-    resolved.fill_plan(&mut devices, Path::new("/"));
-    let fingerprint = backend.pool_fingerprint(spec, &devices.devices)?;
-    let (global, args) = (started.global, started.args);
-    let claim = backend.claim_pooled(&spec.agent_name, &fingerprint, args.detach)?;
-    started.lap("claim");
-    for (name, why) in &claim.refused {
-        note(
-            global.quiet,
-            &format!(
-                "warning: pooled bottle {name} refused and removed: {}",
-                escape_for_terminal(why)
-            ),
-        );
-    }
-    let Some((bottle, plan)) = claim.bottle else {
-        if !claim.refused.is_empty() {
-            note(
-                global.quiet,
-                "no pooled bottle passed its checks: starting cold",
-            );
-        }
-        return Ok(None);
-    };
-    if !global.quiet || !global.yes {
-        output::err(&format!("{}\n{}", plan.bottle, plan.render()));
-    }
-    if !global.yes && !confirm("start this bottle?")? {
-        drop(bottle);
-        let _ = bottle_core::BottleBackend::stop(backend, &plan.bottle);
-        note(global.quiet, "not started (the pooled bottle was removed)");
-        return Ok(Some(ExitCode::from(EXIT_DECLINED)));
-    }
-    note(
-        global.quiet,
-        &format!("claimed pooled bottle {}", plan.bottle),
-    );
-    // The refill competes with the agent for the daemon: a detached agent
-    // is running once `run_agent` returns; an attached one holds the
-    // terminal until it ends, so its refill starts first.
-    let refill = spec.agent.pool.is_some();
-    if refill && !args.detach {
-        spawn_refill(global, spec);
-    }
-    let forwards = crate::forward::Forward::of_plan(&plan.publish, &plan.host_services);
-    let code = started.run_agent(backend, Box::new(bottle), &plan.command, &forwards)?;
-    if refill && args.detach {
-        spawn_refill(global, spec);
-    }
-    Ok(Some(code))
-}
-
 /// Starts `bottle __refill-pool` for the agent, detached, with the same
 /// manifest; its output goes to the agent's refill log in the state root.
 /// A refill that cannot start is a warning: the claimed bottle runs.
-fn spawn_refill(global: &Global, spec: &BottleSpec) {
+pub(crate) fn spawn_refill(global: &Global, spec: &BottleSpec) {
     if let Err(why) = try_spawn_refill(global, &spec.agent_name) {
         note(
             global.quiet,

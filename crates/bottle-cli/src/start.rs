@@ -5,14 +5,15 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use bottle_core::backend::BackendErrorKind;
+use bottle_core::display::escape_for_terminal;
 use bottle_core::timeline::Timeline;
-use bottle_core::{BottleLauncher, BottleSpec, Plan, slug};
+use bottle_core::{BackendKind, BottleLauncher, BottleSpec, Plan, slug};
 
 use crate::args::{Global, StartArgs};
 use crate::backends;
 use crate::devices;
-use crate::failure::{EXIT_DECLINED, EXIT_INTERRUPTED, Failure};
+use crate::failure::{EXIT_DECLINED, Failure};
+use crate::interrupt::launch_interruptibly;
 use crate::lookup::{spec_for, state_root};
 use crate::output::{self, note, out};
 use crate::prompt::confirm;
@@ -48,7 +49,7 @@ pub(crate) fn start(global: &Global, args: &StartArgs) -> Result<ExitCode, Failu
     // entry's name cannot change.
     if let backends::AnyBackend::Docker(b) = &backend
         && args.name.is_none()
-        && let Some(code) = crate::pool::start_claimed(b, &started, &spec, &resolved)?
+        && let Some(code) = start_claimed(b, &started, &spec, &resolved)?
     {
         return Ok(code);
     }
@@ -237,77 +238,86 @@ impl Started<'_> {
 }
 
 /// How many times `start -y` plans again after a launch found its plan
-/// taken ([`BackendErrorKind::PlanTaken`]); each new plan skips every
+/// taken ([`bottle_core::backend::BackendErrorKind::PlanTaken`]); each new plan skips every
 /// network that exists by then, so a few suffice even for dozens of
 /// simultaneous starts.
 const PLAN_TAKEN_REPLANS: usize = 8;
 
-/// A launch's failure, and whether a launch running at the same time took
-/// what its plan chose (planning again may succeed).
-pub(crate) struct LaunchFailed {
-    pub failure: Failure,
-    pub plan_taken: bool,
-}
-
-impl From<Failure> for LaunchFailed {
-    fn from(failure: Failure) -> LaunchFailed {
-        LaunchFailed {
-            failure,
-            plan_taken: false,
-        }
+/// `start` of a pooled bottle (`bottle_docker::pool` holds the entries): claims a ready entry of the agent made
+/// from what a cold start would use, shows its plan and asks as `start`
+/// does, then runs the agent. `None` when no entry passed the claim's
+/// checks: the caller starts cold (each refused entry is named and was
+/// removed).
+pub(crate) fn start_claimed(
+    backend: &bottle_docker::DockerBackend,
+    started: &Started,
+    spec: &BottleSpec,
+    resolved: &bottle_core::devices::ResolvedDevices,
+) -> Result<Option<ExitCode>, Failure> {
+    // A working checkout's mirror is made at launch, so no pool entry can
+    // serve one (`pool fill` refuses to make them).
+    let serves_checkout = spec.agent.git.iter().any(|repo| {
+        bottle_core::checkout::RepoKind::of_url(&repo.url)
+            == Some(bottle_core::checkout::RepoKind::Checkout)
+    });
+    if serves_checkout {
+        return Ok(None);
     }
-}
-
-impl From<LaunchFailed> for Failure {
-    fn from(failed: LaunchFailed) -> Failure {
-        failed.failure
+    let root = state_root()?;
+    let any_ready = bottle_docker::pool::list(&root)
+        .iter()
+        .any(|e| e.agent == spec.agent_name && e.state == "ready");
+    if !any_ready {
+        return Ok(None);
     }
-}
-
-/// `backend.launch`, which the operator's ^C (or `SIGTERM`) makes fail
-/// and unwind rather than end the process half-way ([`crate::interrupt`]).
-pub(crate) fn launch_interruptibly<B: BottleLauncher>(
-    backend: &B,
-    plan: &Plan<B::PlanData>,
-) -> Result<Box<dyn bottle_core::Bottle>, LaunchFailed> {
-    let signals = crate::interrupt::during_launch()?;
-    let launched = backend.launch(plan);
-    signals.ended();
-    let bottle = match launched {
-        Err(err) if crate::interrupt::requested() => {
-            return Err(Failure {
-                exit: EXIT_INTERRUPTED,
-                ..Failure::from(err)
-            }
-            .into());
+    let mut devices = Plan::from_spec(spec, BackendKind::Docker, spec.agent.memory_bytes());
+    resolved.fill_plan(&mut devices, Path::new("/"));
+    let fingerprint = backend.pool_fingerprint(spec, &devices.devices)?;
+    let (global, args) = (started.global, started.args);
+    let claim = backend.claim_pooled(&spec.agent_name, &fingerprint, args.detach)?;
+    started.lap("claim");
+    for (name, why) in &claim.refused {
+        note(
+            global.quiet,
+            &format!(
+                "warning: pooled bottle {name} refused and removed: {}",
+                escape_for_terminal(why)
+            ),
+        );
+    }
+    let Some((bottle, plan)) = claim.bottle else {
+        if !claim.refused.is_empty() {
+            note(
+                global.quiet,
+                "no pooled bottle passed its checks: starting cold",
+            );
         }
-        Err(err) => {
-            return Err(LaunchFailed {
-                plan_taken: err.kind == BackendErrorKind::PlanTaken,
-                failure: Failure::from(err),
-            });
-        }
-        Ok(bottle) => bottle,
+        return Ok(None);
     };
-    if !crate::interrupt::requested() {
-        return Ok(bottle);
+    if !global.quiet || !global.yes {
+        output::err(&format!("{}\n{}", plan.bottle, plan.render()));
     }
-    // Interrupted after the launch's last check: take it down all the same.
-    let name = bottle.name().to_string();
-    drop(bottle);
-    let report = backend.stop(&name).map_err(Failure::from)?;
-    Err(Failure::new(
-        "BOT-C021",
-        EXIT_INTERRUPTED,
-        format!("the launch of {name} was interrupted as it completed; the bottle was stopped"),
-    )
-    .with_fix(if report.failed.is_empty() {
-        "start it again".to_string()
-    } else {
-        format!(
-            "run `bottle cleanup`; these remain: {}",
-            report.failed.join("; ")
-        )
-    })
-    .into())
+    if !global.yes && !confirm("start this bottle?")? {
+        drop(bottle);
+        let _ = bottle_core::BottleBackend::stop(backend, &plan.bottle);
+        note(global.quiet, "not started (the pooled bottle was removed)");
+        return Ok(Some(ExitCode::from(EXIT_DECLINED)));
+    }
+    note(
+        global.quiet,
+        &format!("claimed pooled bottle {}", plan.bottle),
+    );
+    // The refill competes with the agent for the daemon: a detached agent
+    // is running once `run_agent` returns; an attached one holds the
+    // terminal until it ends, so its refill starts first.
+    let refill = spec.agent.pool.is_some();
+    if refill && !args.detach {
+        crate::pool::spawn_refill(global, spec);
+    }
+    let forwards = crate::forward::Forward::of_plan(&plan.publish, &plan.host_services);
+    let code = started.run_agent(backend, Box::new(bottle), &plan.command, &forwards)?;
+    if refill && args.detach {
+        crate::pool::spawn_refill(global, spec);
+    }
+    Ok(Some(code))
 }

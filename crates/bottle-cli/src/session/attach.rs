@@ -17,7 +17,7 @@ use bottle_core::slug;
 use bottle_core::state::SessionPaths;
 
 use super::frame::{self, Frame};
-use super::keys::{DetachKeys, Matcher};
+use crate::detach_keys::{DetachKeys, Matcher};
 use crate::failure::Failure;
 use crate::output::note;
 

@@ -21,7 +21,6 @@
 pub(crate) mod attach;
 mod frame;
 pub(crate) mod host;
-pub(crate) mod keys;
 
 use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
