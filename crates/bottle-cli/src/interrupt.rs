@@ -80,6 +80,7 @@ impl HeldSignals {
 pub(crate) fn during_copy() -> Result<HeldSignals, Failure> {
     during_launch()
 }
+
 /// A launch's failure, and whether a launch running at the same time took
 /// what its plan chose (planning again may succeed).
 pub(crate) struct LaunchFailed {
@@ -103,16 +104,16 @@ impl From<LaunchFailed> for Failure {
 }
 
 /// `backend.launch`, which the operator's ^C (or `SIGTERM`) makes fail
-/// and unwind rather than end the process half-way ([`crate::interrupt`]).
+/// and unwind rather than end the process half-way.
 pub(crate) fn launch_interruptibly<B: BottleLauncher>(
     backend: &B,
     plan: &Plan<B::PlanData>,
 ) -> Result<Box<dyn bottle_core::Bottle>, LaunchFailed> {
-    let signals = crate::interrupt::during_launch()?;
+    let signals = during_launch()?;
     let launched = backend.launch(plan);
     signals.ended();
     let bottle = match launched {
-        Err(err) if crate::interrupt::requested() => {
+        Err(err) if requested() => {
             return Err(Failure {
                 exit: EXIT_INTERRUPTED,
                 ..Failure::from(err)
@@ -127,7 +128,7 @@ pub(crate) fn launch_interruptibly<B: BottleLauncher>(
         }
         Ok(bottle) => bottle,
     };
-    if !crate::interrupt::requested() {
+    if !requested() {
         return Ok(bottle);
     }
     // Interrupted after the launch's last check: take it down all the same.
