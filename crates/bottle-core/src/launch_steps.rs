@@ -45,6 +45,18 @@ pub trait LaunchStep: Copy + Eq + std::fmt::Debug + 'static {
     }
 }
 
+/// The step a `BOTTLE_FAILPOINT` value names, and whether it asks to
+/// sleep: `STEP` or `STEP:sleep`, nothing else. Whichever launch fires it
+/// reads the name by this one rule, so a value is never one launch's and
+/// also no launch's.
+pub fn failpoint_step_name(value: &str) -> Option<(&str, bool)> {
+    match value.trim().split_once(':') {
+        Some((step, "sleep")) => Some((step, true)),
+        Some(_) => None,
+        None => Some((value.trim(), false)),
+    }
+}
+
 /// A parsed `BOTTLE_FAILPOINT`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failpoint<S> {
@@ -76,11 +88,7 @@ impl<S: LaunchStep> Failpoint<S> {
             value: value.to_string(),
             steps: S::names(),
         };
-        let (step, sleep) = match value.split_once(':') {
-            Some((step, "sleep")) => (step, true),
-            Some(_) => return Err(unknown()),
-            None => (value, false),
-        };
+        let (step, sleep) = failpoint_step_name(value).ok_or_else(unknown)?;
         let step = S::parse(step).ok_or_else(unknown)?;
         Ok(Some(Failpoint { step, sleep }))
     }
@@ -190,6 +198,19 @@ mod tests {
         assert_eq!(err.steps, "create, start");
         assert!(err.to_string().contains("\"strat\""), "{err}");
         assert!(Failpoint::<Step>::parse("start:nap").is_err());
+        assert!(Failpoint::<Step>::parse("start:sleep:sleep").is_err());
+    }
+
+    #[test]
+    fn every_launch_reads_a_failpoints_step_name_by_parses_rule() {
+        assert_eq!(failpoint_step_name(" start "), Some(("start", false)));
+        assert_eq!(failpoint_step_name("start:sleep"), Some(("start", true)));
+        // What parse refuses names no step, for a launch that only asks
+        // whose step it is.
+        for refused in ["start:sleep:sleep", "start:nap", "start:"] {
+            assert_eq!(failpoint_step_name(refused), None, "{refused}");
+            assert!(Failpoint::<Step>::parse(refused).is_err(), "{refused}");
+        }
     }
 
     #[test]

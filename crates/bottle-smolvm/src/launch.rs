@@ -103,9 +103,9 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         let failpoint = match Failpoint::parse(&value) {
             Ok(failpoint) => failpoint,
             Err(unknown) => {
-                let step = value.trim().trim_end_matches(":sleep");
+                let step = bottle_core::launch_steps::failpoint_step_name(&value);
                 let hosts = self.bundles.launch_steps();
-                if !hosts.contains(&step) {
+                if !step.is_some_and(|(step, _)| hosts.contains(&step)) {
                     let mut steps = vec![Step::names()];
                     steps.extend(hosts.iter().map(|step| (*step).to_string()));
                     return Err(SmolvmError::UnknownFailpoint(UnknownFailpoint {

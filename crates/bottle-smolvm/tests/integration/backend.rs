@@ -707,15 +707,17 @@ fn every_failed_step_unwinds_everything() {
 /// the bundle host's is left to the host.
 #[test]
 fn failpoints_are_the_microvms_or_its_bundle_hosts() {
-    let s = setup("1.9.3", "");
-    let backend = s.backend.with_failpoint(Some("machine-strat".into()));
-    let s = Setup { backend, ..s };
-    let plan = s.backend.prepare(&s.spec).unwrap();
-    let err = s.backend.launch(&plan).map(drop).unwrap_err();
-    assert_eq!(err.code, "BOT-K075", "{err}");
-    assert!(err.message.contains("machine-create"), "{err}");
-    assert!(s.bundles.calls().is_empty(), "{:?}", s.bundles.calls());
-    assert_nothing_left(&s);
+    for value in ["machine-strat", "machine-create:sleep:sleep"] {
+        let s = setup("1.9.3", "");
+        let backend = s.backend.with_failpoint(Some(value.into()));
+        let s = Setup { backend, ..s };
+        let plan = s.backend.prepare(&s.spec).unwrap();
+        let err = s.backend.launch(&plan).map(drop).unwrap_err();
+        assert_eq!(err.code, "BOT-K075", "{value}: {err}");
+        assert!(err.message.contains("machine-create"), "{err}");
+        assert!(s.bundles.calls().is_empty(), "{:?}", s.bundles.calls());
+        assert_nothing_left(&s);
+    }
 }
 
 /// `bottle start --timings` on smolmachines: every step of the launch
