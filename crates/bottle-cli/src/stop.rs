@@ -16,6 +16,7 @@ use std::process::ExitCode;
 
 use bottle_core::backend::{BackendErrorKind, StopProgress};
 use bottle_core::exec::{CommandRunner as _, CommandSpec, SystemRunner};
+use bottle_core::life::StateDir;
 use bottle_core::state::SessionPaths;
 use bottle_core::{BackendKind, CleanupReport, slug};
 
@@ -141,15 +142,15 @@ pub(crate) fn stop(global: &Global, bottle: &str, wait: bool) -> Result<ExitCode
 }
 
 /// The backends to ask for the bottle `slug`: the one its state dir's
-/// `plan.json` names when there is one, without a preflight (its first
-/// request reports an unreachable daemon as well, a round trip sooner),
-/// otherwise those [`backends_to_ask`] picks.
+/// record names when there is one (of any layout), without a preflight
+/// (its first request reports an unreachable daemon as well, a round trip
+/// sooner), otherwise those [`backends_to_ask`] picks.
 fn backends_for(
     global: &Global,
     state_root: Option<&Path>,
     slug: &str,
 ) -> Result<Vec<AnyBackend>, Failure> {
-    let owner = state_root.and_then(|root| planned_backend(&root.join(slug).join("plan.json")));
+    let owner = state_root.and_then(|root| recorded_backend(&StateDir::of(root, slug)));
     match owner {
         Some(kind) if !backends::explicit(global) => Ok(vec![backends::open(
             kind,
@@ -160,16 +161,9 @@ fn backends_for(
     }
 }
 
-/// The backend a plan file names, if it can be read.
-fn planned_backend(plan: &Path) -> Option<BackendKind> {
-    #[derive(serde::Deserialize)]
-    struct Owner {
-        backend: BackendKind,
-    }
-    let text = std::fs::read(plan).ok()?;
-    serde_json::from_slice::<Owner>(&text)
-        .ok()
-        .map(|o| o.backend)
+/// The backend a state dir's record names, if it can be read.
+fn recorded_backend(dir: &StateDir) -> Option<BackendKind> {
+    Some(dir.read().ok()??.record.backend)
 }
 
 /// The finisher's invocation: this `bottle`, on the bottle's backend.
@@ -264,13 +258,26 @@ mod tests {
     }
 
     #[test]
-    fn the_plan_names_the_backend_to_ask() {
-        let dir = tempfile::tempdir().unwrap();
-        let plan = dir.path().join("plan.json");
-        assert_eq!(planned_backend(&plan), None);
-        std::fs::write(&plan, r#"{"backend":"docker","slug":"demo"}"#).unwrap();
-        assert_eq!(planned_backend(&plan), Some(BackendKind::Docker));
-        std::fs::write(&plan, r#"{"backend":"vax"}"#).unwrap();
-        assert_eq!(planned_backend(&plan), None);
+    fn the_record_names_the_backend_to_ask_in_either_layout() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = StateDir::of(root.path(), "demo");
+        assert_eq!(recorded_backend(&dir), None);
+        let record = bottle_core::life::BottleRecord::launching(
+            "bot-bottle-demo",
+            "demo",
+            BackendKind::Smolmachines,
+        );
+        dir.begin(&record).unwrap();
+        assert_eq!(recorded_backend(&dir), Some(BackendKind::Smolmachines));
+        std::fs::write(dir.record_path(), "garbage").unwrap();
+        assert_eq!(recorded_backend(&dir), None);
+        // A docker state dir of the layout before `bottle.json`.
+        std::fs::remove_file(dir.record_path()).unwrap();
+        std::fs::write(
+            dir.root().join("plan.json"),
+            r#"{"backend":"docker","bottle":"bot-bottle-demo","agent":"demo"}"#,
+        )
+        .unwrap();
+        assert_eq!(recorded_backend(&dir), Some(BackendKind::Docker));
     }
 }

@@ -31,6 +31,7 @@ pub mod exec;
 pub mod images;
 pub mod isolation;
 pub mod launch_steps;
+pub mod life;
 pub mod manifest;
 pub mod plan;
 pub mod port_relay;

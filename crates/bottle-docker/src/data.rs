@@ -4,9 +4,8 @@
 //! State dir layout (version [`STATE_LAYOUT_VERSION`]):
 //!
 //! ```text
+//! <state_dir>/bottle.json      the bottle's record (bottle_core::life)
 //! <state_dir>/plan.json        the confirmed plan (backend_data included)
-//! <state_dir>/owner.json       pid + start time of the launching process
-//! <state_dir>/launched         written when a launch completed
 //! <state_dir>/ca/ca.pem        the bottle CA certificate (0644)
 //! <state_dir>/ca/ca-key.pem    its private key (0600)
 //! <state_dir>/logs/            bind-mounted at /var/log/bottle in the bundle
@@ -19,7 +18,6 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use bottle_core::Plan;
-use bottle_core::process::Owner;
 use serde::{Deserialize, Serialize};
 
 use crate::error::DockerError;
@@ -185,14 +183,6 @@ impl StatePaths {
     pub fn plan(&self) -> PathBuf {
         self.root.join("plan.json")
     }
-    /// `owner.json`.
-    pub fn owner(&self) -> PathBuf {
-        self.root.join("owner.json")
-    }
-    /// `launched`.
-    pub fn launched(&self) -> PathBuf {
-        self.root.join("launched")
-    }
     /// `ca/ca.pem`.
     pub fn ca_cert(&self) -> PathBuf {
         self.root.join("ca").join("ca.pem")
@@ -241,9 +231,8 @@ pub fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), DockerE
     write_aside(path, contents, mode, false)
 }
 
-/// [`write_file`], flushed to disk before the rename: for the records that
-/// must survive a crash for `cleanup` to finish it (the plan, the owner,
-/// `launched`).
+/// [`write_file`], flushed to disk before the rename: for the plan, which
+/// must survive a crash for `cleanup` to finish it.
 pub fn write_record(path: &Path, contents: &[u8], mode: u32) -> Result<(), DockerError> {
     write_aside(path, contents, mode, true)
 }
@@ -296,14 +285,6 @@ pub fn write_plan(paths: &StatePaths, plan: &DockerPlan) -> Result<(), DockerErr
     write_record(&paths.plan(), &json, 0o600)
 }
 
-/// Records who owns the state dir.
-pub fn write_owner(paths: &StatePaths, owner: Owner) -> Result<(), DockerError> {
-    let json = serde_json::to_vec(&owner).map_err(|err| DockerError::PlanData {
-        detail: err.to_string(),
-    })?;
-    write_record(&paths.owner(), &json, 0o600)
-}
-
 /// Holds an exclusive lock on the file `path` (made if missing), waiting
 /// for its holder; released when the returned file is closed.
 pub(crate) fn lock_file(path: &Path) -> Result<std::fs::File, DockerError> {
@@ -318,16 +299,8 @@ pub(crate) fn lock_file(path: &Path) -> Result<std::fs::File, DockerError> {
     Ok(file)
 }
 
-/// Who owns the state dir, if recorded.
-pub fn read_owner(paths: &StatePaths) -> Option<Owner> {
-    let text = std::fs::read_to_string(paths.owner()).ok()?;
-    serde_json::from_str(&text).ok()
-}
-
 /// The entries of a bottle's state dir that a bundle-only launch writes.
-const BUNDLE_FILES: [&str; 8] = [
-    "owner.json",
-    "launched",
+const BUNDLE_FILES: [&str; 6] = [
     "ca",
     "logs",
     "stage",
@@ -360,7 +333,9 @@ fn keep_audit_log(dir: &Path) -> Result<Option<PathBuf>, DockerError> {
 pub fn remove_bundle_files(dir: &Path) -> Result<Removal, DockerError> {
     let kept_log = keep_audit_log(dir)?;
     let mut removed = false;
-    for name in BUNDLE_FILES {
+    // Bottles launched before `bottle.json` also have its forerunners.
+    let replaced = bottle_core::life::legacy::REPLACED_FILES;
+    for name in BUNDLE_FILES.iter().chain(&replaced) {
         let path = dir.join(name);
         let meta = match std::fs::symlink_metadata(&path) {
             Ok(meta) => meta,
@@ -442,7 +417,7 @@ mod tests {
         write_file(&paths.bundle_config(), b"{}", 0o600).unwrap();
         create_private_dir(&paths.logs()).unwrap();
         std::fs::write(paths.logs().join("audit.jsonl"), b"{}\n").unwrap();
-        std::fs::write(paths.owner(), b"{}").unwrap();
+        std::fs::write(root.join("owner.json"), b"{}").unwrap();
         std::fs::write(root.join("smolvm.json"), b"{}").unwrap();
         let removal = remove_bundle_files(&root).unwrap();
         assert!(removal.removed);
@@ -487,13 +462,10 @@ mod tests {
     }
 
     #[test]
-    fn owner_round_trip_and_removal() {
+    fn removing_a_state_dir_twice_removes_it_once() {
         let dir = tempfile::tempdir().unwrap();
         let paths = StatePaths::new(dir.path().join("x"));
-        assert_eq!(read_owner(&paths), None);
-        let me = Owner::current();
-        write_owner(&paths, me).unwrap();
-        assert_eq!(read_owner(&paths), Some(me));
+        create_private_dir(&paths.root).unwrap();
         assert!(remove_state_dir(&paths.root).unwrap().removed);
         assert!(!remove_state_dir(&paths.root).unwrap().removed);
     }

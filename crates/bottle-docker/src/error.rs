@@ -140,6 +140,9 @@ pub enum DockerError {
     /// The operator interrupted the launch; it unwound.
     #[error(transparent)]
     Interrupted(#[from] bottle_core::undo::Interrupted),
+    /// The bottle's record could not be read, written or advanced.
+    #[error(transparent)]
+    Record(#[from] bottle_core::life::RecordError),
     /// A working checkout's mirror could not be made, or its sync record
     /// written.
     #[error(transparent)]
@@ -482,6 +485,7 @@ impl Coded for DockerError {
             DockerError::Subnet(err) => err.code(),
             DockerError::RetainedLogs(err) => err.code(),
             DockerError::Interrupted(err) => err.code(),
+            DockerError::Record(err) => err.code(),
             DockerError::Checkout(err) => err.code(),
             DockerError::IsolationUnconfirmed { .. } => "BOT-D050",
             DockerError::BadImageName { .. } => "BOT-D095",
@@ -533,6 +537,7 @@ impl Coded for DockerError {
             DockerError::Subnet(err) => return err.fix(),
             DockerError::RetainedLogs(err) => return err.fix(),
             DockerError::Interrupted(err) => return err.fix(),
+            DockerError::Record(err) => return err.fix(),
             DockerError::Checkout(err) => return err.fix(),
             DockerError::IsolationUnconfirmed { .. } => "nothing was left running; check `docker info` (the daemon must support internal bridge networks) and report this if it persists".into(),
             DockerError::BundleUnhealthy { .. } => "read the bundle logs above; `bottle doctor` checks the bundle binary and the daemon".into(),
@@ -647,6 +652,7 @@ mod tests {
                 pool: bottle_net::SubnetPool::default().range(),
             }),
             DockerError::Interrupted(bottle_core::undo::Interrupted { step: text() }),
+            DockerError::Record(bottle_core::life::RecordError::Missing { dir: "/x".into() }),
             DockerError::Checkout(bottle_core::checkout::CheckoutError::Mirror {
                 checkout: "/x".into(),
                 detail: text(),

@@ -50,7 +50,6 @@ pub mod pause;
 pub mod pool;
 pub mod pool_entry;
 pub mod reset;
-mod stopping;
 pub mod tarball;
 mod toolbox;
 mod toolbox_stream;

@@ -14,6 +14,7 @@ use bollard::query_parameters::{
 use bottle_core::backend::{
     BackendKind, BottleInfo, CleanupItem, CleanupPass, CleanupReport, StopProgress,
 };
+use bottle_core::life::{Phase, StateDir};
 use bottle_core::slug::{bottle_name, slug_of};
 use bottle_core::time::rfc3339;
 
@@ -24,7 +25,6 @@ use crate::names::{
     EGRESS_NETWORK, LABEL_AGENT, LABEL_BUNDLE_IP, LABEL_DETACHED, LABEL_MANAGED, LABEL_NAME,
     LABEL_ROLE, LABEL_SLUG, LABEL_STATE_DIR, ResourceNames, label_filter, owner_from_labels, role,
 };
-use crate::stopping;
 
 /// Removes a container (killing it first). `Ok(false)` if it was gone.
 pub fn remove_container(engine: &Engine, name: &str) -> Result<bool, DockerError> {
@@ -258,45 +258,34 @@ pub fn list_active(engine: &Engine, state_root: &Path) -> Result<Vec<BottleInfo>
 /// runs) or one that died before it did (`incomplete`: its CA key is still
 /// on disk, and `bottle cleanup` or `bottle stop` removes it).
 pub(crate) fn state_only_bottles(state_root: &Path, listed: &[BottleInfo]) -> Vec<BottleInfo> {
-    let Ok(entries) = std::fs::read_dir(state_root) else {
-        return Vec::new();
-    };
-    let mut found: Vec<BottleInfo> = entries
-        .flatten()
-        .filter_map(|entry| {
-            let slug = entry.file_name().into_string().ok()?;
-            let paths = StatePaths::new(entry.path());
-            let plan = data::read_plan(&paths).ok()?;
+    bottle_core::life::recorded_bottles(state_root, BackendKind::Docker)
+        .into_iter()
+        .filter_map(|(dir, recorded)| {
+            let slug = dir.root().file_name()?.to_str()?.to_string();
+            let plan = data::read_plan(&StatePaths::new(dir.root())).ok()?;
             let name = bottle_name(&slug);
-            if plan.backend != BackendKind::Docker
-                || plan.slug != slug
-                || listed.iter().any(|b| b.name == name)
-            {
+            if plan.slug != slug || listed.iter().any(|b| b.name == name) {
                 return None;
             }
-            let state = if stopping::is_stopping(&paths.root) {
-                "stopping"
-            } else if data::read_owner(&paths).is_some_and(|o| o.is_alive()) {
-                "launching"
-            } else {
-                "incomplete (state dir only)"
+            let state = match recorded.record.phase {
+                Phase::Stopping => "stopping",
+                _ if recorded.record.in_flight() => "launching",
+                _ => "incomplete (state dir only)",
             };
             Some(BottleInfo {
                 name,
                 agent: plan.agent.clone(),
                 backend: BackendKind::Docker,
-                state: state.into(),
+                state: bottle_core::life::with_layout(state.into(), recorded.legacy),
                 bundle_address: Some(plan.backend_data.bundle.ip.to_string()),
-                created: None,
+                created: recorded.record.created,
                 pending_requests: 0,
                 audit: bottle_core::audit_files::AuditHealth::Unknown,
                 agent_running: None,
                 ports: Vec::new(),
             })
         })
-        .collect();
-    found.sort_by(|a, b| a.name.cmp(&b.name));
-    found
+        .collect()
 }
 
 /// Every bottle with at least one container.
@@ -336,7 +325,10 @@ fn bottles_with_containers(engine: &Engine) -> Result<Vec<BottleInfo>, DockerErr
                 .labels
                 .get(LABEL_STATE_DIR)
                 .is_some_and(|dir| crate::pool_entry::is_ready(Path::new(dir)));
-            let state = if state_dir.is_some_and(stopping::is_stopping) {
+            let record = state_dir.and_then(|dir| StateDir::new(dir).read().ok().flatten());
+            let legacy = record.as_ref().is_some_and(|r| r.legacy);
+            let stopping = record.is_some_and(|r| r.record.phase == Phase::Stopping);
+            let state = if stopping {
                 "stopping".to_string()
             } else if is_orphan(&any.labels) {
                 // Its `start` died before the bottle was complete: what
@@ -354,7 +346,7 @@ fn bottles_with_containers(engine: &Engine) -> Result<Vec<BottleInfo>, DockerErr
                 name,
                 agent: any.labels.get(LABEL_AGENT).cloned().unwrap_or_default(),
                 backend: BackendKind::Docker,
-                state,
+                state: bottle_core::life::with_layout(state, legacy),
                 bundle_address: any.labels.get(LABEL_BUNDLE_IP).cloned(),
                 created: any.created.map(rfc3339),
                 pending_requests: 0,
@@ -383,9 +375,10 @@ fn removable_state_dir(dir: &Path, slug: &str) -> bool {
 }
 
 /// The first part of a stop, all the operator waits for: records in the
-/// bottle's state dir that it is stopping (a `stopping` file, synced), then
-/// removes the agent's container. Once it is gone the agent can neither
-/// run nor reach anything (the bundle it leaves is alone on an internal
+/// bottle's state dir that it is stopping (its record's phase, flushed to
+/// disk: `list` shows it stopping, and `cleanup` finishes the stop if its
+/// finisher never does), then removes the agent's container. Once it is
+/// gone the agent can neither run nor reach anything (the bundle it leaves is alone on an internal
 /// network the host has no address on); [`finish_stop`] removes the bundle
 /// and the rest, and `cleanup` does if nothing else does. Removing the
 /// bundle here too would cost the operator the daemon killing a second
@@ -417,7 +410,11 @@ pub fn begin_stop(
     if state_dirs != [dir.clone()] {
         return stop(engine, state_root, name).map(StopProgress::Stopped);
     }
-    stopping::record(&dir)?;
+    // With no record to keep the stop's place (unwritable, or none), the
+    // whole stop happens here.
+    if StateDir::new(&dir).advance(Phase::Stopping).is_err() {
+        return stop(engine, state_root, name).map(StopProgress::Stopped);
+    }
     let agent: Vec<Resource> = containers
         .into_iter()
         .filter(|c| c.labels.get(LABEL_ROLE).map(String::as_str) == Some(role::AGENT))
@@ -450,7 +447,7 @@ pub fn finish_stop(
     let slug = slug_of(name).to_string();
     let dir = state_root.join(&slug);
     if let Some(_lock) = lock_state_dir(&dir) {
-        if stopping::is_stopping(&dir) {
+        if is_stopping(&dir) {
             return stop(engine, state_root, name);
         }
         // No record: a new bottle of the name, or this one's dir being
@@ -496,6 +493,11 @@ fn goes_away(dir: &Path, grace: std::time::Duration) -> bool {
     }
 }
 
+/// Whether the bottle of the state dir `dir` is recorded as stopping.
+fn is_stopping(dir: &Path) -> bool {
+    StateDir::new(dir).phase() == Some(Phase::Stopping)
+}
+
 /// Finishes the stop of the bottle `slug` if it is recorded as stopping
 /// (its finisher may still be at work, or dead), waiting for a finisher at
 /// work: a launch of the same name right after `bottle stop` then starts
@@ -503,7 +505,7 @@ fn goes_away(dir: &Path, grace: std::time::Duration) -> bool {
 /// remove the new bottle. What cannot be removed stays for the launch's
 /// own check to refuse.
 pub fn finish_if_stopping(engine: &Engine, state_root: &Path, slug: &str) {
-    if stopping::is_stopping(&state_root.join(slug)) {
+    if is_stopping(&state_root.join(slug)) {
         let _ = finish_stop(engine, state_root, &bottle_name(slug));
     }
 }
@@ -532,10 +534,7 @@ pub fn stop(engine: &Engine, state_root: &Path, name: &str) -> Result<CleanupRep
     remove_resources(engine, &containers, &networks, &mut report);
     let leftovers = !report.failed.is_empty();
     for dir in state_dirs {
-        if !dir.exists()
-            || !removable_state_dir(&dir, &slug)
-            || (leftovers && stopping::is_stopping(&dir))
-        {
+        if !dir.exists() || !removable_state_dir(&dir, &slug) || (leftovers && is_stopping(&dir)) {
             continue;
         }
         record_removal(
@@ -631,7 +630,7 @@ fn is_orphan(labels: &HashMap<String, String>) -> bool {
 /// a pool entry no `start` has claimed runs no agent until one does.
 fn orphan_reason(labels: &HashMap<String, String>) -> Option<&'static str> {
     let state_dir = labels.get(LABEL_STATE_DIR).map(Path::new);
-    if state_dir.is_some_and(stopping::is_stopping) {
+    if state_dir.is_some_and(is_stopping) {
         return Some("its stop was not finished");
     }
     let owner_alive = owner_from_labels(labels).is_some_and(|o| o.is_alive());
@@ -643,7 +642,9 @@ fn orphan_reason(labels: &HashMap<String, String>) -> Option<&'static str> {
         return Some(DEAD);
     };
     let detached = labels.get(LABEL_DETACHED).map(String::as_str) == Some("1");
-    let launched = StatePaths::new(dir).launched().exists();
+    let launched = StateDir::new(dir)
+        .phase()
+        .is_some_and(Phase::launch_completed);
     // A pool entry is launched detached; the `start` that claimed it
     // decides whether it still is, and owns it if not.
     let orphan = match crate::pool_entry::claim_record(dir) {
@@ -736,7 +737,7 @@ pub fn cleanup(
         // labels name.
         let labelled_dir = labels.get(LABEL_STATE_DIR).map(Path::new);
         let removed = match labelled_dir.and_then(|dir| Some((dir, dir.parent()?))) {
-            Some((dir, root)) if stopping::is_stopping(dir) => finish_stop(engine, root, &name)?,
+            Some((dir, root)) if is_stopping(dir) => finish_stop(engine, root, &name)?,
             _ => stop(engine, state_root, &name)?,
         };
         pass.report.merge(removed);
@@ -755,9 +756,9 @@ pub fn cleanup(
             {
                 continue;
             }
-            let paths = StatePaths::new(&dir);
-            let owner_alive = data::read_owner(&paths).is_some_and(|o| o.is_alive());
-            if stopping::is_stopping(&dir) {
+            let record = StateDir::new(&dir).read().ok().flatten();
+            let owner_alive = record.as_ref().is_some_and(|r| r.record.owner.is_alive());
+            if record.is_some_and(|r| r.record.phase == Phase::Stopping) {
                 let item = CleanupItem::new(
                     "state dir",
                     dir.display().to_string(),
@@ -874,7 +875,16 @@ mod tests {
         assert!(is_orphan(&labels(dead, false, dir.path())));
         // Detached but never completed: an orphan.
         assert!(is_orphan(&labels(dead, true, dir.path())));
-        std::fs::write(dir.path().join("launched"), "1\n").unwrap();
+        let record = StateDir::new(dir.path());
+        record
+            .begin(&bottle_core::life::BottleRecord::launching(
+                "bot-bottle-demo",
+                "demo",
+                BackendKind::Docker,
+            ))
+            .unwrap();
+        assert!(is_orphan(&labels(dead, true, dir.path())));
+        record.advance(Phase::Running).unwrap();
         // Launched detached with no session (through the library).
         assert!(!is_orphan(&labels(dead, true, dir.path())));
         // Launched by `start --detach`, which died before its agent ran.
@@ -911,7 +921,7 @@ mod tests {
         claim(dead);
         assert!(is_orphan(&labels(dead, true, dir.path())));
         // A stop began: an orphan whoever owns it, so `cleanup` finishes it.
-        stopping::record(dir.path()).unwrap();
+        record.advance(Phase::Stopping).unwrap();
         assert!(is_orphan(&labels(dead, true, dir.path())));
         assert!(is_orphan(&labels(me, false, dir.path())));
     }
@@ -920,14 +930,18 @@ mod tests {
     fn a_state_dir_without_containers_is_listed_as_incomplete_launching_or_stopping() {
         let root = tempfile::tempdir().unwrap();
         let paths = StatePaths::new(root.path().join("demo"));
-        data::write_plan(&paths, &crate::config::tests::sample_plan()).unwrap();
-        data::write_file(&paths.ca_key(), b"KEY", 0o600).unwrap();
+        let plan = crate::config::tests::sample_plan();
+        let state_dir = StateDir::new(&paths.root);
+        let mut record =
+            bottle_core::life::BottleRecord::launching(&plan.bottle, "demo", BackendKind::Docker);
         // The launching process is gone (no PID is above the kernel's maximum).
-        let dead = bottle_core::process::Owner {
+        record.owner = bottle_core::process::Owner {
             pid: 4_194_305,
             start: 1,
         };
-        data::write_owner(&paths, dead).unwrap();
+        state_dir.begin(&record).unwrap();
+        data::write_plan(&paths, &plan).unwrap();
+        data::write_file(&paths.ca_key(), b"KEY", 0o600).unwrap();
         // Not bottles: a dir without a plan, and the kept audit logs.
         std::fs::create_dir_all(root.path().join("other")).unwrap();
         std::fs::create_dir_all(root.path().join("retained_logs/demo")).unwrap();
@@ -937,13 +951,36 @@ mod tests {
         assert_eq!(found[0].name, "bot-bottle-demo");
         assert_eq!(found[0].state, "incomplete (state dir only)");
         assert_eq!(found[0].agent, "demo");
+        assert_eq!(found[0].created, record.created);
 
-        data::write_owner(&paths, bottle_core::process::Owner::current()).unwrap();
+        record.owner = bottle_core::process::Owner::current();
+        state_dir.begin(&record).unwrap();
         assert_eq!(state_only_bottles(root.path(), &[])[0].state, "launching");
-        stopping::record(&paths.root).unwrap();
+        state_dir.advance(Phase::Stopping).unwrap();
         assert_eq!(state_only_bottles(root.path(), &[])[0].state, "stopping");
         // A bottle listed with its containers is not listed twice.
         assert!(state_only_bottles(root.path(), &found).is_empty());
+    }
+
+    /// A state dir as bottles before `bottle.json` wrote it: the plan, the
+    /// owner, `launched`, `stopping`. It is listed, judged and finished by
+    /// those files, and `list` says which layout it is.
+    #[test]
+    fn a_state_dir_of_the_earlier_layout_is_listed_and_judged_by_its_files() {
+        let root = tempfile::tempdir().unwrap();
+        let paths = StatePaths::new(root.path().join("demo"));
+        data::write_plan(&paths, &crate::config::tests::sample_plan()).unwrap();
+        let owner = serde_json::to_vec(&bottle_core::process::Owner::current()).unwrap();
+        std::fs::write(paths.root.join("owner.json"), owner).unwrap();
+        let listed = || state_only_bottles(root.path(), &[])[0].state.clone();
+        assert_eq!(listed(), "launching (earlier state layout)");
+        std::fs::write(paths.root.join("launched"), "1\n").unwrap();
+        let mine = labels(std::process::id(), true, &paths.root);
+        assert!(!is_orphan(&mine));
+        std::fs::write(paths.root.join("stopping"), "{}").unwrap();
+        assert_eq!(listed(), "stopping (earlier state layout)");
+        assert!(is_stopping(&paths.root));
+        assert!(is_orphan(&mine), "a stop that began is cleanup's to finish");
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::bundle_address::validate_bundle_address;
 use crate::cli::{MachineEntry, Smolvm};
 pub use crate::data::PlanData;
 use crate::data::{BottleState, PLAN_DATA_VERSION, STATE_FILE, read_state_file};
-use crate::error::{SmolvmError, io_err};
+use crate::error::SmolvmError;
 use crate::interactive::{InteractiveRunner, TerminalRunner};
 use crate::pack::SmolmachineCache;
 use crate::provision::ProvisionInputs;
@@ -57,6 +57,26 @@ pub struct SmolvmBackend<H> {
     /// The static in-box agent put into every machine (`None`: not found;
     /// the bottle then runs without the sandbox interface).
     pub(crate) toolbox_binary: Option<PathBuf>,
+}
+
+/// A bottle of this backend as its state dir records it.
+pub(crate) struct KnownBottle {
+    /// The bottle's record.
+    pub(crate) recorded: bottle_core::life::Recorded,
+    /// Its state file, once the launch wrote it.
+    pub(crate) state: Option<BottleState>,
+}
+
+impl KnownBottle {
+    /// Its machine: named after the bottle.
+    pub(crate) fn machine(&self) -> &str {
+        &self.recorded.record.bottle
+    }
+
+    /// Where its guest reaches the bundle, once the launch knew.
+    pub(crate) fn bundle_address(&self) -> Option<String> {
+        self.state.as_ref()?.bundle_address.clone()
+    }
 }
 
 impl<H> std::fmt::Debug for SmolvmBackend<H> {
@@ -210,21 +230,18 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             .collect())
     }
 
-    pub(crate) fn all_states(&self) -> Result<Vec<BottleState>, SmolvmError> {
-        let mut out = Vec::new();
-        let entries = match std::fs::read_dir(&self.state_root) {
-            Ok(entries) => entries,
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-            Err(err) => return Err(io_err("read", &self.state_root, err)),
-        };
-        for entry in entries {
-            let entry = entry.map_err(|e| io_err("read", &self.state_root, e))?;
-            if let Some(state) = read_state_file(&entry.path().join(STATE_FILE))? {
-                out.push(state);
-            }
-        }
-        out.sort_by(|a, b| a.bottle.cmp(&b.bottle));
-        Ok(out)
+    /// Every bottle of this backend the state root records, with its
+    /// state file when it has one (a launch writes the record first).
+    pub(crate) fn all_states(&self) -> Result<Vec<KnownBottle>, SmolvmError> {
+        bottle_core::life::recorded_bottles(&self.state_root, BackendKind::Smolmachines)
+            .into_iter()
+            .map(|(dir, recorded)| {
+                Ok(KnownBottle {
+                    state: read_state_file(&dir.root().join(STATE_FILE))?,
+                    recorded,
+                })
+            })
+            .collect()
     }
 
     fn prepare_inner(&self, spec: &BottleSpec) -> Result<SmolvmPlan<H::Prepared>, SmolvmError> {

@@ -1,13 +1,13 @@
 //! What `prepare` resolves for a launch ([`PlanData`], the typed
 //! `Plan::backend_data`) and the bottle's state file ([`BottleState`] in
-//! `<state dir>/smolvm.json`), which `list`, `attach`, `stop` and `cleanup`
-//! read back to find what a launch created.
+//! `<state dir>/smolvm.json`): what `attach` and a reset need of the
+//! machine. Which process launched the bottle and where its life is are
+//! the bottle's record (`bottle_core::life`, `bottle.json`).
 
 use std::path::Path;
 
 use bottle_core::bundle_host::PreparedBundle;
 use bottle_core::images::AgentImage;
-use bottle_core::process::Owner;
 use bottle_core::sandbox::ResetFiles;
 use serde::{Deserialize, Serialize};
 
@@ -16,15 +16,17 @@ use crate::provision::ProvisionInputs;
 
 /// The backend's file in a bottle's state dir.
 pub const STATE_FILE: &str = "smolvm.json";
-/// Version of [`BottleState`]'s format.
-pub const STATE_VERSION: u32 = 1;
+/// Version of [`BottleState`]'s format. Version 1 also held the launch's
+/// process and phase, now the record's; its files are read all the same.
+pub const STATE_VERSION: u32 = 2;
 /// Version of [`PlanData`]'s format.
 pub const PLAN_DATA_VERSION: u32 = 1;
 
 /// Files this backend writes into a bottle's state dir, removed by `stop`.
 /// `Smolfile` and `guest-gitconfig` are no longer written, but bottles
 /// started by earlier versions still have them.
-const OWN_FILES: [&str; 7] = [
+const OWN_FILES: [&str; 8] = [
+    bottle_core::life::RECORD_FILE,
     STATE_FILE,
     "Smolfile",
     "guest-env",
@@ -52,18 +54,8 @@ pub struct PlanData<P> {
     pub bundle: PreparedBundle<P>,
 }
 
-/// Where a launch got to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Phase {
-    /// Resources are being created by the launching process.
-    Launching,
-    /// The bottle is up.
-    Running,
-}
-
-/// A bottle's state on disk: what `stop`, `list`, `attach` and `cleanup`
-/// need to find everything a launch created.
+/// A bottle's state on disk: what `attach` and a reset need to find the
+/// machine a launch created.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BottleState {
     /// [`STATE_VERSION`].
@@ -80,37 +72,6 @@ pub struct BottleState {
     pub env: Vec<(String, String)>,
     /// What `exec_interactive` runs when given no command.
     pub default_command: Vec<String>,
-    /// Unix seconds.
-    pub created: u64,
-    /// The process that ran the launch.
-    pub launch_pid: u32,
-    /// That process's start time ([`Owner::start`]). State files written
-    /// before it was recorded lack it: 0, an unknown start, so only the
-    /// PID is compared for them.
-    #[serde(default)]
-    pub launch_start: u64,
-    /// Where the launch got to.
-    pub phase: Phase,
-}
-
-impl BottleState {
-    /// The process that ran the launch.
-    pub fn launcher(&self) -> Owner {
-        Owner {
-            pid: self.launch_pid,
-            start: self.launch_start,
-        }
-    }
-
-    /// A launch still under way: not finished, and its process still runs.
-    pub fn in_flight(&self) -> bool {
-        self.phase == Phase::Launching && self.launcher().is_alive()
-    }
-
-    /// A launch that never finished and whose process is gone.
-    pub fn abandoned(&self) -> bool {
-        self.phase == Phase::Launching && !self.launcher().is_alive()
-    }
 }
 
 /// Reads the state file at `path`; `None` if there is none.
@@ -125,10 +86,13 @@ pub fn read_state_file(path: &Path) -> Result<Option<BottleState>, SmolvmError> 
             argv: vec![path.display().to_string()],
             detail: format!("not a bottle state file: {err}"),
         })?;
-    if state.version != STATE_VERSION {
+    if !(1..=STATE_VERSION).contains(&state.version) {
         return Err(SmolvmError::BadOutput {
             argv: vec![path.display().to_string()],
-            detail: format!("state version {} is not {STATE_VERSION}", state.version),
+            detail: format!(
+                "state version {} is not one this bottle reads (1 to {STATE_VERSION})",
+                state.version
+            ),
         });
     }
     Ok(Some(state))
@@ -194,10 +158,6 @@ mod tests {
             bundle_address: Some("192.168.7.2".into()),
             env: vec![("K".into(), "V".into())],
             default_command: vec!["sh".into()],
-            created: 1,
-            launch_pid: 2,
-            launch_start: 3,
-            phase: Phase::Running,
         }
     }
 
@@ -210,45 +170,32 @@ mod tests {
         assert_eq!(read_state_file(&path).unwrap(), Some(state));
         let text = std::fs::read_to_string(&path)
             .unwrap()
-            .replace("\"version\": 1", "\"version\": 9");
+            .replace("\"version\": 2", "\"version\": 9");
         std::fs::write(&path, text).unwrap();
         assert!(read_state_file(&path).is_err());
         assert_eq!(read_state_file(&dir.path().join("none")).unwrap(), None);
     }
 
+    /// A state file of version 1 held the launch's process and phase too
+    /// (now the record's, read by `bottle_core::life::legacy`).
     #[test]
-    fn a_state_file_without_the_launch_start_time_compares_the_pid_only() {
+    fn a_state_file_of_version_1_is_read() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(STATE_FILE);
-        let mut json = serde_json::to_value(BottleState {
-            launch_pid: std::process::id(),
-            phase: Phase::Launching,
-            ..state()
-        })
-        .unwrap();
-        json.as_object_mut().unwrap().remove("launch_start");
+        let mut json = serde_json::to_value(state()).unwrap();
+        let object = json.as_object_mut().unwrap();
+        object.insert("version".into(), 1.into());
+        object.insert("created".into(), 1.into());
+        object.insert("launch_pid".into(), 2.into());
+        object.insert("phase".into(), "running".into());
         std::fs::write(&path, json.to_string()).unwrap();
         let old = read_state_file(&path).unwrap().unwrap();
-        assert_eq!(old.launch_start, 0);
-        assert!(old.in_flight());
-        assert!(!old.abandoned());
-    }
-
-    #[test]
-    fn a_launch_whose_process_started_at_another_time_is_abandoned() {
-        let me = Owner::current();
-        let reused = BottleState {
-            launch_pid: me.pid,
-            launch_start: me.start + 1,
-            phase: Phase::Launching,
-            ..state()
-        };
-        assert!(reused.abandoned());
-        assert!(!reused.in_flight());
-        let running = BottleState {
-            phase: Phase::Running,
-            ..reused
-        };
-        assert!(!running.abandoned());
+        assert_eq!(
+            old,
+            BottleState {
+                version: 1,
+                ..state()
+            }
+        );
     }
 }

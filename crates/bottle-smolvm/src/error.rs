@@ -230,6 +230,9 @@ pub enum SmolvmError {
     /// bundle's.
     #[error(transparent)]
     UnknownFailpoint(bottle_core::launch_steps::UnknownFailpoint),
+    /// The bottle's record could not be read, written or advanced.
+    #[error(transparent)]
+    Record(#[from] bottle_core::life::RecordError),
     /// A collaborator (the bundle host, the host check) failed; its error is
     /// passed through unchanged.
     #[error(transparent)]
@@ -284,6 +287,7 @@ impl Coded for SmolvmError {
             SmolvmError::AlreadyExists { .. } => "BOT-K072",
             SmolvmError::Failpoint { .. } => "BOT-K074",
             SmolvmError::UnknownFailpoint(_) => "BOT-K075",
+            SmolvmError::Record(err) => err.code(),
             SmolvmError::Copy { .. } => "BOT-K094",
             SmolvmError::CommitUnsupported => "BOT-K095",
             SmolvmError::IsolationUnsupported { .. } => "BOT-K096",
@@ -360,6 +364,7 @@ impl Coded for SmolvmError {
             SmolvmError::Failpoint { .. } | SmolvmError::UnknownFailpoint(_) => {
                 "unset BOTTLE_FAILPOINT".into()
             }
+            SmolvmError::Record(err) => return err.fix(),
             SmolvmError::External(err) => return err.fix(),
         };
         Some(fix)
@@ -499,6 +504,7 @@ mod tests {
                 value: text(),
                 steps: text(),
             }),
+            SmolvmError::Record(bottle_core::life::RecordError::Missing { dir: "/x".into() }),
             SmolvmError::External(BackendError::new(
                 BackendErrorKind::Failed,
                 "BOT-D003",

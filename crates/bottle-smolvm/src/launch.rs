@@ -22,14 +22,14 @@ use std::sync::Arc;
 use bottle_core::backend::{BackendError, BackendErrorKind, BackendKind};
 use bottle_core::bundle_host::BundleHost;
 use bottle_core::launch_steps::{Failpoint, LaunchStep, StepEnds, UnknownFailpoint};
-use bottle_core::process::Owner;
+use bottle_core::life::{BottleRecord, Phase, StateDir};
 use bottle_core::undo::Unwind;
 
 use crate::backend::{SmolvmBackend, SmolvmPlan};
 use crate::bottle::SmolvmBottle;
 use crate::bundle_address::validate_bundle_address;
 use crate::data::{
-    BottleState, PLAN_DATA_VERSION, Phase, PlanData, STATE_FILE, STATE_VERSION, remove_own_files,
+    BottleState, PLAN_DATA_VERSION, PlanData, STATE_FILE, STATE_VERSION, remove_own_files,
     write_state_file,
 };
 use crate::error::{SmolvmError, io_err};
@@ -140,7 +140,18 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         } else {
             plan.command.clone()
         };
-        let launcher = Owner::current();
+        // The record first: `cleanup` finds a launch that dies from here
+        // on by it.
+        let record = StateDir::new(&state_dir);
+        record.begin(&BottleRecord::launching(
+            &plan.bottle,
+            &plan.agent,
+            BackendKind::Smolmachines,
+        ))?;
+        {
+            let state_dir = state_dir.clone();
+            unwind.push("bottle state files", move || remove_own_files(&state_dir));
+        }
         let mut state = BottleState {
             version: STATE_VERSION,
             bottle: plan.bottle.clone(),
@@ -149,17 +160,9 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             bundle_address: None,
             env: Vec::new(),
             default_command,
-            created: unix_now(),
-            launch_pid: launcher.pid,
-            launch_start: launcher.start,
-            phase: Phase::Launching,
         };
         let state_path = state_dir.join(STATE_FILE);
         write_state_file(&state_path, &state)?;
-        {
-            let state_dir = state_dir.clone();
-            unwind.push("bottle state files", move || remove_own_files(&state_dir));
-        }
 
         ends.done(Step::BottleState)?;
         let endpoint = self
@@ -260,8 +263,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         }
         ends.done(Step::Snapshot)?;
 
-        state.phase = Phase::Running;
-        write_state_file(&state_path, &state)?;
+        record.advance(Phase::Running)?;
         ends.done(Step::Complete)?;
         Ok(bottle.with_warnings(warnings))
     }
@@ -321,12 +323,6 @@ fn record_golden(
 ) -> Result<(), bottle_core::sandbox::SandboxError> {
     let substrate = VmReset::new(bottle, files.golden_dir());
     bottle_core::sandbox::reset::record_golden(&substrate, files).map(drop)
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]

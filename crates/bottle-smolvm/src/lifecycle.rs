@@ -9,41 +9,47 @@ use bottle_core::backend::{
     BackendError, BackendKind, BottleInfo, CleanupItem, CleanupPass, CleanupReport,
 };
 use bottle_core::bundle_host::BundleHost;
+use bottle_core::life::Phase;
 use bottle_core::sandbox::ResetFiles;
 use bottle_core::slug::{bottle_name, slug_of};
 
-use crate::backend::SmolvmBackend;
+use crate::backend::{KnownBottle, SmolvmBackend};
 use crate::cli::MachineEntry;
 use crate::data::{STATE_FILE, remove_own_files};
 use crate::error::SmolvmError;
 use bottle_core::audit_files::AuditHealth;
 
 impl<H: BundleHost + 'static> SmolvmBackend<H> {
-    /// Every machine, state file and bundle that looks like a bottle.
+    /// Every machine, record and bundle that looks like a bottle.
     pub(crate) fn list(&self) -> Result<Vec<BottleInfo>, BackendError> {
         let machines = self.machines()?;
-        let states = self.all_states()?;
+        let known = self.all_states()?;
         let mut out = Vec::new();
         for machine in &machines {
-            let state = states.iter().find(|s| s.machine == machine.name);
+            let bottle = known.iter().find(|k| k.machine() == machine.name);
             let halted = bottle_core::sandbox::reset::halted(&ResetFiles::new(
                 self.state_dir(&machine.name),
             ))
             .is_some();
+            let state = match bottle.map(|k| &k.recorded.record) {
+                Some(r) if r.abandoned() => {
+                    format!("{} (abandoned launch)", machine.state())
+                }
+                // A reset found it diverged: kept stopped for inspection.
+                Some(_) if halted => "halted".to_string(),
+                Some(r) if r.phase == Phase::Stopping => "stopping".to_string(),
+                Some(_) => machine.state().to_string(),
+                None => format!("{} (orphaned: no bottle state)", machine.state()),
+            };
             out.push(BottleInfo {
                 name: machine.name.clone(),
-                agent: state.map_or_else(|| "?".into(), |s| s.agent.clone()),
+                agent: bottle.map_or_else(|| "?".into(), |k| k.recorded.record.agent.clone()),
                 backend: BackendKind::Smolmachines,
-                state: match state {
-                    Some(s) if s.abandoned() => {
-                        format!("{} (abandoned launch)", machine.state())
-                    }
-                    // A reset found it diverged: kept stopped for inspection.
-                    Some(_) if halted => "halted".to_string(),
-                    Some(_) => machine.state().to_string(),
-                    None => format!("{} (orphaned: no bottle state)", machine.state()),
-                },
-                bundle_address: state.and_then(|s| s.bundle_address.clone()),
+                state: bottle_core::life::with_layout(
+                    state,
+                    bottle.is_some_and(|k| k.recorded.legacy),
+                ),
+                bundle_address: bottle.and_then(KnownBottle::bundle_address),
                 created: machine.created(),
                 pending_requests: 0,
                 agent_running: None,
@@ -51,21 +57,23 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
                 audit: AuditHealth::Unknown,
             });
         }
-        for state in states
+        for bottle in known
             .iter()
-            .filter(|s| !machines.iter().any(|m| m.name == s.machine))
+            .filter(|k| !machines.iter().any(|m| m.name == k.machine()))
         {
+            let record = &bottle.recorded.record;
+            let state = if record.in_flight() {
+                "launching"
+            } else {
+                "vm missing"
+            };
             out.push(BottleInfo {
-                name: state.bottle.clone(),
-                agent: state.agent.clone(),
+                name: record.bottle.clone(),
+                agent: record.agent.clone(),
                 backend: BackendKind::Smolmachines,
-                state: if state.in_flight() {
-                    "launching".into()
-                } else {
-                    "vm missing".into()
-                },
-                bundle_address: state.bundle_address.clone(),
-                created: Some(state.created.to_string()),
+                state: bottle_core::life::with_layout(state.into(), bottle.recorded.legacy),
+                bundle_address: bottle.bundle_address(),
+                created: record.created.clone(),
                 pending_requests: 0,
                 agent_running: None,
                 ports: Vec::new(),
@@ -82,20 +90,27 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             .machines()?
             .into_iter()
             .find(|m| m.name == machine_name);
-        let state = self.read_state(&machine_name)?;
+        let dir = bottle_core::life::StateDir::new(self.state_dir(&machine_name));
+        // A record this build cannot read is still a bottle's.
+        let recorded = !matches!(dir.read(), Ok(None)) || self.read_state(&machine_name)?.is_some();
         let bundled = self.bundles.bottles()?.contains(&machine_name);
-        if machine.is_none() && state.is_none() && !bundled {
+        if machine.is_none() && !recorded && !bundled {
             return Err(SmolvmError::VmMissing {
                 machine: machine_name,
             }
             .into());
+        }
+        // A stop that dies half way is `cleanup`'s to finish; one whose
+        // record cannot be written stops all the same.
+        if recorded {
+            let _ = dir.advance(Phase::Stopping);
         }
         let mut report = CleanupReport::default();
         if let Some(machine) = &machine {
             self.remove_machine(machine, &mut report);
         }
         self.remove_bundle(&machine_name, &mut report);
-        if state.is_some() {
+        if recorded {
             self.remove_state(&machine_name, &mut report);
         }
         Ok(report)
@@ -109,39 +124,42 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
     /// it as orphaned, and it is left alone.
     pub(crate) fn cleanup(&self, pass: &mut CleanupPass<'_>) -> Result<(), BackendError> {
         let machines = self.machines()?;
-        let states = self.all_states()?;
+        let known = self.all_states()?;
         let bundles = self.bundles.bottles()?;
         for machine in &machines {
             // The launch that was creating it died: nobody will ever stop it.
-            let owner = states.iter().find(|s| s.machine == machine.name);
-            if owner.is_some_and(|s| s.abandoned())
-                && pass.found(CleanupItem::new(
-                    "vm",
-                    machine.name.clone(),
-                    "the launch that created it died",
-                ))
-            {
+            let owner = known.iter().find(|k| k.machine() == machine.name);
+            let why = match owner.map(|k| &k.recorded.record) {
+                Some(r) if r.abandoned() => "the launch that created it died",
+                Some(r) if r.phase == Phase::Stopping => "its stop was not finished",
+                _ => continue,
+            };
+            if pass.found(CleanupItem::new("vm", machine.name.clone(), why)) {
                 self.remove_machine(machine, &mut pass.report);
             }
         }
-        for state in &states {
-            let machine_alive = machines.iter().any(|m| m.name == state.machine);
-            if state.in_flight() || (machine_alive && !state.abandoned()) {
+        for bottle in &known {
+            let record = &bottle.recorded.record;
+            let machine_alive = machines.iter().any(|m| m.name == bottle.machine());
+            let stopping = record.phase == Phase::Stopping;
+            if record.in_flight() || (machine_alive && !record.abandoned() && !stopping) {
                 continue;
             }
-            let why = if state.abandoned() {
+            let why = if stopping {
+                "its stop was not finished"
+            } else if record.abandoned() {
                 "the launch that made it died"
             } else {
                 "its vm is gone"
             };
-            if pass.found(CleanupItem::new("bottle", state.bottle.clone(), why)) {
-                self.remove_bundle(&state.bottle, &mut pass.report);
-                self.remove_state(&state.machine, &mut pass.report);
+            if pass.found(CleanupItem::new("bottle", record.bottle.clone(), why)) {
+                self.remove_bundle(&record.bottle, &mut pass.report);
+                self.remove_state(bottle.machine(), &mut pass.report);
             }
         }
         for bottle in &bundles {
             let owned = machines.iter().any(|m| &m.name == bottle)
-                || states.iter().any(|s| &s.bottle == bottle);
+                || known.iter().any(|k| k.machine() == bottle);
             if !owned
                 && pass.found(CleanupItem::new(
                     "bundle",

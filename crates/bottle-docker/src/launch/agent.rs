@@ -13,6 +13,7 @@ use crate::isolation;
 use bottle_core::agent::AGENT_DIR;
 use bottle_core::ca_install::{self, CaBox, Entry, Refused, ToolRun};
 use bottle_core::display::escape_for_terminal;
+use bottle_core::life::{Phase, StateDir};
 use bottle_core::sandbox::{SandboxError, reset};
 use bottle_core::sandbox::{TOOLBOX_MODE, TOOLBOX_PATH};
 
@@ -165,7 +166,7 @@ impl<'a> Launch<'a, DockerPlanData> {
         }
         self.step_done(Step::Snapshot)?;
 
-        data::write_record(&self.paths.launched(), b"1\n", 0o600)?;
+        StateDir::new(&self.paths.root).advance(Phase::Running)?;
         self.step_done(Step::Complete)?;
 
         Ok(DockerBottle {

@@ -70,7 +70,6 @@ impl<'a, D> Launch<'a, D> {
         // The CA's key is made while the Engine creates the networks.
         let bottle = self.plan.bottle.clone();
         let ca = std::thread::spawn(move || bottle_bundle_files::generate_ca(&bottle));
-        data::write_owner(&self.paths, self.labels.owner)?;
         // And the mirrors of working checkouts, cloned on the host.
         let mirrors = self.spawn_mirrors();
         data::create_private_dir(&self.paths.logs())?;

@@ -21,6 +21,7 @@ mod steps;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use bottle_core::life::{BottleRecord, StateDir};
 use bottle_core::undo::Unwind;
 use bottle_core::{BackendKind, Plan};
 
@@ -150,7 +151,12 @@ pub fn launch(
     }
     let bundle = &plan.backend_data.bundle;
     let mut launch = Launch::begin(engine, settings, plan, bundle, LaunchMode::Bottle)?;
-    let result = data::write_plan(&launch.paths, plan).and_then(|()| launch.run());
+    // The plan first: a state dir holding only the plan is a launch that
+    // died at once, which `cleanup` recognises as such.
+    let record = BottleRecord::launching(&plan.bottle, &plan.agent, BackendKind::Docker);
+    let result = data::write_plan(&launch.paths, plan)
+        .and_then(|()| Ok(StateDir::new(&plan.state_dir).begin(&record)?))
+        .and_then(|()| launch.run());
     launch.finish(result)
 }
 

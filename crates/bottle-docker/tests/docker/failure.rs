@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bottle_core::launch_steps::LaunchStep as _;
+use bottle_core::life::{BottleRecord, StateDir};
 use bottle_core::process::Owner;
-use bottle_core::{BottleBackend, BottleLauncher};
+use bottle_core::{BackendKind, BottleBackend, BottleLauncher};
 use bottle_docker::data::{self, StatePaths};
 use bottle_docker::names::{EGRESS_NETWORK, owner_from_labels};
 use bottle_test_support::wait_until;
@@ -259,21 +260,20 @@ fn a_declined_plan_leaves_nothing_and_cleanup_removes_an_abandoned_stage() {
     // A launch killed after writing its stage and before creating anything
     // in Docker leaves what this writes.
     let paths = StatePaths::new(&spec.state_dir);
+    let record = StateDir::new(&spec.state_dir);
+    let mut launching = BottleRecord::launching(&plan.bottle, &plan.agent, BackendKind::Docker);
+    record.begin(&launching).unwrap();
     data::write_plan(&paths, &plan).unwrap();
-    data::write_owner(&paths, Owner::current()).unwrap();
     data::write_file(&paths.ca_key(), b"key", 0o600).unwrap();
     // While its owner (this process) lives, the stage stays.
     fx.backend.cleanup_orphans().unwrap();
     assert!(paths.plan().is_file());
     // The owner is gone: a PID above the kernel's maximum is never alive.
-    data::write_owner(
-        &paths,
-        Owner {
-            pid: 4_194_305,
-            start: 1,
-        },
-    )
-    .unwrap();
+    launching.owner = Owner {
+        pid: 4_194_305,
+        start: 1,
+    };
+    record.begin(&launching).unwrap();
     let report = fx.backend.cleanup_orphans().unwrap();
     assert!(
         report

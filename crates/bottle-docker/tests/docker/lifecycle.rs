@@ -71,7 +71,10 @@ fn start_exec_stop_leaves_nothing() {
 
     let state_dir = fx.state.path().join(&name);
     assert!(state_dir.join("plan.json").is_file());
-    assert!(state_dir.join("launched").is_file());
+    let record = bottle_core::life::StateDir::new(&state_dir).read().unwrap();
+    let record = record.expect("the launch wrote its record").record;
+    assert_eq!(record.phase, bottle_core::life::Phase::Running);
+    assert_eq!(record.owner, bottle_core::process::Owner::current());
 
     assert!(!resources_of(&fx.backend, &name).is_empty());
     let report = fx.backend.stop(bottle.name()).unwrap();

@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use bottle_core::backend::{BackendErrorKind, BottleBackend, BottleLauncher};
+use bottle_core::backend::{BackendErrorKind, BackendKind, BottleBackend, BottleLauncher};
 use bottle_core::spec::BottleSpec;
 use bottle_smolvm::SmolvmBackend;
 use bottle_smolvm::pack::SmolmachineCache;
@@ -106,6 +106,8 @@ pub(crate) fn assert_nothing_left(s: &Setup) {
         s.bundles.live()
     );
     assert!(!state_file(s).exists(), "state file left");
+    let record = state_file(s).with_file_name(bottle_core::life::RECORD_FILE);
+    assert!(!record.exists(), "record left");
 }
 
 #[test]
@@ -320,6 +322,13 @@ fn launch_and_check(version: &str) {
     assert_eq!(list[0].agent, "coder");
     assert_eq!(list[0].state, "running");
     assert_eq!(list[0].bundle_address.as_deref(), Some("192.168.77.2"));
+    let record = bottle_core::life::StateDir::new(state_file(&s).parent().unwrap())
+        .read()
+        .unwrap()
+        .unwrap();
+    assert!(!record.legacy);
+    assert_eq!(record.record.phase, bottle_core::life::Phase::Running);
+    assert_eq!(record.record.backend, BackendKind::Smolmachines);
     let attached = s.backend.attach("coder").unwrap();
     assert_eq!(attached.exec(&["true".into()]).unwrap().exit_code, 0);
     // No image is made of a microVM: refused as unsupported, with why.
@@ -382,7 +391,9 @@ fn cleanup_removes_orphans_and_nothing_else() {
     smolvm
         .create("someone-elses-vm", &artifact, &[], None)
         .unwrap();
-    // A state file whose machine is gone, and a bundle nobody owns.
+    // A state file whose machine is gone (written by a bottle before
+    // `bottle.json`: version 1 held the launch's process and phase), and a
+    // bundle nobody owns.
     let stale = s.world.state_root().join("stale");
     std::fs::create_dir_all(&stale).unwrap();
     std::fs::write(
@@ -420,7 +431,10 @@ fn cleanup_removes_orphans_and_nothing_else() {
                 "bot-bottle-orphan".to_string(),
                 "running (orphaned: no bottle state)".to_string()
             ),
-            ("bot-bottle-stale".to_string(), "vm missing".to_string()),
+            (
+                "bot-bottle-stale".to_string(),
+                "vm missing (earlier state layout)".to_string()
+            ),
         ]
     );
 
@@ -508,7 +522,11 @@ fn cleanup_finishes_off_a_launch_whose_process_died() {
     )
     .unwrap();
     let listed = s.backend.list_active().unwrap();
-    assert_eq!(listed[0].state, "created (abandoned launch)");
+    // A state file of the layout before `bottle.json`, read as such.
+    assert_eq!(
+        listed[0].state,
+        "created (abandoned launch) (earlier state layout)"
+    );
     let report = s.backend.cleanup_orphans().unwrap();
     assert!(report.failed.is_empty(), "{report:?}");
     assert_nothing_left(&s);
@@ -591,6 +609,20 @@ fn the_agent_session_runs_the_image_command_with_the_bottle_env_on_the_terminal(
     assert!(at("-i").unwrap() < at("--").unwrap(), "{argv:?}");
     assert_eq!(at("-t"), None, "{argv:?}");
     assert_eq!(&argv[at("--").unwrap() + 1..], ["cat"]);
+
+    // Its state dir is of the layout before `bottle.json`: listed as such,
+    // and stopped whole.
+    let listed = backend.list_active().unwrap();
+    assert_eq!(listed[0].state, "running (earlier state layout)");
+    assert_eq!(listed[0].agent, "coder");
+    let report = backend.stop(MACHINE).unwrap();
+    assert!(report.failed.is_empty(), "{report:?}");
+    assert!(backend.smolvm().list().unwrap().is_empty());
+    assert!(
+        !dir.exists(),
+        "{:?}",
+        std::fs::read_dir(&dir).map(|d| d.count())
+    );
 }
 
 /// A real certificate (bottle-core's test CA) and the name OpenSSL's
