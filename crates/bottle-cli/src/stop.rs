@@ -29,6 +29,10 @@ use crate::output::{note, out};
 /// The hidden subcommand the finisher runs as.
 pub(crate) const FINISH_SUBCOMMAND: &str = "__finish-stop";
 
+/// The finisher's output, in the bottle's state dir: kept with the dir
+/// when the finish fails.
+const FINISHER_LOG: &str = "stopping.log";
+
 /// `bottle stop BOTTLE`; with `wait`, the finish runs here before it
 /// returns instead of in a detached finisher.
 pub(crate) fn stop(global: &Global, bottle: &str, wait: bool) -> Result<ExitCode, Failure> {
@@ -96,7 +100,7 @@ pub(crate) fn stop(global: &Global, bottle: &str, wait: bool) -> Result<ExitCode
         Some(backend) if report.failed.is_empty() => {
             let log = root
                 .as_deref()
-                .map(|root| root.join(slug).join("stopping.log"));
+                .map(|root| root.join(slug).join(FINISHER_LOG));
             if let Err(reason) = spawn_finisher(backend.kind(), &name, log.as_deref()) {
                 // Finished here instead: slower, never leaky.
                 note(
@@ -218,6 +222,13 @@ fn finish_on(
     }
     let report = backend.finish_stop(name)?;
     if report.failed.is_empty() {
+        // A backend that removes only its own files (smolmachines) leaves
+        // the finisher's log in the state dir: the stop is finished, so
+        // the log goes, and the dir once nothing else is in it.
+        if let Some(state_dir) = session.and_then(|s| s.dir.parent()) {
+            let _ = std::fs::remove_file(state_dir.join(FINISHER_LOG));
+            let _ = std::fs::remove_dir(state_dir);
+        }
         return Ok(report);
     }
     Err(Failure::new(

@@ -398,7 +398,7 @@ pub fn begin_stop(
     name: &str,
 ) -> Result<StopProgress, DockerError> {
     let slug = slug_of(name).to_string();
-    let _finisher_done = lock_state_dir(&state_root.join(&slug));
+    let _finisher_done = StateDir::of(state_root, &slug).lock();
     let containers = managed_containers(engine, &[(LABEL_SLUG, &slug)])?;
     let state_dirs: Vec<PathBuf> = labelled_state_dirs(&containers, &[], state_root, &slug)
         .into_iter()
@@ -446,7 +446,7 @@ pub fn finish_stop(
 ) -> Result<CleanupReport, DockerError> {
     let slug = slug_of(name).to_string();
     let dir = state_root.join(&slug);
-    if let Some(_lock) = lock_state_dir(&dir) {
+    if let Some(_lock) = StateDir::new(&dir).lock() {
         if is_stopping(&dir) {
             return stop(engine, state_root, name);
         }
@@ -508,14 +508,6 @@ pub fn finish_if_stopping(engine: &Engine, state_root: &Path, slug: &str) {
     if is_stopping(&state_root.join(slug)) {
         let _ = finish_stop(engine, state_root, &bottle_name(slug));
     }
-}
-
-/// Takes an exclusive lock on the state dir `dir` (flock on the directory
-/// itself), waiting for its holder; released when dropped. `None` if the
-/// dir cannot be opened: there is then nothing of it to finish.
-fn lock_state_dir(dir: &Path) -> Option<nix::fcntl::Flock<std::fs::File>> {
-    let file = std::fs::File::open(dir).ok()?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).ok()
 }
 
 /// Stops a bottle, or finishes one [`begin_stop`] left stopping: removes

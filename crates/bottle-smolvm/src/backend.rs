@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use bottle_core::backend::{
     BackendError, BackendErrorKind, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher,
-    CleanupItem, CleanupPass, CleanupReport,
+    CleanupItem, CleanupPass, CleanupReport, StopProgress,
 };
 use bottle_core::bundle_host::BundleHost;
 use bottle_core::images::ImageStore;
@@ -389,6 +389,14 @@ impl<H: BundleHost + 'static> BottleBackend for SmolvmBackend<H> {
 
     fn stop(&self, name: &str) -> Result<CleanupReport, BackendError> {
         self.stop_bottle(name)
+    }
+
+    fn begin_stop(&self, name: &str) -> Result<StopProgress, BackendError> {
+        self.begin_stop_bottle(name)
+    }
+
+    fn finish_stop(&self, name: &str) -> Result<CleanupReport, BackendError> {
+        self.finish_stop_bottle(name)
     }
 
     fn cleanup_plan(&self) -> Result<Vec<CleanupItem>, BackendError> {

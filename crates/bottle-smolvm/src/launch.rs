@@ -60,7 +60,12 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         }
         let ends = self.step_ends()?;
         let machine = data.machine.clone();
-        if self.machines()?.iter().any(|m| m.name == machine) {
+        // A stop of this name that is not finished yet is finished first
+        // (waiting for its finisher): a new bottle never starts beside the
+        // old one's leftovers, and what cannot be removed refuses it.
+        self.finish_stop_bottle(&machine)?;
+        let stopping = StateDir::new(&plan.state_dir).phase() == Some(Phase::Stopping);
+        if stopping || self.machines()?.iter().any(|m| m.name == machine) {
             return Err(SmolvmError::AlreadyExists { machine }.into());
         }
         let smolmachine =

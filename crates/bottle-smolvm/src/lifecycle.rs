@@ -6,10 +6,10 @@
 //! operation cross-checks all three.
 
 use bottle_core::backend::{
-    BackendError, BackendKind, BottleInfo, CleanupItem, CleanupPass, CleanupReport,
+    BackendError, BackendKind, BottleInfo, CleanupItem, CleanupPass, CleanupReport, StopProgress,
 };
 use bottle_core::bundle_host::BundleHost;
-use bottle_core::life::Phase;
+use bottle_core::life::{Phase, StateDir};
 use bottle_core::sandbox::ResetFiles;
 use bottle_core::slug::{bottle_name, slug_of};
 
@@ -83,6 +83,55 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         Ok(out)
     }
 
+    /// The part of a stop the operator waits for: records the bottle as
+    /// stopping, then stops its machine, after which the agent can neither
+    /// run nor reach anything; [`Self::finish_stop_bottle`] removes the
+    /// machine, the bundle and the state, and `cleanup` does if nothing
+    /// else does. A bottle with no record to keep the stop's place (none,
+    /// or one that cannot be written) is stopped whole, here.
+    pub(crate) fn begin_stop_bottle(&self, name: &str) -> Result<StopProgress, BackendError> {
+        let machine_name = bottle_name(slug_of(name));
+        let dir = StateDir::new(self.state_dir(&machine_name));
+        // A finisher at work holds the dir until it is gone: a second stop
+        // then finds the bottle gone rather than recording a stop in a dir
+        // being removed.
+        let _finisher_done = dir.lock();
+        if !matches!(dir.read(), Ok(Some(_))) || dir.advance(Phase::Stopping).is_err() {
+            return self.stop_bottle(name).map(StopProgress::Stopped);
+        }
+        let mut report = CleanupReport::default();
+        let running = self
+            .machines()?
+            .into_iter()
+            .find(|m| m.name == machine_name && m.state() == "running");
+        // Stopped, not yet deleted: nothing is reported removed until the
+        // finish removes it.
+        if let Some(machine) = running
+            && let Err(err) = self.smolvm.stop(&machine.name)
+        {
+            report
+                .failed
+                .push(format!("vm {} (stop): {err}", machine.name));
+        }
+        Ok(StopProgress::Stopping(report))
+    }
+
+    /// Finishes the stop [`Self::begin_stop_bottle`] began, and nothing
+    /// else: only while the bottle is recorded as stopping, holding its
+    /// state dir throughout, so a finisher that comes late (the bottle
+    /// finished by another, or a new bottle of the name) removes nothing.
+    pub(crate) fn finish_stop_bottle(&self, name: &str) -> Result<CleanupReport, BackendError> {
+        let machine_name = bottle_name(slug_of(name));
+        let dir = StateDir::new(self.state_dir(&machine_name));
+        let Some(_held) = dir.lock() else {
+            return Ok(CleanupReport::default());
+        };
+        if dir.phase() != Some(Phase::Stopping) {
+            return Ok(CleanupReport::default());
+        }
+        self.stop_bottle(name)
+    }
+
     /// Removes the machine, bundle and state of the bottle `name`.
     pub(crate) fn stop_bottle(&self, name: &str) -> Result<CleanupReport, BackendError> {
         let machine_name = bottle_name(slug_of(name));
@@ -90,7 +139,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             .machines()?
             .into_iter()
             .find(|m| m.name == machine_name);
-        let dir = bottle_core::life::StateDir::new(self.state_dir(&machine_name));
+        let dir = StateDir::new(self.state_dir(&machine_name));
         // A record this build cannot read is still a bottle's.
         let recorded = !matches!(dir.read(), Ok(None)) || self.read_state(&machine_name)?.is_some();
         let bundled = self.bundles.bottles()?.contains(&machine_name);
@@ -129,12 +178,13 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         for machine in &machines {
             // The launch that was creating it died: nobody will ever stop it.
             let owner = known.iter().find(|k| k.machine() == machine.name);
-            let why = match owner.map(|k| &k.recorded.record) {
-                Some(r) if r.abandoned() => "the launch that created it died",
-                Some(r) if r.phase == Phase::Stopping => "its stop was not finished",
-                _ => continue,
-            };
-            if pass.found(CleanupItem::new("vm", machine.name.clone(), why)) {
+            if owner.is_some_and(|k| k.recorded.record.abandoned())
+                && pass.found(CleanupItem::new(
+                    "vm",
+                    machine.name.clone(),
+                    "the launch that created it died",
+                ))
+            {
                 self.remove_machine(machine, &mut pass.report);
             }
         }
@@ -152,7 +202,13 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             } else {
                 "its vm is gone"
             };
-            if pass.found(CleanupItem::new("bottle", record.bottle.clone(), why)) {
+            if !pass.found(CleanupItem::new("bottle", record.bottle.clone(), why)) {
+                continue;
+            }
+            if stopping {
+                // Its machine too, as its finisher would have.
+                pass.report.merge(self.finish_stop_bottle(&record.bottle)?);
+            } else {
                 self.remove_bundle(&record.bottle, &mut pass.report);
                 self.remove_state(bottle.machine(), &mut pass.report);
             }

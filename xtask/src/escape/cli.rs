@@ -141,9 +141,11 @@ impl BottleCli {
         Ok(())
     }
 
-    /// `bottle stop NAME`.
+    /// `bottle stop --wait NAME`: finished before the gate goes on, so no
+    /// finisher outlives the run (its temporary state root and, with the
+    /// microVM double, smolvm's data dir go with it).
     pub(crate) fn stop(&self, name: &str) -> anyhow::Result<()> {
-        let run = self.command(&["stop", name], Duration::from_secs(120));
+        let run = self.command(&["stop", "--wait", name], Duration::from_secs(120));
         let out = self.sys.output(&run)?;
         if !out.success() && !out.stderr.contains("no bottle named") {
             bail!("`{}` failed: {}", run.display(), out.stderr.trim());

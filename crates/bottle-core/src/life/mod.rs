@@ -275,6 +275,19 @@ impl StateDir {
         self.read().ok().flatten().map(|r| r.record.phase)
     }
 
+    /// Holds the state dir exclusively (flock on the dir itself), waiting
+    /// for its holder; released when dropped. A stop's finisher holds it
+    /// until the dir is gone, so two finishers (the detached one,
+    /// `cleanup`, a launch of the same name) never interleave and a late
+    /// one finds the record gone. `None` if the dir cannot be opened:
+    /// there is then nothing of it to finish.
+    pub fn lock(&self) -> Option<StateDirLock> {
+        let dir = std::fs::File::open(&self.root).ok()?;
+        nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusive)
+            .ok()
+            .map(StateDirLock)
+    }
+
     /// Records a launch beginning (creating the dir, owner-only), durably:
     /// `cleanup` finds a crashed launch by it.
     pub fn begin(&self, record: &BottleRecord) -> Result<(), RecordError> {
@@ -340,6 +353,12 @@ impl StateDir {
             .map_err(io("sync", &self.root))
     }
 }
+
+/// An exclusive hold on a state dir ([`StateDir::lock`]).
+#[derive(Debug)]
+pub struct StateDirLock(
+    #[expect(dead_code, reason = "held for its drop")] nix::fcntl::Flock<std::fs::File>,
+);
 
 /// Creates `dir` and its parents, the last one 0700.
 fn create_private_dir(dir: &Path) -> Result<(), RecordError> {
@@ -410,6 +429,24 @@ mod tests {
         let mode = std::fs::metadata(dir.record_path()).unwrap().permissions();
         assert_eq!(mode.mode() & 0o777, 0o600);
         assert!(!root.path().join("coder/bottle.json.tmp").exists());
+    }
+
+    #[test]
+    fn a_state_dir_is_held_by_one_at_a_time() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = StateDir::of(root.path(), "x");
+        assert!(dir.lock().is_none(), "no dir, nothing to hold");
+        dir.begin(&BottleRecord::launching("b", "a", BackendKind::Docker))
+            .unwrap();
+        let held = dir.lock().unwrap();
+        let other = std::fs::File::open(dir.root()).unwrap();
+        let busy = nix::fcntl::Flock::lock(other, nix::fcntl::FlockArg::LockExclusiveNonblock);
+        assert!(busy.is_err(), "a second holder must wait");
+        drop(held);
+        let other = std::fs::File::open(dir.root()).unwrap();
+        assert!(
+            nix::fcntl::Flock::lock(other, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok()
+        );
     }
 
     #[test]

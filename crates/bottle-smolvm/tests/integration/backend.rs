@@ -795,3 +795,116 @@ fn an_interrupted_launch_unwinds_what_it_started() {
     );
     assert_nothing_left(&s);
 }
+
+/// A running microVM bottle as a launch leaves it: the machine, the
+/// bundle, the record.
+fn lay_out_running_bottle(s: &Setup) -> bottle_core::life::StateDir {
+    let artifact = s.world.dir.path().join("x.smolmachine");
+    std::fs::write(&artifact, r#"{"format":"fake-smolmachine/1","image":"x"}"#).unwrap();
+    let smolvm = s.backend.smolvm();
+    smolvm.create(MACHINE, &artifact, &[], None).unwrap();
+    smolvm.start(MACHINE).unwrap();
+    s.bundles.live.lock().unwrap().push(MACHINE.into());
+    let dir = bottle_core::life::StateDir::new(state_file(s).parent().unwrap());
+    let record =
+        bottle_core::life::BottleRecord::launching(MACHINE, "coder", BackendKind::Smolmachines);
+    dir.begin(&record).unwrap();
+    dir.advance(bottle_core::life::Phase::Running).unwrap();
+    dir
+}
+
+/// `bottle stop` on smolmachines in two parts: the first records the
+/// bottle as stopping and stops its machine (nothing of the agent runs);
+/// the finish removes the machine, the bundle and the state, and only
+/// while the record says stopping.
+#[test]
+fn a_microvm_bottle_stops_in_two_parts_and_a_late_finish_spares_a_new_one() {
+    use bottle_core::backend::StopProgress;
+    use bottle_core::life::Phase;
+    let s = setup("1.9.3", "");
+    let dir = lay_out_running_bottle(&s);
+    let StopProgress::Stopping(report) = s.backend.begin_stop("coder").unwrap() else {
+        panic!("a microVM bottle with a record stops in two parts");
+    };
+    assert!(report.failed.is_empty(), "{report:?}");
+    assert_eq!(dir.phase(), Some(Phase::Stopping));
+    let machine = s.backend.smolvm().list().unwrap();
+    assert_eq!(machine.len(), 1);
+    assert_ne!(
+        machine[0].state(),
+        "running",
+        "the agent's machine is stopped"
+    );
+    assert_eq!(s.bundles.live(), [MACHINE]);
+    let listed = s.backend.list_active().unwrap();
+    assert_eq!(listed[0].state, "stopping");
+
+    let report = s.backend.finish_stop(MACHINE).unwrap();
+    assert!(report.failed.is_empty(), "{report:?}");
+    assert!(
+        report.removed.contains(&format!("vm {MACHINE}")),
+        "{report:?}"
+    );
+    assert_nothing_left(&s);
+    assert!(!dir.root().exists());
+
+    // A new bottle of the name: a finisher that comes late removes nothing.
+    let dir = lay_out_running_bottle(&s);
+    let report = s.backend.finish_stop(MACHINE).unwrap();
+    assert_eq!(report, bottle_core::backend::CleanupReport::default());
+    assert_eq!(machines(&s), [MACHINE]);
+    assert_eq!(dir.phase(), Some(Phase::Running));
+}
+
+/// A stop whose finisher died: `cleanup` finishes it, machine and all.
+#[test]
+fn cleanup_finishes_a_microvm_stop_whose_finisher_died() {
+    use bottle_core::backend::StopProgress;
+    let s = setup("1.9.3", "");
+    lay_out_running_bottle(&s);
+    let StopProgress::Stopping(_) = s.backend.begin_stop("coder").unwrap() else {
+        panic!("a microVM bottle with a record stops in two parts");
+    };
+    let plan: Vec<(String, String)> = s
+        .backend
+        .cleanup_plan()
+        .unwrap()
+        .into_iter()
+        .map(|item| (item.kind, item.why))
+        .collect();
+    assert_eq!(
+        plan,
+        [(
+            "bottle".to_string(),
+            "its stop was not finished".to_string()
+        )]
+    );
+    let report = s.backend.cleanup_orphans().unwrap();
+    assert!(report.failed.is_empty(), "{report:?}");
+    assert_nothing_left(&s);
+}
+
+/// A launch of the name of a bottle whose stop is not finished finishes
+/// that stop first, then starts: never beside the old one's leftovers.
+#[test]
+fn a_launch_finishes_the_unfinished_stop_of_its_name_first() {
+    use bottle_core::backend::StopProgress;
+    let s = setup("1.9.3", "");
+    lay_out_running_bottle(&s);
+    let StopProgress::Stopping(_) = s.backend.begin_stop("coder").unwrap() else {
+        panic!("a microVM bottle with a record stops in two parts");
+    };
+    let plan = s.backend.prepare(&s.spec).unwrap();
+    let bottle = s.backend.launch(&plan).unwrap();
+    drop(bottle);
+    assert!(
+        s.bundles.calls().contains(&format!("stop {MACHINE}")),
+        "{:?}",
+        s.bundles.calls()
+    );
+    let record = bottle_core::life::StateDir::new(state_file(&s).parent().unwrap());
+    assert_eq!(record.phase(), Some(bottle_core::life::Phase::Running));
+    assert_eq!(machines(&s), [MACHINE]);
+    s.backend.stop(MACHINE).unwrap();
+    assert_nothing_left(&s);
+}
