@@ -11,6 +11,7 @@
 //! process still runs ([`process`]). It reads the audit log and its health
 //! marker ([`audit_files`]) for `bottle logs` and `bottle list`, and moves a
 //! stopping bottle's log to the retained logs, which it lists and prunes.
+//! It keeps each bottle's record in its state dir ([`life`]).
 //! For `bottle cp` ([`copy`]) it reads the host tree copied in and writes
 //! what is copied out under the operator's destination.
 
