@@ -233,16 +233,36 @@ pub(crate) struct DnsRecorder {
     addr: SocketAddr,
 }
 
+/// A UDP socket and a TCP listener on the same address. With port 0
+/// (tests), TCP takes the port UDP got, which another process may hold
+/// for TCP: then both are given up and other ports tried, a bounded
+/// number of times.
+fn bind_udp_and_tcp(addr: SocketAddr) -> anyhow::Result<(UdpSocket, TcpListener)> {
+    const ATTEMPTS: usize = 20;
+    for attempt in 1..=ATTEMPTS {
+        let udp = UdpSocket::bind(addr)
+            .with_context(|| format!("could not bind DNS canary udp {addr}"))?;
+        let bound = udp.local_addr()?;
+        match TcpListener::bind(bound) {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(err)
+                if addr.port() == 0
+                    && err.kind() == std::io::ErrorKind::AddrInUse
+                    && attempt < ATTEMPTS => {}
+            Err(err) => {
+                return Err(err).with_context(|| format!("could not bind DNS canary tcp {bound}"));
+            }
+        }
+    }
+    unreachable!("the last attempt returns")
+}
+
 impl DnsRecorder {
     /// Listens on `addr` (UDP and TCP port 53 normally).
     pub(crate) fn start(addr: SocketAddr) -> anyhow::Result<DnsRecorder> {
-        let udp = UdpSocket::bind(addr)
-            .with_context(|| format!("could not bind DNS canary udp {addr}"))?;
-        udp.set_read_timeout(Some(Duration::from_millis(100)))?;
-        // Port 0 (tests): TCP takes the port UDP got.
+        let (udp, tcp) = bind_udp_and_tcp(addr)?;
         let addr = udp.local_addr()?;
-        let tcp = TcpListener::bind(addr)
-            .with_context(|| format!("could not bind DNS canary tcp {addr}"))?;
+        udp.set_read_timeout(Some(Duration::from_millis(100)))?;
         tcp.set_nonblocking(true)?;
         let answers = Arc::new(Mutex::new(BTreeMap::new()));
         let log = Arc::new(Mutex::new(Vec::new()));
