@@ -495,7 +495,7 @@ fn goes_away(dir: &Path, grace: std::time::Duration) -> bool {
 
 /// Whether the bottle of the state dir `dir` is recorded as stopping.
 fn is_stopping(dir: &Path) -> bool {
-    StateDir::new(dir).phase() == Some(Phase::Stopping)
+    StateDir::new(dir).is_stopping()
 }
 
 /// Finishes the stop of the bottle `slug` if it is recorded as stopping

@@ -64,7 +64,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         // (waiting for its finisher): a new bottle never starts beside the
         // old one's leftovers, and what cannot be removed refuses it.
         self.finish_stop_bottle(&machine)?;
-        let stopping = StateDir::new(&plan.state_dir).phase() == Some(Phase::Stopping);
+        let stopping = StateDir::new(&plan.state_dir).is_stopping();
         if stopping || self.machines()?.iter().any(|m| m.name == machine) {
             return Err(SmolvmError::AlreadyExists { machine }.into());
         }

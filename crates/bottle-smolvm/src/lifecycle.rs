@@ -96,7 +96,8 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         // then finds the bottle gone rather than recording a stop in a dir
         // being removed.
         let _finisher_done = dir.lock();
-        if !matches!(dir.read(), Ok(Some(_))) || dir.advance(Phase::Stopping).is_err() {
+        // No record (`advance` finds none) or one that cannot be written.
+        if dir.advance(Phase::Stopping).is_err() {
             return self.stop_bottle(name).map(StopProgress::Stopped);
         }
         let mut report = CleanupReport::default();
@@ -126,7 +127,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         let Some(_held) = dir.lock() else {
             return Ok(CleanupReport::default());
         };
-        if dir.phase() != Some(Phase::Stopping) {
+        if !dir.is_stopping() {
             return Ok(CleanupReport::default());
         }
         self.stop_bottle(name)

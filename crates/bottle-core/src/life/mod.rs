@@ -275,6 +275,12 @@ impl StateDir {
         self.read().ok().flatten().map(|r| r.record.phase)
     }
 
+    /// Whether the bottle is recorded as stopping: its stop began, and
+    /// what is left of it is a finisher's or `cleanup`'s to remove.
+    pub fn is_stopping(&self) -> bool {
+        self.phase() == Some(Phase::Stopping)
+    }
+
     /// Holds the state dir exclusively (flock on the dir itself), waiting
     /// for its holder; released when dropped. A stop's finisher holds it
     /// until the dir is gone, so two finishers (the detached one,
