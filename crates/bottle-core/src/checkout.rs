@@ -42,7 +42,6 @@
 //! bottle are serialised by a lock in its state dir.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -624,19 +623,8 @@ pub fn write_record(paths: &CheckoutPaths, record: &SyncRecord) -> Result<(), Ch
         detail,
     };
     let json = serde_json::to_vec_pretty(record).map_err(|e| failed(e.to_string()))?;
-    let tmp = path.with_extension("json.tmp");
-    let write = || -> std::io::Result<()> {
-        use std::os::unix::fs::OpenOptionsExt as _;
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        file.write_all(&json)?;
-        std::fs::rename(&tmp, &path)
-    };
-    write().map_err(|e| failed(e.to_string()))
+    crate::files::write_aside(&path, &json, 0o600, crate::files::Flush::No)
+        .map_err(|failure| failed(format!("could not {} it: {}", failure.action, failure.source)))
 }
 
 /// Reads the record of the state dir; `None` when the bottle has none (no

@@ -29,6 +29,7 @@ pub mod disk;
 pub mod display;
 pub mod error;
 pub mod exec;
+pub mod files;
 pub mod images;
 pub mod isolation;
 pub mod launch_steps;

@@ -13,11 +13,11 @@
 //! <state_dir>/stage/           generated files: bundle.json, resolv.conf
 //! ```
 
-use std::io::Write as _;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use bottle_core::Plan;
+use bottle_core::files::Flush;
 use serde::{Deserialize, Serialize};
 
 use crate::error::DockerError;
@@ -231,31 +231,19 @@ pub fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), DockerE
     write_aside(path, contents, mode, false)
 }
 
-/// [`write_file`], flushed to disk before the rename: for the plan, which
+/// [`write_file`], flushed to disk with its directory: for the plan, which
 /// must survive a crash for `cleanup` to finish it.
 pub fn write_record(path: &Path, contents: &[u8], mode: u32) -> Result<(), DockerError> {
     write_aside(path, contents, mode, true)
 }
 
 fn write_aside(path: &Path, contents: &[u8], mode: u32, durable: bool) -> Result<(), DockerError> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     if let Some(parent) = path.parent() {
         create_private_dir(parent)?;
     }
-    let tmp = path.with_extension("tmp");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(DockerError::io("write", &tmp))?;
-    file.set_permissions(std::fs::Permissions::from_mode(mode))
-        .map_err(DockerError::io("set permissions of", &tmp))?;
-    file.write_all(contents)
-        .and_then(|()| if durable { file.sync_all() } else { Ok(()) })
-        .map_err(DockerError::io("write", &tmp))?;
-    std::fs::rename(&tmp, path).map_err(DockerError::io("write", path))
+    let flush = if durable { Flush::FileAndDir } else { Flush::No };
+    bottle_core::files::write_aside(path, contents, mode, flush)
+        .map_err(|failure| DockerError::io(failure.action, failure.path)(failure.source))
 }
 
 /// Creates `dir` and its parents, the last one 0700.

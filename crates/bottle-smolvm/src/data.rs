@@ -105,9 +105,8 @@ pub fn write_state_file(path: &Path, state: &BottleState) -> Result<(), SmolvmEr
         argv: vec![path.display().to_string()],
         detail: err.to_string(),
     })?;
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, bytes).map_err(|e| io_err("write", &tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| io_err("write", path, e))
+    bottle_core::files::write_aside(path, &bytes, 0o600, bottle_core::files::Flush::No)
+        .map_err(|failure| io_err(failure.action, &failure.path, failure.source))
 }
 
 /// Removes the files this backend wrote into the state dir `dir`, and `dir`

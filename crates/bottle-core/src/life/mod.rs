@@ -13,7 +13,6 @@
 
 pub mod legacy;
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -21,6 +20,7 @@ use thiserror::Error;
 
 use crate::backend::BackendKind;
 use crate::error::Coded;
+use crate::files::Flush;
 use crate::process::Owner;
 
 /// The record's file name in a state dir.
@@ -328,35 +328,18 @@ impl StateDir {
     /// flushes the dir holding the name: after a crash the record is the
     /// old one or the new one, never half of either, and never missing.
     fn write(&self, record: &BottleRecord) -> Result<(), RecordError> {
-        use std::os::unix::fs::OpenOptionsExt as _;
         let path = self.record_path();
-        let tmp = path.with_extension("json.tmp");
-        let io = |action: &'static str, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| RecordError::Io {
-                action,
-                path,
-                source,
-            }
-        };
         let json = serde_json::to_vec_pretty(record).map_err(|err| RecordError::Unreadable {
             path: path.clone(),
             detail: err.to_string(),
         })?;
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(io("write", &tmp))?;
-        file.write_all(&json)
-            .and_then(|()| file.sync_all())
-            .map_err(io("write", &tmp))?;
-        std::fs::rename(&tmp, &path).map_err(io("write", &path))?;
-        std::fs::File::open(&self.root)
-            .and_then(|dir| dir.sync_all())
-            .map_err(io("sync", &self.root))
+        crate::files::write_aside(&path, &json, 0o600, Flush::FileAndDir).map_err(|failure| {
+            RecordError::Io {
+                action: failure.action,
+                path: failure.path,
+                source: failure.source,
+            }
+        })
     }
 }
 
