@@ -1,15 +1,16 @@
 //! `bottle pool fill|list|drain`, and the refill a claiming `start` asks
-//! for (`bottle_docker::pool` holds the entries and their checks; the
-//! claim itself is `start`'s).
+//! for ([`bottle_core::pool`] holds the entries, a backend's
+//! [`WarmPool`] their checks; the claim itself is `start`'s).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use bottle_core::backend::BackendError;
 use bottle_core::display::escape_for_terminal;
 use bottle_core::exec::{CommandRunner as _, CommandSpec, SystemRunner};
+use bottle_core::pool::WarmPool;
 use bottle_core::slug;
-use bottle_core::{BackendKind, BottleLauncher as _, BottleSpec};
-use bottle_docker::DockerBackend;
+use bottle_core::{BackendKind, BottleSpec};
 
 use crate::args::{Global, PoolCommand};
 use crate::backends::{self, AnyBackend};
@@ -34,17 +35,9 @@ pub(crate) fn run(global: &Global, command: &PoolCommand) -> Result<ExitCode, Fa
     }
 }
 
-/// The docker backend, set up for bottles that outlive this process.
-fn docker(global: &Global) -> Result<DockerBackend, Failure> {
+/// The backend, set up for bottles that outlive this process.
+fn pool_backend(global: &Global) -> Result<AnyBackend, Failure> {
     let kind = backends::selected(global)?;
-    if kind != BackendKind::Docker {
-        return Err(Failure::new(
-            "BOT-C060",
-            EXIT_USAGE,
-            format!("the warm pool runs on the docker backend only, not {kind}"),
-        )
-        .with_fix("use --backend docker for pooled bottles, or start smolmachines bottles cold with `bottle start`"));
-    }
     let backend = backends::open(
         kind,
         global,
@@ -54,12 +47,7 @@ fn docker(global: &Global) -> Result<DockerBackend, Failure> {
         },
     )?;
     backend.preflight()?;
-    match backend {
-        AnyBackend::Docker(docker) => Ok(docker),
-        AnyBackend::Smolmachines(_) => {
-            Err(anyhow::anyhow!("the docker backend was asked for").into())
-        }
-    }
+    Ok(backend)
 }
 
 fn fill(global: &Global, agent: &str, count: Option<u32>) -> Result<ExitCode, Failure> {
@@ -101,14 +89,27 @@ fn fill(global: &Global, agent: &str, count: Option<u32>) -> Result<ExitCode, Fa
         )
         .with_fix(format!("ask for at most {MAX_POOL}")));
     }
-    let backend = docker(global)?;
+    match &pool_backend(global)? {
+        AnyBackend::Docker(backend) => fill_on(global, backend, &manifest, agent, count),
+        AnyBackend::Smolmachines(backend) => fill_on(global, backend, &manifest, agent, count),
+    }
+}
+
+/// Fills `agent`'s pool on `backend` to `count` waiting entries.
+fn fill_on<B: WarmPool>(
+    global: &Global,
+    backend: &B,
+    manifest: &bottle_core::Manifest,
+    agent: &str,
+    count: u32,
+) -> Result<ExitCode, Failure> {
     let root = state_root()?;
     // Counted and filled under the agent's lock, so two fills at once (an
     // operator's and a start's refill) do not both make the missing ones.
     let _filling = fill_lock(&root, agent);
-    let waiting = bottle_docker::pool::list(&root)
+    let waiting = bottle_core::pool::list(&root)
         .into_iter()
-        .filter(|e| e.agent == agent && e.state == "ready")
+        .filter(|e| e.backend == backend.kind() && e.agent == agent && e.state == "ready")
         .count();
     let missing = (count as usize).saturating_sub(waiting);
     if missing == 0 {
@@ -116,8 +117,8 @@ fn fill(global: &Global, agent: &str, count: Option<u32>) -> Result<ExitCode, Fa
         return Ok(ExitCode::SUCCESS);
     }
     for made in 0..missing {
-        let name = bottle_docker::pool::entry_name(agent)?;
-        let spec = BottleSpec::new(&manifest, &global.manifest, agent, Some(&name), &root)?;
+        let name = bottle_core::pool::entry_name(agent).map_err(BackendError::from)?;
+        let spec = BottleSpec::new(manifest, &global.manifest, agent, Some(&name), &root)?;
         let resolved = crate::devices::resolve(&spec)?;
         let mut plan = backend.prepare(&spec)?;
         resolved.fill_plan(&mut plan, Path::new("/"));
@@ -139,13 +140,13 @@ fn fill(global: &Global, agent: &str, count: Option<u32>) -> Result<ExitCode, Fa
             }
         }
         let fingerprint = backend.pool_fingerprint(&spec, &plan.devices)?;
-        let bottle = launch_interruptibly(&backend, &plan)?;
+        let bottle = launch_interruptibly(backend, &plan)?;
         for warning in bottle.launch_warnings() {
             note(global.quiet, &format!("warning: {warning}"));
         }
         drop(bottle);
         if let Err(err) = backend.mark_pooled(&plan, &fingerprint) {
-            let _ = bottle_core::BottleBackend::stop(&backend, &plan.bottle);
+            let _ = bottle_core::BottleBackend::stop(backend, &plan.bottle);
             return Err(err.into());
         }
         out(&format!("{}\n", plan.bottle));
@@ -158,7 +159,7 @@ fn fill(global: &Global, agent: &str, count: Option<u32>) -> Result<ExitCode, Fa
 }
 
 fn list(global: &Global) -> Result<ExitCode, Failure> {
-    let entries = bottle_docker::pool::list(&state_root()?);
+    let entries = bottle_core::pool::list(&state_root()?);
     if global.json {
         output::json(&entries)?;
         return Ok(ExitCode::SUCCESS);
@@ -169,18 +170,20 @@ fn list(global: &Global) -> Result<ExitCode, Failure> {
     }
     let rows: Vec<Vec<String>> = entries
         .into_iter()
-        .map(|e| vec![e.name, e.agent, e.state, e.filled])
+        .map(|e| vec![e.name, e.agent, e.backend.to_string(), e.state, e.filled])
         .collect();
-    out(&output::table(&["NAME", "AGENT", "STATE", "FILLED"], &rows));
+    out(&output::table(
+        &["NAME", "AGENT", "BACKEND", "STATE", "FILLED"],
+        &rows,
+    ));
     Ok(ExitCode::SUCCESS)
 }
 
 fn drain(global: &Global, agent: Option<&str>) -> Result<ExitCode, Failure> {
-    let backend = docker(global)?;
-    let engine = backend
-        .engine()
-        .map_err(bottle_core::backend::BackendError::from)?;
-    let report = bottle_docker::pool::drain(engine, &state_root()?, agent)?;
+    let report = match &pool_backend(global)? {
+        AnyBackend::Docker(backend) => backend.drain_pool(agent)?,
+        AnyBackend::Smolmachines(backend) => backend.drain_pool(agent)?,
+    };
     for line in &report.removed {
         note(global.quiet, &format!("removed {line}"));
     }
@@ -205,8 +208,8 @@ fn drain(global: &Global, agent: Option<&str>) -> Result<ExitCode, Failure> {
 /// Starts `bottle __refill-pool` for the agent, detached, with the same
 /// manifest; its output goes to the agent's refill log in the state root.
 /// A refill that cannot start is a warning: the claimed bottle runs.
-pub(crate) fn spawn_refill(global: &Global, spec: &BottleSpec) {
-    if let Err(why) = try_spawn_refill(global, &spec.agent_name) {
+pub(crate) fn spawn_refill(global: &Global, spec: &BottleSpec, backend: BackendKind) {
+    if let Err(why) = try_spawn_refill(global, &spec.agent_name, backend) {
         note(
             global.quiet,
             &format!(
@@ -218,7 +221,7 @@ pub(crate) fn spawn_refill(global: &Global, spec: &BottleSpec) {
     }
 }
 
-fn try_spawn_refill(global: &Global, agent: &str) -> Result<(), String> {
+fn try_spawn_refill(global: &Global, agent: &str, backend: BackendKind) -> Result<(), String> {
     let root = bottle_core::state::state_root(|key| std::env::var(key).ok())
         .map_err(|err| err.to_string())?;
     let exe =
@@ -230,17 +233,22 @@ fn try_spawn_refill(global: &Global, agent: &str) -> Result<(), String> {
         std::fs::create_dir_all(dir).map_err(|err| format!("{}: {err}", dir.display()))?;
     }
     SystemRunner
-        .spawn_detached(&refill_spec(&exe, &manifest, agent), &log)
+        .spawn_detached(&refill_spec(&exe, &manifest, agent, backend), &log)
         .map(drop)
         .map_err(|err| err.to_string())
 }
 
-/// The refiller's invocation: this `bottle`, on docker, with the
-/// manifest by its absolute path (it runs from `/`).
-fn refill_spec(bottle_exe: &Path, manifest: &Path, agent: &str) -> CommandSpec {
+/// The refiller's invocation: this `bottle`, on the claiming start's
+/// backend, with the manifest by its absolute path (it runs from `/`).
+fn refill_spec(
+    bottle_exe: &Path,
+    manifest: &Path,
+    agent: &str,
+    backend: BackendKind,
+) -> CommandSpec {
     CommandSpec::new(bottle_exe)
         .arg("--backend")
-        .arg("docker")
+        .arg(backend.as_str())
         .arg("--manifest")
         .arg(manifest)
         .args(["--yes", "--quiet", REFILL_SUBCOMMAND, agent])
@@ -295,6 +303,7 @@ mod tests {
             Path::new("/usr/bin/bottle"),
             Path::new("/home/op/bottle.toml"),
             "claude",
+            BackendKind::Smolmachines,
         );
         let argv = spec.argv();
         assert_eq!(
@@ -302,7 +311,7 @@ mod tests {
             [
                 "/usr/bin/bottle",
                 "--backend",
-                "docker",
+                "smolmachines",
                 "--manifest",
                 "/home/op/bottle.toml",
                 "--yes",

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use bottle_core::display::escape_for_terminal;
 use bottle_core::timeline::Timeline;
-use bottle_core::{BackendKind, BottleLauncher, BottleSpec, Plan, slug};
+use bottle_core::{BottleLauncher, BottleSpec, Plan, slug};
 
 use crate::args::{Global, StartArgs};
 use crate::backends;
@@ -45,17 +45,9 @@ pub(crate) fn start(global: &Global, args: &StartArgs) -> Result<ExitCode, Failu
         args,
         timeline: timeline.as_ref(),
     };
-    // A bottle named by the operator is always started cold: a pool
-    // entry's name cannot change.
-    if let backends::AnyBackend::Docker(b) = &backend
-        && args.name.is_none()
-        && let Some(code) = start_claimed(b, &started, &spec, &resolved)?
-    {
-        return Ok(code);
-    }
     match &backend {
-        backends::AnyBackend::Docker(b) => started.on(b, &spec, &resolved),
-        backends::AnyBackend::Smolmachines(b) => started.on(b, &spec, &resolved),
+        backends::AnyBackend::Docker(b) => started.claimed_or_cold(b, &spec, &resolved),
+        backends::AnyBackend::Smolmachines(b) => started.claimed_or_cold(b, &spec, &resolved),
     }
 }
 
@@ -84,6 +76,23 @@ impl Started<'_> {
     }
 
     /// `start` on one backend: prepare, show, confirm, launch, attach.
+    /// Starts a pooled bottle of the agent when one passes its claim's
+    /// checks, otherwise cold. A bottle named by the operator is always
+    /// started cold: a pool entry's name cannot change.
+    fn claimed_or_cold<B: bottle_core::pool::WarmPool>(
+        &self,
+        backend: &B,
+        spec: &BottleSpec,
+        resolved: &bottle_core::devices::ResolvedDevices,
+    ) -> Result<ExitCode, Failure> {
+        if self.args.name.is_none()
+            && let Some(code) = start_claimed(backend, self, spec, resolved)?
+        {
+            return Ok(code);
+        }
+        self.on(backend, spec, resolved)
+    }
+
     fn on<B: BottleLauncher>(
         &self,
         backend: &B,
@@ -243,13 +252,14 @@ impl Started<'_> {
 /// simultaneous starts.
 const PLAN_TAKEN_REPLANS: usize = 8;
 
-/// `start` of a pooled bottle (`bottle_docker::pool` holds the entries): claims a ready entry of the agent made
+/// `start` of a pooled bottle ([`bottle_core::pool`] holds the entries):
+/// claims a ready entry of the agent made
 /// from what a cold start would use, shows its plan and asks as `start`
 /// does, then runs the agent. `None` when no entry passed the claim's
 /// checks: the caller starts cold (each refused entry is named and was
 /// removed).
-pub(crate) fn start_claimed(
-    backend: &bottle_docker::DockerBackend,
+pub(crate) fn start_claimed<B: bottle_core::pool::WarmPool>(
+    backend: &B,
     started: &Started,
     spec: &BottleSpec,
     resolved: &bottle_core::devices::ResolvedDevices,
@@ -264,13 +274,13 @@ pub(crate) fn start_claimed(
         return Ok(None);
     }
     let root = state_root()?;
-    let any_ready = bottle_docker::pool::list(&root)
+    let any_ready = bottle_core::pool::list(&root)
         .iter()
-        .any(|e| e.agent == spec.agent_name && e.state == "ready");
+        .any(|e| e.backend == backend.kind() && e.agent == spec.agent_name && e.state == "ready");
     if !any_ready {
         return Ok(None);
     }
-    let mut devices = Plan::from_spec(spec, BackendKind::Docker, spec.agent.memory_bytes());
+    let mut devices = Plan::from_spec(spec, backend.kind(), spec.agent.memory_bytes());
     resolved.fill_plan(&mut devices, Path::new("/"));
     let fingerprint = backend.pool_fingerprint(spec, &devices.devices)?;
     let (global, args) = (started.global, started.args);
@@ -312,12 +322,12 @@ pub(crate) fn start_claimed(
     // terminal until it ends, so its refill starts first.
     let refill = spec.agent.pool.is_some();
     if refill && !args.detach {
-        crate::pool::spawn_refill(global, spec);
+        crate::pool::spawn_refill(global, spec, backend.kind());
     }
     let forwards = crate::forward::Forward::of_plan(&plan.publish, &plan.host_services);
-    let code = started.run_agent(backend, Box::new(bottle), &plan.command, &forwards)?;
+    let code = started.run_agent(backend, bottle, &plan.command, &forwards)?;
     if refill && args.detach {
-        crate::pool::spawn_refill(global, spec);
+        crate::pool::spawn_refill(global, spec, backend.kind());
     }
     Ok(Some(code))
 }

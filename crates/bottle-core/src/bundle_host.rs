@@ -5,6 +5,7 @@
 //! one where the microVM can reach it. Neither backend crate depends on the
 //! other: both speak this trait.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -14,6 +15,7 @@ use serde::de::DeserializeOwned;
 
 use crate::backend::{BackendError, CleanupReport};
 use crate::plan::Plan;
+use crate::pool::Fingerprint;
 use crate::spec::BottleSpec;
 
 /// What a bundle host resolved at `prepare`, before the operator confirms
@@ -72,4 +74,22 @@ pub trait BundleHost: Send + Sync {
     /// Bottles of this install (its state root) whose bundle exists
     /// (running or not), for `cleanup`; another install's are not listed.
     fn bottles(&self) -> Result<Vec<String>, BackendError>;
+
+    /// What the host says of `bottle`'s bundle now, by name: running, when
+    /// it last started, its networks and addresses, limits, image. A
+    /// restart or any change changes it: a pooled bottle's claim compares
+    /// it with what it said at fill.
+    fn standing(&self, bottle: &str) -> Result<BTreeMap<String, String>, BackendError>;
+
+    /// Whether `bottle`'s bundle, started as `prepared`, answers its health
+    /// check now; why not otherwise.
+    fn answers(&self, bottle: &str, prepared: &Self::Prepared) -> Result<(), String>;
+
+    /// Adds what the bundle of `spec` is made from to a pool fingerprint:
+    /// its binary, its upstream CAs, its credentials.
+    fn fingerprint(
+        &self,
+        spec: &BottleSpec,
+        fingerprint: &mut Fingerprint,
+    ) -> Result<(), BackendError>;
 }

@@ -623,8 +623,12 @@ pub fn write_record(paths: &CheckoutPaths, record: &SyncRecord) -> Result<(), Ch
         detail,
     };
     let json = serde_json::to_vec_pretty(record).map_err(|e| failed(e.to_string()))?;
-    crate::files::write_aside(&path, &json, 0o600, crate::files::Flush::No)
-        .map_err(|failure| failed(format!("could not {} it: {}", failure.action, failure.source)))
+    crate::files::write_aside(&path, &json, 0o600, crate::files::Flush::No).map_err(|failure| {
+        failed(format!(
+            "could not {} it: {}",
+            failure.action, failure.source
+        ))
+    })
 }
 
 /// Reads the record of the state dir; `None` when the bottle has none (no

@@ -103,6 +103,9 @@ mod tests {
         let path = dir.path().join("absent").join("record.json");
         let failure = write_aside(&path, b"x", 0o600, Flush::No).unwrap_err();
         assert_eq!(failure.action, "write");
-        assert_eq!(failure.path, dir.path().join("absent").join("record.json.tmp"));
+        assert_eq!(
+            failure.path,
+            dir.path().join("absent").join("record.json.tmp")
+        );
     }
 }

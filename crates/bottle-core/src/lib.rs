@@ -36,6 +36,7 @@ pub mod launch_steps;
 pub mod life;
 pub mod manifest;
 pub mod plan;
+pub mod pool;
 pub mod port_relay;
 pub mod process;
 pub mod requests;

@@ -241,7 +241,11 @@ fn write_aside(path: &Path, contents: &[u8], mode: u32, durable: bool) -> Result
     if let Some(parent) = path.parent() {
         create_private_dir(parent)?;
     }
-    let flush = if durable { Flush::FileAndDir } else { Flush::No };
+    let flush = if durable {
+        Flush::FileAndDir
+    } else {
+        Flush::No
+    };
     bottle_core::files::write_aside(path, contents, mode, flush)
         .map_err(|failure| DockerError::io(failure.action, failure.path)(failure.source))
 }

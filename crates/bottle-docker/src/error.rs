@@ -143,6 +143,9 @@ pub enum DockerError {
     /// The bottle's record could not be read, written or advanced.
     #[error(transparent)]
     Record(#[from] bottle_core::life::RecordError),
+    /// A warm pool entry's files could not be read or written.
+    #[error(transparent)]
+    Pool(#[from] bottle_core::pool::PoolError),
     /// A working checkout's mirror could not be made, or its sync record
     /// written.
     #[error(transparent)]
@@ -288,14 +291,6 @@ pub enum DockerError {
         /// The option.
         option: String,
         /// Why it is refused.
-        detail: String,
-    },
-    /// A warm pool entry's record cannot be read or written.
-    #[error("the pool record {} cannot be used: {detail}", path.display())]
-    PoolRecord {
-        /// The record.
-        path: PathBuf,
-        /// Why.
         detail: String,
     },
     /// A bottle without a golden snapshot cannot wait in the pool: its
@@ -486,6 +481,7 @@ impl Coded for DockerError {
             DockerError::RetainedLogs(err) => err.code(),
             DockerError::Interrupted(err) => err.code(),
             DockerError::Record(err) => err.code(),
+            DockerError::Pool(err) => err.code(),
             DockerError::Checkout(err) => err.code(),
             DockerError::IsolationUnconfirmed { .. } => "BOT-D050",
             DockerError::BadImageName { .. } => "BOT-D095",
@@ -507,7 +503,6 @@ impl Coded for DockerError {
             DockerError::ResetState { .. } => "BOT-D103",
             DockerError::SubnetTaken { .. } => "BOT-D150",
             DockerError::EgressAddressesExhausted { .. } => "BOT-D151",
-            DockerError::PoolRecord { .. } => "BOT-D130",
             DockerError::PoolNeedsReset { .. } => "BOT-D131",
         }
     }
@@ -538,6 +533,7 @@ impl Coded for DockerError {
             DockerError::RetainedLogs(err) => return err.fix(),
             DockerError::Interrupted(err) => return err.fix(),
             DockerError::Record(err) => return err.fix(),
+            DockerError::Pool(err) => return err.fix(),
             DockerError::Checkout(err) => return err.fix(),
             DockerError::IsolationUnconfirmed { .. } => "nothing was left running; check `docker info` (the daemon must support internal bridge networks) and report this if it persists".into(),
             DockerError::BundleUnhealthy { .. } => "read the bundle logs above; `bottle doctor` checks the bundle binary and the daemon".into(),
@@ -556,7 +552,6 @@ impl Coded for DockerError {
             DockerError::ResetUnavailable { .. } => "run bottle as root on the daemon's host with the overlay2 storage driver (`docker info`), then stop the bottle and start it again".into(),
             DockerError::ResetMounted { .. } | DockerError::ResetState { .. } => "read `docker inspect` of the agent container and the daemon's log; stop the bottle and start a new one".into(),
             DockerError::ResetCopy { .. } => "check the free space and the permissions under the state dir and /var/lib/docker; stop the bottle and start a new one".into(),
-            DockerError::PoolRecord { .. } => "run `bottle pool drain <agent>` (or `bottle cleanup`) and fill the pool again".into(),
             DockerError::PoolNeedsReset { .. } => "the pool needs reset's golden snapshot: run bottle as root on the daemon's host with the overlay2 storage driver (`bottle doctor`), or start bottles cold".into(),
             DockerError::NoCommand { .. } => "set `command` for the agent in the manifest, or pass the command to run".into(),
             DockerError::BadOption { .. } => "correct or unset the option".into(),
@@ -653,6 +648,10 @@ mod tests {
             }),
             DockerError::Interrupted(bottle_core::undo::Interrupted { step: text() }),
             DockerError::Record(bottle_core::life::RecordError::Missing { dir: "/x".into() }),
+            DockerError::Pool(bottle_core::pool::PoolError::Record {
+                path: "/x".into(),
+                detail: text(),
+            }),
             DockerError::Checkout(bottle_core::checkout::CheckoutError::Mirror {
                 checkout: "/x".into(),
                 detail: text(),
@@ -697,10 +696,6 @@ mod tests {
                 detail: text(),
             },
             DockerError::ResetState { what: text() },
-            DockerError::PoolRecord {
-                path: "/x".into(),
-                detail: text(),
-            },
             DockerError::PoolNeedsReset { bottle: text() },
             DockerError::NoCommand { image: text() },
             DockerError::BadOption {

@@ -324,7 +324,7 @@ fn bottles_with_containers(engine: &Engine) -> Result<Vec<BottleInfo>, DockerErr
             let pooled = any
                 .labels
                 .get(LABEL_STATE_DIR)
-                .is_some_and(|dir| crate::pool_entry::is_ready(Path::new(dir)));
+                .is_some_and(|dir| bottle_core::pool::is_ready(Path::new(dir)));
             let record = state_dir.and_then(|dir| StateDir::new(dir).read().ok().flatten());
             let legacy = record.as_ref().is_some_and(|r| r.legacy);
             let stopping = record.is_some_and(|r| r.record.phase == Phase::Stopping);
@@ -639,10 +639,10 @@ fn orphan_reason(labels: &HashMap<String, String>) -> Option<&'static str> {
         .is_some_and(Phase::launch_completed);
     // A pool entry is launched detached; the `start` that claimed it
     // decides whether it still is, and owns it if not.
-    let orphan = match crate::pool_entry::claim_record(dir) {
+    let orphan = match bottle_core::pool::claim_record(dir) {
         Some(claim) if !claim.detached => !claim.owner.is_alive(),
         Some(_) => !(launched && agent_started(dir)),
-        None if crate::pool_entry::is_ready(dir) => !(detached && launched),
+        None if bottle_core::pool::is_ready(dir) => !(detached && launched),
         None => !(detached && launched && agent_started(dir)),
     };
     orphan.then_some(DEAD)
@@ -674,7 +674,7 @@ fn agent_started(state_dir: &Path) -> bool {
 }
 
 /// Removes the warm-pool entries that can no longer be claimed
-/// ([`crate::pool_entry::broken_entries`]), each once the pass approves it
+/// (`pool_entry::broken_entries`), each once the pass approves it
 /// and this process took it.
 pub fn cleanup_broken_pool_entries(
     engine: &Engine,
@@ -684,7 +684,7 @@ pub fn cleanup_broken_pool_entries(
     for (slug, why) in crate::pool_entry::broken_entries(engine, state_root) {
         let name = bottle_name(&slug);
         let item = CleanupItem::new("pool entry", name.clone(), why);
-        if !pass.found(item) || !crate::pool_entry::take(&state_root.join(&slug), false) {
+        if !pass.found(item) || !bottle_core::pool::take(&state_root.join(&slug), false) {
             continue;
         }
         pass.report.merge(stop(engine, state_root, &name)?);

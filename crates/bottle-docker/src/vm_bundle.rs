@@ -23,11 +23,13 @@
 //! docker backend's `list`, `stop` and `cleanup` never touch a microVM's
 //! bundle, and this host touches nothing else.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use bottle_core::backend::{BackendError, CleanupReport};
 use bottle_core::bundle_host::{BundleEndpoint, BundleHost, PreparedBundle};
 use bottle_core::images::{AgentImage, ImageStore};
+use bottle_core::pool::Fingerprint;
 use bottle_core::slug::slug_of;
 use bottle_core::{BottleSpec, Plan};
 use futures_util::StreamExt as _;
@@ -40,6 +42,7 @@ use crate::launch;
 use crate::lifecycle;
 use crate::names::{
     EGRESS_NETWORK, LABEL_MANAGED, LABEL_NAME, LABEL_SLUG, LABEL_STATE_DIR, MANAGED_FOR_VM,
+    ResourceNames,
 };
 use bottle_core::launch_steps::LaunchStep as _;
 
@@ -191,6 +194,40 @@ impl BundleHost for DockerBundleHost {
 
     fn bottles(&self) -> Result<Vec<String>, BackendError> {
         Ok(self.bottles_inner()?)
+    }
+
+    fn standing(&self, bottle: &str) -> Result<BTreeMap<String, String>, BackendError> {
+        let engine = self.engine()?;
+        let container = ResourceNames::for_slug(slug_of(bottle)).bundle;
+        let inspect = engine
+            .block_on(engine.docker.inspect_container(&container, None))
+            .map_err(DockerError::api(format!("inspect container {container}")))?;
+        Ok(crate::pool_entry::bundle_standing(&inspect))
+    }
+
+    fn answers(&self, bottle: &str, prepared: &BundleData) -> Result<(), String> {
+        let engine = self.engine().map_err(|err| err.to_string())?;
+        if prepared.container != ResourceNames::for_slug(slug_of(bottle)).bundle {
+            return Err(format!("{} is not {bottle}'s bundle", prepared.container));
+        }
+        crate::pool::bundle_answers(
+            engine,
+            &prepared.container,
+            prepared.ip,
+            self.backend.health_timeout(),
+        )
+    }
+
+    fn fingerprint(
+        &self,
+        spec: &BottleSpec,
+        fingerprint: &mut Fingerprint,
+    ) -> Result<(), BackendError> {
+        Ok(crate::pool::bundle_fingerprint(
+            &self.backend,
+            spec,
+            fingerprint,
+        )?)
     }
 }
 

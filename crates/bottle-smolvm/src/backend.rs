@@ -213,6 +213,27 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         )
     }
 
+    /// Where every bottle's state dir is.
+    pub(crate) fn state_root(&self) -> &std::path::Path {
+        &self.state_root
+    }
+
+    /// The bottle of `machine`, as its state file `state` records it.
+    pub(crate) fn bottle_of(
+        &self,
+        machine: &str,
+        state: &BottleState,
+    ) -> Result<SmolvmBottle, SmolvmError> {
+        Ok(SmolvmBottle::new(
+            machine.to_string(),
+            Arc::clone(&self.smolvm),
+            self.sandbox_place(state)?,
+            state.env.clone(),
+            state.default_command.clone(),
+            Arc::clone(&self.interactive),
+        ))
+    }
+
     pub(crate) fn state_dir(&self, machine: &str) -> PathBuf {
         self.state_root.join(slug_of(machine))
     }
@@ -253,17 +274,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         }
         let version = self.smolvm.version()?;
         require_enforced(version)?;
-        let Some(reference) = spec.agent.image.as_deref() else {
-            return Err(SmolvmError::External(BackendError::new(
-                BackendErrorKind::Unsupported,
-                "BOT-K090",
-                format!(
-                    "agent {:?} is built from a Dockerfile; the smolmachines backend packs prebuilt images only",
-                    spec.agent_name
-                ),
-                "build the image first (`docker build -t NAME CONTEXT`) and set `image = \"NAME\"` in the manifest",
-            )));
-        };
+        let reference = image_reference(spec)?;
         let image = self
             .images
             .inspect(reference)
@@ -316,6 +327,22 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
     }
 }
 
+/// The agent's prebuilt image: the smolmachines backend packs no
+/// Dockerfile.
+pub(crate) fn image_reference(spec: &BottleSpec) -> Result<&str, SmolvmError> {
+    spec.agent.image.as_deref().ok_or_else(|| {
+        SmolvmError::External(BackendError::new(
+            BackendErrorKind::Unsupported,
+            "BOT-K090",
+            format!(
+                "agent {:?} is built from a Dockerfile; the smolmachines backend packs prebuilt images only",
+                spec.agent_name
+            ),
+            "build the image first (`docker build -t NAME CONTEXT`) and set `image = \"NAME\"` in the manifest",
+        ))
+    })
+}
+
 /// The plan's `disk` line: the VM's storage disk bounds what the agent can
 /// write, `limits.disk` or smolvm's default.
 fn disk_line(disk_bytes: Option<u64>) -> String {
@@ -365,14 +392,9 @@ impl<H: BundleHost + 'static> BottleBackend for SmolvmBackend<H> {
         };
         let entry = self.machines()?.into_iter().find(|m| m.name == machine);
         match entry {
-            Some(entry) if entry.state() == "running" => Ok(Box::new(SmolvmBottle::new(
-                machine,
-                Arc::clone(&self.smolvm),
-                self.sandbox_place(&state)?,
-                state.env,
-                state.default_command,
-                Arc::clone(&self.interactive),
-            ))),
+            Some(entry) if entry.state() == "running" => {
+                Ok(Box::new(self.bottle_of(&machine, &state)?))
+            }
             Some(entry) => Err(BackendError::new(
                 BackendErrorKind::Failed,
                 "BOT-K073",

@@ -22,9 +22,10 @@ pub const STATE_VERSION: u32 = 2;
 /// Version of [`PlanData`]'s format.
 pub const PLAN_DATA_VERSION: u32 = 1;
 
-/// Files this backend writes into a bottle's state dir, removed by `stop`.
-/// `Smolfile` and `guest-gitconfig` are no longer written, but bottles
-/// started by earlier versions still have them.
+/// Files this backend writes into a bottle's state dir, removed by `stop`
+/// (and the warm pool's, [`bottle_core::pool::FILES`]). `Smolfile` and
+/// `guest-gitconfig` are no longer written, but bottles started by earlier
+/// versions still have them.
 const OWN_FILES: [&str; 8] = [
     bottle_core::life::RECORD_FILE,
     STATE_FILE,
@@ -113,7 +114,7 @@ pub fn write_state_file(path: &Path, state: &BottleState) -> Result<(), SmolvmEr
 /// itself if nothing else is left in it.
 pub(crate) fn remove_own_files(dir: &Path) -> Result<(), String> {
     let mut failures = Vec::new();
-    for name in OWN_FILES {
+    for name in OWN_FILES.iter().chain(&bottle_core::pool::FILES) {
         let path = dir.join(name);
         match std::fs::remove_file(&path) {
             Ok(()) => {}

@@ -233,6 +233,16 @@ pub enum SmolvmError {
     /// The bottle's record could not be read, written or advanced.
     #[error(transparent)]
     Record(#[from] bottle_core::life::RecordError),
+    /// A warm pool entry's files could not be read or written.
+    #[error(transparent)]
+    Pool(#[from] bottle_core::pool::PoolError),
+    /// A bottle without a golden snapshot cannot wait in the pool: its
+    /// claim could not check the machine against its baseline.
+    #[error("{bottle} has no golden snapshot, so it cannot be checked again when claimed")]
+    PoolNeedsReset {
+        /// The bottle.
+        bottle: String,
+    },
     /// A collaborator (the bundle host, the host check) failed; its error is
     /// passed through unchanged.
     #[error(transparent)]
@@ -254,7 +264,9 @@ impl SmolvmError {
             | SmolvmError::BundleAddress { .. } => BackendErrorKind::IsolationUnconfirmed,
             SmolvmError::VmMissing { .. } => BackendErrorKind::NotFound,
             SmolvmError::CommitUnsupported => BackendErrorKind::Unsupported,
-            SmolvmError::IsolationUnsupported { .. } => BackendErrorKind::Unsupported,
+            SmolvmError::IsolationUnsupported { .. } | SmolvmError::PoolNeedsReset { .. } => {
+                BackendErrorKind::Unsupported
+            }
             SmolvmError::External(err) => err.kind,
             _ => BackendErrorKind::Failed,
         }
@@ -288,9 +300,11 @@ impl Coded for SmolvmError {
             SmolvmError::Failpoint { .. } => "BOT-K074",
             SmolvmError::UnknownFailpoint(_) => "BOT-K075",
             SmolvmError::Record(err) => err.code(),
+            SmolvmError::Pool(err) => err.code(),
             SmolvmError::Copy { .. } => "BOT-K094",
             SmolvmError::CommitUnsupported => "BOT-K095",
             SmolvmError::IsolationUnsupported { .. } => "BOT-K096",
+            SmolvmError::PoolNeedsReset { .. } => "BOT-K097",
             SmolvmError::External(err) => err.code,
         }
     }
@@ -355,6 +369,9 @@ impl Coded for SmolvmError {
             SmolvmError::AlreadyExists { .. } => {
                 "stop the running bottle with `bottle stop NAME`, or remove leftovers with `bottle cleanup`".into()
             }
+            SmolvmError::PoolNeedsReset { .. } => {
+                "a pooled bottle needs reset's golden snapshot, taken at launch when the in-box agent is installed: install `bottle-toolbox` (`cargo xtask install`, or BOTTLE_TOOLBOX_BIN), or start bottles cold".into()
+            }
             SmolvmError::Copy { .. } => {
                 "`bottle cp` on smolmachines runs the agent image's /bin/sh and tar (busybox's will do) as the agent's user: check that the image has them and that the agent's user can read or write the path".into()
             }
@@ -365,6 +382,7 @@ impl Coded for SmolvmError {
                 "unset BOTTLE_FAILPOINT".into()
             }
             SmolvmError::Record(err) => return err.fix(),
+            SmolvmError::Pool(err) => return err.fix(),
             SmolvmError::External(err) => return err.fix(),
         };
         Some(fix)
@@ -495,6 +513,7 @@ mod tests {
                 detail: text(),
             },
             SmolvmError::CommitUnsupported,
+            SmolvmError::PoolNeedsReset { bottle: text() },
             SmolvmError::IsolationUnsupported {
                 agent: text(),
                 isolation: text(),

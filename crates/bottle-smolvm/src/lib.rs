@@ -42,6 +42,7 @@ pub mod interactive;
 pub mod launch;
 pub mod lifecycle;
 pub mod pack;
+mod pool;
 pub mod provision;
 pub mod registry;
 pub mod reset;

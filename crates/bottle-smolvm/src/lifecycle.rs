@@ -27,10 +27,10 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
         let mut out = Vec::new();
         for machine in &machines {
             let bottle = known.iter().find(|k| k.machine() == machine.name);
-            let halted = bottle_core::sandbox::reset::halted(&ResetFiles::new(
-                self.state_dir(&machine.name),
-            ))
-            .is_some();
+            let state_dir = self.state_dir(&machine.name);
+            let halted =
+                bottle_core::sandbox::reset::halted(&ResetFiles::new(&state_dir)).is_some();
+            let pooled = bottle_core::pool::is_ready(&state_dir);
             let state = match bottle.map(|k| &k.recorded.record) {
                 Some(r) if r.abandoned() => {
                     format!("{} (abandoned launch)", machine.state())
@@ -38,6 +38,8 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
                 // A reset found it diverged: kept stopped for inspection.
                 Some(_) if halted => "halted".to_string(),
                 Some(r) if r.phase == Phase::Stopping => "stopping".to_string(),
+                // A warm pool's entry: prepared, nothing of the agent runs.
+                Some(_) if pooled && machine.state() == "running" => "pooled".to_string(),
                 Some(_) => machine.state().to_string(),
                 None => format!("{} (orphaned: no bottle state)", machine.state()),
             };
@@ -214,6 +216,7 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
                 self.remove_state(bottle.machine(), &mut pass.report);
             }
         }
+        self.cleanup_broken_pool_entries(&machines, pass)?;
         for bottle in &bundles {
             let owned = machines.iter().any(|m| &m.name == bottle)
                 || known.iter().any(|k| k.machine() == bottle);
@@ -225,6 +228,48 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
                 ))
             {
                 self.remove_bundle(bottle, &mut pass.report);
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the waiting pool entries whose machine runs but can no
+    /// longer be claimed (a record of another layout or unreadable, a
+    /// machine stopped or started again since the fill), each once the
+    /// pass approves it and this process took it. An entry whose machine
+    /// is gone is an ordinary bottle whose vm is gone.
+    fn cleanup_broken_pool_entries(
+        &self,
+        machines: &[MachineEntry],
+        pass: &mut CleanupPass<'_>,
+    ) -> Result<(), BackendError> {
+        for machine in machines {
+            let dir = self.state_dir(&machine.name);
+            if !bottle_core::pool::is_ready(&dir)
+                || bottle_core::pool::backend_of(&dir) != Some(BackendKind::Smolmachines)
+            {
+                continue;
+            }
+            let why = match bottle_core::pool::read_record(&dir) {
+                Err(err) => err.to_string(),
+                Ok(record) if record.version != bottle_core::pool::POOL_LAYOUT_VERSION => {
+                    format!("layout version {}", record.version)
+                }
+                Ok(record) => match record.facts::<crate::pool::FilledMachine>(&dir) {
+                    Err(err) => err.to_string(),
+                    Ok(filled) => match bottle_core::pool::stands_as_filled(
+                        "machine",
+                        &filled.machine,
+                        &crate::pool::machine_standing(machine),
+                    ) {
+                        Ok(()) => continue,
+                        Err(why) => why,
+                    },
+                },
+            };
+            let item = CleanupItem::new("pool entry", machine.name.clone(), why);
+            if pass.found(item) && bottle_core::pool::take(&dir, false) {
+                pass.report.merge(self.stop_bottle(&machine.name)?);
             }
         }
         Ok(())

@@ -392,10 +392,10 @@ fn a_manifest_pool_is_refilled_after_a_claim_exactly_once() {
     );
 }
 
-/// What `bottle pool fill` refuses before it touches any backend: another
-/// backend than docker, no count, too many.
+/// What `bottle pool fill` refuses before it touches any backend: no
+/// count, too many.
 #[test]
-fn pool_fill_refuses_other_backends_no_count_and_too_many() {
+fn pool_fill_refuses_no_count_and_too_many() {
     let dir = tempfile::tempdir().unwrap();
     let manifest = dir.path().join("bottle.toml");
     std::fs::write(&manifest, format!("[agents.pooled]\nimage = \"{IMAGE}\"\n")).unwrap();
@@ -413,10 +413,6 @@ fn pool_fill_refuses_other_backends_no_count_and_too_many() {
             "{args:?}: {stderr}"
         );
     };
-    refused(
-        &["--backend", "smolmachines", "pool", "fill", "pooled", "1"],
-        "BOT-C060",
-    );
     refused(&["pool", "fill", "pooled"], "BOT-C061");
     refused(&["pool", "fill", "pooled", "65"], "BOT-C062");
 }

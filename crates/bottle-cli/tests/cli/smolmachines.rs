@@ -1219,3 +1219,100 @@ fn failpoints_fail_a_microvm_start_at_either_launchs_steps() {
         assert_nothing_left(&world, &docker.engine);
     }
 }
+
+/// `bottle pool` on the smolmachines backend: a fill launches a pooled
+/// microVM bottle, `list` shows it pooled, `start` claims it (after its
+/// checks, the bundle's health among them) instead of launching, and
+/// `pool drain` removes what waits.
+#[test]
+fn a_microvm_pool_is_filled_claimed_by_start_and_drained() {
+    let test = "a_microvm_pool_is_filled_claimed_by_start_and_drained";
+    let Some(docker) = docker(test) else { return };
+    let world = World::new(&docker.image, "smol-pool");
+    if !sandbox_available(&world, test) {
+        return;
+    }
+    let smol = || {
+        let mut cmd = world.bottle("1.9.3", "");
+        cmd.args(["--backend", "smolmachines", "--yes"]);
+        cmd
+    };
+    let filled = smol()
+        .args(["pool", "fill", "coder", "2"])
+        .output()
+        .unwrap();
+    assert!(
+        filled.status.success(),
+        "fill: {}",
+        String::from_utf8_lossy(&filled.stderr)
+    );
+    let entries: Vec<String> = String::from_utf8_lossy(&filled.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    let pooled = smol().args(["--json", "pool", "list"]).output().unwrap();
+    let pooled: Vec<Value> = serde_json::from_slice(&pooled.stdout).unwrap();
+    assert_eq!(pooled.len(), 2, "{pooled:?}");
+    assert!(
+        pooled
+            .iter()
+            .all(|e| e["backend"] == "smolmachines" && e["state"] == "ready"),
+        "{pooled:?}"
+    );
+    let listed = list(&world, "smolmachines");
+    assert!(
+        entries.iter().all(|name| listed
+            .iter()
+            .any(|b| b["name"] == name.as_str() && b["state"] == "pooled")),
+        "{listed:?}"
+    );
+
+    let start = smol()
+        .args(["start", "coder", "--detach"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&start.stderr);
+    assert!(start.status.success(), "start: {stderr}");
+    let claimed = String::from_utf8_lossy(&start.stdout).trim().to_string();
+    assert!(entries.contains(&claimed), "{claimed} of {entries:?}");
+    assert!(
+        stderr.contains(&format!("claimed pooled bottle {claimed}")),
+        "{stderr}"
+    );
+    // Claimed, it runs the agent's commands like any bottle.
+    smol()
+        .args(["exec", &claimed, "--", "sh", "-c", "echo from the pool"])
+        .assert()
+        .success()
+        .stdout("from the pool\n");
+
+    let drained = smol().args(["pool", "drain", "coder"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&drained.stderr);
+    assert!(drained.status.success(), "drain: {stderr}");
+    let waiting = entries.iter().find(|e| **e != claimed).unwrap();
+    assert!(
+        stderr.contains(&format!("removed vm {waiting}")),
+        "{stderr}"
+    );
+    smol().args(["stop", "--wait", &claimed]).assert().success();
+    let engine = &docker.engine;
+    for name in &entries {
+        assert!(
+            !container_exists(engine, &format!("{name}-bundle")),
+            "{name}'s bundle left"
+        );
+        assert!(network(engine, name).is_none(), "{name}'s network left");
+    }
+    assert!(list(&world, "smolmachines").is_empty());
+    let state = world.dir.path().join("state/bottle");
+    let dirs: Vec<_> = std::fs::read_dir(&state)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        dirs.iter().all(|d| d.to_string_lossy().starts_with('.')
+            || d == "pool-fingerprint.key"
+            || d == "retained_logs"),
+        "state left: {dirs:?}"
+    );
+}

@@ -187,17 +187,7 @@ pub struct ResetReport {
 impl ResetReport {
     /// The diverged sources with both values, for one line of text.
     pub fn divergence_summary(&self) -> String {
-        self.checks
-            .iter()
-            .filter(|check| !check.matched)
-            .map(|check| {
-                format!(
-                    "{}: expected {}, observed {}",
-                    check.source, check.expected, check.observed
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("; ")
+        divergence(&self.checks)
     }
 
     fn diverged_sources(&self) -> String {
@@ -208,6 +198,22 @@ impl ResetReport {
             .collect::<Vec<_>>()
             .join(",")
     }
+}
+
+/// The checks among `checks` that failed, each with both values, as one
+/// line (`source: expected …, observed …; …`); empty when all matched.
+pub fn divergence(checks: &[SourceCheck]) -> String {
+    checks
+        .iter()
+        .filter(|check| !check.matched)
+        .map(|check| {
+            format!(
+                "{}: expected {}, observed {}",
+                check.source, check.expected, check.observed
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Takes the golden snapshot and records the three sources as its baseline
@@ -283,7 +289,7 @@ pub fn reset(
         return Err(SandboxError::Reset { bottle, why });
     }
     let revert = started.elapsed();
-    let checks = verify(substrate, baseline.as_ref());
+    let checks = verify(substrate, baseline.as_ref(), &Source::ALL);
     let report = ResetReport {
         bottle: bottle.clone(),
         verified: checks.iter().all(|check| check.matched),
@@ -310,25 +316,29 @@ pub fn reset(
     Ok(report)
 }
 
-/// Reads the three sources of a box that was not reverted and compares
-/// each with the baseline recorded at its golden snapshot, without
-/// halting anything: a warm pool's entry is checked this way before it is
-/// handed out, and discarded by its caller if any check fails.
+/// Reads `sources` of a box that was not reverted and compares each with
+/// the baseline recorded at its golden snapshot, without halting anything:
+/// a warm pool's entry is checked this way before it is handed out, and
+/// discarded by its caller if any check fails. (A microVM's disks cannot be
+/// read while it runs, so its claim asks for the other two.)
 pub fn check_against_baseline(
     substrate: &dyn ResetSubstrate,
     files: &ResetFiles,
+    sources: &[Source],
 ) -> Vec<SourceCheck> {
-    verify(substrate, load_baseline(files).as_ref())
+    verify(substrate, load_baseline(files).as_ref(), sources)
 }
 
-/// Reads each source and compares it with the baseline. A missing baseline
-/// or an unreadable source is a divergence, never a pass.
-fn verify(substrate: &dyn ResetSubstrate, baseline: Option<&Baseline>) -> Vec<SourceCheck> {
+/// Reads each of `sources` and compares it with the baseline, in
+/// [`Source::ALL`] order. A missing baseline or an unreadable source is a
+/// divergence, never a pass.
+fn verify(
+    substrate: &dyn ResetSubstrate,
+    baseline: Option<&Baseline>,
+    sources: &[Source],
+) -> Vec<SourceCheck> {
     const NONE: &str = "none recorded";
     let unreadable = |err: BackendError| format!("unreadable: {}", shown(&err.to_string()));
-    let fs = substrate.read_fs_hash().map_err(unreadable);
-    let fds = substrate.read_open_fds().map_err(unreadable);
-    let engine = substrate.read_engine().map_err(unreadable);
     let check = |source, expected: Option<String>, observed: Result<String, String>| {
         let matched = matches!((&expected, &observed), (Some(e), Ok(o)) if e == o);
         SourceCheck {
@@ -338,25 +348,35 @@ fn verify(substrate: &dyn ResetSubstrate, baseline: Option<&Baseline>) -> Vec<So
             matched,
         }
     };
-    let mut checks = vec![
-        check(Source::Filesystem, baseline.map(|b| b.fs_hash.clone()), fs),
-        check(
-            Source::OpenFds,
-            baseline.map(|b| b.open_fds.to_string()),
-            fds.map(|n| n.to_string()),
-        ),
-    ];
-    // The engine's facts are compared one by one, so the report names the
-    // fact that changed rather than two long maps.
-    checks.push(match (baseline, engine) {
-        (Some(baseline), Ok(observed)) => engine_check(&baseline.engine, &observed),
-        (baseline, observed) => check(
-            Source::Engine,
-            baseline.map(|b| facts(&b.engine)),
-            observed.map(|o| facts(&o)),
-        ),
-    });
-    checks
+    Source::ALL
+        .into_iter()
+        .filter(|source| sources.contains(source))
+        .map(|source| match source {
+            Source::Filesystem => check(
+                source,
+                baseline.map(|b| b.fs_hash.clone()),
+                substrate.read_fs_hash().map_err(unreadable),
+            ),
+            Source::OpenFds => check(
+                source,
+                baseline.map(|b| b.open_fds.to_string()),
+                substrate
+                    .read_open_fds()
+                    .map(|n| n.to_string())
+                    .map_err(unreadable),
+            ),
+            // The engine's facts are compared one by one, so the report
+            // names the fact that changed rather than two long maps.
+            Source::Engine => match (baseline, substrate.read_engine().map_err(unreadable)) {
+                (Some(baseline), Ok(observed)) => engine_check(&baseline.engine, &observed),
+                (baseline, observed) => check(
+                    source,
+                    baseline.map(|b| facts(&b.engine)),
+                    observed.map(|o| facts(&o)),
+                ),
+            },
+        })
+        .collect()
 }
 
 fn engine_check(
@@ -538,6 +558,29 @@ mod tests {
         assert!(halted(&files).is_none());
         assert_eq!(*fake.log.borrow(), ["snapshot", "revert"]);
         assert_eq!(audit_reasons(&files), ["verified"]);
+    }
+
+    #[test]
+    fn a_check_reads_only_the_sources_asked_for_and_halts_nothing() {
+        let (_dir, files) = files();
+        let fake = FakeBox::new();
+        record_golden(&fake, &files).unwrap();
+        // A running microVM's disks cannot be read: its claim does not ask.
+        *fake.fs.borrow_mut() = Err("the machine runs".into());
+        let checks = check_against_baseline(&fake, &files, &[Source::Engine, Source::OpenFds]);
+        let sources: Vec<Source> = checks.iter().map(|c| c.source).collect();
+        assert_eq!(sources, [Source::OpenFds, Source::Engine]);
+        assert!(checks.iter().all(|c| c.matched), "{checks:?}");
+        *fake.fds.borrow_mut() = 8;
+        let checks = check_against_baseline(&fake, &files, &Source::ALL);
+        let diverged: Vec<Source> = checks
+            .iter()
+            .filter(|c| !c.matched)
+            .map(|c| c.source)
+            .collect();
+        assert_eq!(diverged, [Source::Filesystem, Source::OpenFds]);
+        assert!(halted(&files).is_none());
+        assert_eq!(*fake.log.borrow(), ["snapshot"]);
     }
 
     fn assert_halted(fake: &FakeBox, files: &ResetFiles, source: Source) -> ResetReport {

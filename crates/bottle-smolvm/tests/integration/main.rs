@@ -9,6 +9,7 @@
 
 mod backend;
 mod cli;
+mod pool;
 mod registry;
 mod sandbox;
 mod statedb;

@@ -18,7 +18,7 @@ use crate::support::sandbox_available;
 /// `BOTTLE_TOOLBOX_BIN`); `None` after a skip line without it (a failure
 /// under `BOTTLE_REQUIRE_DOCKER=1`, as CI runs), so `cargo test -p
 /// bottle-smolvm` works on its own.
-fn toolbox() -> Option<PathBuf> {
+pub(crate) fn toolbox() -> Option<PathBuf> {
     let path = std::env::var_os(bottle_core::bundle_binary::TOOLBOX_BIN_ENV)
         .map(PathBuf::from)
         .filter(|path| path.is_file());

@@ -287,6 +287,13 @@ pub(crate) struct RecordingBundles {
     pub started_with: Mutex<Option<RecordedBundle>>,
     /// Interrupted by `start`, as an operator's ^C during it would.
     pub interrupt_on_start: Mutex<Option<bottle_core::undo::Interrupt>>,
+    /// The bottles whose bundle stands for one started again (its
+    /// `standing` changes).
+    pub restarted: Mutex<Vec<String>>,
+    /// Why the bundles' health checks fail (`None`: they answer).
+    pub unhealthy: Mutex<Option<String>>,
+    /// What the bundles are made from, for the pool's fingerprint.
+    pub made_from: Mutex<String>,
 }
 
 impl RecordingBundles {
@@ -305,6 +312,9 @@ impl RecordingBundles {
             planned: Mutex::new(None),
             started_with: Mutex::new(None),
             interrupt_on_start: Mutex::new(None),
+            restarted: Mutex::new(Vec::new()),
+            unhealthy: Mutex::new(None),
+            made_from: Mutex::new("bundle v1".into()),
         })
     }
 
@@ -374,6 +384,44 @@ impl BundleHost for RecordingBundles {
 
     fn bottles(&self) -> Result<Vec<String>, BackendError> {
         Ok(self.live())
+    }
+
+    fn standing(
+        &self,
+        bottle: &str,
+    ) -> Result<std::collections::BTreeMap<String, String>, BackendError> {
+        Ok(std::collections::BTreeMap::from([
+            (
+                "running".to_string(),
+                self.live().iter().any(|b| b == bottle).to_string(),
+            ),
+            (
+                "restarted".to_string(),
+                self.restarted
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .any(|b| b == bottle)
+                    .to_string(),
+            ),
+        ]))
+    }
+
+    fn answers(&self, bottle: &str, _: &RecordedBundle) -> Result<(), String> {
+        self.calls.lock().unwrap().push(format!("health {bottle}"));
+        match &*self.unhealthy.lock().unwrap() {
+            Some(why) => Err(why.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn fingerprint(
+        &self,
+        _: &bottle_core::spec::BottleSpec,
+        fingerprint: &mut bottle_core::pool::Fingerprint,
+    ) -> Result<(), BackendError> {
+        fingerprint.field("bundle", self.made_from.lock().unwrap().as_bytes());
+        Ok(())
     }
 }
 

@@ -289,9 +289,7 @@ pub(crate) fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> 
         for agent in &agents {
             let _ = cli.stop(&agent.key);
         }
-        if options.backend.name() == "docker" {
-            let _ = cli.drain_pool();
-        }
+        let _ = cli.drain_pool();
         run_with_canaries(
             options,
             sys.clone(),
@@ -424,16 +422,10 @@ impl Gate {
         progress("positive controls from the host");
         self.host_controls()?;
 
-        // B comes from a warm pool where there is one (docker): a claimed
-        // bottle must hold against the same probes as a cold one.
-        let mut started = if self.smolvm.is_none() {
-            progress("starting bottle A, and B from a warm pool");
-            self.launch_cold_and_pooled(A, B)?
-        } else {
-            progress("starting bottles A and B");
-            self.launch_each(&[A, B])?
-        }
-        .into_iter();
+        // B comes from a warm pool: a claimed bottle must hold against the
+        // same probes as a cold one, on every backend.
+        progress("starting bottle A, and B from a warm pool");
+        let mut started = self.launch_cold_and_pooled(A, B)?.into_iter();
         let (Some(mut a), Some(mut b)) = (started.next(), started.next()) else {
             bail!("bottles A and B did not both start");
         };
