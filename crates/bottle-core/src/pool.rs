@@ -296,6 +296,18 @@ pub fn read_record(state_dir: &Path) -> Result<PoolRecord, PoolError> {
     })
 }
 
+/// The facts a backend recorded of the waiting entry in `state_dir`, as
+/// its type `T` reads them, or why they cannot be used: a record that
+/// cannot be read, is of another layout, or holds facts of another shape.
+/// What `cleanup` judges a waiting entry by.
+pub fn recorded_facts<T: DeserializeOwned>(state_dir: &Path) -> Result<T, String> {
+    let record = read_record(state_dir).map_err(|err| err.to_string())?;
+    if record.version != POOL_LAYOUT_VERSION {
+        return Err(format!("layout version {}", record.version));
+    }
+    record.facts(state_dir).map_err(|err| err.to_string())
+}
+
 /// The backend that runs the bottle of `state_dir`, as its life record
 /// says (the one word on which backend owns a state dir).
 pub fn backend_of(state_dir: &Path) -> Option<BackendKind> {
@@ -806,6 +818,23 @@ mod tests {
         let err = read.facts::<Other>(dir.path()).unwrap_err();
         assert_eq!(err.code(), "BOT-S012");
         assert!(err.to_string().contains("pool.json"), "{err}");
+        // What cleanup reads: the facts, or why they cannot be used.
+        assert_eq!(
+            recorded_facts::<BoxFacts>(dir.path()).unwrap(),
+            read.facts::<BoxFacts>(dir.path()).unwrap()
+        );
+        assert!(
+            recorded_facts::<Other>(dir.path())
+                .unwrap_err()
+                .contains("pool.json")
+        );
+        let mut old = read.clone();
+        old.version = POOL_LAYOUT_VERSION - 1;
+        mark_ready(dir.path(), &old).unwrap();
+        assert_eq!(
+            recorded_facts::<BoxFacts>(dir.path()),
+            Err(format!("layout version {}", POOL_LAYOUT_VERSION - 1))
+        );
         // Facts must be an object to sit beside the fields.
         assert!(PoolRecord::new("demo", "sha256:x", &7).is_err());
     }

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use bollard::models::ContainerInspectResponse;
 use bottle_core::backend::BackendKind;
-use bottle_core::pool::{POOL_LAYOUT_VERSION, backend_of, is_ready, read_record};
+use bottle_core::pool::{backend_of, is_ready, recorded_facts};
 use serde::{Deserialize, Serialize};
 
 use crate::client::Engine;
@@ -97,17 +97,11 @@ pub(crate) fn broken_entries(engine: &Engine, state_root: &Path) -> Vec<(String,
         let Some(slug) = dir.file_name().map(|n| n.to_string_lossy().to_string()) else {
             continue;
         };
-        let why = match read_record(&dir) {
-            Err(err) => Some(err.to_string()),
-            Ok(record) if record.version != POOL_LAYOUT_VERSION => {
-                Some(format!("layout version {}", record.version))
-            }
-            Ok(record) => match record.facts::<DockerPoolFacts>(&dir) {
+        let why = match recorded_facts::<DockerPoolFacts>(&dir) {
+            Err(why) => Some(why),
+            Ok(facts) => match inspect_both(engine, &ResourceNames::for_slug(&slug)) {
                 Err(err) => Some(err.to_string()),
-                Ok(facts) => match inspect_both(engine, &ResourceNames::for_slug(&slug)) {
-                    Err(err) => Some(err.to_string()),
-                    Ok((agent, bundle)) => lives_as_filled(&facts, &agent, &bundle).err(),
-                },
+                Ok((agent, bundle)) => lives_as_filled(&facts, &agent, &bundle).err(),
             },
         };
         if let Some(why) = why {

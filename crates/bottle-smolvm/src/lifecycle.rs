@@ -17,6 +17,7 @@ use crate::backend::{KnownBottle, SmolvmBackend};
 use crate::cli::MachineEntry;
 use crate::data::{STATE_FILE, remove_own_files};
 use crate::error::SmolvmError;
+use crate::pool::SmolvmPoolFacts;
 use bottle_core::audit_files::AuditHealth;
 
 impl<H: BundleHost + 'static> SmolvmBackend<H> {
@@ -250,22 +251,16 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             {
                 continue;
             }
-            let why = match bottle_core::pool::read_record(&dir) {
-                Err(err) => err.to_string(),
-                Ok(record) if record.version != bottle_core::pool::POOL_LAYOUT_VERSION => {
-                    format!("layout version {}", record.version)
-                }
-                Ok(record) => match record.facts::<crate::pool::FilledMachine>(&dir) {
-                    Err(err) => err.to_string(),
-                    Ok(filled) => match bottle_core::pool::stands_as_filled(
-                        "machine",
-                        &filled.machine,
-                        &crate::pool::machine_standing(machine),
-                    ) {
-                        Ok(()) => continue,
-                        Err(why) => why,
-                    },
-                },
+            let filled = bottle_core::pool::recorded_facts::<SmolvmPoolFacts<H::Prepared>>(&dir);
+            let why = match filled.and_then(|filled| {
+                bottle_core::pool::stands_as_filled(
+                    "machine",
+                    &filled.machine,
+                    &crate::pool::machine_standing(machine),
+                )
+            }) {
+                Ok(()) => continue,
+                Err(why) => why,
             };
             let item = CleanupItem::new("pool entry", machine.name.clone(), why);
             if pass.found(item) && bottle_core::pool::take(&dir, false) {

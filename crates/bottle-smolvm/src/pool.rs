@@ -52,14 +52,6 @@ pub(crate) struct SmolvmPoolFacts<P> {
     pub plan: SmolvmPlan<P>,
 }
 
-/// The part of [`SmolvmPoolFacts`] `cleanup` reads, whatever the bundle
-/// host's plan data.
-#[derive(Debug, Clone, Deserialize)]
-pub(crate) struct FilledMachine {
-    /// The machine's VMM at fill.
-    pub machine: BTreeMap<String, String>,
-}
-
 /// What `machine ls` says of a machine's VMM: a stop, a restart or a new
 /// machine of the name changes it.
 pub(crate) fn machine_standing(entry: &MachineEntry) -> BTreeMap<String, String> {
