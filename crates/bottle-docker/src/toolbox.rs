@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bollard::query_parameters::ContainerArchiveInfoOptionsBuilder;
 use bottle_core::audit_files::AUDIT_LOG_FILE;
@@ -23,7 +24,13 @@ use crate::error::{DockerError, is_not_found};
 /// A docker bottle's channel to its in-box agent, shared by the clones of
 /// the bottle so they reuse one agent process.
 #[derive(Clone)]
-pub(crate) struct InBoxAgent(Arc<Toolbox>);
+pub(crate) struct InBoxAgent {
+    toolbox: Arc<Toolbox>,
+    /// Set once the binary was found in the box: it lives on the box's
+    /// read-only mount, which a reset does not touch, so the channel a
+    /// reset makes the next call open again needs no second look.
+    installed: Arc<AtomicBool>,
+}
 
 impl std::fmt::Debug for InBoxAgent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -36,13 +43,16 @@ impl InBoxAgent {
     /// under `state_dir`.
     pub(crate) fn new(bottle: &str, state_dir: &Path) -> InBoxAgent {
         let log = StatePaths::new(state_dir).logs().join(AUDIT_LOG_FILE);
-        InBoxAgent(Arc::new(Toolbox::new(bottle, Some(log))))
+        InBoxAgent {
+            toolbox: Arc::new(Toolbox::new(bottle, Some(log))),
+            installed: Arc::new(AtomicBool::new(false)),
+        }
     }
 
     /// Drops the channel: a reset ends the agent's process with the box,
     /// so the next call starts a new one.
     pub(crate) fn forget(&self) {
-        self.0.forget();
+        self.toolbox.forget();
     }
 
     /// Runs `call` over the channel, starting the agent in `container` as
@@ -56,13 +66,16 @@ impl InBoxAgent {
         argv: &[String],
         call: &ToolCall,
     ) -> Result<ToolResult, SandboxError> {
-        self.0.execute(call, || {
+        self.toolbox.execute(call, || {
             let boot = |err: DockerError| SandboxError::Boot {
                 bottle: bottle.to_string(),
                 why: err.to_string(),
             };
-            if !installed(engine, container).map_err(boot)? {
-                return Err(not_installed(bottle));
+            if !self.installed.load(Ordering::Relaxed) {
+                if !installed(engine, container).map_err(boot)? {
+                    return Err(not_installed(bottle));
+                }
+                self.installed.store(true, Ordering::Relaxed);
             }
             crate::toolbox_stream::open_argv(engine, container, user, argv.to_vec()).map_err(boot)
         })
