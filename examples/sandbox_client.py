@@ -407,7 +407,10 @@ def demo(sandbox: Sandbox, manifest: str, agent: str, backend: str | None, name:
         report = sandbox.reset(bottle)
         check(report.get("verified") is True, f"the reset is not verified: {report}")
         sources = ", ".join(shown(c.get("source")) for c in report.get("checks", []))
-        print(f"reset: verified ({sources}) in {report.get('revert')} + {report.get('verify')} ms")
+        print(
+            f"reset: verified ({sources}), reverted by {shown(report.get('method'))}"
+            f" in {report.get('revert')} + {report.get('verify')} ms"
+        )
 
         gone = sandbox.execute(bottle, ["test", "-e", DEMO_FILE])
         check(gone.exit_code == 1, f"{DEMO_FILE} survived the reset (test -e exited {gone.exit_code})")

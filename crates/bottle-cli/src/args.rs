@@ -114,6 +114,10 @@ pub(crate) enum Command {
     /// that claimed a pooled bottle, detached).
     #[command(name = "__refill-pool", hide = true)]
     RefillPool(RefillPoolArgs),
+    /// Prepares a bottle's next reset: a docker box's standby (run by
+    /// `start` and `reset`, detached).
+    #[command(name = "__prepare-reset", hide = true)]
+    PrepareReset(PrepareResetArgs),
     /// Holds one published port or host service of a bottle (run by
     /// `start` and `port`, detached).
     #[command(name = "__forward", hide = true)]
@@ -242,6 +246,13 @@ pub(crate) struct SessionHostArgs {
 #[derive(Debug, Args)]
 pub(crate) struct FinishStopArgs {
     /// The bottle whose stop it finishes.
+    pub bottle: String,
+}
+
+/// `bottle __prepare-reset`.
+#[derive(Debug, Args)]
+pub(crate) struct PrepareResetArgs {
+    /// The bottle whose next reset it prepares.
     pub bottle: String,
 }
 

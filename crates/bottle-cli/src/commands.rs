@@ -39,6 +39,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode, Failure> {
         }
         Command::FinishStop(args) => crate::stop::finish(global, &args.bottle),
         Command::RefillPool(args) => crate::pool::refill(global, &args.agent),
+        Command::PrepareReset(args) => crate::reset::prepare(global, &args.bottle),
         Command::Exec(args) => exec(global, &args),
         Command::Execute(args) => crate::execute::run(global, &args),
         Command::Cp(args) => crate::cp::run(global, &args),

@@ -13,6 +13,12 @@ use bottle_core::sandbox::{ResetReport, SandboxError};
 use bottle_core::slug;
 use bottle_core::state::SessionPaths;
 
+use std::path::Path;
+
+use bottle_core::BackendKind;
+use bottle_core::exec::{CommandRunner as _, CommandSpec, SystemRunner};
+use bottle_core::sandbox::ResetFiles;
+
 use crate::args::{Global, ResetArgs};
 use crate::failure::Failure;
 use crate::output;
@@ -30,6 +36,9 @@ pub(crate) fn reset(global: &Global, args: &ResetArgs) -> Result<ExitCode, Failu
     match bottle.reset() {
         Ok(report) => {
             print_report(global, &report)?;
+            if let Err(why) = spawn_prepare(bottle.name(), kind) {
+                output::note(global.quiet, &prepare_warning(bottle.name(), &why));
+            }
             if let Some(command) = detached_agent {
                 restart_agent(global, args, bottle.name(), kind, &session, &command)?;
             }
@@ -42,6 +51,63 @@ pub(crate) fn reset(global: &Global, args: &ResetArgs) -> Result<ExitCode, Failu
             Err(Failure::coded(&err, err.exit_code()))
         }
     }
+}
+
+/// The hidden command that prepares a bottle's next reset.
+pub(crate) const PREPARE_SUBCOMMAND: &str = "__prepare-reset";
+
+/// Starts `bottle __prepare-reset NAME` detached, so the next reset's
+/// standby is made off the caller's path; it writes what it did to the
+/// bottle's `golden/prepare.log`. A bottle with no golden snapshot has
+/// nothing to prepare.
+pub(crate) fn spawn_prepare(name: &str, backend: BackendKind) -> Result<(), String> {
+    let root = bottle_core::state::state_root(|key| std::env::var(key).ok())
+        .map_err(|err| err.to_string())?;
+    let golden = ResetFiles::new(root.join(slug::slug_of(name))).golden_dir();
+    if !golden.is_dir() {
+        return Ok(());
+    }
+    let exe =
+        std::env::current_exe().map_err(|err| format!("cannot find this bottle binary: {err}"))?;
+    SystemRunner
+        .spawn_detached(
+            &prepare_spec(&exe, name, backend),
+            &golden.join("prepare.log"),
+        )
+        .map(drop)
+        .map_err(|err| err.to_string())
+}
+
+/// The warning when the next reset of `name` was not prepared.
+pub(crate) fn prepare_warning(name: &str, why: &str) -> String {
+    format!(
+        "warning: the next reset of {name} is not prepared ({}); it will restart the box",
+        bottle_core::display::escape_for_terminal(why)
+    )
+}
+
+/// The preparer's invocation: this `bottle`, on the bottle's backend.
+fn prepare_spec(bottle_exe: &Path, name: &str, backend: BackendKind) -> CommandSpec {
+    CommandSpec::new(bottle_exe)
+        .arg("--backend")
+        .arg(backend.as_str())
+        .args(["--quiet", PREPARE_SUBCOMMAND, name])
+        .cwd("/")
+}
+
+/// `bottle __prepare-reset NAME`: leaves the caller's session, then
+/// prepares the bottle's next reset and says what it did.
+pub(crate) fn prepare(global: &Global, name: &str) -> Result<ExitCode, Failure> {
+    let _ = rustix::process::setsid();
+    let _ = crate::session::host::close_inherited_fds();
+    let (bottle, _) = crate::lookup::find_bottle_and_backend(global, name)?;
+    let done = bottle.prepare_reset()?;
+    output::out(&format!(
+        "{} {}: {done}\n",
+        bottle_core::time::now_rfc3339_millis(),
+        bottle.name()
+    ));
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The command of the bottle's detached agent, when a session ran one.
@@ -115,9 +181,10 @@ fn render(report: &ResetReport) -> String {
         "diverged"
     };
     format!(
-        "{}{}: reset {verdict} (revert {}, verify {})\n",
+        "{}{}: reset {verdict} (revert by {} {}, verify {})\n",
         output::table(&["SOURCE", "EXPECTED", "OBSERVED", ""], &rows),
         report.bottle,
+        report.method.as_str(),
         millis(report.revert),
         millis(report.verify)
     )
@@ -138,9 +205,37 @@ fn millis(duration: Duration) -> String {
 
 #[cfg(test)]
 mod tests {
-    use bottle_core::sandbox::{Source, SourceCheck};
+    use bottle_core::sandbox::{RevertMethod, Source, SourceCheck};
 
     use super::*;
+
+    #[test]
+    fn the_preparer_is_this_bottle_on_the_bottles_backend() {
+        let spec = prepare_spec(
+            Path::new("/usr/bin/bottle"),
+            "bot-bottle-demo",
+            BackendKind::Docker,
+        );
+        let argv = spec.argv();
+        assert_eq!(
+            argv,
+            [
+                "/usr/bin/bottle",
+                "--backend",
+                "docker",
+                "--quiet",
+                PREPARE_SUBCOMMAND,
+                "bot-bottle-demo"
+            ]
+        );
+        assert_eq!(spec.cwd.as_deref(), Some(Path::new("/")));
+        let cli = <crate::args::Cli as clap::Parser>::try_parse_from(&argv).unwrap();
+        assert!(cli.global.quiet);
+        let crate::args::Command::PrepareReset(args) = cli.command else {
+            panic!("{PREPARE_SUBCOMMAND} parsed as another command");
+        };
+        assert_eq!(args.bottle, "bot-bottle-demo");
+    }
 
     fn report(fds_observed: &str) -> ResetReport {
         let check = |source, expected: &str, observed: &str| SourceCheck {
@@ -158,6 +253,7 @@ mod tests {
             bottle: "bot-bottle-demo".into(),
             verified: checks.iter().all(|c| c.matched),
             checks,
+            method: RevertMethod::Standby,
             revert: Duration::from_millis(310),
             verify: Duration::from_millis(12),
         }
@@ -172,7 +268,7 @@ mod tests {
         assert!(lines[3].contains(&format!(" {}…", "x".repeat(71))));
         assert_eq!(
             lines[4],
-            "bot-bottle-demo: reset verified (revert 310 ms, verify 12 ms)"
+            "bot-bottle-demo: reset verified (revert by standby 310 ms, verify 12 ms)"
         );
         let diverged = render(&report("7"));
         assert!(diverged.lines().nth(2).unwrap().ends_with('✗'));

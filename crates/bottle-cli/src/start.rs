@@ -218,6 +218,12 @@ impl Started<'_> {
                 return Err(failure);
             }
             self.lap("session-spawn");
+            // The first reset's standby, made in the background. Not for an
+            // attached agent: its bottle is stopped when the agent ends,
+            // and a plain stop does not wait for a preparation.
+            if let Err(why) = crate::reset::spawn_prepare(&name, kind) {
+                note(global.quiet, &crate::reset::prepare_warning(&name, &why));
+            }
             self.print_timings();
             out(&format!("{name}\n"));
             note(

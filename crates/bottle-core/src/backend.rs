@@ -466,6 +466,12 @@ pub trait Bottle {
     /// three sources; any divergence halts the bottle.
     fn reset(&self) -> Result<ResetReport, SandboxError>;
 
+    /// Prepares, off the reset's path, what the next reset needs (a docker
+    /// box's standby, `docs/design/standby-reset.md`); slow, so a caller
+    /// runs it in the background after a launch or a reset. Says in one
+    /// line what it did, for a log.
+    fn prepare_reset(&self) -> Result<String, BackendError>;
+
     /// Makes the image `image` of the agent's filesystem as it is now, with
     /// the configuration of the image the bottle started from (user,
     /// entrypoint, command, environment, working dir, exposed ports,

@@ -953,6 +953,9 @@ mod tests {
         fn reset(&self) -> Result<crate::sandbox::ResetReport, crate::sandbox::SandboxError> {
             unimplemented!("not run by a claim")
         }
+        fn prepare_reset(&self) -> Result<String, BackendError> {
+            unimplemented!("not run by a claim")
+        }
         fn commit(&self, _: &str) -> Result<crate::backend::CommitReport, BackendError> {
             unimplemented!("not run by a claim")
         }

@@ -1,8 +1,10 @@
 //! The sandbox interface against raw Docker, in one run on the real daemon:
 //! a tool call's round trip through the in-box agent's channel vs `docker
 //! exec` (the Engine API's exec, and the `docker` CLI), reset's p50 and
-//! p99, and boot to the first tool call vs `docker run --rm`, for the demo
-//! image and, when `cargo xtask bench` names it, the Debian test image.
+//! p99 by restart and through a standby (with the standby's preparation
+//! timed apart), and boot to the first tool call vs `docker run --rm`, for
+//! the demo image and, when `cargo xtask bench` names it, the Debian test
+//! image.
 //!
 //! `cargo xtask bench` runs it with the static binaries; by hand:
 //! `BOTTLE_BUNDLE_BIN=… BOTTLE_TOOLBOX_BIN=… cargo bench -p bottle-docker
@@ -17,7 +19,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use bottle_core::sandbox::ToolCall;
+use bottle_core::sandbox::{RevertMethod, ToolCall};
 use bottle_core::{BottleBackend, BottleLauncher, BottleSpec};
 use bottle_docker::{DockerBackend, DockerOptions};
 use bottle_test_support::bench::{docker, ms, percentile, row};
@@ -30,6 +32,7 @@ struct Sizes {
     baseline_calls: usize,
     cli_calls: usize,
     resets: usize,
+    standby_resets: usize,
     restarts: usize,
 }
 
@@ -42,6 +45,7 @@ fn main() {
             baseline_calls: 100,
             cli_calls: 20,
             resets: 20,
+            standby_resets: 20,
             restarts: 10,
         }
     } else {
@@ -50,7 +54,9 @@ fn main() {
             calls: 1000,
             baseline_calls: 500,
             cli_calls: 100,
-            resets: 1000,
+            // The restart is the fallback now; the standby is the reset.
+            resets: 200,
+            standby_resets: 1000,
             restarts: 100,
         }
     };
@@ -91,12 +97,13 @@ fn main() {
     }
     for (label, m) in &measured {
         println!(
-            "\n{label}: n: boots {}, tool calls {}, API execs {}, CLI execs {}, resets {}, raw restarts {}",
+            "\n{label}: n: boots {}, tool calls {}, API execs {}, CLI execs {}, resets by restart {}, resets through a standby {}, raw restarts {}",
             m.boots.len(),
             m.calls.len(),
             m.api_execs.len(),
             m.cli_execs.len(),
             m.resets.len(),
+            m.standby_resets.len(),
             m.restarts.len()
         );
     }
@@ -120,6 +127,10 @@ struct Measured {
     resets: Vec<Duration>,
     reverts: Vec<Duration>,
     verifies: Vec<Duration>,
+    standby_resets: Vec<Duration>,
+    standby_reverts: Vec<Duration>,
+    standby_verifies: Vec<Duration>,
+    preparations: Vec<Duration>,
     restarts: Vec<Duration>,
     first_call_after_reset: Duration,
 }
@@ -175,17 +186,37 @@ impl Bench<'_> {
             assert!(docker(&["exec", &container, "true"]))
         });
 
-        // Reset, each verified from its three sources; then the floor
-        // under it: the Engine killing and starting the same container,
-        // nothing else.
+        // Reset, each verified from its three sources: by restart (no
+        // standby waits), then through a standby prepared before each one
+        // (its preparation timed apart: it runs in the background after a
+        // reset); then the floor under the restart: the Engine killing and
+        // starting the same container, nothing else.
         let mut reverts = Vec::new();
         let mut verifies = Vec::new();
         let resets = time(sizes.resets, || {
             let report = bottle.reset().unwrap();
             assert!(report.verified);
+            assert_eq!(report.method, RevertMethod::Restart);
             reverts.push(report.revert);
             verifies.push(report.verify);
         });
+        let mut standby_resets = Vec::new();
+        let mut standby_reverts = Vec::new();
+        let mut standby_verifies = Vec::new();
+        let mut preparations = Vec::new();
+        for _ in 0..sizes.standby_resets {
+            let started = Instant::now();
+            let said = bottle.prepare_reset().unwrap();
+            preparations.push(started.elapsed());
+            assert!(said.contains("standby waits"), "{said}");
+            let started = Instant::now();
+            let report = bottle.reset().unwrap();
+            standby_resets.push(started.elapsed());
+            assert!(report.verified);
+            assert_eq!(report.method, RevertMethod::Standby);
+            standby_reverts.push(report.revert);
+            standby_verifies.push(report.verify);
+        }
         let engine = backend.engine().unwrap();
         let kill = || {
             bollard::query_parameters::KillContainerOptionsBuilder::default()
@@ -208,7 +239,9 @@ impl Bench<'_> {
         });
         // The raw restarts left the box running but not as a reset leaves
         // it.
-        assert!(bottle.reset().unwrap().verified);
+        bottle.prepare_reset().unwrap();
+        let report = bottle.reset().unwrap();
+        assert!(report.verified && report.method == RevertMethod::Standby);
         let after_reset = Instant::now();
         bottle.execute(&ToolCall::argv(["true"])).unwrap();
         let first_call_after_reset = after_reset.elapsed();
@@ -223,6 +256,10 @@ impl Bench<'_> {
             resets,
             reverts,
             verifies,
+            standby_resets,
+            standby_reverts,
+            standby_verifies,
+            preparations,
             restarts,
             first_call_after_reset,
         }
@@ -250,7 +287,7 @@ impl Measured {
             &self.cli_execs,
         );
         row(
-            &format!("reset, verified from three sources, {image}"),
+            &format!("reset by restart, verified from three sources, {image}"),
             &self.resets,
             "Engine API SIGKILL + start of the same container",
             &self.restarts,
@@ -259,6 +296,22 @@ impl Measured {
             "| … of which revert / verify | {:.1} / {:.1} | | | |",
             ms(percentile(&self.reverts, 50)),
             ms(percentile(&self.verifies, 50))
+        );
+        row(
+            &format!("reset through a standby, verified from three sources, {image}"),
+            &self.standby_resets,
+            "Engine API SIGKILL + start of the same container",
+            &self.restarts,
+        );
+        println!(
+            "| … of which swap / verify | {:.1} / {:.1} | | | |",
+            ms(percentile(&self.standby_reverts, 50)),
+            ms(percentile(&self.standby_verifies, 50))
+        );
+        println!(
+            "| preparing a standby (in the background, between resets), {image} | {:.1} ({:.1}) | | | |",
+            ms(percentile(&self.preparations, 50)),
+            ms(percentile(&self.preparations, 99))
         );
         println!(
             "| first tool call after a reset (starts a new in-box agent), {image} | {:.1} | | | |",

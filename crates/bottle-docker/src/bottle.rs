@@ -267,6 +267,18 @@ impl Bottle for DockerBottle {
         bottle_core::sandbox::reset::reset(&substrate, substrate.files())
     }
 
+    fn prepare_reset(&self) -> Result<String, BackendError> {
+        let substrate = self.reset_substrate();
+        Ok(match substrate.prepare_standby()? {
+            crate::reset::StandbyPrepared::Waiting => {
+                format!("a verified standby waits as {}", substrate.standby_name())
+            }
+            crate::reset::StandbyPrepared::NotUsed(why) => {
+                format!("no standby: {why}; the next reset restarts the box")
+            }
+        })
+    }
+
     fn connect_port(&self, port: u16) -> Result<ToolboxStream, BackendError> {
         Ok(crate::toolbox_stream::open_argv(
             &self.engine,

@@ -113,3 +113,28 @@ impl Engine {
         self.runtime.handle().clone()
     }
 }
+
+/// Removes a container (killing it first). `Ok(false)` if it was gone.
+pub fn remove_container(engine: &Engine, name: &str) -> Result<bool, DockerError> {
+    engine.block_on(remove_container_async(engine, name))
+}
+
+/// [`remove_container`], for a caller already on the runtime.
+pub(crate) async fn remove_container_async(
+    engine: &Engine,
+    name: &str,
+) -> Result<bool, DockerError> {
+    let options = bollard::query_parameters::RemoveContainerOptionsBuilder::default()
+        .force(true)
+        .v(true)
+        .build();
+    match engine.docker.remove_container(name, Some(options)).await {
+        Ok(()) => Ok(true),
+        Err(err) if crate::error::is_not_found(&err) => Ok(false),
+        // "removal already in progress": someone else is removing it.
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 409, ..
+        }) => Ok(false),
+        Err(err) => Err(DockerError::api(format!("remove container {name}"))(err)),
+    }
+}

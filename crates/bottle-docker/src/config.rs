@@ -158,16 +158,47 @@ pub fn egress_network() -> NetworkCreateRequest {
 
 fn pinned_endpoint(network: &str, ip: Ipv4Addr) -> NetworkingConfig {
     NetworkingConfig {
-        endpoints_config: Some(HashMap::from([(
-            network.to_string(),
-            EndpointSettings {
-                ipam_config: Some(EndpointIpamConfig {
-                    ipv4_address: Some(ip.to_string()),
-                    ..EndpointIpamConfig::default()
-                }),
-                ..EndpointSettings::default()
-            },
-        )])),
+        endpoints_config: Some(HashMap::from([(network.to_string(), pinned_at(ip))])),
+    }
+}
+
+/// An endpoint at the fixed address `ip`.
+fn pinned_at(ip: Ipv4Addr) -> EndpointSettings {
+    EndpointSettings {
+        ipam_config: Some(EndpointIpamConfig {
+            ipv4_address: Some(ip.to_string()),
+            ..EndpointIpamConfig::default()
+        }),
+        ..EndpointSettings::default()
+    }
+}
+
+/// The agent's endpoint on the bottle network: at the plan's address. A
+/// reset connects a standby with it.
+pub fn agent_endpoint(plan: &DockerPlan) -> EndpointSettings {
+    pinned_at(plan.backend_data.agent.ip)
+}
+
+/// A reset's standby box (`crate::reset`): the agent's container, but on
+/// the bottle network at an address the daemon picks, which it leaves
+/// right after its start. Starting on the network sets up the box's side
+/// of it (the daemon's resolver), so the standby's connection at the
+/// agent's address during a reset costs a third of a first one.
+pub fn standby_container(
+    plan: &DockerPlan,
+    resolv_conf: &str,
+    agent_box: &str,
+    labels: HashMap<String, String>,
+) -> ContainerCreateBody {
+    let network = &plan.backend_data.bundle.network;
+    ContainerCreateBody {
+        networking_config: Some(NetworkingConfig {
+            endpoints_config: Some(HashMap::from([(
+                network.clone(),
+                EndpointSettings::default(),
+            )])),
+        }),
+        ..agent_container(plan, resolv_conf, agent_box, labels)
     }
 }
 
@@ -723,6 +754,54 @@ pub(crate) mod tests {
                 .ipv4_address
                 .as_deref(),
             Some("192.168.40.3")
+        );
+    }
+
+    #[test]
+    fn a_standby_is_the_agents_container_on_the_network_at_no_fixed_address() {
+        let plan = sample_plan();
+        let make = |standby: bool| {
+            let args = (
+                &plan,
+                "/state/demo/stage/resolv.conf",
+                "/state/demo/box",
+                HashMap::from([("bottle.role".to_string(), "agent".to_string())]),
+            );
+            if standby {
+                standby_container(args.0, args.1, args.2, args.3)
+            } else {
+                agent_container(args.0, args.1, args.2, args.3)
+            }
+        };
+        let (agent, standby) = (make(false), make(true));
+        let endpoints = standby
+            .networking_config
+            .clone()
+            .unwrap()
+            .endpoints_config
+            .unwrap();
+        assert_eq!(endpoints.len(), 1);
+        assert_eq!(endpoints["bot-bottle-demo"], EndpointSettings::default());
+        assert_eq!(
+            ContainerCreateBody {
+                networking_config: None,
+                ..standby
+            },
+            ContainerCreateBody {
+                networking_config: None,
+                ..agent.clone()
+            },
+            "everything else is the agent's"
+        );
+        // The reset connects it where the agent was.
+        assert_eq!(
+            Some(agent_endpoint(&plan)),
+            agent
+                .networking_config
+                .unwrap()
+                .endpoints_config
+                .unwrap()
+                .remove("bot-bottle-demo")
         );
     }
 

@@ -8,9 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use bollard::query_parameters::{
-    ListContainersOptionsBuilder, ListNetworksOptionsBuilder, RemoveContainerOptionsBuilder,
-};
+use bollard::query_parameters::{ListContainersOptionsBuilder, ListNetworksOptionsBuilder};
 use bottle_core::backend::{
     BackendKind, BottleInfo, CleanupItem, CleanupPass, CleanupReport, StopProgress,
 };
@@ -18,34 +16,14 @@ use bottle_core::life::{Phase, StateDir};
 use bottle_core::slug::{bottle_name, slug_of};
 use bottle_core::time::rfc3339;
 
-use crate::client::Engine;
+pub use crate::client::remove_container;
+use crate::client::{Engine, remove_container_async};
 use crate::data::{self, StatePaths};
 use crate::error::{DockerError, is_not_found};
 use crate::names::{
     EGRESS_NETWORK, LABEL_AGENT, LABEL_BUNDLE_IP, LABEL_DETACHED, LABEL_MANAGED, LABEL_NAME,
     LABEL_ROLE, LABEL_SLUG, LABEL_STATE_DIR, ResourceNames, label_filter, owner_from_labels, role,
 };
-
-/// Removes a container (killing it first). `Ok(false)` if it was gone.
-pub fn remove_container(engine: &Engine, name: &str) -> Result<bool, DockerError> {
-    engine.block_on(remove_container_async(engine, name))
-}
-
-async fn remove_container_async(engine: &Engine, name: &str) -> Result<bool, DockerError> {
-    let options = RemoveContainerOptionsBuilder::default()
-        .force(true)
-        .v(true)
-        .build();
-    match engine.docker.remove_container(name, Some(options)).await {
-        Ok(()) => Ok(true),
-        Err(err) if is_not_found(&err) => Ok(false),
-        // "removal already in progress": someone else is removing it.
-        Err(bollard::errors::Error::DockerResponseServerError {
-            status_code: 409, ..
-        }) => Ok(false),
-        Err(err) => Err(DockerError::api(format!("remove container {name}"))(err)),
-    }
-}
 
 /// Removes a network. `Ok(false)` if it was gone.
 pub fn remove_network(engine: &Engine, name: &str) -> Result<bool, DockerError> {
@@ -305,7 +283,17 @@ fn bottles_with_containers(engine: &Engine) -> Result<Vec<BottleInfo>, DockerErr
                     .iter()
                     .find(|c| c.labels.get(LABEL_ROLE).map(String::as_str) == Some(r))
             };
-            let agent = of_role(role::AGENT);
+            // A reset's standby and the boxes it retired carry the agent's
+            // labels: the agent is the one with the agent's name.
+            let agent = resources
+                .iter()
+                .find(|c| {
+                    c.labels.get(LABEL_ROLE).map(String::as_str) == Some(role::AGENT)
+                        && c.labels
+                            .get(LABEL_SLUG)
+                            .is_some_and(|slug| ResourceNames::for_slug(slug).agent == c.name)
+                })
+                .or_else(|| of_role(role::AGENT));
             let bundle = of_role(role::BUNDLE);
             let any = agent.or(bundle).unwrap_or(&resources[0]);
             let state = match (agent, bundle) {

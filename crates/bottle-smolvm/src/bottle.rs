@@ -237,6 +237,13 @@ impl Bottle for SmolvmBottle {
         bottle_core::sandbox::reset::reset(&substrate, &files)
     }
 
+    /// A microVM reverts its disks at reset: a standby machine would double
+    /// the bottle's memory, and smolvm cannot move a machine's network to
+    /// another (docs/design/standby-reset.md).
+    fn prepare_reset(&self) -> Result<String, BackendError> {
+        Ok("a microVM resets by restoring its disks: nothing to prepare".into())
+    }
+
     fn commit(&self, _image: &str) -> Result<CommitReport, BackendError> {
         Err(SmolvmError::CommitUnsupported.into())
     }

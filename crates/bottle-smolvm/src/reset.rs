@@ -38,7 +38,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use bottle_core::backend::{BackendError, BackendErrorKind};
-use bottle_core::sandbox::ResetSubstrate;
+use bottle_core::sandbox::{ResetSubstrate, RevertMethod};
 use serde_json::Value;
 
 use crate::bottle::SmolvmBottle;
@@ -127,7 +127,7 @@ impl ResetSubstrate for VmReset<'_> {
         .map_err(backend)
     }
 
-    fn revert(&self) -> Result<(), BackendError> {
+    fn revert(&self) -> Result<RevertMethod, BackendError> {
         let golden = self.golden.clone();
         if let Some(missing) = DISKS.iter().map(|d| golden.join(d)).find(|p| !p.is_file()) {
             return Err(BackendError::new(
@@ -146,6 +146,7 @@ impl ResetSubstrate for VmReset<'_> {
             }
             Ok(())
         })
+        .map(|()| RevertMethod::Restart)
         .map_err(backend)
     }
 

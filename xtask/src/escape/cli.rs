@@ -141,6 +141,12 @@ impl BottleCli {
         Ok(())
     }
 
+    /// `bottle reset NAME`.
+    pub(crate) fn reset(&self, name: &str) -> anyhow::Result<Output> {
+        self.sys
+            .output(&self.command(&["reset", name], Duration::from_secs(120)))
+    }
+
     /// `bottle stop --wait NAME`: finished before the gate goes on, so no
     /// finisher outlives the run (its temporary state root and, with the
     /// microVM double, smolvm's data dir go with it).

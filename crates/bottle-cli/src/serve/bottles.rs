@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use bottle_core::sandbox::reset::{ResetFiles, halted};
 use bottle_core::sandbox::{ResetReport, ToolCall, ToolResult};
-use bottle_core::{Bottle, slug};
+use bottle_core::{BackendKind, Bottle, slug};
 use hyper::StatusCode;
 use tokio::sync::oneshot;
 
@@ -30,7 +30,8 @@ enum Job {
 }
 
 /// How a worker finds its bottle (tests give their own).
-type AttachFn = dyn Fn(&str) -> Result<Box<dyn Bottle>, ApiError> + Send + Sync;
+/// Finds a bottle by name, with the backend it runs on.
+type AttachFn = dyn Fn(&str) -> Result<(Box<dyn Bottle>, BackendKind), ApiError> + Send + Sync;
 type Attach = Arc<AttachFn>;
 
 /// The workers, by bottle name.
@@ -65,7 +66,7 @@ impl Bottles {
         Bottles::with_attach(
             state_root,
             Arc::new(move |name: &str| {
-                crate::lookup::find_bottle(&global, name).map_err(|failure| {
+                crate::lookup::find_bottle_and_backend(&global, name).map_err(|failure| {
                     // Bad input to a lookup is a name no backend has.
                     let status = if failure.exit == crate::failure::EXIT_USAGE {
                         StatusCode::NOT_FOUND
@@ -151,7 +152,7 @@ fn worker_ended(name: &str) -> ApiError {
 /// A worker: attaches to the bottle on its first job and keeps it.
 fn work(attach: &AttachFn, state_root: &Path, name: &str, jobs: &mpsc::Receiver<Job>) {
     let files = ResetFiles::new(state_root.join(slug::slug_of(name)));
-    let mut bottle: Option<Box<dyn Bottle>> = None;
+    let mut bottle: Option<(Box<dyn Bottle>, BackendKind)> = None;
     while let Ok(job) = jobs.recv() {
         match job {
             Job::Execute(call, reply) => {
@@ -163,7 +164,12 @@ fn work(attach: &AttachFn, state_root: &Path, name: &str, jobs: &mpsc::Receiver<
             Job::Reset(reply) => {
                 let result = attached(attach, name, &mut bottle)
                     .and_then(|bottle| bottle.reset().map_err(ApiError::from));
+                let verified = result.as_ref().is_ok_and(|report| report.verified);
                 let _ = reply.send(result);
+                // The next reset's standby, made off this worker's path.
+                if let (true, Some((bottle, kind))) = (verified, bottle.as_ref()) {
+                    let _ = crate::reset::spawn_prepare(bottle.name(), *kind);
+                }
             }
             Job::Close(reply) => {
                 drop(bottle.take());
@@ -178,13 +184,14 @@ fn work(attach: &AttachFn, state_root: &Path, name: &str, jobs: &mpsc::Receiver<
 fn attached<'b>(
     attach: &AttachFn,
     name: &str,
-    bottle: &'b mut Option<Box<dyn Bottle>>,
+    bottle: &'b mut Option<(Box<dyn Bottle>, BackendKind)>,
 ) -> Result<&'b dyn Bottle, ApiError> {
     if bottle.is_none() {
         *bottle = Some(attach(name)?);
     }
     bottle
-        .as_deref()
+        .as_ref()
+        .map(|(bottle, _)| bottle.as_ref())
         .ok_or_else(|| ApiError::internal("the bottle vanished from its worker"))
 }
 
@@ -300,6 +307,9 @@ mod tests {
         ) -> Result<bottle_core::sandbox::ResetReport, bottle_core::sandbox::SandboxError> {
             unreachable!("the worker tests run calls only")
         }
+        fn prepare_reset(&self) -> Result<String, BackendError> {
+            unreachable!("the worker tests run calls only")
+        }
         fn commit(&self, _: &str) -> Result<bottle_core::CommitReport, BackendError> {
             unreachable!("serve commits nothing")
         }
@@ -318,10 +328,11 @@ mod tests {
             state_root.to_path_buf(),
             Arc::new(move |name: &str| {
                 attach_log.attaches.fetch_add(1, Ordering::SeqCst);
-                Ok(Box::new(FakeBottle {
+                let bottle = Box::new(FakeBottle {
                     name: name.to_string(),
                     log: Arc::clone(&attach_log),
-                }) as Box<dyn Bottle>)
+                }) as Box<dyn Bottle>;
+                Ok((bottle, BackendKind::Docker))
             }),
         );
         (Arc::new(bottles), log)

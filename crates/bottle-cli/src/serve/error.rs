@@ -139,6 +139,7 @@ mod tests {
                 matched: false,
             }],
             verified: false,
+            method: bottle_core::sandbox::RevertMethod::Restart,
             revert: Duration::from_millis(300),
             verify: Duration::from_millis(20),
         };

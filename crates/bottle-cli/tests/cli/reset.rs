@@ -1,8 +1,11 @@
-//! `bottle reset` through the real binary on the docker backend: a reset
-//! reverts what the agent wrote and prints the three sources' verdicts
-//! (text and `--json`); an Engine state changed behind bottle's back halts
-//! the bottle, exits 5 and names the source and the fact; the halted
-//! bottle is listed as halted, is not reset again, and `stop` removes it.
+//! `bottle reset` through the real binary on the docker backend: a
+//! detached start prepares the first reset's standby in the background,
+//! and each reset the next one; a reset swaps it in, reverts what the
+//! agent wrote and prints the three sources' verdicts (text and `--json`);
+//! an Engine state changed behind bottle's back (the waiting standby's)
+//! halts the bottle, exits 5 and names the source and the fact; the halted
+//! bottle is listed as halted, is not reset again, and `stop` removes it,
+//! its standby and the boxes earlier resets retired.
 //!
 //! Needs Docker, `/bin/busybox` (the demo agent image) and
 //! `BOTTLE_BUNDLE_BIN`; skips with a line unless `BOTTLE_REQUIRE_DOCKER=1`.
@@ -33,6 +36,19 @@ impl World {
 
     fn state_dir(&self) -> PathBuf {
         self.dir.path().join("state/bottle").join(&self.name)
+    }
+
+    /// Waits (bounded) for the standby the background preparation makes.
+    fn wait_for_standby(&self) {
+        let golden = self.state_dir().join("golden");
+        let ready = bottle_test_support::eventually(std::time::Duration::from_secs(60), || {
+            golden.join("standby.json").exists()
+        });
+        assert!(
+            ready,
+            "no standby was prepared; its log: {}",
+            std::fs::read_to_string(golden.join("prepare.log")).unwrap_or_default()
+        );
     }
 }
 
@@ -84,6 +100,7 @@ fn reset_reverts_reports_and_halts_on_a_changed_engine_state() {
         .unwrap();
     assert!(started.status.success(), "{}", stderr(&started));
     assert!(!stderr(&started).contains("reset is unavailable"));
+    world.wait_for_standby();
 
     let wrote = world
         .bottle()
@@ -109,7 +126,10 @@ fn reset_reverts_reports_and_halts_on_a_changed_engine_state() {
             .unwrap_or_else(|| panic!("no {source} row: {text}"));
         assert!(row.ends_with('✓'), "{row}");
     }
-    assert!(text.contains("reset verified (revert "), "{text}");
+    assert!(
+        text.contains("reset verified (revert by standby "),
+        "{text}"
+    );
     let gone = world
         .bottle()
         .args(["exec", &name, "--", "test", "-e", "/home/agent/left"])
@@ -127,11 +147,13 @@ fn reset_reverts_reports_and_halts_on_a_changed_engine_state() {
     assert_eq!(report["verified"], true);
     assert_eq!(report["checks"].as_array().unwrap().len(), 3);
 
-    // The Engine's view changed behind bottle's back: halted, exit 5.
+    // The Engine's view of the box the next reset swaps in changed behind
+    // bottle's back: halted, exit 5.
     let agent = format!("bot-bottle-{name}-agent");
+    world.wait_for_standby();
     engine
         .block_on(engine.docker.update_container(
-            &agent,
+            &format!("{agent}-standby"),
             bollard::models::ContainerUpdateBody {
                 memory: Some(200 * 1024 * 1024),
                 ..Default::default()
@@ -160,8 +182,25 @@ fn reset_reverts_reports_and_halts_on_a_changed_engine_state() {
 
     let stopped = world.bottle().args(["stop", &name]).output().unwrap();
     assert!(stopped.status.success(), "{}", stderr(&stopped));
-    let inspect = engine.block_on(engine.docker.inspect_container(&agent, None));
-    assert!(inspect.is_err(), "{agent} is left");
+    for container in [agent.clone(), format!("{agent}-standby")] {
+        let inspect = engine.block_on(engine.docker.inspect_container(&container, None));
+        assert!(inspect.is_err(), "{container} is left");
+    }
+    let retired = engine
+        .block_on(
+            engine.docker.list_containers(Some(
+                bollard::query_parameters::ListContainersOptionsBuilder::default()
+                    .all(true)
+                    .build(),
+            )),
+        )
+        .unwrap()
+        .into_iter()
+        .filter_map(|c| c.names)
+        .flatten()
+        .filter(|n| n.starts_with(&format!("/{agent}-old-")))
+        .collect::<Vec<_>>();
+    assert!(retired.is_empty(), "{retired:?} are left");
     // The state dir goes with the rest, after `stop` returned.
     bottle_test_support::wait_until(
         "the state dir to go",

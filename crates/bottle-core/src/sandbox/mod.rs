@@ -23,7 +23,9 @@ pub mod wire;
 
 pub use call::{BUILTIN_TOOLS, Command, ToolCall, ToolResult, evidence_hash};
 pub use error::SandboxError;
-pub use reset::{Baseline, ResetFiles, ResetReport, ResetSubstrate, Source, SourceCheck};
+pub use reset::{
+    Baseline, ResetFiles, ResetReport, ResetSubstrate, RevertMethod, Source, SourceCheck,
+};
 pub use toolbox::{
     FILTERED, OpenFds, TOOLBOX_MODE, TOOLBOX_PATH, Toolbox, ToolboxStream, filtered_argv,
 };

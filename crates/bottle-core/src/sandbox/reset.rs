@@ -58,6 +58,29 @@ impl fmt::Display for Source {
     }
 }
 
+/// How a revert returned the box to its golden snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RevertMethod {
+    /// The box itself was stopped, restored and started again (a
+    /// container's layer swapped while it was down, a microVM's disks).
+    Restart,
+    /// A standby box, prepared from the snapshot in the background and
+    /// verified, took the old box's place; the old box was paused and cut
+    /// off its network first.
+    Standby,
+}
+
+impl RevertMethod {
+    /// The name used in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RevertMethod::Restart => "restart",
+            RevertMethod::Standby => "standby",
+        }
+    }
+}
+
 /// What the three sources said at snapshot time.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Baseline {
@@ -82,10 +105,11 @@ pub trait ResetSubstrate {
     fn snapshot(&self) -> Result<(), BackendError>;
 
     /// Returns the box to the golden snapshot: every process of the box
-    /// ended, the writable state restored, the box running again with
-    /// nothing of the agent in it. The bundle, network, CA and audit log
-    /// are not touched.
-    fn revert(&self) -> Result<(), BackendError>;
+    /// ended (or, with a standby, frozen and cut off its network for good),
+    /// the writable state restored, the box running again with nothing of
+    /// the agent in it. The bundle, network, CA and audit log are not
+    /// touched. Says how.
+    fn revert(&self) -> Result<RevertMethod, BackendError>;
 
     /// The filesystem source: `sha256:<hex>` over the writable state.
     fn read_fs_hash(&self) -> Result<String, BackendError>;
@@ -176,6 +200,8 @@ pub struct ResetReport {
     pub checks: Vec<SourceCheck>,
     /// Whether every source agreed with its baseline.
     pub verified: bool,
+    /// How the box was reverted.
+    pub method: RevertMethod,
     /// Time spent reverting.
     #[serde(with = "crate::sandbox::call::duration_ms")]
     pub revert: Duration,
@@ -280,20 +306,24 @@ pub fn reset(
         });
     }
     let baseline = load_baseline(files);
-    if let Err(err) = substrate.revert() {
-        let why = format!(
-            "reverting to the golden snapshot failed: {}",
-            shown(&err.to_string())
-        );
-        halt(substrate, files, &why, started.elapsed());
-        return Err(SandboxError::Reset { bottle, why });
-    }
+    let method = match substrate.revert() {
+        Ok(method) => method,
+        Err(err) => {
+            let why = format!(
+                "reverting to the golden snapshot failed: {}",
+                shown(&err.to_string())
+            );
+            halt(substrate, files, &why, started.elapsed());
+            return Err(SandboxError::Reset { bottle, why });
+        }
+    };
     let revert = started.elapsed();
     let checks = verify(substrate, baseline.as_ref(), &Source::ALL);
     let report = ResetReport {
         bottle: bottle.clone(),
         verified: checks.iter().all(|check| check.matched),
         checks,
+        method,
         revert,
         verify: started.elapsed() - revert,
     };
@@ -505,12 +535,12 @@ mod tests {
             self.log.borrow_mut().push("snapshot");
             Ok(())
         }
-        fn revert(&self) -> Result<(), BackendError> {
+        fn revert(&self) -> Result<RevertMethod, BackendError> {
             self.log.borrow_mut().push("revert");
             if self.revert_fails {
                 return Err(failed("the engine refused to start the box"));
             }
-            Ok(())
+            Ok(RevertMethod::Restart)
         }
         fn read_fs_hash(&self) -> Result<String, BackendError> {
             self.fs.borrow().clone().map_err(|e| failed(&e))

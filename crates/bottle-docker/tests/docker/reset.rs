@@ -8,7 +8,7 @@ use std::time::Duration;
 use bollard::exec::{CreateExecOptions, StartExecOptions};
 use bottle_core::backend::BackendError;
 use bottle_core::sandbox::reset::{self, halted};
-use bottle_core::sandbox::{ResetSubstrate, SandboxError, Source};
+use bottle_core::sandbox::{ResetSubstrate, RevertMethod, SandboxError, Source};
 use bottle_core::{Bottle, BottleBackend, BottleLauncher, Coded};
 use bottle_docker::DockerBottle;
 use bottle_docker::reset::DockerResetSubstrate;
@@ -279,10 +279,10 @@ impl ResetSubstrate for LeavesAProcess {
     fn snapshot(&self) -> Result<(), BackendError> {
         self.real.snapshot()
     }
-    fn revert(&self) -> Result<(), BackendError> {
-        self.real.revert()?;
+    fn revert(&self) -> Result<RevertMethod, BackendError> {
+        let method = self.real.revert()?;
         self.leave_process();
-        Ok(())
+        Ok(method)
     }
     fn read_fs_hash(&self) -> Result<String, BackendError> {
         self.real.read_fs_hash()
@@ -364,4 +364,166 @@ fn a_baseline_never_recorded_is_not_a_pass() {
             .running
             .unwrap()
     );
+}
+
+/// The containers whose name starts with `prefix`, with their state and
+/// networks.
+fn boxes_named(fx: &Fixture, prefix: &str) -> Vec<(String, String, Vec<String>)> {
+    let engine = fx.backend.engine().unwrap();
+    let options = bollard::query_parameters::ListContainersOptionsBuilder::default()
+        .all(true)
+        .build();
+    let mut found: Vec<_> = engine
+        .block_on(engine.docker.list_containers(Some(options)))
+        .unwrap()
+        .into_iter()
+        .filter_map(|c| {
+            let name = c.names?.first()?.trim_start_matches('/').to_string();
+            name.starts_with(prefix).then(|| {
+                let inspect = support::inspect(&fx.backend, &name);
+                let networks = inspect
+                    .network_settings
+                    .and_then(|n| n.networks)
+                    .unwrap_or_default()
+                    .into_keys()
+                    .collect();
+                let state = inspect.state.unwrap().status.unwrap().to_string();
+                (name, state, networks)
+            })
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+#[test]
+fn a_reset_swaps_in_a_verified_standby_and_cuts_the_old_box_off() {
+    let Some(fx) = support::setup("a_reset_swaps_in_a_verified_standby_and_cuts_the_old_box_off")
+    else {
+        return;
+    };
+    let name = name("standby");
+    let (guard, bottle) = start(&fx, &name);
+    let agent = bottle.container().to_string();
+    let networks = support::inspect(&fx.backend, &agent)
+        .network_settings
+        .and_then(|n| n.networks)
+        .unwrap();
+    assert_eq!(networks.len(), 1, "{networks:?}");
+    let network = networks.into_keys().next().unwrap();
+    let before = box_state(&bottle);
+    let address = |container: &str| {
+        support::inspect(&fx.backend, container)
+            .network_settings
+            .and_then(|n| n.networks)
+            .and_then(|n| n.get(&network).cloned())
+            .and_then(|endpoint| endpoint.ip_address)
+    };
+    let planned = address(&agent).expect("the agent is on the bottle network");
+
+    for round in 0..3 {
+        let said = bottle.prepare_reset().unwrap();
+        assert!(said.contains("standby waits"), "{said}");
+        // The standby waits paused, on no network; the boxes earlier
+        // resets retired are gone.
+        let standby = format!("{agent}-standby");
+        assert_eq!(
+            boxes_named(&fx, &format!("{agent}-")),
+            [(standby.clone(), "paused".to_string(), vec![])],
+            "round {round}"
+        );
+        let old_id = support::inspect(&fx.backend, &agent).id.unwrap();
+        let standby_id = support::inspect(&fx.backend, &standby).id.unwrap();
+
+        sh(
+            &bottle,
+            "echo mine > /home/agent/new.txt && (setsid sleep 1000 >/dev/null 2>&1 &)",
+        );
+        let report = bottle
+            .reset()
+            .unwrap_or_else(|err| panic!("round {round}: {err}"));
+        assert!(report.verified, "{report:?}");
+        assert_eq!(report.method, RevertMethod::Standby);
+
+        // The agent's name is the standby's box now, at the planned
+        // address, as the snapshot left it.
+        assert_eq!(
+            support::inspect(&fx.backend, &agent).id.unwrap(),
+            standby_id
+        );
+        assert_eq!(address(&agent).as_deref(), Some(planned.as_str()));
+        assert_eq!(box_state(&bottle), before, "round {round}");
+        // The old box is paused and on no network.
+        let retired = boxes_named(&fx, &format!("{agent}-old-"));
+        assert_eq!(retired.len(), 1, "{retired:?}");
+        assert_eq!((retired[0].1.as_str(), retired[0].2.len()), ("paused", 0));
+        assert_eq!(
+            support::inspect(&fx.backend, &retired[0].0).id.unwrap(),
+            old_id
+        );
+        // Listed once, as the running bottle.
+        let listed = fx.backend.list_active().unwrap();
+        let this: Vec<_> = listed.iter().filter(|b| b.name == bottle.name()).collect();
+        assert_eq!(this.len(), 1, "{listed:?}");
+        assert_eq!(this[0].state, "running");
+    }
+
+    // With no standby waiting, a reset restarts the box swapped in last.
+    sh(&bottle, "echo mine > /home/agent/new.txt");
+    let report = bottle.reset().unwrap();
+    assert!(report.verified, "{report:?}");
+    assert_eq!(report.method, RevertMethod::Restart);
+    assert_eq!(box_state(&bottle), before);
+
+    // A stop removes the standby and the retired boxes with the bottle.
+    assert!(bottle.prepare_reset().unwrap().contains("standby waits"));
+    drop(guard);
+    assert!(support::resources_of(&fx.backend, bottle.name()).is_empty());
+    assert!(boxes_named(&fx, &agent).is_empty());
+}
+
+#[test]
+fn a_standby_changed_while_it_waits_is_never_a_pass() {
+    let Some(fx) = support::setup("a_standby_changed_while_it_waits_is_never_a_pass") else {
+        return;
+    };
+    let name = name("sbylie");
+    let (_guard, bottle) = start(&fx, &name);
+    let agent = bottle.container().to_string();
+    let standby = format!("{agent}-standby");
+    let engine = fx.backend.engine().unwrap();
+
+    // Unpaused behind bottle's back: not the standby that was verified,
+    // so it is removed and the reset restarts the box.
+    bottle.prepare_reset().unwrap();
+    engine
+        .block_on(engine.docker.unpause_container(&standby))
+        .unwrap();
+    let report = bottle.reset().unwrap();
+    assert!(report.verified);
+    assert_eq!(report.method, RevertMethod::Restart);
+    assert!(boxes_named(&fx, &standby).is_empty());
+
+    // A file planted in its layer while it waits: swapped in, and the
+    // reset's filesystem source halts the bottle.
+    bottle.prepare_reset().unwrap();
+    let upper = support::inspect(&fx.backend, &standby)
+        .graph_driver
+        .unwrap()
+        .data["UpperDir"]
+        .clone();
+    std::fs::write(PathBuf::from(upper).join("planted"), "x").unwrap();
+    let err = bottle.reset().unwrap_err();
+    assert_eq!(err.code(), "BOT-X006", "{err}");
+    let SandboxError::ResetDivergence { report } = &err else {
+        panic!("{err}")
+    };
+    let diverged: Vec<Source> = report
+        .checks
+        .iter()
+        .filter(|c| !c.matched)
+        .map(|c| c.source)
+        .collect();
+    assert_eq!(diverged, [Source::Filesystem], "{report:?}");
+    assert!(halted(bottle.reset_substrate().files()).is_some());
 }

@@ -24,7 +24,8 @@
 //! each agent's bare repository on the host, seeded and read back with
 //! real git; `toolbox`: the in-box agent's channel attacked from a tool
 //! call; `ports`: the relays' audit lines, a published port seen from the
-//! host, and the box's routes.
+//! host, and the box's routes; `reset`: a bottle reset through its
+//! standby, the old box cut off and the new one probed.
 
 mod audit_log;
 mod bottle_posture;
@@ -39,6 +40,7 @@ mod operator;
 mod ports;
 mod prepare;
 mod probing;
+mod reset;
 mod split;
 mod toolbox;
 
@@ -443,7 +445,8 @@ impl Gate {
         self.toolbox_phase("bottle A", &a, targets_a.clone())?;
         progress("probing bottle B");
         let targets_b = self.targets(&b, &a);
-        self.probe_phase("bottle B", &mut b, Some(&a), targets_b, ProbeSet::Full)?;
+        let results_b =
+            self.probe_phase("bottle B", &mut b, Some(&a), targets_b, ProbeSet::Full)?;
         progress("host-side posture of A and B");
         self.posture("posture A", &a)?;
         self.posture("posture B", &b)?;
@@ -463,6 +466,14 @@ impl Gate {
                     Err(err) => Err(err.context(name.to_string())),
                 }
             };
+
+        // A reset swaps in a box made off the reset's path: it must hold
+        // like a launched one, and the old one must be cut off.
+        if self.smolvm.is_none() {
+            progress("reset: B through its standby, then probing B again");
+            let r = self.reset_phase(&mut b, &a, &results_b);
+            step(self, "reset: B through its standby", r)?;
+        }
 
         progress("fault: kill -9 A's bundle, probe A again");
         let r = self.fault_bundle_kill(&mut a, &b, &targets_a, &results_a);

@@ -37,12 +37,16 @@ use bollard::models::ContainerInspectResponse;
 use bollard::query_parameters::KillContainerOptionsBuilder;
 use bottle_core::backend::BackendError;
 use bottle_core::exec::{CommandRunner, CommandSpec, SystemRunner};
-use bottle_core::sandbox::{ResetFiles, ResetSubstrate};
+use bottle_core::sandbox::{ResetFiles, ResetSubstrate, RevertMethod};
 use sha2::{Digest, Sha256};
 
 use crate::client::Engine;
 use crate::error::DockerError;
 use crate::pause::PAUSE_PATH;
+
+mod standby;
+
+pub use standby::StandbyPrepared;
 
 /// The only storage driver whose writable layer this module can copy.
 const OVERLAY2: &str = "overlay2";
@@ -100,18 +104,20 @@ impl DockerResetSubstrate {
         self.files.golden_dir().join("upper")
     }
 
-    fn inspect(&self) -> Result<ContainerInspectResponse, DockerError> {
+    fn inspect_of(&self, container: &str) -> Result<ContainerInspectResponse, DockerError> {
         self.engine
-            .block_on(self.engine.docker.inspect_container(&self.agent, None))
-            .map_err(DockerError::api(format!(
-                "inspect container {}",
-                self.agent
-            )))
+            .block_on(self.engine.docker.inspect_container(container, None))
+            .map_err(DockerError::api(format!("inspect container {container}")))
     }
 
     /// The agent container's upper layer, or why there is none to copy.
     pub fn upper_dir(&self) -> Result<PathBuf, DockerError> {
-        let inspect = self.inspect()?;
+        self.upper_dir_of(&self.agent)
+    }
+
+    /// `container`'s upper layer, or why there is none to copy.
+    fn upper_dir_of(&self, container: &str) -> Result<PathBuf, DockerError> {
+        let inspect = self.inspect_of(container)?;
         let unavailable = |why: String| DockerError::ResetUnavailable { why };
         let driver = inspect.graph_driver.unwrap_or_default();
         if driver.name != OVERLAY2 {
@@ -126,8 +132,7 @@ impl DockerResetSubstrate {
             .filter(|dir| !dir.is_empty())
             .ok_or_else(|| {
                 unavailable(format!(
-                    "the daemon does not report the upper layer of {}",
-                    self.agent
+                    "the daemon does not report the upper layer of {container}"
                 ))
             })?;
         let upper = PathBuf::from(upper);
@@ -173,12 +178,19 @@ impl DockerResetSubstrate {
 
     /// SIGKILLs `container`; one that is not running is already stopped.
     fn kill(&self, container: &str) -> Result<(), DockerError> {
+        self.engine.block_on(self.kill_async(container))
+    }
+
+    /// [`Self::kill`], on the runtime.
+    async fn kill_async(&self, container: &str) -> Result<(), DockerError> {
         let options = KillContainerOptionsBuilder::default()
             .signal("SIGKILL")
             .build();
         match self
             .engine
-            .block_on(self.engine.docker.kill_container(container, Some(options)))
+            .docker
+            .kill_container(container, Some(options))
+            .await
         {
             Ok(()) => Ok(()),
             Err(bollard::errors::Error::DockerResponseServerError {
@@ -188,15 +200,15 @@ impl DockerResetSubstrate {
         }
     }
 
-    /// The container's init process and its pid namespace.
-    fn init_namespace(&self) -> Result<(u32, PathBuf), DockerError> {
-        let state = self.inspect()?.state.unwrap_or_default();
+    /// `container`'s init process and its pid namespace.
+    fn init_namespace_of(&self, container: &str) -> Result<(u32, PathBuf), DockerError> {
+        let state = self.inspect_of(container)?.state.unwrap_or_default();
         let pid = state
             .pid
             .and_then(|pid| u32::try_from(pid).ok())
             .filter(|pid| *pid > 0 && state.running == Some(true))
             .ok_or_else(|| DockerError::ResetState {
-                what: format!("{} is not running", self.agent),
+                what: format!("{container} is not running"),
             })?;
         let link = PathBuf::from(format!("/proc/{pid}/ns/pid"));
         let namespace =
@@ -204,20 +216,20 @@ impl DockerResetSubstrate {
         Ok((pid, namespace))
     }
 
-    /// Waits until the keep-alive runs in the container again (the start
-    /// returns once its init runs; init starts the keep-alive after); in
-    /// a gVisor box, whose keep-alive the host cannot see, checks once
-    /// that the sandbox runs.
-    fn wait_for_keep_alive(&self) -> Result<(), DockerError> {
+    /// Waits until the keep-alive runs in `container` (the start returns
+    /// once its init runs; init starts the keep-alive after); in a gVisor
+    /// box, whose keep-alive the host cannot see, checks once that the
+    /// sandbox runs.
+    fn wait_for_keep_alive(&self, container: &str) -> Result<(), DockerError> {
         if let Some(binary) = &self.gvisor_binary {
             // The keep-alive runs in gVisor's kernel, out of the host's
             // sight: the box is back once its sandbox runs.
-            let inspect = self.inspect()?;
+            let inspect = self.inspect_of(container)?;
             return crate::gvisor::check_sandbox_process(&inspect, Path::new("/proc"), binary)
                 .map(drop)
                 .map_err(|what| DockerError::ResetState { what });
         }
-        let (_, namespace) = self.init_namespace()?;
+        let (_, namespace) = self.init_namespace_of(container)?;
         let deadline = Instant::now() + SETTLE;
         loop {
             let keep_alive = processes_in(&namespace).into_iter().any(|pid| {
@@ -230,8 +242,7 @@ impl DockerResetSubstrate {
             if Instant::now() > deadline {
                 return Err(DockerError::ResetState {
                     what: format!(
-                        "the keep-alive of {} did not come back within {} s",
-                        self.agent,
+                        "the keep-alive of {container} did not come back within {} s",
                         SETTLE.as_secs()
                     ),
                 });
@@ -240,30 +251,29 @@ impl DockerResetSubstrate {
         }
     }
 
-    fn revert_inner(&self) -> Result<(), DockerError> {
+    fn revert_inner(&self) -> Result<RevertMethod, DockerError> {
         // Two resets of one bottle at once would swap each other's copies.
         let _one_at_a_time = self.lock()?;
+        if self.swap_in_standby()? {
+            return Ok(RevertMethod::Standby);
+        }
         let upper = self.upper_dir()?;
-        let next = sibling(&upper, ".next");
-        if !next.is_dir() {
-            return Err(DockerError::ResetState {
-                what: format!("no prepared copy of the snapshot at {}", next.display()),
-            });
+        // A box swapped in from a standby has no copy prepared beside its
+        // layer until the next standby's preparation makes one.
+        if !sibling(&upper, ".next").is_dir() {
+            self.prepare_next(&upper)?;
         }
         self.kill(&self.agent)?;
         wait_unmounted(&upper)?;
-        let old = sibling(&upper, ".old");
-        remove_tree(&old)?;
-        std::fs::rename(&upper, &old).map_err(DockerError::io("move aside", &upper))?;
-        std::fs::rename(&next, &upper).map_err(DockerError::io("move into place", &next))?;
+        swap_layer(&upper)?;
         self.engine
             .block_on(self.engine.docker.start_container(&self.agent, None))
             .map_err(DockerError::api(format!("start {}", self.agent)))?;
-        self.wait_for_keep_alive()?;
+        self.wait_for_keep_alive(&self.agent)?;
         // Before returning, so a later reset never finds a stale or
         // partial copy (a partial one never carries the `.next` name).
-        remove_tree(&old)?;
-        self.prepare_next(&upper)
+        self.prepare_next(&upper)?;
+        Ok(RevertMethod::Restart)
     }
 
     /// Holds the bottle's reset lock (released when the file is closed).
@@ -277,8 +287,8 @@ impl DockerResetSubstrate {
         self.prepare_next(&upper)
     }
 
-    fn open_fds_inner(&self) -> Result<u64, DockerError> {
-        let (pid, namespace) = self.init_namespace()?;
+    fn open_fds_of(&self, container: &str) -> Result<u64, DockerError> {
+        let (pid, namespace) = self.init_namespace_of(container)?;
         if let Some(binary) = &self.gvisor_binary {
             return crate::gvisor::stray_descriptors(Path::new("/proc"), pid, binary)
                 .map_err(|what| DockerError::ResetState { what });
@@ -292,9 +302,8 @@ impl DockerResetSubstrate {
             .sum())
     }
 
-    fn engine_inner(&self) -> Result<BTreeMap<String, String>, DockerError> {
-        let inspect = self.inspect()?;
-        Ok(engine_facts(&inspect))
+    fn engine_of(&self, container: &str) -> Result<BTreeMap<String, String>, DockerError> {
+        Ok(engine_facts(&self.inspect_of(container)?))
     }
 }
 
@@ -307,7 +316,7 @@ impl ResetSubstrate for DockerResetSubstrate {
         Ok(self.snapshot_inner()?)
     }
 
-    fn revert(&self) -> Result<(), BackendError> {
+    fn revert(&self) -> Result<RevertMethod, BackendError> {
         Ok(self.revert_inner()?)
     }
 
@@ -331,11 +340,11 @@ impl ResetSubstrate for DockerResetSubstrate {
     }
 
     fn read_open_fds(&self) -> Result<u64, BackendError> {
-        Ok(self.open_fds_inner()?)
+        Ok(self.open_fds_of(&self.agent)?)
     }
 
     fn read_engine(&self) -> Result<BTreeMap<String, String>, BackendError> {
-        Ok(self.engine_inner()?)
+        Ok(self.engine_of(&self.agent)?)
     }
 
     fn halt(&self) -> Result<(), BackendError> {
@@ -351,6 +360,17 @@ fn sibling(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(suffix);
     PathBuf::from(name)
+}
+
+/// Puts the prepared copy `<upper>.next` in place of the unmounted layer
+/// `upper` by two renames, and removes the layer it replaced.
+fn swap_layer(upper: &Path) -> Result<(), DockerError> {
+    let next = sibling(upper, ".next");
+    let old = sibling(upper, ".old");
+    remove_tree(&old)?;
+    std::fs::rename(upper, &old).map_err(DockerError::io("move aside", upper))?;
+    std::fs::rename(&next, upper).map_err(DockerError::io("move into place", &next))?;
+    remove_tree(&old)
 }
 
 fn remove_tree(path: &Path) -> Result<(), DockerError> {
@@ -520,8 +540,42 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Whether the upper layer the Engine names for the container is the one
+/// the daemon created for it: `own` when the daemon's layer store maps the
+/// container's ID to that layer, otherwise what it maps to. A reset swaps
+/// in a standby, a box of its own with a layer of its own, so the layer's
+/// path is not a fact a reset keeps; that the box runs on its own layer,
+/// whose contents the filesystem source hashes, is.
+fn layer_fact(inspect: &ContainerInspectResponse) -> String {
+    let upper = inspect
+        .graph_driver
+        .as_ref()
+        .and_then(|d| d.data.get("UpperDir").cloned())
+        .unwrap_or_default();
+    let upper = Path::new(&upper);
+    // `<root>/overlay2/<mount-id>/diff`, and the daemon's record of the
+    // container's layer at `<root>/image/overlay2/layerdb/mounts/<id>/mount-id`.
+    let (Some(mount), Some(root)) = (
+        upper.parent().and_then(Path::file_name),
+        upper.ancestors().nth(3),
+    ) else {
+        return format!("not an overlay2 layer: {}", upper.display());
+    };
+    let id = inspect.id.clone().unwrap_or_default();
+    let record = root
+        .join("image/overlay2/layerdb/mounts")
+        .join(&id)
+        .join("mount-id");
+    match std::fs::read_to_string(&record) {
+        Ok(recorded) if recorded.trim() == mount.to_string_lossy() => "own".into(),
+        Ok(recorded) => format!("{} (the daemon's is {})", upper.display(), recorded.trim()),
+        Err(err) => format!("unreadable: {}: {err}", record.display()),
+    }
+}
+
 /// The Engine's view of the agent container that a reset must leave as it
-/// was: running, image, layer, networks, limits, privileges, mounts, user.
+/// was: running, image, its own layer, networks, limits, privileges,
+/// mounts, user.
 pub(crate) fn engine_facts(inspect: &ContainerInspectResponse) -> BTreeMap<String, String> {
     let state = inspect.state.clone().unwrap_or_default();
     let host = inspect.host_config.clone().unwrap_or_default();
@@ -560,11 +614,6 @@ pub(crate) fn engine_facts(inspect: &ContainerInspectResponse) -> BTreeMap<Strin
             )
         })
         .collect();
-    let upper = inspect
-        .graph_driver
-        .as_ref()
-        .and_then(|d| d.data.get("UpperDir").cloned())
-        .unwrap_or_default();
     BTreeMap::from([
         ("running".into(), flag(state.running)),
         (
@@ -572,7 +621,7 @@ pub(crate) fn engine_facts(inspect: &ContainerInspectResponse) -> BTreeMap<Strin
             state.status.map(|s| s.to_string()).unwrap_or_default(),
         ),
         ("image".into(), inspect.image.clone().unwrap_or_default()),
-        ("upper_dir".into(), upper),
+        ("layer".into(), layer_fact(inspect)),
         ("networks".into(), networks.join(" ")),
         ("memory".into(), number(host.memory)),
         ("memory_swap".into(), number(host.memory_swap)),
