@@ -182,25 +182,9 @@ fn reset_reverts_reports_and_halts_on_a_changed_engine_state() {
 
     let stopped = world.bottle().args(["stop", &name]).output().unwrap();
     assert!(stopped.status.success(), "{}", stderr(&stopped));
-    for container in [agent.clone(), format!("{agent}-standby")] {
-        let inspect = engine.block_on(engine.docker.inspect_container(&container, None));
-        assert!(inspect.is_err(), "{container} is left");
-    }
-    let retired = engine
-        .block_on(
-            engine.docker.list_containers(Some(
-                bollard::query_parameters::ListContainersOptionsBuilder::default()
-                    .all(true)
-                    .build(),
-            )),
-        )
-        .unwrap()
-        .into_iter()
-        .filter_map(|c| c.names)
-        .flatten()
-        .filter(|n| n.starts_with(&format!("/{agent}-old-")))
-        .collect::<Vec<_>>();
-    assert!(retired.is_empty(), "{retired:?} are left");
+    // The agent's box, its standby and the boxes resets retired.
+    let left = crate::interrupted::docker_objects(&engine, &agent);
+    assert!(left.is_empty(), "{left:?} are left");
     // The state dir goes with the rest, after `stop` returned.
     bottle_test_support::wait_until(
         "the state dir to go",

@@ -156,18 +156,8 @@ fn assert_lie_halts(
         }
     }
     let err = outcome.expect("the lie was never caught");
-    assert_eq!(err.code(), "BOT-X006", "{err}");
     assert_eq!(err.exit_code(), 5);
-    let SandboxError::ResetDivergence { report } = &err else {
-        panic!("{err}")
-    };
-    let diverged: Vec<Source> = report
-        .checks
-        .iter()
-        .filter(|c| !c.matched)
-        .map(|c| c.source)
-        .collect();
-    assert_eq!(diverged, [source], "{report:?}");
+    assert_eq!(diverged_sources(&err), [source]);
 
     // Halted: both containers stopped and kept, listed as halted.
     for container in [
@@ -198,6 +188,20 @@ fn assert_lie_halts(
     ] {
         assert!(!leftover.exists(), "{} is left", leftover.display());
     }
+}
+
+/// The sources a reset's divergence (`BOT-X006`) names.
+fn diverged_sources(err: &SandboxError) -> Vec<Source> {
+    assert_eq!(err.code(), "BOT-X006", "{err}");
+    let SandboxError::ResetDivergence { report } = err else {
+        panic!("{err}")
+    };
+    report
+        .checks
+        .iter()
+        .filter(|c| !c.matched)
+        .map(|c| c.source)
+        .collect()
 }
 
 fn sibling(path: &std::path::Path, suffix: &str) -> PathBuf {
@@ -514,16 +518,6 @@ fn a_standby_changed_while_it_waits_is_never_a_pass() {
         .clone();
     std::fs::write(PathBuf::from(upper).join("planted"), "x").unwrap();
     let err = bottle.reset().unwrap_err();
-    assert_eq!(err.code(), "BOT-X006", "{err}");
-    let SandboxError::ResetDivergence { report } = &err else {
-        panic!("{err}")
-    };
-    let diverged: Vec<Source> = report
-        .checks
-        .iter()
-        .filter(|c| !c.matched)
-        .map(|c| c.source)
-        .collect();
-    assert_eq!(diverged, [Source::Filesystem], "{report:?}");
+    assert_eq!(diverged_sources(&err), [Source::Filesystem]);
     assert!(halted(bottle.reset_substrate().files()).is_some());
 }
