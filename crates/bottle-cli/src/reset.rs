@@ -5,19 +5,15 @@
 //! with them: once the reset is verified, its command starts again in a
 //! new session (`--keep-stopped` leaves it stopped), and `reset` says so.
 
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use bottle_core::sandbox::{ResetReport, SandboxError};
-
-use bottle_core::slug;
-use bottle_core::state::SessionPaths;
-
-use std::path::Path;
-
 use bottle_core::BackendKind;
 use bottle_core::exec::{CommandRunner as _, CommandSpec, SystemRunner};
-use bottle_core::sandbox::ResetFiles;
+use bottle_core::sandbox::{ResetFiles, ResetReport, SandboxError};
+use bottle_core::slug;
+use bottle_core::state::SessionPaths;
 
 use crate::args::{Global, ResetArgs};
 use crate::failure::Failure;

@@ -8,12 +8,13 @@
 //!   keeps what overlayfs needs: `trusted.overlay.*` xattrs, whiteouts
 //!   (char devices 0/0), owners, modes, symlinks, fifos. No hardlinks: the
 //!   box would write through them into the snapshot.
-//! - A revert kills the container (SIGKILL through the Engine API, which
-//!   answers once the daemon unmounted the layer), swaps a prepared copy
-//!   of the snapshot (`<UpperDir>.next`, on the layer's own filesystem) in
-//!   by two renames, starts the container again, and prepares the next
-//!   copy. The bundle, the networks, the CA and the audit log are not
-//!   touched.
+//! - A revert swaps in the standby box `standby.rs` prepared off the
+//!   reset's path when one waits. Otherwise it restarts the box: it kills
+//!   the container (SIGKILL through the Engine API, which answers once the
+//!   daemon unmounted the layer), swaps a prepared copy of the snapshot
+//!   (`<UpperDir>.next`, on the layer's own filesystem) in by two renames,
+//!   starts the container again, and prepares the next copy. Either way
+//!   the bundle, the networks, the CA and the audit log are not touched.
 //! - The three sources: a walk of the upper layer hashing every entry's
 //!   content and metadata (no timestamps), the descriptors open in the
 //!   container's pid namespace read from the host's `/proc`, and the
