@@ -261,22 +261,47 @@ impl Bottle for DockerBottle {
     }
 
     fn reset(&self) -> Result<ResetReport, SandboxError> {
-        // The revert ends the in-box agent with every process of the box.
+        // The revert ends the in-box agent with every process of the box
+        // (a restart) or leaves it frozen in the retired box (a standby).
         self.toolbox.forget();
         let substrate = self.reset_substrate();
-        bottle_core::sandbox::reset::reset(&substrate, substrate.files())
+        let report = bottle_core::sandbox::reset::reset(&substrate, substrate.files());
+        // Only a verified box gets the channel opened into it ahead.
+        let swapped_in = report.as_ref().ok().and_then(|_| substrate.swapped_in());
+        self.toolbox.swapped_in(swapped_in.as_deref());
+        report
     }
 
+    /// A handle that calls the agent also starts it in the standby with
+    /// its channel open, so its first call after the reset starts none.
     fn prepare_reset(&self) -> Result<String, BackendError> {
         let substrate = self.reset_substrate();
-        Ok(match substrate.prepare_standby()? {
-            crate::reset::StandbyPrepared::Waiting => {
-                format!("a verified standby waits as {}", substrate.standby_name())
-            }
+        let argv = self.in_box(vec![bottle_core::sandbox::TOOLBOX_PATH.to_string()]);
+        let open_ahead = |standby: &str| {
+            self.toolbox
+                .open_ahead(&self.engine, standby, self.exec_user(), &argv)
+        };
+        let open_channel: Option<crate::reset::OpenChannel<'_>> =
+            self.toolbox.calls().then_some(&open_ahead);
+        Ok(match substrate.prepare_standby(open_channel)? {
+            crate::reset::StandbyPrepared::Waiting { channel_open } => format!(
+                "a verified standby waits as {}{}",
+                substrate.standby_name(),
+                if channel_open {
+                    ", its in-box agent's channel open"
+                } else {
+                    ""
+                }
+            ),
             crate::reset::StandbyPrepared::NotUsed(why) => {
                 format!("no standby: {why}; the next reset restarts the box")
             }
         })
+    }
+
+    fn background_preparer(&self) -> Option<bottle_core::backend::BackgroundPreparer> {
+        let shared = self.clone();
+        Some(Box::new(move || shared.prepare_reset()))
     }
 
     fn connect_port(&self, port: u16) -> Result<ToolboxStream, BackendError> {

@@ -7,19 +7,23 @@
 //! safe, only unable to `execute`.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bollard::query_parameters::ContainerArchiveInfoOptionsBuilder;
 use bottle_core::audit_files::AUDIT_LOG_FILE;
 use bottle_core::bundle_binary::{
     TOOLBOX_BIN_ENV, elf_needs_interpreter, toolbox_binary_candidates,
 };
-use bottle_core::sandbox::{SandboxError, TOOLBOX_PATH, ToolCall, ToolResult, Toolbox};
+use bottle_core::sandbox::{
+    OpenedChannel, SandboxError, TOOLBOX_PATH, ToolCall, ToolResult, Toolbox,
+};
 
 use crate::client::Engine;
 use crate::data::StatePaths;
 use crate::error::{DockerError, is_not_found};
+use crate::reset::ChannelProcess;
 
 /// A docker bottle's channel to its in-box agent, shared by the clones of
 /// the bottle so they reuse one agent process.
@@ -28,8 +32,12 @@ pub(crate) struct InBoxAgent {
     toolbox: Arc<Toolbox>,
     /// Set once the binary was found in the box: it lives on the box's
     /// read-only mount, which a reset does not touch, so the channel a
-    /// reset makes the next call open again needs no second look.
+    /// reset makes the next call open again needs no second look. Also
+    /// says that this handle calls the agent, so the standby it prepares
+    /// gets a channel opened ahead.
     installed: Arc<AtomicBool>,
+    /// The channel opened ahead into a waiting standby, by its ID.
+    ahead: Arc<Mutex<Option<(String, OpenedChannel)>>>,
 }
 
 impl std::fmt::Debug for InBoxAgent {
@@ -46,7 +54,61 @@ impl InBoxAgent {
         InBoxAgent {
             toolbox: Arc::new(Toolbox::new(bottle, Some(log))),
             installed: Arc::new(AtomicBool::new(false)),
+            ahead: Arc::new(Mutex::new(None)),
         }
+    }
+
+    /// True once this handle started the agent: a handle that calls.
+    pub(crate) fn calls(&self) -> bool {
+        self.installed.load(Ordering::Relaxed)
+    }
+
+    /// Starts the agent in `standby` (its ID; running, before it waits) as
+    /// `user` by `argv` and keeps the greeted channel for the reset that
+    /// swaps that box in ([`InBoxAgent::swapped_in`]). Returns the agent's
+    /// process on the host, which the standby's checks leave out.
+    pub(crate) fn open_ahead(
+        &self,
+        engine: &Engine,
+        standby: &str,
+        user: &str,
+        argv: &[String],
+    ) -> Result<ChannelProcess, DockerError> {
+        let mut exec = None;
+        let opened = self
+            .toolbox
+            .open_ahead(|| {
+                let (stream, id) =
+                    crate::toolbox_stream::open_exec(engine, standby, user, argv.to_vec())
+                        .map_err(|err| SandboxError::Boot {
+                            bottle: standby.to_string(),
+                            why: err.to_string(),
+                        })?;
+                exec = Some(id);
+                Ok(stream)
+            })
+            .map_err(|err| DockerError::ResetState {
+                what: format!("cannot open the in-box agent's channel into the standby: {err}"),
+            })?;
+        let exec = exec.unwrap_or_default();
+        let process = ChannelProcess::of(exec_pid(engine, &exec, standby)?)?;
+        *self.ahead_lock() = Some((standby.to_string(), opened));
+        Ok(process)
+    }
+
+    /// After a reset swapped `standby` (its ID) in: the channel opened
+    /// ahead into it becomes this bottle's. Any other is dropped.
+    pub(crate) fn swapped_in(&self, standby: Option<&str>) {
+        let ahead = self.ahead_lock().take();
+        if let (Some((id, opened)), Some(standby)) = (ahead, standby)
+            && id == standby
+        {
+            self.toolbox.adopt(opened);
+        }
+    }
+
+    fn ahead_lock(&self) -> std::sync::MutexGuard<'_, Option<(String, OpenedChannel)>> {
+        self.ahead.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Drops the channel: a reset ends the agent's process with the box,
@@ -79,6 +141,34 @@ impl InBoxAgent {
             }
             crate::toolbox_stream::open_argv(engine, container, user, argv.to_vec()).map_err(boot)
         })
+    }
+}
+
+/// The host pid of the running exec `exec` in `container`. The daemon
+/// records it once the runtime's exec call returned, which may come after
+/// the process already answered its hello: asked again, bounded.
+fn exec_pid(engine: &Engine, exec: &str, container: &str) -> Result<u32, DockerError> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let pid = engine
+            .block_on(engine.docker.inspect_exec(exec))
+            .map_err(DockerError::api(format!(
+                "inspect the in-box agent's exec in {container}"
+            )))?
+            .pid
+            .and_then(|pid| u32::try_from(pid).ok())
+            .filter(|pid| *pid > 0);
+        match pid {
+            Some(pid) => return Ok(pid),
+            None if Instant::now() > deadline => {
+                return Err(DockerError::ResetState {
+                    what: format!(
+                        "the daemon names no process for the in-box agent in {container}"
+                    ),
+                });
+            }
+            None => std::thread::sleep(Duration::from_millis(2)),
+        }
     }
 }
 

@@ -35,8 +35,18 @@ pub(crate) fn open_argv(
     user: &str,
     argv: Vec<String>,
 ) -> Result<ToolboxStream, DockerError> {
+    open_exec(engine, container, user, argv).map(|(stream, _)| stream)
+}
+
+/// [`open_argv`], and the exec's ID.
+pub(crate) fn open_exec(
+    engine: &Engine,
+    container: &str,
+    user: &str,
+    argv: Vec<String>,
+) -> Result<(ToolboxStream, String), DockerError> {
     let docker = &engine.docker;
-    let started = engine.block_on(async {
+    let (exec, started) = engine.block_on(async {
         let exec = docker
             .create_exec(
                 container,
@@ -54,7 +64,7 @@ pub(crate) fn open_argv(
             .map_err(DockerError::api(format!(
                 "create the in-box agent's exec in {container}"
             )))?;
-        docker
+        let started = docker
             .start_exec(
                 &exec.id,
                 Some(StartExecOptions {
@@ -66,7 +76,8 @@ pub(crate) fn open_argv(
             .await
             .map_err(DockerError::api(format!(
                 "start the in-box agent in {container}"
-            )))
+            )))?;
+        Ok::<_, DockerError>((exec.id, started))
     })?;
     let StartExecResults::Attached {
         mut output,
@@ -109,14 +120,15 @@ pub(crate) fn open_argv(
         }
     });
 
-    Ok(ToolboxStream {
+    let stream = ToolboxStream {
         to_agent: Box::new(ChunkWriter { chunks: to_agent }),
         from_agent: Box::new(ChunkReader {
             chunks: from_agent,
             current: Vec::new(),
             at: 0,
         }),
-    })
+    };
+    Ok((stream, exec))
 }
 
 /// The blocking end of the exec's stdin. Like every blocking call of this

@@ -27,7 +27,8 @@ pub use reset::{
     Baseline, ResetFiles, ResetReport, ResetSubstrate, RevertMethod, Source, SourceCheck,
 };
 pub use toolbox::{
-    FILTERED, OpenFds, TOOLBOX_MODE, TOOLBOX_PATH, Toolbox, ToolboxStream, filtered_argv,
+    FILTERED, OpenFds, OpenedChannel, TOOLBOX_MODE, TOOLBOX_PATH, Toolbox, ToolboxStream,
+    filtered_argv,
 };
 
 /// The longest agent-chosen text a report or log line carries.

@@ -77,6 +77,17 @@ pub struct OpenFds {
     pub unreadable: u64,
 }
 
+/// A channel opened and greeted ahead of its first call, for
+/// [`Toolbox::adopt`]: into a standby box before it waits, so the first
+/// call after the reset that swaps it in starts no agent.
+pub struct OpenedChannel(Channel);
+
+impl std::fmt::Debug for OpenedChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OpenedChannel")
+    }
+}
+
 /// One bottle's channel to its in-box agent, opened on first use.
 pub struct Toolbox {
     bottle: String,
@@ -197,6 +208,23 @@ impl Toolbox {
         if let Ok(mut channel) = self.channel.lock() {
             *channel = None;
         }
+    }
+
+    /// Opens a channel by `open` and greets the agent, without making it
+    /// this bottle's channel yet.
+    pub fn open_ahead(
+        &self,
+        open: impl FnOnce() -> Result<ToolboxStream, SandboxError>,
+    ) -> Result<OpenedChannel, SandboxError> {
+        self.open(open, "open the channel ahead").map(OpenedChannel)
+    }
+
+    /// Makes `opened` this bottle's channel in place of any other. What
+    /// the agent wrote to it while it waited is a violation at its first
+    /// call, as on any channel between two calls.
+    pub fn adopt(&self, opened: OpenedChannel) {
+        let mut slot = self.channel.lock().unwrap_or_else(|p| p.into_inner());
+        *slot = Some(opened.0);
     }
 
     /// Appends `record` to the bottle's audit log, if it has one. A failed
@@ -634,6 +662,34 @@ mod tests {
         planter.write_all(&exec(2, 2, b"FORGED\n", 0)).unwrap();
         let toolbox = Toolbox::new("b", None);
         let (slot, opens) = (Mutex::new(Some(stream)), Mutex::new(0));
+        let err = call(&toolbox, &slot, &opens).unwrap_err();
+        assert_eq!(err.code(), "BOT-X007", "{err}");
+    }
+
+    #[test]
+    fn a_channel_opened_ahead_serves_once_adopted_and_only_as_it_was_greeted() {
+        let (old, _old_planter) = fake_agent(honest());
+        let toolbox = Toolbox::new("b", None);
+        let (slot, opens) = (Mutex::new(Some(old)), Mutex::new(0));
+        call(&toolbox, &slot, &opens).unwrap();
+        // Opened and greeted ahead; the bottle's channel is still the old one.
+        let (ahead, _planter) = fake_agent(honest());
+        let opened = toolbox.open_ahead(|| Ok(ahead)).unwrap();
+        call(&toolbox, &slot, &opens).unwrap();
+        // Adopted: the next calls open nothing.
+        toolbox.forget();
+        toolbox.adopt(opened);
+        for _ in 0..2 {
+            assert_eq!(call(&toolbox, &slot, &opens).unwrap().exit_code, 3);
+        }
+        assert_eq!(*opens.lock().unwrap(), 1);
+
+        // A frame written while the opened channel waited is refused at
+        // its first call.
+        let (ahead, mut planter) = fake_agent(honest());
+        let opened = toolbox.open_ahead(|| Ok(ahead)).unwrap();
+        planter.write_all(&exec(3, 2, b"FORGED\n", 0)).unwrap();
+        toolbox.adopt(opened);
         let err = call(&toolbox, &slot, &opens).unwrap_err();
         assert_eq!(err.code(), "BOT-X007", "{err}");
     }

@@ -32,6 +32,7 @@ use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bollard::models::ContainerInspectResponse;
@@ -39,6 +40,7 @@ use bollard::query_parameters::KillContainerOptionsBuilder;
 use bottle_core::backend::BackendError;
 use bottle_core::exec::{CommandRunner, CommandSpec, SystemRunner};
 use bottle_core::sandbox::{ResetFiles, ResetSubstrate, RevertMethod};
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::client::Engine;
@@ -47,7 +49,7 @@ use crate::pause::PAUSE_PATH;
 
 mod standby;
 
-pub use standby::StandbyPrepared;
+pub use standby::{OpenChannel, StandbyPrepared};
 
 /// The only storage driver whose writable layer this module can copy.
 const OVERLAY2: &str = "overlay2";
@@ -70,6 +72,51 @@ pub struct DockerResetSubstrate {
     runner: Box<dyn CommandRunner>,
     /// For a gVisor box, the runtime's binary its sandbox must run.
     gvisor_binary: Option<PathBuf>,
+    /// What this reset swapped in: the standby's ID and the in-box agent
+    /// a handle started in it ahead (none after a restart).
+    swapped_in: Mutex<Option<(String, Option<ChannelProcess>)>>,
+}
+
+/// The in-box agent a handle started in a standby before it waited, its
+/// channel open ([`bottle_core::sandbox::Toolbox::open_ahead`]): bottle's
+/// own process, the one whose descriptors (the channel's) the descriptor
+/// source leaves out. Named by its host pid and start time, so another
+/// process that gets the same pid later is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChannelProcess {
+    /// Its pid on the host.
+    pub pid: u32,
+    /// Its start time (`/proc/<pid>/stat`'s 22nd field, in clock ticks).
+    pub start_time: u64,
+}
+
+impl ChannelProcess {
+    /// The process `pid` as it runs now.
+    pub(crate) fn of(pid: u32) -> Result<ChannelProcess, DockerError> {
+        let start_time = start_time(pid).ok_or_else(|| DockerError::ResetState {
+            what: format!("the in-box agent (pid {pid}) ended as it started"),
+        })?;
+        Ok(ChannelProcess { pid, start_time })
+    }
+
+    /// True if `pid` is this process (not a later one with its pid).
+    fn is(&self, pid: u32) -> bool {
+        self.pid == pid && start_time(pid) == Some(self.start_time)
+    }
+}
+
+/// `pid`'s start time, from `/proc/<pid>/stat`.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_start_time(&stat)
+}
+
+/// The 22nd field of a `/proc/<pid>/stat` line. The second field (the
+/// command's name, in parentheses) may hold spaces and parentheses, so the
+/// fields are counted from after its last `)`: the 3rd field onwards.
+fn parse_start_time(stat: &str) -> Option<u64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
 impl DockerResetSubstrate {
@@ -92,7 +139,19 @@ impl DockerResetSubstrate {
             files: ResetFiles::new(state_dir),
             runner: Box::new(SystemRunner),
             gvisor_binary,
+            swapped_in: Mutex::new(None),
         }
+    }
+
+    /// The standby this reset swapped in, by ID, when it did.
+    pub fn swapped_in(&self) -> Option<String> {
+        self.swapped_in_lock().as_ref().map(|(id, _)| id.clone())
+    }
+
+    fn swapped_in_lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, Option<(String, Option<ChannelProcess>)>> {
+        self.swapped_in.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The bottle's reset files (baseline, halt record, golden dir).
@@ -255,7 +314,8 @@ impl DockerResetSubstrate {
     fn revert_inner(&self) -> Result<RevertMethod, DockerError> {
         // Two resets of one bottle at once would swap each other's copies.
         let _one_at_a_time = self.lock()?;
-        if self.swap_in_standby()? {
+        if let Some(swapped_in) = self.swap_in_standby()? {
+            *self.swapped_in_lock() = Some(swapped_in);
             return Ok(RevertMethod::Standby);
         }
         let upper = self.upper_dir()?;
@@ -288,7 +348,12 @@ impl DockerResetSubstrate {
         self.prepare_next(&upper)
     }
 
-    fn open_fds_of(&self, container: &str) -> Result<u64, DockerError> {
+    /// The descriptors open in `container`'s processes but `channel`'s.
+    fn open_fds_of(
+        &self,
+        container: &str,
+        channel: Option<ChannelProcess>,
+    ) -> Result<u64, DockerError> {
         let (pid, namespace) = self.init_namespace_of(container)?;
         if let Some(binary) = &self.gvisor_binary {
             return crate::gvisor::stray_descriptors(Path::new("/proc"), pid, binary)
@@ -298,6 +363,7 @@ impl DockerResetSubstrate {
         // nothing.
         Ok(processes_in(&namespace)
             .into_iter()
+            .filter(|pid| !channel.is_some_and(|channel| channel.is(*pid)))
             .filter_map(|pid| std::fs::read_dir(format!("/proc/{pid}/fd")).ok())
             .map(|fds| fds.count() as u64)
             .sum())
@@ -341,7 +407,8 @@ impl ResetSubstrate for DockerResetSubstrate {
     }
 
     fn read_open_fds(&self) -> Result<u64, BackendError> {
-        Ok(self.open_fds_of(&self.agent)?)
+        let channel = self.swapped_in_lock().as_ref().and_then(|(_, c)| *c);
+        Ok(self.open_fds_of(&self.agent, channel)?)
     }
 
     fn read_engine(&self) -> Result<BTreeMap<String, String>, BackendError> {
@@ -740,6 +807,23 @@ mod tests {
         }
         set("user.planted").unwrap();
         assert_ne!(tree_hash(root).unwrap(), golden);
+    }
+
+    #[test]
+    fn a_start_time_is_read_past_a_name_with_spaces_and_parentheses() {
+        let stat = "4242 (to (ol) box) S 1 4242 4242 0 -1 4194560 99 0 0 0 0 0 0 0 20 0 1 0 123456 2514944 64";
+        assert_eq!(parse_start_time(stat), Some(123_456));
+        assert_eq!(parse_start_time("4242 (cut short) S 1"), None);
+        // This process, named as it runs now, is itself and no other pid.
+        let me = ChannelProcess::of(std::process::id()).unwrap();
+        assert!(me.is(std::process::id()));
+        assert!(
+            !ChannelProcess {
+                start_time: me.start_time + 1,
+                ..me
+            }
+            .is(me.pid)
+        );
     }
 
     #[test]

@@ -36,7 +36,7 @@ use bottle_core::life::{Phase, StateDir};
 use bottle_core::sandbox::Baseline;
 use serde::{Deserialize, Serialize};
 
-use super::{DockerResetSubstrate, sibling, swap_layer};
+use super::{ChannelProcess, DockerResetSubstrate, sibling, swap_layer};
 use crate::client::remove_container;
 use crate::data::{self, DockerPlan, StatePaths};
 use crate::error::DockerError;
@@ -44,8 +44,13 @@ use crate::error::DockerError;
 /// What [`DockerResetSubstrate::prepare_standby`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StandbyPrepared {
-    /// A verified standby now waits, or already did.
-    Waiting,
+    /// A verified standby now waits, or already did; `channel_open` when
+    /// this preparation made it and started its in-box agent with the
+    /// caller's channel open.
+    Waiting {
+        /// The caller's channel into it is open.
+        channel_open: bool,
+    },
     /// This bottle resets by restart; why.
     NotUsed(String),
 }
@@ -55,7 +60,14 @@ pub enum StandbyPrepared {
 struct StandbyRecord {
     /// Its container ID.
     container: String,
+    /// The in-box agent started in it with its channel open, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    channel: Option<ChannelProcess>,
 }
+
+/// Starts the in-box agent in a standby (by its ID) with its channel open,
+/// for the first call after the reset that swaps it in.
+pub type OpenChannel<'a> = &'a dyn Fn(&str) -> Result<ChannelProcess, DockerError>;
 
 /// Removes a container on drop unless defused: a standby whose
 /// preparation failed half-way is not left behind.
@@ -89,8 +101,14 @@ impl DockerResetSubstrate {
 
     /// Prepares a verified standby for the next reset unless one waits,
     /// then removes the boxes earlier resets retired. Slow (a container's
-    /// create and start): run it off the reset's path.
-    pub fn prepare_standby(&self) -> Result<StandbyPrepared, DockerError> {
+    /// create and start): run it off the reset's path. With
+    /// `open_channel`, the in-box agent is started in the new standby
+    /// before it is checked and paused, and the check leaves exactly that
+    /// process out.
+    pub fn prepare_standby(
+        &self,
+        open_channel: Option<OpenChannel<'_>>,
+    ) -> Result<StandbyPrepared, DockerError> {
         if self.gvisor_binary.is_some() {
             return Ok(StandbyPrepared::NotUsed(
                 "a gVisor box resets by restart".into(),
@@ -135,7 +153,9 @@ impl DockerResetSubstrate {
         };
         if waiting {
             self.remove_retired()?;
-            return Ok(StandbyPrepared::Waiting);
+            return Ok(StandbyPrepared::Waiting {
+                channel_open: false,
+            });
         }
         let plan = data::read_plan(&StatePaths::new(self.files.state_dir.clone()))?;
         let id = self.create_standby(&plan)?;
@@ -161,12 +181,14 @@ impl DockerResetSubstrate {
                 self.standby_name()
             )))?;
         self.wait_for_keep_alive(&id)?;
-        self.verify_standby(&id, &baseline)?;
+        let channel = open_channel.map(|open| open(&id)).transpose()?;
+        self.verify_standby(&id, &baseline, channel)?;
         self.engine
             .block_on(self.engine.docker.pause_container(&id))
             .map_err(DockerError::api(format!("pause {}", self.standby_name())))?;
         let record = serde_json::to_vec(&StandbyRecord {
             container: id.clone(),
+            channel,
         })
         .map_err(|err| DockerError::ResetState {
             what: format!("cannot encode the standby's record: {err}"),
@@ -179,17 +201,19 @@ impl DockerResetSubstrate {
         // Last: the box the reset just retired stays as it left it (frozen,
         // off the network) a moment longer, where the escape gate looks.
         self.remove_retired()?;
-        Ok(StandbyPrepared::Waiting)
+        Ok(StandbyPrepared::Waiting {
+            channel_open: channel.is_some(),
+        })
     }
 
     fn baseline(&self) -> Option<Baseline> {
         serde_json::from_slice(&std::fs::read(self.files.baseline()).ok()?).ok()
     }
 
-    /// The recorded standby's ID when it is still the paused
-    /// `<agent>-standby` it was recorded as; a record of anything else is
-    /// removed with its box.
-    fn waiting_standby(&self) -> Result<Option<String>, DockerError> {
+    /// The recorded standby when it is still the paused `<agent>-standby`
+    /// it was recorded as; a record of anything else is removed with its
+    /// box.
+    fn waiting_standby(&self) -> Result<Option<StandbyRecord>, DockerError> {
         let Ok(text) = std::fs::read(self.standby_record()) else {
             return Ok(None);
         };
@@ -202,7 +226,7 @@ impl DockerResetSubstrate {
             })
         });
         if stands {
-            return Ok(record.map(|record| record.container));
+            return Ok(record);
         }
         let _ = std::fs::remove_file(self.standby_record());
         if let Some(record) = record {
@@ -235,9 +259,14 @@ impl DockerResetSubstrate {
     }
 
     /// The standby's three sources against the golden baseline: its layer,
-    /// its descriptors, and the Engine's facts with no network (it has
-    /// none until it is swapped in).
-    fn verify_standby(&self, id: &str, baseline: &Baseline) -> Result<(), DockerError> {
+    /// its descriptors but `channel`'s, and the Engine's facts with no
+    /// network (it has none until it is swapped in).
+    fn verify_standby(
+        &self,
+        id: &str,
+        baseline: &Baseline,
+        channel: Option<ChannelProcess>,
+    ) -> Result<(), DockerError> {
         let diverged = |what: String| DockerError::ResetState {
             what: format!("the standby diverged from the golden snapshot: {what}"),
         };
@@ -248,7 +277,7 @@ impl DockerResetSubstrate {
                 baseline.fs_hash
             )));
         }
-        let open_fds = self.open_fds_of(id)?;
+        let open_fds = self.open_fds_of(id, channel)?;
         if open_fds != baseline.open_fds {
             return Err(diverged(format!(
                 "open_fds {open_fds}, expected {}",
@@ -270,12 +299,18 @@ impl DockerResetSubstrate {
         Ok(())
     }
 
-    /// Swaps the waiting standby in (see the module doc); `Ok(false)` when
-    /// none waits, and the caller resets by restart. The caller holds the
-    /// reset lock.
-    pub(super) fn swap_in_standby(&self) -> Result<bool, DockerError> {
-        let Some(standby) = self.waiting_standby()? else {
-            return Ok(false);
+    /// Swaps the waiting standby in (see the module doc) and returns its
+    /// ID and in-box agent; `Ok(None)` when none waits, and the caller
+    /// resets by restart. The caller holds the reset lock.
+    pub(super) fn swap_in_standby(
+        &self,
+    ) -> Result<Option<(String, Option<ChannelProcess>)>, DockerError> {
+        let Some(StandbyRecord {
+            container: standby,
+            channel,
+        }) = self.waiting_standby()?
+        else {
+            return Ok(None);
         };
         let _ = std::fs::remove_file(self.standby_record());
         let plan = data::read_plan(&StatePaths::new(self.files.state_dir.clone()))?;
@@ -336,7 +371,7 @@ impl DockerResetSubstrate {
             renamed?;
             rename(&standby, &self.agent).await
         })?;
-        Ok(true)
+        Ok(Some((standby, channel)))
     }
 
     /// Removes every box a reset retired.

@@ -487,6 +487,79 @@ fn a_reset_swaps_in_a_verified_standby_and_cuts_the_old_box_off() {
 }
 
 #[test]
+fn a_handle_that_calls_finds_its_channel_open_in_the_box_a_reset_swaps_in() {
+    let test = "a_handle_that_calls_finds_its_channel_open_in_the_box_a_reset_swaps_in";
+    if std::env::var_os("BOTTLE_TOOLBOX_BIN").is_none() {
+        support::unavailable(test, "BOTTLE_TOOLBOX_BIN is not set (`cargo xtask dist`)");
+        return;
+    }
+    let Some(fx) = support::setup(test) else {
+        return;
+    };
+    let name = name("ahead");
+    let (_guard, bottle) = start(&fx, &name);
+    let agent = bottle.container().to_string();
+    let standby = format!("{agent}-standby");
+    let call = |script: &str| {
+        let result = bottle
+            .execute(&bottle_core::sandbox::ToolCall::argv(["sh", "-c", script]))
+            .unwrap();
+        assert_eq!(result.exit_code, 0, "{result:?}");
+        String::from_utf8(result.stdout).unwrap()
+    };
+    let execs = |container: &str| {
+        support::inspect(&fx.backend, container)
+            .exec_ids
+            .unwrap_or_default()
+    };
+    // The parent of a call's process: the in-box agent serving it.
+    let server =
+        "cat /proc/$PPID/cmdline | tr '\\0' ' '; echo; cat /proc/$PPID/stat | cut -d' ' -f22";
+    let before = box_state(&bottle);
+
+    for round in 0..2 {
+        // A handle that called prepares a standby whose agent already runs.
+        call("true");
+        let said = bottle.prepare_reset().unwrap();
+        assert!(said.contains("channel open"), "{said}");
+        let ahead = execs(&standby);
+        assert_eq!(ahead.len(), 1, "round {round}: {ahead:?}");
+
+        call("echo mine > /home/agent/new.txt && (setsid sleep 1000 >/dev/null 2>&1 &)");
+        // Verified from all three sources with the agent's process in the
+        // box: the descriptor source left exactly that process out.
+        let report = bottle.reset().unwrap();
+        assert!(report.verified, "{report:?}");
+        assert_eq!(report.method, RevertMethod::Standby);
+        assert_eq!(execs(&agent), ahead, "round {round}");
+
+        // The calls after the reset run on the channel opened ahead: no
+        // exec is made, and one agent serves them all.
+        let first = call(server);
+        assert!(first.starts_with("/.bottle/toolbox"), "{first}");
+        assert_eq!(call(server), first);
+        assert_eq!(execs(&agent), ahead, "round {round}");
+    }
+    // The box as the snapshot left it, but for the agent now serving.
+    let after = box_state(&bottle);
+    let without_agent = |state: &str| {
+        state
+            .lines()
+            .filter(|line| !line.contains("/.bottle/toolbox"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(without_agent(&after), without_agent(&before));
+
+    // A handle that never called prepares no channel: its first call
+    // after the reset starts the agent.
+    let other = fx.backend.attach_bottle(&name).unwrap();
+    let said = other.prepare_reset().unwrap();
+    assert!(!said.contains("channel open"), "{said}");
+    assert!(execs(&standby).is_empty());
+}
+
+#[test]
 fn a_standby_changed_while_it_waits_is_never_a_pass() {
     let Some(fx) = support::setup("a_standby_changed_while_it_waits_is_never_a_pass") else {
         return;
