@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use bottle_core::BackendKind;
+use bottle_core::backend::BackendError;
 use bottle_core::exec::{CommandRunner as _, CommandSpec, SystemRunner};
 use bottle_core::sandbox::{ResetFiles, ResetReport, SandboxError};
 use bottle_core::slug;
@@ -68,10 +69,37 @@ pub(crate) fn spawn_prepare(name: &str, backend: BackendKind) -> Result<(), Stri
     SystemRunner
         .spawn_detached(
             &prepare_spec(&exe, name, backend),
-            &golden.join("prepare.log"),
+            &golden.join(PREPARE_LOG),
         )
         .map(drop)
         .map_err(|err| err.to_string())
+}
+
+/// Where a bottle's preparers say what they did, in its golden dir.
+pub(crate) const PREPARE_LOG: &str = "prepare.log";
+
+/// Appends what a preparation of `name`'s next reset did to `log`, as the
+/// preparer process writes it.
+pub(crate) fn log_prepared(log: &Path, name: &str, done: Result<String, BackendError>) {
+    let said = match done {
+        Ok(done) => done,
+        Err(err) => format!(
+            "error: {}",
+            bottle_core::display::escape_for_terminal(&err.to_string())
+        ),
+    };
+    let line = format!(
+        "{} {name}: {said}\n",
+        bottle_core::time::now_rfc3339_millis()
+    );
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .and_then(|mut file| std::io::Write::write_all(&mut file, line.as_bytes()));
+    // The log is for the operator; a preparation that cannot be logged
+    // still prepared.
+    drop(appended);
 }
 
 /// The warning when the next reset of `name` was not prepared.

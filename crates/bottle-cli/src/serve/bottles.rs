@@ -153,6 +153,7 @@ fn worker_ended(name: &str) -> ApiError {
 fn work(attach: &AttachFn, state_root: &Path, name: &str, jobs: &mpsc::Receiver<Job>) {
     let files = ResetFiles::new(state_root.join(slug::slug_of(name)));
     let mut bottle: Option<(Box<dyn Bottle>, BackendKind)> = None;
+    let mut preparers: Vec<std::thread::JoinHandle<()>> = Vec::new();
     while let Ok(job) = jobs.recv() {
         match job {
             Job::Execute(call, reply) => {
@@ -166,12 +167,33 @@ fn work(attach: &AttachFn, state_root: &Path, name: &str, jobs: &mpsc::Receiver<
                     .and_then(|bottle| bottle.reset().map_err(ApiError::from));
                 let verified = result.as_ref().is_ok_and(|report| report.verified);
                 let _ = reply.send(result);
-                // The next reset's standby, made off this worker's path.
+                // The next reset's standby, made beside this worker's
+                // calls: on a handle sharing this one's channel where the
+                // backend gives one (the first call after that reset then
+                // starts no in-box agent), else by a preparer process.
                 if let (true, Some((bottle, kind))) = (verified, bottle.as_ref()) {
-                    let _ = crate::reset::spawn_prepare(bottle.name(), *kind);
+                    preparers.retain(|preparer| !preparer.is_finished());
+                    match bottle.background_preparer() {
+                        Some(prepare) => {
+                            let log = files.golden_dir().join(crate::reset::PREPARE_LOG);
+                            let (owned, name) = (prepare, bottle.name().to_string());
+                            let spawned = std::thread::Builder::new()
+                                .name(format!("prepare-{name}"))
+                                .spawn(move || crate::reset::log_prepared(&log, &name, owned()));
+                            preparers.extend(spawned.ok());
+                        }
+                        None => {
+                            let _ = crate::reset::spawn_prepare(bottle.name(), *kind);
+                        }
+                    }
                 }
             }
             Job::Close(reply) => {
+                // A standby half made when the server ends would be left
+                // behind: its preparation finishes first.
+                for preparer in preparers.drain(..) {
+                    let _ = preparer.join();
+                }
                 drop(bottle.take());
                 let _ = reply.send(());
                 return;

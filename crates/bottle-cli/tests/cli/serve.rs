@@ -463,6 +463,102 @@ fn boot_list_and_shutdown_a_docker_bottle() {
     assert_eq!(again.0, 404, "{}", again.1);
 }
 
+/// The IDs of the execs the Engine lists for `container` (`None`: no such
+/// container) and whether it is paused.
+fn execs_of(container: &str) -> Option<(Vec<String>, bool)> {
+    let out = std::process::Command::new("docker")
+        .args([
+            "inspect",
+            "-f",
+            "{{json .ExecIDs}} {{.State.Paused}}",
+            container,
+        ])
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (execs, paused) = text.trim().rsplit_once(' ').unwrap();
+    let execs: Option<Vec<String>> = serde_json::from_str(execs).unwrap();
+    Some((execs.unwrap_or_default(), paused == "true"))
+}
+
+#[test]
+fn the_server_prepares_the_next_reset_beside_its_calls_with_the_channel_open() {
+    let test = "the_server_prepares_the_next_reset_beside_its_calls_with_the_channel_open";
+    let Some(world) = DockerWorld::setup(test) else {
+        return;
+    };
+    let serve = Serve::start(&world.state(), world.dir.path(), Some("docker"));
+    let name = format!("serve-ahead-{}", std::process::id());
+    let _stop = world.stop_on_drop(&name);
+    let boot = json!({"manifest": world.manifest(), "agent": "echo", "name": name});
+    let (status, booted) = serve.request("POST", "/v1/bottles", Some(boot.to_string().as_bytes()));
+    assert_eq!(status, 200, "{booted}");
+    let standby = format!("bot-bottle-{name}-agent-standby");
+    let agent = format!("bot-bottle-{name}-agent");
+    let call = || {
+        let (status, result) = serve.request(
+            "POST",
+            &format!("/v1/bottles/{name}/execute"),
+            Some(br#"{"command":{"argv":["true"]},"deadline":10000}"#),
+        );
+        assert_eq!((status, &result["exit_code"]), (200, &json!(0)), "{result}");
+    };
+    let reset = || {
+        let (status, report) = serve.request("POST", &format!("/v1/bottles/{name}/reset"), None);
+        assert_eq!(status, 200, "{report}");
+        assert_eq!(report["verified"], true, "{report}");
+        report["method"].as_str().unwrap().to_string()
+    };
+    // Waits (bounded) for a paused standby with `execs` execs; its IDs.
+    let standby_waits = |execs: usize| {
+        let mut ids = Vec::new();
+        bottle_test_support::wait_until(
+            &format!("a paused standby with {execs} exec(s)"),
+            Duration::from_secs(60),
+            || match execs_of(&standby) {
+                Some((found, true)) if found.len() == execs => {
+                    ids = found;
+                    true
+                }
+                _ => false,
+            },
+        );
+        ids
+    };
+
+    // The worker calls; the standby `start` had prepared (a process of
+    // its own, no channel) is swapped in.
+    call();
+    standby_waits(0);
+    assert_eq!(reset(), "standby");
+    // The worker prepares the next one itself, its in-box agent started
+    // with the worker's channel open.
+    let ahead = standby_waits(1);
+    assert_eq!(reset(), "standby");
+    call();
+    call();
+    assert_eq!(
+        execs_of(&agent).map(|(execs, _)| execs),
+        Some(ahead),
+        "the calls after the reset made an exec of their own"
+    );
+    // The worker's preparation says so in the bottle's log (once it is
+    // done: after the standby it recorded, it removes the retired box).
+    let log = world
+        .state()
+        .join(format!("bottle/{name}/golden/prepare.log"));
+    bottle_test_support::wait_until("the preparation's line", Duration::from_secs(60), || {
+        std::fs::read_to_string(&log).is_ok_and(|log| log.contains("channel open"))
+    });
+
+    let (status, stopped) = serve.request("DELETE", &format!("/v1/bottles/{name}"), None);
+    assert_eq!(status, 200, "{stopped}");
+    wait_until_unlisted(&serve, &format!("bot-bottle-{name}"));
+}
+
 /// Runs `examples/sandbox_client.py`'s demo against `serve`, booting agent
 /// `agent` of `manifest` as bottle `name`, and checks every step passed.
 pub(crate) fn run_python_demo(serve: &Serve, manifest: &Path, agent: &str, name: &str) {
