@@ -403,6 +403,9 @@ pub trait BottleLauncher: BottleBackend {
     fn launch(&self, plan: &Plan<Self::PlanData>) -> Result<Box<dyn Bottle>, BackendError>;
 }
 
+/// [`Bottle::background_preparer`]'s work: says in one line what it did.
+pub type BackgroundPreparer = Box<dyn FnOnce() -> Result<String, BackendError> + Send>;
+
 /// A running bottle.
 pub trait Bottle {
     /// `bot-bottle-<slug>`.
@@ -471,6 +474,16 @@ pub trait Bottle {
     /// runs it in the background after a launch or a reset. Says in one
     /// line what it did, for a log.
     fn prepare_reset(&self) -> Result<String, BackendError>;
+
+    /// [`Bottle::prepare_reset`] on a handle that shares this one's
+    /// channel to the in-box agent, to run on another thread while this
+    /// one keeps calling (the sandbox server): what it prepares may then
+    /// hold the channel this handle's first call after the next reset
+    /// takes. `None` when the preparation gains nothing from sharing this
+    /// handle (the caller may run it in another process).
+    fn background_preparer(&self) -> Option<BackgroundPreparer> {
+        None
+    }
 
     /// Makes the image `image` of the agent's filesystem as it is now, with
     /// the configuration of the image the bottle started from (user,

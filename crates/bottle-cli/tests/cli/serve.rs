@@ -466,22 +466,12 @@ fn boot_list_and_shutdown_a_docker_bottle() {
 /// The IDs of the execs the Engine lists for `container` (`None`: no such
 /// container) and whether it is paused.
 fn execs_of(container: &str) -> Option<(Vec<String>, bool)> {
-    let out = std::process::Command::new("docker")
-        .args([
-            "inspect",
-            "-f",
-            "{{json .ExecIDs}} {{.State.Paused}}",
-            container,
-        ])
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        return None;
-    }
-    let text = String::from_utf8(out.stdout).unwrap();
-    let (execs, paused) = text.trim().rsplit_once(' ').unwrap();
-    let execs: Option<Vec<String>> = serde_json::from_str(execs).unwrap();
-    Some((execs.unwrap_or_default(), paused == "true"))
+    let engine = bottle_docker::client::Engine::connect(None).unwrap();
+    let inspect = engine
+        .block_on(engine.docker.inspect_container(container, None))
+        .ok()?;
+    let paused = inspect.state.and_then(|state| state.paused) == Some(true);
+    Some((inspect.exec_ids.unwrap_or_default(), paused))
 }
 
 #[test]

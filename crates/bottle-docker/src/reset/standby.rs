@@ -7,9 +7,12 @@
 //! the golden snapshot before its start; started (keep-alive only) on the
 //! bottle network at an address the daemon picks and disconnected from it
 //! at once (a box created with no network can never be connected to one;
-//! one that started on it connects again three times faster); checked
-//! from the three sources against the golden baseline; and paused. Only
-//! then is it recorded as waiting (`golden/standby.json`, its ID).
+//! one that started on it connects again three times faster); given an
+//! in-box agent with the preparing handle's channel open when that handle
+//! calls (so its first call after the swap starts none); checked from the
+//! three sources against the golden baseline, leaving out exactly that
+//! agent's process; and paused. Only then is it recorded as waiting
+//! (`golden/standby.json`: its ID and the agent's process).
 //!
 //! A reset that finds a waiting standby (under the reset lock):
 //! 1. at once pauses the old box, force-disconnects it from the bottle
