@@ -1,6 +1,6 @@
 //! `cargo xtask`: project automation. One module per subcommand.
 //!
-//! - `cargo xtask bench [--quick]`: every benchmark against its baseline
+//! - `cargo xtask bench [--quick] [BENCH...]`: every benchmark (or those named) against its baseline
 //!   in the same run (see [`bench`](mod@bench)).
 //! - `cargo xtask test`: build the static binaries the tests put into images
 //!   and the Debian agent image, then run every test of the workspace.

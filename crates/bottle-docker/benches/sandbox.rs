@@ -4,7 +4,10 @@
 //! p99 by restart and through a standby (with the standby's preparation
 //! timed apart), and boot to the first tool call vs `docker run --rm`, for
 //! the demo image and, when `cargo xtask bench` names it, the Debian test
-//! image.
+//! image. Beside them, the Engine's own share of each, measured the same
+//! way in the same run: the floors a bottle on this Engine cannot go
+//! under (a network and two containers started for a boot, one address
+//! handed from one container to another for a reset through a standby).
 //!
 //! `cargo xtask bench` runs it with the static binaries; by hand:
 //! `BOTTLE_BUNDLE_BIN=… BOTTLE_TOOLBOX_BIN=… cargo bench -p bottle-docker
@@ -19,10 +22,16 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use bollard::models::{
+    ContainerCreateBody, EndpointIpamConfig, EndpointSettings, NetworkConnectRequest,
+    NetworkCreateRequest, NetworkDisconnectRequest,
+};
+use bollard::query_parameters::{CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder};
 use bottle_core::sandbox::{RevertMethod, ToolCall};
 use bottle_core::{BottleBackend, BottleLauncher, BottleSpec};
+use bottle_docker::client::Engine;
 use bottle_docker::{DockerBackend, DockerOptions};
-use bottle_test_support::bench::{docker, ms, percentile, row};
+use bottle_test_support::bench::{docker, ms, percentile, row, time};
 
 const TAG: &str = "bottle-demo-agent:bench";
 
@@ -34,6 +43,7 @@ struct Sizes {
     resets: usize,
     standby_resets: usize,
     restarts: usize,
+    handovers: usize,
 }
 
 fn main() {
@@ -47,6 +57,7 @@ fn main() {
             resets: 20,
             standby_resets: 20,
             restarts: 10,
+            handovers: 20,
         }
     } else {
         Sizes {
@@ -58,6 +69,7 @@ fn main() {
             resets: 200,
             standby_resets: 1000,
             restarts: 100,
+            handovers: 200,
         }
     };
     let bundle = bottle_test_support::bench::static_bundle();
@@ -97,14 +109,15 @@ fn main() {
     }
     for (label, m) in &measured {
         println!(
-            "\n{label}: n: boots {}, tool calls {}, API execs {}, CLI execs {}, resets by restart {}, resets through a standby {}, raw restarts {}",
+            "\n{label}: n: boots {} (and as many raw runs and two-container starts), tool calls {}, API execs {}, CLI execs {}, resets by restart {}, resets through a standby {}, raw restarts {}, raw address hand-overs {}",
             m.boots.len(),
             m.calls.len(),
             m.api_execs.len(),
             m.cli_execs.len(),
             m.resets.len(),
             m.standby_resets.len(),
-            m.restarts.len()
+            m.restarts.len(),
+            m.handovers.len()
         );
     }
 }
@@ -121,6 +134,9 @@ struct Bench<'a> {
 struct Measured {
     boots: Vec<Duration>,
     runs: Vec<Duration>,
+    /// The Engine API making a network and starting two containers on it
+    /// at once: a bottle's boot is at least that.
+    pair_starts: Vec<Duration>,
     calls: Vec<Duration>,
     api_execs: Vec<Duration>,
     cli_execs: Vec<Duration>,
@@ -132,6 +148,9 @@ struct Measured {
     standby_verifies: Vec<Duration>,
     preparations: Vec<Duration>,
     restarts: Vec<Duration>,
+    /// The Engine API force-disconnecting a container and connecting
+    /// another at its address: a reset through a standby is at least that.
+    handovers: Vec<Duration>,
     /// The first tool call after each reset by restart (a new in-box
     /// agent) and through a standby (its channel opened ahead).
     first_calls_after_restart: Vec<Duration>,
@@ -149,8 +168,10 @@ impl Bench<'_> {
     fn measure(&self, sizes: &Sizes) -> Measured {
         let backend = self.backend;
         // Boot to the first tool call, against `docker run --rm IMAGE true`.
+        let engine = backend.engine().unwrap();
         let mut boots = Vec::new();
         let mut runs = Vec::new();
+        let mut pair_starts = Vec::new();
         for i in 0..sizes.boots {
             let name = format!("bench-boot-{i}");
             let spec = self.spec(&name);
@@ -165,6 +186,7 @@ impl Bench<'_> {
             let started = Instant::now();
             assert!(docker(&["run", "--rm", self.image, "true"]));
             runs.push(started.elapsed());
+            pair_starts.push(self.start_pair(engine, i));
         }
 
         let name = "bench-sandbox";
@@ -176,16 +198,16 @@ impl Bench<'_> {
         for _ in 0..20 {
             bottle.execute(&ToolCall::argv(["true"])).unwrap();
         }
-        let calls = time(sizes.calls, || {
+        let calls = repeat(sizes.calls, || {
             assert_eq!(
                 bottle.execute(&ToolCall::argv(["true"])).unwrap().exit_code,
                 0
             );
         });
-        let api_execs = time(sizes.baseline_calls, || {
+        let api_execs = repeat(sizes.baseline_calls, || {
             assert_eq!(bottle.exec(&["true".to_string()]).unwrap().exit_code, 0);
         });
-        let cli_execs = time(sizes.cli_calls, || {
+        let cli_execs = repeat(sizes.cli_calls, || {
             assert!(docker(&["exec", &container, "true"]))
         });
 
@@ -196,12 +218,12 @@ impl Bench<'_> {
         // starting the same container, nothing else.
         // After each, the first tool call, timed apart.
         let first_call = || {
-            let started = Instant::now();
-            assert_eq!(
-                bottle.execute(&ToolCall::argv(["true"])).unwrap().exit_code,
-                0
-            );
-            started.elapsed()
+            time(|| {
+                assert_eq!(
+                    bottle.execute(&ToolCall::argv(["true"])).unwrap().exit_code,
+                    0
+                );
+            })
         };
         let mut reverts = Vec::new();
         let mut verifies = Vec::new();
@@ -238,13 +260,12 @@ impl Bench<'_> {
             standby_verifies.push(report.verify);
             first_calls_after_standby.push(first_call());
         }
-        let engine = backend.engine().unwrap();
         let kill = || {
             bollard::query_parameters::KillContainerOptionsBuilder::default()
                 .signal("SIGKILL")
                 .build()
         };
-        let restarts = time(sizes.restarts, || {
+        let restarts = repeat(sizes.restarts, || {
             engine.block_on(async {
                 engine
                     .docker
@@ -258,11 +279,29 @@ impl Bench<'_> {
                     .unwrap();
             });
         });
+        // The address's hand-over alone, between the agent's box and a
+        // standby of it, thawed: each round hands it over and back, timing
+        // the first.
+        bottle.prepare_reset().unwrap();
+        let standby = format!("{container}-standby");
+        engine
+            .block_on(engine.docker.unpause_container(&standby))
+            .unwrap();
+        let (network, address) = agent_address(engine, &container);
+        let at = (network.as_str(), address.as_str());
+        let handovers = (0..sizes.handovers)
+            .map(|_| {
+                let taken = time(|| hand_over(engine, at, &container, &standby));
+                hand_over(engine, at, &standby, &container);
+                taken
+            })
+            .collect();
         drop(bottle);
         backend.stop(name).unwrap();
         Measured {
             boots,
             runs,
+            pair_starts,
             calls,
             api_execs,
             cli_execs,
@@ -274,9 +313,66 @@ impl Bench<'_> {
             standby_verifies,
             preparations,
             restarts,
+            handovers,
             first_calls_after_restart,
             first_calls_after_standby,
         }
+    }
+}
+
+impl Bench<'_> {
+    /// Times the Engine API making an internal network and creating and
+    /// starting two containers of the image on it at once (the agent's
+    /// box and the bundle's, as a launch does); removes them untimed.
+    fn start_pair(&self, engine: &Engine, i: usize) -> Duration {
+        let docker = &engine.docker;
+        let network = format!("bot-bench-pair-{i}");
+        let names = [
+            format!("bot-bench-pair-{i}-a"),
+            format!("bot-bench-pair-{i}-b"),
+        ];
+        let body = || ContainerCreateBody {
+            image: Some(self.image.to_string()),
+            cmd: Some(vec!["true".to_string()]),
+            host_config: Some(bollard::models::HostConfig {
+                network_mode: Some(network.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let create = |name: &str| {
+            let options = CreateContainerOptionsBuilder::default().name(name).build();
+            docker.create_container(Some(options), body())
+        };
+        let taken = time(|| {
+            engine.block_on(async {
+                docker
+                    .create_network(NetworkCreateRequest {
+                        name: network.clone(),
+                        internal: Some(true),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+                let (a, b) = tokio::join!(create(&names[0]), create(&names[1]));
+                a.unwrap();
+                b.unwrap();
+                let (a, b) = tokio::join!(
+                    docker.start_container(&names[0], None),
+                    docker.start_container(&names[1], None)
+                );
+                a.unwrap();
+                b.unwrap();
+            })
+        });
+        engine.block_on(async {
+            for name in &names {
+                let options = RemoveContainerOptionsBuilder::default().force(true).build();
+                docker.remove_container(name, Some(options)).await.unwrap();
+            }
+            docker.remove_network(&network).await.unwrap();
+        });
+        taken
     }
 }
 
@@ -287,6 +383,12 @@ impl Measured {
             &self.boots,
             "`docker run --rm IMAGE true`",
             &self.runs,
+        );
+        row(
+            &format!("boot to the first tool call, {image}"),
+            &self.boots,
+            "floor: Engine API network + two containers created and started at once",
+            &self.pair_starts,
         );
         row(
             &format!("tool call `true` through the in-box agent, {image}"),
@@ -317,6 +419,12 @@ impl Measured {
             "Engine API SIGKILL + start of the same container",
             &self.restarts,
         );
+        row(
+            &format!("reset through a standby, verified from three sources, {image}"),
+            &self.standby_resets,
+            "floor: Engine API force-disconnect of a container, then connect of another at its address",
+            &self.handovers,
+        );
         println!(
             "| … of which swap / verify | {:.1} / {:.1} | | | |",
             ms(percentile(&self.standby_reverts, 50)),
@@ -342,12 +450,44 @@ impl Measured {
     }
 }
 
-fn time(n: usize, mut f: impl FnMut()) -> Vec<Duration> {
-    (0..n)
-        .map(|_| {
-            let started = Instant::now();
-            f();
-            started.elapsed()
-        })
-        .collect()
+fn repeat(n: usize, mut f: impl FnMut()) -> Vec<Duration> {
+    (0..n).map(|_| time(&mut f)).collect()
+}
+
+/// Moves `address` on `network` from the container `from` to the
+/// container `to`: the force-disconnect and the connect a reset through a
+/// standby makes on its path, and nothing else.
+fn hand_over(engine: &Engine, (network, address): (&str, &str), from: &str, to: &str) {
+    let docker = &engine.docker;
+    let disconnect = NetworkDisconnectRequest {
+        container: from.to_string(),
+        force: Some(true),
+    };
+    let connect = NetworkConnectRequest {
+        container: to.to_string(),
+        endpoint_config: Some(EndpointSettings {
+            ipam_config: Some(EndpointIpamConfig {
+                ipv4_address: Some(address.to_string()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    };
+    engine.block_on(async {
+        docker
+            .disconnect_network(network, disconnect)
+            .await
+            .unwrap();
+        docker.connect_network(network, connect).await.unwrap();
+    });
+}
+
+/// The agent box's one network and its address there.
+fn agent_address(engine: &Engine, container: &str) -> (String, String) {
+    let inspect = engine
+        .block_on(engine.docker.inspect_container(container, None))
+        .unwrap();
+    let networks = inspect.network_settings.unwrap().networks.unwrap();
+    let (network, endpoint) = networks.into_iter().next().unwrap();
+    (network, endpoint.ip_address.unwrap())
 }
