@@ -88,10 +88,7 @@ pub(crate) fn log_prepared(log: &Path, name: &str, done: Result<String, BackendE
             bottle_core::display::escape_for_terminal(&err.to_string())
         ),
     };
-    let line = format!(
-        "{} {name}: {said}\n",
-        bottle_core::time::now_rfc3339_millis()
-    );
+    let line = prepared_line(name, &said);
     let appended = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -100,6 +97,14 @@ pub(crate) fn log_prepared(log: &Path, name: &str, done: Result<String, BackendE
     // The log is for the operator; a preparation that cannot be logged
     // still prepared.
     drop(appended);
+}
+
+/// One line of the preparer's log: when, which bottle, what was said.
+fn prepared_line(name: &str, said: &str) -> String {
+    format!(
+        "{} {name}: {said}\n",
+        bottle_core::time::now_rfc3339_millis()
+    )
 }
 
 /// The warning when the next reset of `name` was not prepared.
@@ -126,11 +131,7 @@ pub(crate) fn prepare(global: &Global, name: &str) -> Result<ExitCode, Failure> 
     let _ = crate::session::host::close_inherited_fds();
     let (bottle, _) = crate::lookup::find_bottle_and_backend(global, name)?;
     let done = bottle.prepare_reset()?;
-    output::out(&format!(
-        "{} {}: {done}\n",
-        bottle_core::time::now_rfc3339_millis(),
-        bottle.name()
-    ));
+    output::out(&prepared_line(bottle.name(), &done));
     Ok(ExitCode::SUCCESS)
 }
 

@@ -31,6 +31,25 @@ impl Owner {
         Owner { pid, start }
     }
 
+    /// The process `pid` as it runs now, named by its start time; `None`
+    /// when no such process runs, or this host has no `/proc` to tell its
+    /// start time (then a later process could not be told from it).
+    pub fn of(pid: u32) -> Option<Owner> {
+        match proc_stat(pid) {
+            ProcStat::Running { start } => Some(Owner { pid, start }),
+            ProcStat::Gone | ProcStat::NoProcfs => None,
+        }
+    }
+
+    /// True if `pid` is this very process: the same PID, running, started
+    /// at the same known time. Unlike [`Owner::is_alive`], an owner whose
+    /// start time is unknown is no process at all.
+    pub fn is(&self, pid: u32) -> bool {
+        self.pid == pid
+            && self.start != 0
+            && matches!(proc_stat(pid), ProcStat::Running { start } if start == self.start)
+    }
+
     /// True while the owning process runs. A PID that now belongs to a
     /// process started at another time is a different process, and a
     /// zombie is dead: it will never finish what it owns.
@@ -110,6 +129,24 @@ mod tests {
         assert!(!impostor.is_alive());
         let start_unknown = Owner { start: 0, ..me };
         assert!(start_unknown.is_alive());
+    }
+
+    #[test]
+    fn a_process_named_as_it_runs_is_itself_and_no_other() {
+        let me = Owner::of(std::process::id()).unwrap();
+        assert_eq!(me, Owner::current());
+        assert!(me.is(me.pid));
+        assert!(!me.is(me.pid + 1));
+        // A later process given the same PID started at another time.
+        assert!(
+            !Owner {
+                start: me.start + 1,
+                ..me
+            }
+            .is(me.pid)
+        );
+        // Unknown start time: no process is surely this one.
+        assert!(!Owner { start: 0, ..me }.is(me.pid));
     }
 
     #[test]

@@ -23,7 +23,7 @@ use bottle_core::sandbox::{
 use crate::client::Engine;
 use crate::data::StatePaths;
 use crate::error::{DockerError, is_not_found};
-use crate::reset::ChannelProcess;
+use crate::reset::{ChannelProcess, channel_process};
 
 /// A docker bottle's channel to its in-box agent, shared by the clones of
 /// the bottle so they reuse one agent process.
@@ -91,7 +91,7 @@ impl InBoxAgent {
                 what: format!("cannot open the in-box agent's channel into the standby: {err}"),
             })?;
         let exec = exec.unwrap_or_default();
-        let process = ChannelProcess::of(exec_pid(engine, &exec, standby)?)?;
+        let process = channel_process(exec_pid(engine, &exec, standby)?)?;
         *self.ahead_lock() = Some((standby.to_string(), opened));
         Ok(process)
     }

@@ -40,7 +40,6 @@ use bollard::query_parameters::KillContainerOptionsBuilder;
 use bottle_core::backend::BackendError;
 use bottle_core::exec::{CommandRunner, CommandSpec, SystemRunner};
 use bottle_core::sandbox::{ResetFiles, ResetSubstrate, RevertMethod};
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::client::Engine;
@@ -82,41 +81,13 @@ pub struct DockerResetSubstrate {
 /// own process, the one whose descriptors (the channel's) the descriptor
 /// source leaves out. Named by its host pid and start time, so another
 /// process that gets the same pid later is counted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChannelProcess {
-    /// Its pid on the host.
-    pub pid: u32,
-    /// Its start time (`/proc/<pid>/stat`'s 22nd field, in clock ticks).
-    pub start_time: u64,
-}
+pub type ChannelProcess = bottle_core::process::Owner;
 
-impl ChannelProcess {
-    /// The process `pid` as it runs now.
-    pub(crate) fn of(pid: u32) -> Result<ChannelProcess, DockerError> {
-        let start_time = start_time(pid).ok_or_else(|| DockerError::ResetState {
-            what: format!("the in-box agent (pid {pid}) ended as it started"),
-        })?;
-        Ok(ChannelProcess { pid, start_time })
-    }
-
-    /// True if `pid` is this process (not a later one with its pid).
-    fn is(&self, pid: u32) -> bool {
-        self.pid == pid && start_time(pid) == Some(self.start_time)
-    }
-}
-
-/// `pid`'s start time, from `/proc/<pid>/stat`.
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_start_time(&stat)
-}
-
-/// The 22nd field of a `/proc/<pid>/stat` line. The second field (the
-/// command's name, in parentheses) may hold spaces and parentheses, so the
-/// fields are counted from after its last `)`: the 3rd field onwards.
-fn parse_start_time(stat: &str) -> Option<u64> {
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(22 - 3)?.parse().ok()
+/// The in-box agent `pid` as it runs now.
+pub(crate) fn channel_process(pid: u32) -> Result<ChannelProcess, DockerError> {
+    ChannelProcess::of(pid).ok_or_else(|| DockerError::ResetState {
+        what: format!("the in-box agent (pid {pid}) ended as it started"),
+    })
 }
 
 impl DockerResetSubstrate {
@@ -807,23 +778,6 @@ mod tests {
         }
         set("user.planted").unwrap();
         assert_ne!(tree_hash(root).unwrap(), golden);
-    }
-
-    #[test]
-    fn a_start_time_is_read_past_a_name_with_spaces_and_parentheses() {
-        let stat = "4242 (to (ol) box) S 1 4242 4242 0 -1 4194560 99 0 0 0 0 0 0 0 20 0 1 0 123456 2514944 64";
-        assert_eq!(parse_start_time(stat), Some(123_456));
-        assert_eq!(parse_start_time("4242 (cut short) S 1"), None);
-        // This process, named as it runs now, is itself and no other pid.
-        let me = ChannelProcess::of(std::process::id()).unwrap();
-        assert!(me.is(std::process::id()));
-        assert!(
-            !ChannelProcess {
-                start_time: me.start_time + 1,
-                ..me
-            }
-            .is(me.pid)
-        );
     }
 
     #[test]
