@@ -24,6 +24,7 @@ mod requests;
 mod reset;
 mod serve;
 mod session;
+mod spawn_self;
 mod start;
 mod stop;
 

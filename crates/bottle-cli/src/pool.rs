@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use bottle_core::backend::BackendError;
 use bottle_core::display::escape_for_terminal;
-use bottle_core::exec::{CommandRunner as _, CommandSpec, SystemRunner};
+use bottle_core::exec::{CommandSpec, SystemRunner};
 use bottle_core::pool::WarmPool;
 use bottle_core::slug;
 use bottle_core::{BackendKind, BottleSpec};
@@ -19,6 +19,7 @@ use crate::interrupt::launch_interruptibly;
 use crate::lookup::{load_manifest, state_root};
 use crate::output::{self, note, out};
 use crate::prompt::confirm;
+use crate::spawn_self::spawn_self;
 
 /// The hidden subcommand a claiming `start` runs to top the pool up.
 pub(crate) const REFILL_SUBCOMMAND: &str = "__refill-pool";
@@ -224,18 +225,18 @@ pub(crate) fn spawn_refill(global: &Global, spec: &BottleSpec, backend: BackendK
 fn try_spawn_refill(global: &Global, agent: &str, backend: BackendKind) -> Result<(), String> {
     let root = bottle_core::state::state_root(|key| std::env::var(key).ok())
         .map_err(|err| err.to_string())?;
-    let exe =
-        std::env::current_exe().map_err(|err| format!("cannot find this bottle binary: {err}"))?;
     let manifest = std::fs::canonicalize(&global.manifest)
         .map_err(|err| format!("{}: {err}", global.manifest.display()))?;
     let log = refill_log(&root, agent);
     if let Some(dir) = log.parent() {
         std::fs::create_dir_all(dir).map_err(|err| format!("{}: {err}", dir.display()))?;
     }
-    SystemRunner
-        .spawn_detached(&refill_spec(&exe, &manifest, agent, backend), &log)
-        .map(drop)
-        .map_err(|err| err.to_string())
+    spawn_self(
+        &SystemRunner,
+        |exe| refill_spec(exe, &manifest, agent, backend),
+        &log,
+    )
+    .map(drop)
 }
 
 /// The refiller's invocation: this `bottle`, on the claiming start's

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bottle_core::BackendKind;
 use bottle_core::backend::BackendError;
-use bottle_core::exec::{CommandRunner as _, CommandSpec, SystemRunner};
+use bottle_core::exec::{CommandSpec, SystemRunner};
 use bottle_core::sandbox::{ResetFiles, ResetReport, SandboxError};
 use bottle_core::slug;
 use bottle_core::state::SessionPaths;
@@ -19,6 +19,7 @@ use bottle_core::state::SessionPaths;
 use crate::args::{Global, ResetArgs};
 use crate::failure::Failure;
 use crate::output;
+use crate::spawn_self::spawn_self;
 
 /// The widest value a row of the table shows (a whole `sha256:<hex>`);
 /// `--json` has every value whole.
@@ -64,15 +65,12 @@ pub(crate) fn spawn_prepare(name: &str, backend: BackendKind) -> Result<(), Stri
     if !golden.is_dir() {
         return Ok(());
     }
-    let exe =
-        std::env::current_exe().map_err(|err| format!("cannot find this bottle binary: {err}"))?;
-    SystemRunner
-        .spawn_detached(
-            &prepare_spec(&exe, name, backend),
-            &golden.join(PREPARE_LOG),
-        )
-        .map(drop)
-        .map_err(|err| err.to_string())
+    spawn_self(
+        &SystemRunner,
+        |exe| prepare_spec(exe, name, backend),
+        &golden.join(PREPARE_LOG),
+    )
+    .map(drop)
 }
 
 /// Where a bottle's preparers say what they did, in its golden dir.

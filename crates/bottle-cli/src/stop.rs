@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use bottle_core::backend::{BackendErrorKind, StopProgress};
-use bottle_core::exec::{CommandRunner as _, CommandSpec, SystemRunner};
+use bottle_core::exec::{CommandSpec, SystemRunner};
 use bottle_core::life::StateDir;
 use bottle_core::state::SessionPaths;
 use bottle_core::{BackendKind, CleanupReport, slug};
@@ -25,6 +25,7 @@ use crate::backends::{self, AnyBackend};
 use crate::failure::{EXIT_BACKEND, Failure};
 use crate::lookup::{backends_to_ask, no_bottle_named, state_root};
 use crate::output::{note, out};
+use crate::spawn_self::spawn_self;
 
 /// The hidden subcommand the finisher runs as.
 pub(crate) const FINISH_SUBCOMMAND: &str = "__finish-stop";
@@ -181,15 +182,10 @@ fn finisher_spec(bottle_exe: &Path, kind: BackendKind, name: &str) -> CommandSpe
 /// Starts the finisher, detached; its output goes to `log` (in the
 /// bottle's state dir, kept with it when the finish fails).
 fn spawn_finisher(kind: BackendKind, name: &str, log: Option<&Path>) -> Result<(), String> {
-    let exe =
-        std::env::current_exe().map_err(|err| format!("cannot find this bottle binary: {err}"))?;
     let log = log
         .filter(|log| log.parent().is_some_and(Path::is_dir))
         .map_or_else(|| PathBuf::from("/dev/null"), Path::to_path_buf);
-    SystemRunner
-        .spawn_detached(&finisher_spec(&exe, kind, name), &log)
-        .map(drop)
-        .map_err(|err| err.to_string())
+    spawn_self(&SystemRunner, |exe| finisher_spec(exe, kind, name), &log).map(drop)
 }
 
 /// `bottle __finish-stop BOTTLE`: leaves the operator's session, ends the

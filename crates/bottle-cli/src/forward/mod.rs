@@ -213,15 +213,17 @@ pub(crate) fn spawn(
     let ready = paths.ready(&key);
     let (pipe, _held_open) = crate::session::open_ready_pipe(&ready)
         .map_err(|err| failed(format!("cannot make {}: {err}", ready.display())))?;
-    let exe = std::env::current_exe()
-        .map_err(|err| failed(format!("cannot find this bottle binary: {err}")))?;
     // A fresh log per forwarder: its end is why it did not start.
     let _ = std::fs::remove_file(paths.log(&key));
-    let spawned = runner.spawn_detached(&forward_spec(&exe, kind, name, forward), &paths.log(&key));
+    let spawned = crate::spawn_self::spawn_self(
+        runner,
+        |exe| forward_spec(exe, kind, name, forward),
+        &paths.log(&key),
+    );
     let waited =
         spawned.map(|pid| crate::session::wait_ready(&pipe, Owner { pid, start: 0 }, READY_WITHIN));
     let _ = std::fs::remove_file(&ready);
-    match waited.map_err(|err| failed(err.to_string()))? {
+    match waited.map_err(&failed)? {
         crate::session::Ready::Serving => {
             read_record(&paths.record(&key)).ok_or_else(|| failed("it wrote no record".into()))
         }

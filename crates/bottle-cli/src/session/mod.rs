@@ -32,6 +32,7 @@ use bottle_core::process::Owner;
 use bottle_core::state::SessionPaths;
 
 use crate::failure::{EXIT_BACKEND, Failure};
+use crate::spawn_self::spawn_self;
 
 /// The hidden subcommand the holder runs as.
 pub(crate) const HOST_SUBCOMMAND: &str = "__session-host";
@@ -118,12 +119,14 @@ pub(crate) fn spawn_host(
             ready_pipe(paths).display()
         ))
     })?;
-    let exe = std::env::current_exe()
-        .map_err(|err| failed(format!("cannot find this bottle binary: {err}")))?;
-    let spawned = runner.spawn_detached(&host_spec(&exe, kind, name, command), &paths.log());
+    let spawned = spawn_self(
+        runner,
+        |exe| host_spec(exe, kind, name, command),
+        &paths.log(),
+    );
     let waited = spawned.map(|pid| wait_ready(&ready, Owner { pid, start: 0 }, READY_WITHIN));
     let _ = std::fs::remove_file(ready_pipe(paths));
-    match waited.map_err(|err| failed(err.to_string()))? {
+    match waited.map_err(&failed)? {
         Ready::Serving => Ok(()),
         Ready::Exited => match did_not_start(paths, command) {
             Some(failure) => Err(failure),
