@@ -81,8 +81,8 @@ impl InBoxAgent {
                 let (stream, id) =
                     crate::toolbox_stream::open_exec(engine, standby, user, argv.to_vec())
                         .map_err(|err| SandboxError::Boot {
-                            bottle: standby.to_string(),
-                            why: err.to_string(),
+                            bottle: self.toolbox.bottle().to_string(),
+                            why: format!("in its standby {standby}: {err}"),
                         })?;
                 exec = Some(id);
                 Ok(stream)

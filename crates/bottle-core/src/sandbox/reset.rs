@@ -409,7 +409,11 @@ fn verify(
         .collect()
 }
 
-fn engine_check(
+/// The Engine source's check of `observed` facts against `expected`: on a
+/// mismatch, only the facts that differ, the observed ones made safe to
+/// show. A backend checking a box before it serves (a standby) words its
+/// refusal with it, as a reset words a divergence.
+pub fn engine_check(
     expected: &BTreeMap<String, String>,
     observed: &BTreeMap<String, String>,
 ) -> SourceCheck {

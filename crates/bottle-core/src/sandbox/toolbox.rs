@@ -117,6 +117,11 @@ impl Toolbox {
         }
     }
 
+    /// The bottle whose in-box agent this is.
+    pub fn bottle(&self) -> &str {
+        &self.bottle
+    }
+
     /// Runs `call` in the box; `open` starts the in-box agent when there is
     /// no channel yet. A call that ran records its evidence hash in the
     /// audit log, whatever its exit code.

@@ -37,6 +37,7 @@ use bollard::query_parameters::{
 };
 use bottle_core::life::{Phase, StateDir};
 use bottle_core::sandbox::Baseline;
+use bottle_core::sandbox::reset::engine_check;
 use serde::{Deserialize, Serialize};
 
 use super::{ChannelProcess, DockerResetSubstrate, sibling, swap_layer};
@@ -289,15 +290,12 @@ impl DockerResetSubstrate {
         }
         let mut expected = baseline.engine.clone();
         expected.insert("networks".into(), String::new());
-        let observed = self.engine_of(id)?;
-        if observed != expected {
-            let differing: Vec<String> = expected
-                .keys()
-                .chain(observed.keys())
-                .filter(|key| expected.get(*key) != observed.get(*key))
-                .map(|key| format!("{key}={:?}", observed.get(key)))
-                .collect();
-            return Err(diverged(format!("engine {}", differing.join(" "))));
+        let engine = engine_check(&expected, &self.engine_of(id)?);
+        if !engine.matched {
+            return Err(diverged(format!(
+                "engine {}, expected {}",
+                engine.observed, engine.expected
+            )));
         }
         Ok(())
     }
