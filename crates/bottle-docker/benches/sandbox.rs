@@ -318,9 +318,7 @@ impl Bench<'_> {
             first_calls_after_standby,
         }
     }
-}
 
-impl Bench<'_> {
     /// Times the Engine API making an internal network and creating and
     /// starting two containers of the image on it at once (the agent's
     /// box and the bundle's, as a launch does); removes them untimed.
