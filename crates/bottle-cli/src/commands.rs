@@ -92,7 +92,7 @@ fn plan(global: &Global, args: &PlanArgs) -> Result<ExitCode, Failure> {
     if kind == bottle_core::BackendKind::Docker {
         let runner = bottle_core::exec::SystemRunner;
         let context = bottle_preflight::Context::from_host(&runner, kind);
-        if let Ok((cap, _)) = bottle_preflight::docker::storage(&context) {
+        if let Ok((cap, _)) = bottle_docker::host_checks::storage(&context) {
             plan.backend_lines
                 .push(("disk".into(), cap.plan_line(plan.disk_bytes)));
         }
@@ -403,7 +403,8 @@ fn doctor(global: &Global) -> Result<ExitCode, Failure> {
     let kind = backends::selected(global)?;
     let runner = bottle_core::exec::SystemRunner;
     let context = bottle_preflight::Context::from_host(&runner, kind);
-    let checks = bottle_preflight::run_all(&context);
+    let checks =
+        bottle_preflight::run_all(&context, &[&bottle_docker::host_checks::DockerHostChecks]);
     if global.json {
         output::json(&checks)?;
     } else {

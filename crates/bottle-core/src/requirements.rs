@@ -1,7 +1,8 @@
-//! The versions of the programs bottle drives that it requires, each bound
-//! defined once with the reason it is where it is: bottle-preflight reports
-//! against them (`bottle doctor`) and the backends refuse what falls below
-//! them. bottle-core runs neither program; it only names the versions.
+//! The smolvm versions bottle requires, each bound defined once with the
+//! reason it is where it is: bottle-preflight reports against them
+//! (`bottle doctor`) and the smolmachines backend refuses what falls below
+//! them. bottle-core runs no smolvm; it only names the versions. (The
+//! Docker Engine API the docker backend needs is its own to name.)
 
 use std::fmt;
 
@@ -26,11 +27,6 @@ pub const SMOLVM_KEEPS_ALLOW_CIDR_WITH_FROM: SmolvmVersion = SmolvmVersion::new(
 /// may change the CLI or the state DB the backend relies on, so preflight
 /// warns (it does not refuse).
 pub const SMOLVM_FIRST_UNTESTED: SmolvmVersion = SmolvmVersion::new(2, 0, 0);
-
-/// The oldest Docker Engine API the docker backend drives: Docker 20.10's
-/// (Debian's dockerd), to which bollard's newer default is negotiated down.
-/// Every request the backend sends is valid at this version.
-pub const DOCKER_MIN_API: DockerApiVersion = DockerApiVersion::new(1, 41);
 
 /// A `smolvm X.Y.Z` release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -93,37 +89,6 @@ impl fmt::Display for SmolvmVersion {
     }
 }
 
-/// A Docker Engine API version, `major.minor`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DockerApiVersion {
-    /// Major.
-    pub major: u32,
-    /// Minor.
-    pub minor: u32,
-}
-
-impl DockerApiVersion {
-    /// A version from its parts.
-    pub const fn new(major: u32, minor: u32) -> Self {
-        DockerApiVersion { major, minor }
-    }
-
-    /// Parses an API version as the Engine reports it, such as `1.41`.
-    pub fn parse(text: &str) -> Option<DockerApiVersion> {
-        let (major, minor) = text.trim().split_once('.')?;
-        Some(DockerApiVersion::new(
-            major.parse().ok()?,
-            minor.parse().ok()?,
-        ))
-    }
-}
-
-impl fmt::Display for DockerApiVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.major, self.minor)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,8 +130,6 @@ mod tests {
     #[test]
     fn versions_order_numerically() {
         assert!(SmolvmVersion::new(1, 10, 0) > SmolvmVersion::new(1, 9, 9));
-        assert!(DockerApiVersion::new(1, 9) < DOCKER_MIN_API);
-        assert!(DockerApiVersion::new(1, 41) >= DOCKER_MIN_API);
     }
 
     #[test]
@@ -176,19 +139,5 @@ mod tests {
         assert!(v(1, 1, 3).allowlist_enforced());
         assert!(v(1, 7, 9).from_drops_allow_cidr());
         assert!(!v(1, 8, 0).from_drops_allow_cidr());
-    }
-
-    #[test]
-    fn docker_api_versions() {
-        assert_eq!(
-            DockerApiVersion::parse("1.41"),
-            Some(DockerApiVersion::new(1, 41))
-        );
-        assert_eq!(
-            DockerApiVersion::parse("1.9"),
-            Some(DockerApiVersion::new(1, 9))
-        );
-        assert_eq!(DockerApiVersion::parse("one"), None);
-        assert_eq!(DOCKER_MIN_API.to_string(), "1.41");
     }
 }

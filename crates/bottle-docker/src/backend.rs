@@ -5,13 +5,12 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use bollard::models::SystemInfo;
 use bottle_core::backend::{
     BackendError, BackendKind, Bottle, BottleBackend, BottleInfo, BottleLauncher, CleanupItem,
     CleanupPass, CleanupReport, StopProgress,
 };
 use bottle_core::checkout::RepoKind;
-use bottle_core::disk::{LayerCap, format_size};
+use bottle_core::disk::format_size;
 use bottle_core::isolation::{self, Isolation};
 use bottle_core::manifest::{self, CredentialSource};
 use bottle_core::slug::slug_of;
@@ -30,6 +29,7 @@ use crate::launch::{self, Failpoint, LaunchSettings};
 use crate::lifecycle;
 use crate::names::ResourceNames;
 use crate::pause::pause_elf;
+use crate::storage::LayerCap;
 use crate::toolbox::InBoxAgent;
 use bottle_core::timeline::Timeline;
 
@@ -237,7 +237,7 @@ impl DockerBackend {
             .map_err(DockerError::api("read the daemon's info"))?;
         // A cap the storage cannot enforce refuses the bottle before any
         // image is built: running it uncapped is not what was asked.
-        let layer_cap = layer_cap(&info);
+        let layer_cap = LayerCap::of_info(&info);
         if let (Some(bytes), LayerCap::Unsupported { storage }) = (plan.disk_bytes, &layer_cap) {
             return Err(DockerError::DiskCapUnsupported {
                 size: format_size(bytes),
@@ -637,18 +637,6 @@ fn expand_home(spec: &BottleSpec, path: &str) -> PathBuf {
     }
 }
 
-/// What the daemon's storage can do with `limits.disk`, from `GET /info`.
-fn layer_cap(info: &SystemInfo) -> LayerCap {
-    let status = info.driver_status.as_deref().unwrap_or_default();
-    LayerCap::of_docker(
-        info.driver.as_deref().unwrap_or_default(),
-        status.iter().filter_map(|pair| match pair.as_slice() {
-            [label, value] => Some((label.as_str(), value.as_str())),
-            _ => None,
-        }),
-    )
-}
-
 fn backend_lines(data: &DockerPlanData) -> Vec<(String, String)> {
     let DockerPlanData { bundle, agent } = data;
     vec![
@@ -920,41 +908,6 @@ mod tests {
     fn relative_state_roots_are_refused() {
         let err = DockerBackend::new(DockerOptions::new("relative/state")).unwrap_err();
         assert_eq!(err.code, "BOT-D005");
-    }
-
-    /// `GET /info` as a Docker 28 daemon on overlay2 over ext4 sends it
-    /// (the fields this reads, with their neighbours).
-    const INFO_OVERLAY2_EXT4: &str = r#"{"Driver":"overlay2","DriverStatus":[["Backing Filesystem","extfs"],["Supports d_type","true"],["Using metacopy","false"],["Native Overlay Diff","true"],["userxattr","false"]],"Architecture":"x86_64","DockerRootDir":"/var/lib/docker"}"#;
-
-    fn info_with(driver: &str, backing: &str) -> SystemInfo {
-        let text = INFO_OVERLAY2_EXT4
-            .replace("\"overlay2\"", &format!("{driver:?}"))
-            .replace("\"extfs\"", &format!("{backing:?}"));
-        serde_json::from_str(&text).unwrap()
-    }
-
-    #[test]
-    fn the_layer_cap_is_read_from_the_daemons_info() {
-        let ext4: SystemInfo = serde_json::from_str(INFO_OVERLAY2_EXT4).unwrap();
-        assert_eq!(
-            layer_cap(&ext4),
-            LayerCap::Unsupported {
-                storage: "overlay2 on extfs".into()
-            }
-        );
-        let xfs = layer_cap(&info_with("overlay2", "xfs"));
-        assert_eq!(
-            xfs.plan_line(Some(10 << 30)),
-            "capped at 10 GiB (overlay2 on xfs, pquota)"
-        );
-        assert!(matches!(
-            layer_cap(&info_with("btrfs", "btrfs")),
-            LayerCap::Enforced { .. }
-        ));
-        assert!(matches!(
-            layer_cap(&SystemInfo::default()),
-            LayerCap::Unsupported { .. }
-        ));
     }
 
     #[test]

@@ -3,16 +3,15 @@
 //!
 //! The client's API version is negotiated down to the daemon's (bollard
 //! defaults to a newer one than Debian's dockerd 20.10 speaks), and every
-//! request this crate sends is valid at
-//! [`bottle_core::requirements::DOCKER_MIN_API`].
+//! request this crate sends is valid at [`DOCKER_MIN_API`].
 
 use std::future::Future;
 use std::sync::Arc;
 
 use bollard::Docker;
-use bottle_core::requirements::{DOCKER_MIN_API, DockerApiVersion};
 use bottle_core::timeline::Timeline;
 
+use crate::api_version::{DOCKER_MIN_API, DockerApiVersion};
 use crate::error::DockerError;
 
 /// A connected client plus the runtime its futures run on.

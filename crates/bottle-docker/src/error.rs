@@ -25,7 +25,7 @@ pub enum DockerError {
     /// The daemon speaks an API older than the one this backend needs.
     #[error(
         "the docker daemon speaks engine api {found}, older than the {} this backend needs",
-        bottle_core::requirements::DOCKER_MIN_API
+        crate::api_version::DOCKER_MIN_API
     )]
     ApiTooOld {
         /// The daemon's API version.

@@ -30,6 +30,7 @@
 //! carries the `bottle.*` labels of [`names`] and is registered for undo
 //! before the next step runs.
 
+pub mod api_version;
 pub mod archive;
 pub mod backend;
 pub mod bottle;
@@ -41,6 +42,7 @@ pub mod copy;
 pub mod data;
 mod error;
 pub mod gvisor;
+pub mod host_checks;
 pub mod images;
 mod isolation;
 pub mod launch;
@@ -50,6 +52,7 @@ pub mod pause;
 mod pool;
 mod pool_entry;
 pub mod reset;
+pub mod storage;
 pub mod tarball;
 mod toolbox;
 mod toolbox_stream;

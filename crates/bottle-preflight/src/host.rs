@@ -189,10 +189,7 @@ pub(crate) fn read_optional(
 }
 
 /// Whether a host path exists under `root`.
-pub(crate) fn exists(
-    root: &HostRoot,
-    host_path: &str,
-) -> Result<bool, crate::error::PreflightError> {
+pub fn exists(root: &HostRoot, host_path: &str) -> Result<bool, crate::error::PreflightError> {
     let path = root.join(host_path);
     path.try_exists()
         .map_err(|source| crate::error::PreflightError::Inspect { path, source })

@@ -1,7 +1,11 @@
-//! `bottle-preflight` owns host checks (platform, KVM, smolvm, Docker,
-//! the daemon's gVisor runtime, kernel, the bundle binary, the in-box agent
-//! binary) for `bottle doctor` and for each backend's `preflight()`. It only
-//! observes; it never changes the host.
+//! `bottle-preflight` owns the host checks' shape ([`Check`], [`Context`],
+//! [`Report`]) and the checks no backend crate owns (platform, KVM,
+//! smolvm, kernel, the bundle binary, the in-box agent binary) for
+//! `bottle doctor` and the smolmachines backend's host requirement. A
+//! backend crate brings its own checks as [`HostChecks`] (the docker
+//! backend: the daemon, its storage, its gVisor runtime), and
+//! [`run_all`] places them among these. It only observes; it never
+//! changes the host.
 //!
 //! Every check returns a [`Check`] (stable id, status, message, remediation).
 //! A missing `/dev/kvm` or an unreachable daemon is a failed check, not an
@@ -18,9 +22,7 @@
 
 pub mod bundle;
 pub mod check;
-pub mod docker;
 pub mod error;
-pub mod gvisor;
 pub mod host;
 pub mod kernel;
 pub mod kvm;
@@ -38,8 +40,9 @@ pub use host::{Context, HostRoot, Identity, Platform};
 pub use kernel::kernel_version;
 pub use report::Report;
 
-/// Every check id, in the order [`run_all`] reports them.
-pub const ALL_IDS: [&str; 14] = [
+/// The ids of this crate's checks [`run_all`] reports before the
+/// backends' [`HostChecks`], in order.
+const LEADING_IDS: [&str; 9] = [
     platform::ID,
     kernel::ID,
     kvm::DEVICE_ID,
@@ -49,12 +52,11 @@ pub const ALL_IDS: [&str; 14] = [
     kvm::GROUP_ID,
     kvm_guest::ID,
     smolvm::ID,
-    docker::ID,
-    docker::DISK_QUOTA_ID,
-    gvisor::ID,
-    bundle::ID,
-    toolbox::ID,
 ];
+
+/// The ids of this crate's checks [`run_all`] reports after the
+/// backends', in order.
+const TRAILING_IDS: [&str; 2] = [bundle::ID, toolbox::ID];
 
 /// What a microVM bottle needs of this host, checked before anything is
 /// created: the platform, and KVM that can run a guest (the device, this
@@ -74,38 +76,35 @@ pub fn require_microvm_host(ctx: &Context<'_>) -> Result<(), PreflightError> {
     require(&checks)
 }
 
-/// Runs every check, in [`ALL_IDS`] order.
+/// Checks a backend crate owns and runs itself (the docker backend's
+/// daemon, storage and gVisor runtime), placed by [`run_all`].
+pub trait HostChecks {
+    /// Their ids, in the order [`HostChecks::run`] returns them.
+    fn ids(&self) -> &'static [&'static str];
+    /// Runs them against `ctx`; a check that could not run is a result
+    /// too ([`settle`]).
+    fn run(&self, ctx: &Context<'_>) -> Vec<Check>;
+}
+
+/// Every id [`run_all`] reports with `backends`, in its order.
+pub fn all_ids(backends: &[&dyn HostChecks]) -> Vec<&'static str> {
+    let mut ids = LEADING_IDS.to_vec();
+    for backend in backends {
+        ids.extend_from_slice(backend.ids());
+    }
+    ids.extend_from_slice(&TRAILING_IDS);
+    ids
+}
+
+/// Runs every check: this crate's, with each of `backends`' after the
+/// smolvm check, in [`all_ids`] order.
 ///
 /// A check that hit unexpected I/O is reported as failed (or as a warning
 /// when only the other backend needs it) with the error's code and fix in
 /// its message.
-pub fn run_all(ctx: &Context<'_>) -> Vec<Check> {
+pub fn run_all(ctx: &Context<'_>, backends: &[&dyn HostChecks]) -> Vec<Check> {
     let smolvm = ctx.backend == BackendKind::Smolmachines;
-    let docker = ctx.backend == BackendKind::Docker;
-    let daemon = settle(docker::ID, docker::TITLE, docker, docker::check_docker(ctx));
-    // The storage is asked only of a daemon that answered: otherwise the
-    // daemon check has already said why, and a second wait adds nothing.
-    let disk_quota = if daemon.status == Status::Fail {
-        Check::new(
-            docker::DISK_QUOTA_ID,
-            docker::DISK_QUOTA_TITLE,
-            Status::Skip,
-            "not checked: the docker daemon is not reachable".to_owned(),
-        )
-    } else {
-        docker::check_disk_quota(ctx)
-    };
-    let gvisor = if daemon.status == Status::Fail {
-        Check::new(
-            gvisor::ID,
-            gvisor::TITLE,
-            Status::Skip,
-            "not checked: the docker daemon is not reachable".to_owned(),
-        )
-    } else {
-        gvisor::check_gvisor(ctx)
-    };
-    vec![
+    let mut checks = vec![
         platform::check_platform(ctx),
         settle(kernel::ID, kernel::TITLE, false, kernel::check_kernel(ctx)),
         settle(
@@ -135,21 +134,28 @@ pub fn run_all(ctx: &Context<'_>) -> Vec<Check> {
         ),
         kvm_guest::check_guest(ctx),
         smolvm::check_smolvm(ctx),
-        daemon,
-        disk_quota,
-        gvisor,
-        settle(bundle::ID, bundle::TITLE, true, bundle::check_bundle(ctx)),
-        settle(
-            toolbox::ID,
-            toolbox::TITLE,
-            false,
-            toolbox::check_toolbox(ctx),
-        ),
-    ]
+    ];
+    for backend in backends {
+        checks.extend(backend.run(ctx));
+    }
+    checks.push(settle(
+        bundle::ID,
+        bundle::TITLE,
+        true,
+        bundle::check_bundle(ctx),
+    ));
+    checks.push(settle(
+        toolbox::ID,
+        toolbox::TITLE,
+        false,
+        toolbox::check_toolbox(ctx),
+    ));
+    checks
 }
 
-/// Turns a check that could not run into a result the report can show.
-fn settle(
+/// Turns a check that could not run into a result the report can show:
+/// failed when `needed` (the selected backend needs it), else a warning.
+pub fn settle(
     id: &'static str,
     title: &'static str,
     needed: bool,
@@ -195,9 +201,10 @@ mod tests {
 
     #[test]
     fn ids_are_unique() {
-        let mut ids = ALL_IDS.to_vec();
+        let mut ids = all_ids(&[]);
+        let count = ids.len();
         ids.sort_unstable();
         ids.dedup();
-        assert_eq!(ids.len(), ALL_IDS.len());
+        assert_eq!(ids.len(), count);
     }
 }

@@ -209,7 +209,7 @@ fn unreadable_proc_modules_is_an_error_not_a_verdict() {
     let err = check_module(&ctx).unwrap_err();
     assert_eq!(err.code(), "BOT-P001");
     assert!(err.to_string().starts_with("could not read "), "{err}");
-    let module = run_all(&ctx)
+    let module = run_all(&ctx, &[])
         .into_iter()
         .find(|c| c.id == "kvm.module")
         .unwrap();
@@ -230,7 +230,7 @@ fn macos_skips_every_kvm_check() {
     let mut ctx = host.ctx(&runner, BackendKind::Smolmachines);
     ctx.os = "macos".into();
     ctx.arch = "aarch64".into();
-    let checks = run_all(&ctx);
+    let checks = run_all(&ctx, &[]);
     for id in [
         "kvm.device",
         "kvm.access",

@@ -7,8 +7,6 @@
 )]
 
 mod bundle;
-mod docker;
-mod gvisor;
 mod kernel;
 mod kvm;
 mod platform;
