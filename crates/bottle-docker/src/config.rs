@@ -87,13 +87,26 @@ pub enum HostOnBridge {
     Gateway,
 }
 
-/// The bottle's private network: internal, no host address, no NAT.
-pub fn internal_network(
+/// A bottle's private network: internal (no route off the bridge) and no
+/// NAT. With [`HostOnBridge::Withheld`] (a container bottle's) the host
+/// takes no address on the bridge, so nothing on the host is reachable from
+/// the box; with [`HostOnBridge::Gateway`] (a microVM's bundle) the host
+/// keeps its gateway address there, so smolvm can dial the bundle from the
+/// host.
+pub fn bottle_network(
     name: &str,
     subnet: &str,
     gateway: Ipv4Addr,
+    host: HostOnBridge,
     labels: HashMap<String, String>,
 ) -> NetworkCreateRequest {
+    let mut options = HashMap::from([
+        (OPT_MASQUERADE.to_string(), "false".to_string()),
+        (OPT_ENABLE_ICC.to_string(), "true".to_string()),
+    ]);
+    if host == HostOnBridge::Withheld {
+        options.insert(OPT_INHIBIT_IPV4.to_string(), "true".to_string());
+    }
     NetworkCreateRequest {
         name: name.to_string(),
         driver: Some("bridge".into()),
@@ -109,30 +122,10 @@ pub fn internal_network(
             }]),
             options: None,
         }),
-        options: Some(HashMap::from([
-            (OPT_INHIBIT_IPV4.to_string(), "true".to_string()),
-            (OPT_MASQUERADE.to_string(), "false".to_string()),
-            (OPT_ENABLE_ICC.to_string(), "true".to_string()),
-        ])),
+        options: Some(options),
         labels: Some(labels),
         ..NetworkCreateRequest::default()
     }
-}
-
-/// The bottle network of a microVM's bundle: [`internal_network`]
-/// (internal, no NAT) except that the host keeps its gateway address on
-/// the bridge, so smolvm can dial the bundle from the host.
-pub fn vm_bundle_network(
-    name: &str,
-    subnet: &str,
-    gateway: Ipv4Addr,
-    labels: HashMap<String, String>,
-) -> NetworkCreateRequest {
-    let mut request = internal_network(name, subnet, gateway, labels);
-    if let Some(options) = request.options.as_mut() {
-        options.remove(OPT_INHIBIT_IPV4);
-    }
-    request
 }
 
 /// The shared egress network: a plain bridge with NAT, where bundles may
@@ -622,10 +615,11 @@ pub(crate) mod tests {
 
     #[test]
     fn the_internal_network_has_no_host_address_and_no_nat() {
-        let req = internal_network(
+        let req = bottle_network(
             "bot-bottle-demo",
             "192.168.40.0/24",
             Ipv4Addr::new(192, 168, 40, 1),
+            HostOnBridge::Withheld,
             HashMap::new(),
         );
         assert_eq!(req.internal, Some(true));
@@ -639,10 +633,11 @@ pub(crate) mod tests {
 
     #[test]
     fn the_vm_bundle_network_is_internal_and_gives_the_host_its_gateway() {
-        let req = vm_bundle_network(
+        let req = bottle_network(
             "bot-bottle-demo",
             "192.168.40.0/24",
             Ipv4Addr::new(192, 168, 40, 1),
+            HostOnBridge::Gateway,
             HashMap::from([(
                 LABEL_MANAGED.to_string(),
                 crate::names::MANAGED_FOR_VM.to_string(),

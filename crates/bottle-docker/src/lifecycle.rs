@@ -22,7 +22,8 @@ use crate::data::{self, StatePaths};
 use crate::error::{DockerError, is_not_found};
 use crate::names::{
     EGRESS_NETWORK, LABEL_AGENT, LABEL_BUNDLE_IP, LABEL_DETACHED, LABEL_MANAGED, LABEL_NAME,
-    LABEL_ROLE, LABEL_SLUG, LABEL_STATE_DIR, ResourceNames, label_filter, owner_from_labels, role,
+    LABEL_ROLE, LABEL_SLUG, LABEL_STATE_DIR, MANAGED_BY_DOCKER, ResourceNames, label_filter,
+    owner_from_labels, role,
 };
 
 /// Removes a network. `Ok(false)` if it was gone.
@@ -103,14 +104,14 @@ fn managed_containers(
     engine: &Engine,
     extra: &[(&str, &str)],
 ) -> Result<Vec<Resource>, DockerError> {
-    let mut pairs = vec![(LABEL_MANAGED, "1")];
+    let mut pairs = vec![(LABEL_MANAGED, MANAGED_BY_DOCKER)];
     pairs.extend_from_slice(extra);
     labelled_containers(engine, &pairs)
 }
 
 /// A docker bottle's networks: `bottle.managed=1` and `extra`.
 fn managed_networks(engine: &Engine, extra: &[(&str, &str)]) -> Result<Vec<Resource>, DockerError> {
-    let mut pairs = vec![(LABEL_MANAGED, "1")];
+    let mut pairs = vec![(LABEL_MANAGED, MANAGED_BY_DOCKER)];
     pairs.extend_from_slice(extra);
     labelled_networks(engine, &pairs)
 }
@@ -176,7 +177,7 @@ pub(crate) fn labelled_networks(
 /// five questions go to the Engine at once.
 pub fn bottle_resources_exist(engine: &Engine, slug: &str) -> Result<bool, DockerError> {
     let names = ResourceNames::for_slug(slug);
-    let filters = label_filter(&[(LABEL_MANAGED, "1"), (LABEL_SLUG, slug)]);
+    let filters = label_filter(&[(LABEL_MANAGED, MANAGED_BY_DOCKER), (LABEL_SLUG, slug)]);
     let containers = ListContainersOptionsBuilder::default()
         .all(true)
         .filters(&filters)

@@ -9,8 +9,12 @@ use std::collections::HashMap;
 use bottle_core::process::Owner;
 use bottle_core::slug::bottle_name;
 
-/// `1` on everything this backend creates.
+/// Whose resource it is: [`MANAGED_BY_DOCKER`] on everything a docker
+/// bottle's launch creates.
 pub const LABEL_MANAGED: &str = "bottle.managed";
+/// [`LABEL_MANAGED`]'s value on a docker bottle's resources, which the
+/// docker backend's `list`, `stop` and `cleanup` select.
+pub const MANAGED_BY_DOCKER: &str = "1";
 /// [`LABEL_MANAGED`]'s value on a bundle (and its network) run for a
 /// microVM bottle: the smolmachines backend owns its lifetime, so the
 /// docker backend's `list`, `stop` and `cleanup` (which select `1`) leave
@@ -118,7 +122,7 @@ impl BottleLabels {
     /// The label map for a resource of `role`.
     pub fn for_role(&self, role: &str) -> HashMap<String, String> {
         let pairs = [
-            (LABEL_MANAGED, "1".to_string()),
+            (LABEL_MANAGED, MANAGED_BY_DOCKER.to_string()),
             (LABEL_NAME, self.name.clone()),
             (LABEL_AGENT, self.agent.clone()),
             (LABEL_SLUG, self.slug.clone()),

@@ -213,7 +213,7 @@ fn isolated_as_launched(
         network_name,
         network,
         &data.bundle.subnet,
-        crate::config::HostOnBridge::Withheld,
+        crate::launch::BundleComponent::BESIDE_CONTAINER.host_on_bridge,
     )?;
     isolation::check_bundle(network_name, bundle, data.bundle.ip)?;
     isolation::check_agent(network_name, agent, data.agent.ip)?;

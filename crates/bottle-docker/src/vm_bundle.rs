@@ -4,12 +4,13 @@
 //! ([`bottle_core::images::ImageStore`]). The smolmachines backend reaches
 //! both only through those traits; the CLI composes them.
 //!
-//! The bundle is launched by [`launch::launch_bundle`]: the same steps,
-//! undo and failpoints as a docker bottle's bundle, up to `bundle-health`.
-//! Its network differs in one way. smolvm dials the guest's traffic from
-//! the host, so the host needs an address on the bottle's bridge: the
-//! gateway `.1`, from which it reaches the bundle at `.2`
-//! ([`crate::config::vm_bundle_network`]). The bridge stays `internal` (no
+//! The bundle is launched by [`launch::launch_bundle`] as
+//! [`launch::BundleComponent::FOR_MICROVM`]: the same steps, undo and
+//! failpoints as a docker bottle's bundle, up to `bundle-health`. Its
+//! network differs in one way. smolvm dials the guest's traffic from the
+//! host, so the host needs an address on the bottle's bridge: the gateway
+//! `.1`, from which it reaches the bundle at `.2`
+//! ([`crate::config::bottle_network`] with `HostOnBridge::Gateway`). The bridge stays `internal` (no
 //! route off it, no NAT), no other container joins it, and the guest's
 //! allowlist is `.2/32` alone, so the guest cannot reach the host's `.1`;
 //! the bundle's only way out is still the shared egress network.
@@ -106,7 +107,13 @@ impl DockerBundleHost {
         bundle: &BundleData,
     ) -> Result<BundleEndpoint, DockerError> {
         let engine = self.engine()?;
-        launch::launch_bundle(engine, &self.backend.launch_settings()?, plan, bundle)?;
+        launch::launch_bundle(
+            engine,
+            &self.backend.launch_settings()?,
+            plan,
+            bundle,
+            launch::BundleComponent::FOR_MICROVM,
+        )?;
         Ok(BundleEndpoint {
             address: bundle.ip,
             ca_cert: StatePaths::new(&plan.state_dir).ca_cert(),

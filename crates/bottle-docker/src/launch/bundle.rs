@@ -17,12 +17,12 @@ use bollard::query_parameters::{
 };
 use futures_util::StreamExt;
 
-use super::{BundleOutput, Launch, LaunchMode, Step};
+use super::{BundleOutput, Launch, Step};
 use crate::archive::upload;
 use crate::bottle::exec_captured;
 use crate::client::Engine;
 use crate::config::{
-    self, BUNDLE_BINARY_PATH, BUNDLE_CA_CERT, BUNDLE_CA_KEY, BUNDLE_CREDENTIALS_DIR,
+    self, BUNDLE_BINARY_PATH, BUNDLE_CA_CERT, BUNDLE_CA_KEY, BUNDLE_CREDENTIALS_DIR, HostOnBridge,
 };
 use crate::data::{self, CredentialRef};
 use crate::error::{DockerError, is_address_pool_full, is_not_found, is_pool_overlap};
@@ -208,7 +208,7 @@ impl<'a, D> Launch<'a, D> {
 
         let output = self.bundle_output.take();
         self.wait_healthy(bundle, output)?;
-        if self.mode == LaunchMode::BundleForVm {
+        if self.component.host_on_bridge == HostOnBridge::Gateway {
             self.wait_host_reaches(bundle)?;
         }
         self.step_done(Step::BundleHealth)?;
@@ -220,14 +220,13 @@ impl<'a, D> Launch<'a, D> {
     /// before returning either's error.
     fn create_networks(&mut self, network: &str) -> Result<(), DockerError> {
         let labels = self.labels_for(role::NETWORK);
-        let request = match self.mode {
-            LaunchMode::Bottle => {
-                config::internal_network(network, &self.bundle.subnet, self.bundle.gateway, labels)
-            }
-            LaunchMode::BundleForVm => {
-                config::vm_bundle_network(network, &self.bundle.subnet, self.bundle.gateway, labels)
-            }
-        };
+        let request = config::bottle_network(
+            network,
+            &self.bundle.subnet,
+            self.bundle.gateway,
+            self.component.host_on_bridge,
+            labels,
+        );
         let docker = &self.engine.docker;
         let (created, egress) = self.engine.block_on(async {
             tokio::join!(docker.create_network(request), ensure_egress(docker))
@@ -260,9 +259,9 @@ impl<'a, D> Launch<'a, D> {
         egress
     }
 
-    /// Fails closed unless the network is internal, has no host address
-    /// (for a bundle alone: has one, see [`LaunchMode::BundleForVm`]) and
-    /// has the planned subnet.
+    /// Fails closed unless the network is internal, gives the host an
+    /// address exactly when the component says so, and has the planned
+    /// subnet.
     pub(super) fn check_network(&self, network: &str) -> Result<(), DockerError> {
         let inspect = self.block(&format!("inspect network {network}"), async {
             self.engine.docker.inspect_network(network, None).await
@@ -271,7 +270,7 @@ impl<'a, D> Launch<'a, D> {
             network,
             &inspect,
             &self.bundle.subnet,
-            self.mode.host_on_bridge(),
+            self.component.host_on_bridge,
         )
         .map_err(|what| DockerError::IsolationUnconfirmed { what })
     }

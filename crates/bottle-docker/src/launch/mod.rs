@@ -2,14 +2,16 @@
 //! each registering its undo on a [`bottle_core::undo::Unwind`], and the
 //! failure injection that tests use to prove the unwinding.
 //!
-//! Running a bundle on Docker is one component (`bundle.rs`), used twice:
-//! a docker bottle's [`launch`] runs it and the agent container's steps
-//! (`agent.rs`); the microVM bundle host ([`crate::vm_bundle`]) runs it
-//! alone through [`launch_bundle`] ([`LaunchMode::BundleForVm`]): the
+//! Running a bundle on Docker is one component (`bundle.rs`), a
+//! [`BundleComponent`] value saying how its network is shaped, how its
+//! resources are labelled and what its health must show. A docker
+//! bottle's [`launch`] runs it ([`BundleComponent::BESIDE_CONTAINER`]) and
+//! the agent container's steps (`agent.rs`); any other backend runs it
+//! alone through [`launch_bundle`]: the microVM bundle host
+//! ([`crate::vm_bundle`]) with [`BundleComponent::FOR_MICROVM`], whose
 //! bottle network is still internal but gives the host its gateway
-//! address, because smolvm dials the guest's traffic from the host, and
-//! `bundle-health` also requires the host to connect to the bundle's proxy
-//! port. [`Step`] lists the steps in order (`steps.rs`).
+//! address, because smolvm dials the guest's traffic from the host. [`Step`]
+//! lists the steps in order (`steps.rs`).
 //!
 //! Every step ends through [`bottle_core::launch_steps`]: its lap on the
 //! `--timings` timeline, the operator's ^C, and `BOTTLE_FAILPOINT`.
@@ -27,6 +29,7 @@ use bottle_core::{BackendKind, Plan};
 
 use crate::bottle::DockerBottle;
 use crate::client::Engine;
+use crate::config::HostOnBridge;
 use crate::data::{self, BundleData, DockerPlan, StatePaths};
 use crate::error::DockerError;
 use crate::images::Progress;
@@ -41,28 +44,37 @@ pub use steps::{BUNDLE_STEPS, Step};
 /// A `BOTTLE_FAILPOINT` naming a docker launch step.
 pub type Failpoint = bottle_core::launch_steps::Failpoint<Step>;
 
-/// What a launch brings up.
+/// The bundle as a component of a bottle: what its resources carry and
+/// how its bottle network is shaped for the box it serves. A value, so a
+/// backend that runs its agent elsewhere reuses the bundle by naming one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LaunchMode {
-    /// The whole bottle: bundle and agent container. The bottle network
-    /// gives the host no address.
-    Bottle,
-    /// Only the bundle, for a microVM bottle whose traffic smolvm dials
-    /// from the host: the bottle network (still internal) gives the host
-    /// its gateway address so the host reaches the bundle's pinned `.2`,
-    /// the resources carry [`crate::names::MANAGED_FOR_VM`], and the steps
-    /// end at `bundle-health`, which also checks the host can connect.
-    BundleForVm,
+pub struct BundleComponent {
+    /// [`names::LABEL_MANAGED`] on everything the launch creates: whose
+    /// `list`, `stop` and `cleanup` find them.
+    pub managed: &'static str,
+    /// Whether the host holds an address on the bottle network's bridge.
+    /// With [`HostOnBridge::Gateway`], `bundle-health` also requires the
+    /// host to connect to the bundle's proxy port at its pinned address.
+    pub host_on_bridge: HostOnBridge,
 }
 
-impl LaunchMode {
-    /// Whether the host holds an address on the bottle network's bridge.
-    pub(crate) fn host_on_bridge(self) -> crate::config::HostOnBridge {
-        match self {
-            LaunchMode::Bottle => crate::config::HostOnBridge::Withheld,
-            LaunchMode::BundleForVm => crate::config::HostOnBridge::Gateway,
-        }
-    }
+impl BundleComponent {
+    /// A docker bottle's bundle, beside the agent's container: the host
+    /// has no address on the bottle network, so nothing on the host is
+    /// reachable from the box.
+    pub const BESIDE_CONTAINER: BundleComponent = BundleComponent {
+        managed: names::MANAGED_BY_DOCKER,
+        host_on_bridge: HostOnBridge::Withheld,
+    };
+
+    /// A microVM bottle's bundle, which smolvm dials from the host: the
+    /// host keeps the network's gateway address, and the resources carry
+    /// [`names::MANAGED_FOR_VM`] so the docker backend's `list`, `stop` and
+    /// `cleanup` leave them to the smolmachines backend.
+    pub const FOR_MICROVM: BundleComponent = BundleComponent {
+        managed: names::MANAGED_FOR_VM,
+        host_on_bridge: HostOnBridge::Gateway,
+    };
 }
 
 /// Settings of one launch that come from the backend's options.
@@ -87,7 +99,7 @@ struct Launch<'a, D> {
     bundle: &'a BundleData,
     paths: StatePaths,
     labels: BottleLabels,
-    mode: LaunchMode,
+    component: BundleComponent,
     /// What to remove if the launch fails, newest last.
     undo: Unwind<'a>,
     /// Held from ensuring the egress network until the bundle holds an
@@ -150,7 +162,20 @@ pub fn launch(
         });
     }
     let bundle = &plan.backend_data.bundle;
-    let mut launch = Launch::begin(engine, settings, plan, bundle, LaunchMode::Bottle)?;
+    let mut launch = Launch::begin(
+        engine,
+        settings,
+        plan,
+        bundle,
+        BundleComponent::BESIDE_CONTAINER,
+    )?;
+    // The state dir is this launch's to remove on failure.
+    let root = launch.paths.root.clone();
+    launch.undo.push("the state dir", move || {
+        data::remove_state_dir(&root)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    });
     // The plan first: a state dir holding only the plan is a launch that
     // died at once, which `cleanup` recognises as such.
     let record = BottleRecord::launching(&plan.bottle, &plan.agent, BackendKind::Docker);
@@ -160,15 +185,24 @@ pub fn launch(
     launch.finish(result)
 }
 
-/// Launches only the bundle of `plan` ([`LaunchMode::BundleForVm`]): the
-/// steps up to `bundle-health`, unwound the same way on failure.
+/// Launches only the bundle of `plan`, as `component`: the steps up to
+/// `bundle-health`, unwound the same way on failure. Of the state dir
+/// (the other backend's), only the bundle's files are this launch's to
+/// remove.
 pub fn launch_bundle<D>(
     engine: &Engine,
     settings: &LaunchSettings,
     plan: &Plan<D>,
     bundle: &BundleData,
+    component: BundleComponent,
 ) -> Result<(), DockerError> {
-    let mut launch = Launch::begin(engine, settings, plan, bundle, LaunchMode::BundleForVm)?;
+    let mut launch = Launch::begin(engine, settings, plan, bundle, component)?;
+    let root = launch.paths.root.clone();
+    launch.undo.push("the bundle's files", move || {
+        data::remove_bundle_files(&root)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    });
     let result = launch.run_bundle();
     launch.finish(result)
 }
@@ -179,7 +213,7 @@ impl<'a, D> Launch<'a, D> {
         settings: &'a LaunchSettings,
         plan: &'a Plan<D>,
         bundle: &'a BundleData,
-        mode: LaunchMode,
+        component: BundleComponent,
     ) -> Result<Launch<'a, D>, DockerError> {
         if bundle.version != data::STATE_LAYOUT_VERSION {
             return Err(DockerError::PlanData {
@@ -196,23 +230,6 @@ impl<'a, D> Launch<'a, D> {
             });
         }
         let paths = StatePaths::new(&plan.state_dir);
-        // From here on the state dir (or, for a bundle alone, the bundle's
-        // files in it; the rest is the microVM backend's) is this launch's
-        // to remove on failure.
-        let mut undo = Unwind::default();
-        let root = paths.root.clone();
-        match mode {
-            LaunchMode::Bottle => undo.push("the state dir", move || {
-                data::remove_state_dir(&root)
-                    .map(drop)
-                    .map_err(|e| e.to_string())
-            }),
-            LaunchMode::BundleForVm => undo.push("the bundle's files", move || {
-                data::remove_bundle_files(&root)
-                    .map(drop)
-                    .map_err(|e| e.to_string())
-            }),
-        }
         let owner = Owner::current();
         let labels = BottleLabels {
             name: plan.bottle.clone(),
@@ -230,8 +247,8 @@ impl<'a, D> Launch<'a, D> {
             bundle,
             paths,
             labels,
-            mode,
-            undo,
+            component,
+            undo: Unwind::default(),
             egress_lock: None,
             bundle_starting: None,
             bundle_output: None,
@@ -289,17 +306,13 @@ impl<D> Launch<'_, D> {
         }
     }
 
-    /// The labels of a resource of `role`; a bundle launched for a microVM
-    /// is marked so the docker backend's list, stop and cleanup leave it
-    /// to the smolmachines backend.
+    /// The labels of a resource of `role`, managed as the component says.
     fn labels_for(&self, role: &str) -> HashMap<String, String> {
         let mut labels = self.labels.for_role(role);
-        if self.mode == LaunchMode::BundleForVm {
-            labels.insert(
-                names::LABEL_MANAGED.to_string(),
-                names::MANAGED_FOR_VM.to_string(),
-            );
-        }
+        labels.insert(
+            names::LABEL_MANAGED.to_string(),
+            self.component.managed.to_string(),
+        );
         labels
     }
 
