@@ -150,6 +150,32 @@ impl<'a> Context<'a> {
         }
     }
 
+    /// A context that reads nothing of this process: a Linux x86_64 host
+    /// under `root`, no `PATH`, no `DOCKER_HOST` (the default socket under
+    /// `root`), a user 1000 in group 1000, and no binaries named. What a
+    /// test of a check starts from, overriding the fields it is about.
+    pub fn fixed(root: HostRoot, runner: &'a dyn CommandRunner, backend: BackendKind) -> Self {
+        Context {
+            root,
+            runner,
+            backend,
+            os: "linux".into(),
+            arch: "x86_64".into(),
+            path: None,
+            docker_host: None,
+            identity: Identity {
+                uid: 1000,
+                gid: 1000,
+                groups: vec![1000],
+            },
+            docker_timeout: DOCKER_TIMEOUT,
+            bundle_bin: None,
+            toolbox_bin: None,
+            exe: None,
+            gvisor_runtime: None,
+        }
+    }
+
     /// The platform named by [`Context::os`].
     pub fn platform(&self) -> Platform {
         Platform::from_os(&self.os)

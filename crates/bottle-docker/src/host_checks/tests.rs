@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 
 use bottle_core::BackendKind;
 use bottle_core::exec::CommandRunner;
-use bottle_preflight::{HostRoot, Identity};
+use bottle_preflight::HostRoot;
 use bottle_test_support::{RecordingRunner, wait_for};
 
 use super::*;
@@ -32,25 +32,7 @@ impl FakeHost {
     /// A context for a Linux x86_64 host under this root, with the
     /// default Docker socket.
     fn ctx<'a>(&self, runner: &'a dyn CommandRunner, backend: BackendKind) -> Context<'a> {
-        Context {
-            root: HostRoot::new(self.dir.path()),
-            runner,
-            backend,
-            os: "linux".into(),
-            arch: "x86_64".into(),
-            path: None,
-            docker_host: None,
-            identity: Identity {
-                uid: 1000,
-                gid: 1000,
-                groups: vec![1000],
-            },
-            docker_timeout: Duration::from_secs(2),
-            bundle_bin: None,
-            toolbox_bin: None,
-            exe: None,
-            gvisor_runtime: None,
-        }
+        Context::fixed(HostRoot::new(self.dir.path()), runner, backend)
     }
 }
 

@@ -510,10 +510,6 @@ impl CaBox for ContainerCaBox<'_> {
     }
 }
 
-/// The daemon's refusal of a container's `StorageOpt`, if that is what
-/// `err` is: overlay2 answers "--storage-opt is supported only for overlay
-/// over xfs with 'pquota' mount option", other drivers name the option
-/// similarly. Only this refusal means "the storage cannot cap the layer".
 /// The `agent-files` archive: `/etc/bottle` with the MCP config (it
 /// depends on nothing that runs, so it goes in this one upload rather than
 /// after the start), and for a gVisor box a `/tmp` that is not empty.
@@ -590,6 +586,10 @@ fn fill_box(
     })
 }
 
+/// The daemon's refusal of a container's `StorageOpt`, if that is what
+/// `err` is: overlay2 answers "--storage-opt is supported only for overlay
+/// over xfs with 'pquota' mount option", other drivers name the option
+/// similarly. Only this refusal means "the storage cannot cap the layer".
 fn storage_opt_refusal(err: &bollard::errors::Error) -> Option<String> {
     match err {
         bollard::errors::Error::DockerResponseServerError { message, .. }

@@ -3,11 +3,10 @@
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use bottle_core::BackendKind;
 use bottle_core::exec::CommandRunner;
-use bottle_preflight::{Check, Context, HostRoot, Identity};
+use bottle_preflight::{Check, Context, HostRoot};
 
 /// A temp dir standing in for `/`.
 pub(crate) struct FakeHost {
@@ -56,25 +55,7 @@ impl FakeHost {
         runner: &'a dyn CommandRunner,
         backend: BackendKind,
     ) -> Context<'a> {
-        Context {
-            root: self.root(),
-            runner,
-            backend,
-            os: "linux".into(),
-            arch: "x86_64".into(),
-            path: None,
-            docker_host: None,
-            identity: Identity {
-                uid: 1000,
-                gid: 1000,
-                groups: vec![1000],
-            },
-            docker_timeout: Duration::from_secs(2),
-            bundle_bin: None,
-            toolbox_bin: None,
-            exe: None,
-            gvisor_runtime: None,
-        }
+        Context::fixed(self.root(), runner, backend)
     }
 }
 
