@@ -516,7 +516,11 @@ fn credential_secret(token: &str) -> String {
     format!("bottle-credential-{token}")
 }
 
-/// A progress line on stderr (stdout carries the report).
+/// A progress line on stderr (stdout carries the report), with the time
+/// since the run's first line: a CI log then says where the run's
+/// minutes go.
 pub(crate) fn progress(text: &str) {
-    eprintln!("sandbox-escape: {text}");
+    static FIRST: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let since = FIRST.get_or_init(std::time::Instant::now).elapsed();
+    eprintln!("sandbox-escape: [{:5.0} s] {text}", since.as_secs_f64());
 }
