@@ -184,6 +184,13 @@ where
     F: FnOnce(Docker) -> Fut,
     Fut: Future<Output = Result<T, bollard::errors::Error>>,
 {
+    // bollard says only "not found" of a socket it cannot see; a
+    // directory on the way this user may not enter is told apart here.
+    match socket.try_exists() {
+        Ok(true) => {}
+        Ok(false) => return Err(AskError::Missing),
+        Err(err) => return Err(AskError::of_io(&err)),
+    }
     let Some(path) = socket.to_str() else {
         return Err(AskError::Io(format!(
             "{} is not a UTF-8 path",
