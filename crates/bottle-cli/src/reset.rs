@@ -34,7 +34,9 @@ pub(crate) fn reset(global: &Global, args: &ResetArgs) -> Result<ExitCode, Failu
     match bottle.reset() {
         Ok(report) => {
             print_report(global, &report)?;
-            if let Err(why) = spawn_prepare(bottle.name(), kind) {
+            if bottle.reset_is_preparable()
+                && let Err(why) = spawn_prepare(bottle.name(), kind)
+            {
                 output::note(global.quiet, &prepare_warning(bottle.name(), &why));
             }
             if let Some(command) = detached_agent {

@@ -201,6 +201,7 @@ impl Started<'_> {
         self.lap("forwards");
         if self.args.detach {
             let name = bottle.name().to_string();
+            let preparable = bottle.reset_is_preparable();
             drop(bottle);
             let paths = bottle_core::state::SessionPaths::new(&state_root()?, slug::slug_of(&name));
             if let Err(failure) = crate::session::spawn_host(
@@ -221,7 +222,7 @@ impl Started<'_> {
             // The first reset's standby, made in the background. Not for an
             // attached agent: its bottle is stopped when the agent ends,
             // and a plain stop does not wait for a preparation.
-            if let Err(why) = crate::reset::spawn_prepare(&name, kind) {
+            if preparable && let Err(why) = crate::reset::spawn_prepare(&name, kind) {
                 note(global.quiet, &crate::reset::prepare_warning(&name, &why));
             }
             self.print_timings();

@@ -475,6 +475,13 @@ pub trait Bottle {
     /// line what it did, for a log.
     fn prepare_reset(&self) -> Result<String, BackendError>;
 
+    /// Whether [`Bottle::prepare_reset`] can make anything ready for this
+    /// bottle's next reset, so a caller starts no preparer for one that
+    /// cannot (a microVM restores its disks: nothing waits off the path).
+    fn reset_is_preparable(&self) -> bool {
+        true
+    }
+
     /// [`Bottle::prepare_reset`] on a handle that shares this one's
     /// channel to the in-box agent, to run on another thread while this
     /// one keeps calling (the sandbox server): what it prepares may then

@@ -244,6 +244,10 @@ impl Bottle for SmolvmBottle {
         Ok("a microVM resets by restoring its disks: nothing to prepare".into())
     }
 
+    fn reset_is_preparable(&self) -> bool {
+        false
+    }
+
     fn commit(&self, _image: &str) -> Result<CommitReport, BackendError> {
         Err(SmolvmError::CommitUnsupported.into())
     }

@@ -182,9 +182,10 @@ fn work(attach: &AttachFn, state_root: &Path, name: &str, jobs: &mpsc::Receiver<
                                 .spawn(move || crate::reset::log_prepared(&log, &name, owned()));
                             preparers.extend(spawned.ok());
                         }
-                        None => {
+                        None if bottle.reset_is_preparable() => {
                             let _ = crate::reset::spawn_prepare(bottle.name(), *kind);
                         }
+                        None => {}
                     }
                 }
             }

@@ -528,3 +528,50 @@ fn a_reset_starts_a_detached_agent_again() {
     assert!(stderr.contains("stays stopped"), "{stderr}");
     assert_ne!(world.listed()["agent_running"], true);
 }
+
+/// A microVM's reset restores its disks: nothing waits off its path, so
+/// neither a detached start nor a reset starts a preparer for it (none
+/// writes the preparer's log).
+#[test]
+fn a_microvm_bottle_starts_no_reset_preparer() {
+    let Some(world) = setup(
+        "a_microvm_bottle_starts_no_reset_preparer",
+        "reset-vm",
+        true,
+    ) else {
+        return;
+    };
+    let _stop = scopeguard(&world);
+    world
+        .bottle()
+        .args(["--yes", "start", "echo", "--detach", "--name", &world.name])
+        .assert()
+        .success();
+    let out = world
+        .bottle()
+        .args(["reset", &world.name])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(6) || stderr.contains("reset is unavailable") {
+        eprintln!("skipping: this host cannot reset ({stderr})");
+        return;
+    }
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("runs again in a new session"), "{stderr}");
+    let golden = world
+        .state()
+        .join("bottle")
+        .join(&world.name)
+        .join("golden");
+    assert!(
+        golden.is_dir(),
+        "the reset's snapshot is at {}",
+        golden.display()
+    );
+    assert!(
+        !golden.join("prepare.log").exists(),
+        "a preparer ran: {}",
+        std::fs::read_to_string(golden.join("prepare.log")).unwrap_or_default()
+    );
+}
