@@ -483,6 +483,32 @@ fn a_start_killed_before_its_agent_ran_lists_as_incomplete() {
     );
 }
 
+/// Starts the world's bottle detached, runs `between`, then resets it and
+/// checks it says the agent runs again; `false` (with a skip line) when
+/// this host cannot reset.
+#[expect(clippy::print_stderr, reason = "the skip line of the test calling it")]
+fn started_detached_and_reset(world: &World, between: impl FnOnce()) -> bool {
+    world
+        .bottle()
+        .args(["--yes", "start", "echo", "--detach", "--name", &world.name])
+        .assert()
+        .success();
+    between();
+    let out = world
+        .bottle()
+        .args(["reset", &world.name])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(6) || stderr.contains("reset is unavailable") {
+        eprintln!("skipping: this host cannot reset ({stderr})");
+        return false;
+    }
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("runs again in a new session"), "{stderr}");
+    true
+}
+
 /// A reset of a bottle with a detached agent starts the agent's command
 /// again in a new session, and says so; `--keep-stopped` leaves it
 /// stopped.
@@ -496,24 +522,11 @@ fn a_reset_starts_a_detached_agent_again() {
         return;
     };
     let _stop = scopeguard(&world);
-    world
-        .bottle()
-        .args(["--yes", "start", "echo", "--detach", "--name", &world.name])
-        .assert()
-        .success();
-    let first = holder_pid(&world);
-    let out = world
-        .bottle()
-        .args(["reset", &world.name])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if out.status.code() == Some(6) || stderr.contains("reset is unavailable") {
-        eprintln!("skipping: this host cannot reset ({stderr})");
+    let mut first = None;
+    if !started_detached_and_reset(&world, || first = Some(holder_pid(&world))) {
         return;
     }
-    assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("runs again in a new session"), "{stderr}");
+    let first = first.unwrap();
     wait_until("the new session's agent to run", WAIT, || {
         world.listed()["agent_running"] == true
     });
@@ -542,23 +555,9 @@ fn a_microvm_bottle_starts_no_reset_preparer() {
         return;
     };
     let _stop = scopeguard(&world);
-    world
-        .bottle()
-        .args(["--yes", "start", "echo", "--detach", "--name", &world.name])
-        .assert()
-        .success();
-    let out = world
-        .bottle()
-        .args(["reset", &world.name])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if out.status.code() == Some(6) || stderr.contains("reset is unavailable") {
-        eprintln!("skipping: this host cannot reset ({stderr})");
+    if !started_detached_and_reset(&world, || ()) {
         return;
     }
-    assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("runs again in a new session"), "{stderr}");
     let golden = world
         .state()
         .join("bottle")
