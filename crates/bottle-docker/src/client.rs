@@ -14,6 +14,9 @@ use bottle_core::timeline::Timeline;
 use crate::api_version::{DOCKER_MIN_API, DockerApiVersion};
 use crate::error::DockerError;
 
+/// Where the daemon listens unless `DOCKER_HOST` says otherwise.
+pub const DEFAULT_SOCKET: &str = "/var/run/docker.sock";
+
 /// A connected client plus the runtime its futures run on.
 #[derive(Clone)]
 pub struct Engine {
@@ -47,7 +50,7 @@ impl Engine {
         let endpoint = host
             .map(str::to_string)
             .or_else(|| std::env::var("DOCKER_HOST").ok())
-            .unwrap_or_else(|| "unix:///var/run/docker.sock".to_string());
+            .unwrap_or_else(|| format!("unix://{DEFAULT_SOCKET}"));
         let connect_err = |source| DockerError::Connect {
             endpoint: endpoint.clone(),
             source,

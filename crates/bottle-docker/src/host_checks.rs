@@ -8,15 +8,15 @@
 //! uses, without negotiating a version (bollard sends `GET /version` and
 //! `GET /info` unversioned, which any daemon answers in its own API), each
 //! answer bounded by the context's timeout: a doctor must say what is on
-//! the socket, whatever it is, rather than wait on it. The host is read through the
-//! context's root, so the socket of a test is a path in its temp dir.
+//! the socket, whatever it is, rather than wait on it. The host is read
+//! through the context's root, so the socket of a test is a path in its
+//! temp dir.
 
 use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::api_version::{DOCKER_MIN_API, DockerApiVersion};
 use bollard::Docker;
 use bollard::models::{SystemInfo, SystemVersion};
 use bottle_core::exec::CommandSpec;
@@ -24,6 +24,8 @@ use bottle_core::isolation::{GVISOR_FIX, GvisorBuild, Registration};
 use bottle_preflight::host::exists;
 use bottle_preflight::{Check, Context, HostChecks, Platform, PreflightError, Status, settle};
 
+use crate::api_version::{DOCKER_MIN_API, DockerApiVersion};
+use crate::client::DEFAULT_SOCKET;
 use crate::storage::LayerCap;
 
 /// Stable id of the daemon check.
@@ -37,9 +39,6 @@ const DISK_QUOTA_TITLE: &str = "docker disk quota";
 /// Stable id of the gVisor check.
 pub const GVISOR_ID: &str = "docker.gvisor";
 const GVISOR_TITLE: &str = "gvisor runtime";
-
-/// Where the daemon listens unless `DOCKER_HOST` says otherwise.
-pub const DEFAULT_SOCKET: &str = "/var/run/docker.sock";
 
 /// The docker backend's checks, for `bottle_preflight::run_all`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -72,7 +71,9 @@ impl HostChecks for DockerHostChecks {
                 skip(GVISOR_ID, GVISOR_TITLE),
             ];
         }
-        vec![daemon, check_disk_quota(ctx), check_gvisor(ctx)]
+        // One `GET /info` serves both.
+        let info = daemon_info(ctx);
+        vec![daemon, check_disk_quota(&info), check_gvisor(ctx, &info)]
     }
 }
 
@@ -320,8 +321,9 @@ pub fn check_daemon(ctx: &Context<'_>) -> Result<Check, PreflightError> {
     )
 }
 
-/// The daemon's `GET /info`, or why it could not be had, in one line.
-fn info(ctx: &Context<'_>) -> Result<SystemInfo, String> {
+/// The daemon's `GET /info`, or why it could not be had, in one line:
+/// what the storage and gVisor checks judge.
+pub fn daemon_info(ctx: &Context<'_>) -> Result<SystemInfo, String> {
     let socket =
         socket(ctx).map_err(|value| format!("DOCKER_HOST={value} is not a unix socket"))?;
     ask(&socket, ctx.docker_timeout, |docker| async move {
@@ -339,23 +341,28 @@ fn info(ctx: &Context<'_>) -> Result<SystemInfo, String> {
 /// root, from `GET /info`; `Err` says why the daemon could not be asked.
 /// `bottle plan` reads it too, so the plan and the doctor agree.
 pub fn storage(ctx: &Context<'_>) -> Result<(LayerCap, String), String> {
-    let info = info(ctx)?;
+    Ok(storage_of(&daemon_info(ctx)?))
+}
+
+/// What `info` says of the storage: its [`LayerCap`] and Docker's data root.
+fn storage_of(info: &SystemInfo) -> (LayerCap, String) {
     let root = match info.docker_root_dir.as_deref() {
         None | Some("") => "/var/lib/docker".to_owned(),
         Some(root) => root.to_owned(),
     };
-    Ok((LayerCap::of_info(&info), root))
+    (LayerCap::of_info(info), root)
 }
 
 /// Checks whether the daemon's storage can cap a container's writable
 /// layer, so that `limits.disk` holds. It cannot on the common overlay2 over
 /// ext4; that is a warning, not a failure: bottles without `limits.disk`
 /// run, but an agent can then fill the disk that holds Docker's data.
-pub fn check_disk_quota(ctx: &Context<'_>) -> Check {
+/// Judged from the daemon's `GET /info` (`Err`: why it was not had).
+pub fn check_disk_quota(info: &Result<SystemInfo, String>) -> Check {
     let check =
         |status, message: String| Check::new(DISK_QUOTA_ID, DISK_QUOTA_TITLE, status, message);
-    let (cap, root) = match storage(ctx) {
-        Ok(found) => found,
+    let (cap, root) = match info {
+        Ok(info) => storage_of(info),
         Err(why) => return check(Status::Skip, format!("not checked: {why}")),
     };
     match cap {
@@ -386,12 +393,12 @@ pub fn check_disk_quota(ctx: &Context<'_>) -> Check {
 /// build (`runsc --version`) and platform, and the build's known gaps.
 /// gVisor is an optional tier: its absence is a warning, never a failure
 /// (a manifest asking for it is refused at `bottle start` instead).
-pub fn check_gvisor(ctx: &Context<'_>) -> Check {
+pub fn check_gvisor(ctx: &Context<'_>, info: &Result<SystemInfo, String>) -> Check {
     let name = bottle_core::isolation::gvisor_runtime_name(ctx.gvisor_runtime.as_deref());
     let name = name.as_str();
     let check = |status, message: String| Check::new(GVISOR_ID, GVISOR_TITLE, status, message);
-    let runtimes = match info(ctx) {
-        Ok(info) => info.runtimes.unwrap_or_default(),
+    let runtimes = match info {
+        Ok(info) => info.runtimes.clone().unwrap_or_default(),
         Err(why) => return check(Status::Skip, format!("not checked: {why}")),
     };
     let Some(entry) = runtimes.get(name) else {

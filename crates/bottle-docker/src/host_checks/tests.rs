@@ -36,55 +36,70 @@ impl FakeHost {
     }
 }
 
-/// A fake Docker daemon: accepts one connection on a real unix socket,
-/// reads the request head, then writes `response` and closes (or, with
-/// `None`, never answers and waits for the client to hang up).
+/// A fake Docker daemon on a real unix socket: accepts one connection per
+/// response, in turn, reads its request head, then writes the response
+/// and closes (or, for `None`, never answers and waits for the client to
+/// hang up). After the last it stops listening: a further request is
+/// refused.
 struct FakeDocker {
-    thread: JoinHandle<String>,
+    thread: JoinHandle<Vec<String>>,
 }
 
 const SERVER_BOUND: Duration = Duration::from_secs(10);
 
 impl FakeDocker {
     fn serve(socket: &Path, response: Option<Vec<u8>>) -> Self {
+        FakeDocker::serve_each(socket, vec![response])
+    }
+
+    fn serve_each(socket: &Path, responses: Vec<Option<Vec<u8>>>) -> Self {
         std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
         let listener = UnixListener::bind(socket).unwrap();
         listener.set_nonblocking(true).unwrap();
         let thread = std::thread::spawn(move || {
-            let mut stream = wait_for("a client to connect", SERVER_BOUND, || {
-                match listener.accept() {
-                    Ok((stream, _)) => Some(stream),
-                    Err(err) if err.kind() == io::ErrorKind::WouldBlock => None,
-                    Err(err) => panic!("accept: {err}"),
+            let mut requests = Vec::new();
+            for response in responses {
+                let mut stream = wait_for("a client to connect", SERVER_BOUND, || {
+                    match listener.accept() {
+                        Ok((stream, _)) => Some(stream),
+                        Err(err) if err.kind() == io::ErrorKind::WouldBlock => None,
+                        Err(err) => panic!("accept: {err}"),
+                    }
+                });
+                stream.set_nonblocking(false).unwrap();
+                stream.set_read_timeout(Some(SERVER_BOUND)).unwrap();
+                let mut request = Vec::new();
+                let mut byte = [0u8; 1];
+                while !request.ends_with(b"\r\n\r\n") {
+                    match stream.read(&mut byte).unwrap() {
+                        0 => break,
+                        _ => request.push(byte[0]),
+                    }
                 }
-            });
-            stream.set_nonblocking(false).unwrap();
-            stream.set_read_timeout(Some(SERVER_BOUND)).unwrap();
-            let mut request = Vec::new();
-            let mut byte = [0u8; 1];
-            while !request.ends_with(b"\r\n\r\n") {
-                match stream.read(&mut byte).unwrap() {
-                    0 => break,
-                    _ => request.push(byte[0]),
+                match response {
+                    Some(response) => stream.write_all(&response).unwrap(),
+                    None => {
+                        // Say nothing; the client gives up and hangs up.
+                        let mut rest = Vec::new();
+                        let _ = stream.read_to_end(&mut rest);
+                    }
                 }
+                let request = String::from_utf8_lossy(&request).into_owned();
+                requests.push(request.lines().next().unwrap_or_default().to_owned());
             }
-            match response {
-                Some(response) => stream.write_all(&response).unwrap(),
-                None => {
-                    // Say nothing; the client gives up and hangs up.
-                    let mut rest = Vec::new();
-                    let _ = stream.read_to_end(&mut rest);
-                }
-            }
-            String::from_utf8_lossy(&request).into_owned()
+            requests
         });
         FakeDocker { thread }
     }
 
+    /// The request line of each connection, in turn.
+    fn request_lines(self) -> Vec<String> {
+        self.thread.join().unwrap()
+    }
+
     /// The request line the server received.
     fn request_line(self) -> String {
-        let request = self.thread.join().unwrap();
-        request.lines().next().unwrap_or_default().to_owned()
+        self.request_lines().remove(0)
     }
 }
 
@@ -333,6 +348,33 @@ fn smolmachines_needs_the_daemon_too() {
 }
 
 #[test]
+fn a_reachable_daemon_is_asked_for_its_version_then_once_for_its_info() {
+    // The fake answers two requests and then refuses: a second `GET
+    // /info` would leave the gVisor check skipped.
+    let host = FakeHost::new();
+    let server = FakeDocker::serve_each(
+        &host.path(DEFAULT_SOCKET),
+        vec![
+            Some(http("200 OK", VERSION_20_10)),
+            Some(http("200 OK", INFO_RUNSC)),
+        ],
+    );
+    let runner = RecordingRunner::printing("runsc version release-20261116.0\n");
+    let checks = DockerHostChecks.run(&host.ctx(&runner, BackendKind::Docker));
+    let statuses: Vec<Status> = checks.iter().map(|c| c.status).collect();
+    // No storage driver in that answer: taken as unable to cap.
+    assert_eq!(
+        statuses,
+        [Status::Ok, Status::Warn, Status::Ok],
+        "{checks:#?}"
+    );
+    assert_eq!(
+        server.request_lines(),
+        [request_line("/version"), request_line("/info")]
+    );
+}
+
+#[test]
 fn a_silent_daemon_times_out() {
     let host = FakeHost::new();
     let server = FakeDocker::serve(&host.path(DEFAULT_SOCKET), None);
@@ -391,11 +433,11 @@ fn endpoints() {
 /// storage fields and their neighbours.
 const INFO_OVERLAY2_EXT4: &str = r#"{"ID":"x","Containers":3,"Driver":"overlay2","DriverStatus":[["Backing Filesystem","extfs"],["Supports d_type","true"],["Using metacopy","false"],["Native Overlay Diff","true"],["userxattr","false"]],"DockerRootDir":"/var/lib/docker","Architecture":"x86_64"}"#;
 
-fn disk_quota_with(info: &str) -> Check {
+fn disk_quota_with(answer: &str) -> Check {
     let host = FakeHost::new();
-    let server = FakeDocker::serve(&host.path(DEFAULT_SOCKET), Some(http("200 OK", info)));
+    let server = FakeDocker::serve(&host.path(DEFAULT_SOCKET), Some(http("200 OK", answer)));
     let runner = RecordingRunner::refusing();
-    let check = check_disk_quota(&host.ctx(&runner, BackendKind::Docker));
+    let check = check_disk_quota(&daemon_info(&host.ctx(&runner, BackendKind::Docker)));
     assert_eq!(server.request_line(), request_line("/info"));
     check
 }
@@ -438,7 +480,8 @@ fn an_unreachable_daemon_skips_the_storage_and_gvisor_checks() {
     let host = FakeHost::new();
     let runner = RecordingRunner::refusing();
     let ctx = host.ctx(&runner, BackendKind::Docker);
-    for check in [check_disk_quota(&ctx), check_gvisor(&ctx)] {
+    let info = daemon_info(&ctx);
+    for check in [check_disk_quota(&info), check_gvisor(&ctx, &info)] {
         assert_eq!(check.status, Status::Skip, "{check:?}");
         assert!(check.message.starts_with("not checked: "), "{check:?}");
     }
@@ -448,10 +491,11 @@ fn an_unreachable_daemon_skips_the_storage_and_gvisor_checks() {
 /// registered the way `.ci/setup` does.
 const INFO_RUNSC: &str = r#"{"ID":"x","Runtimes":{"io.containerd.runc.v2":{"path":"runc"},"runc":{"path":"runc"},"runsc":{"path":"/usr/bin/runsc","runtimeArgs":["--platform=ptrace","--network=host","--file-access=shared","--overlay2=none","--oci-seccomp"]}},"DefaultRuntime":"runc"}"#;
 
-fn gvisor_with(info: &str, runner: &RecordingRunner) -> (Check, Vec<Vec<String>>) {
+fn gvisor_with(answer: &str, runner: &RecordingRunner) -> (Check, Vec<Vec<String>>) {
     let host = FakeHost::new();
-    let server = FakeDocker::serve(&host.path(DEFAULT_SOCKET), Some(http("200 OK", info)));
-    let check = check_gvisor(&host.ctx(runner, BackendKind::Docker));
+    let server = FakeDocker::serve(&host.path(DEFAULT_SOCKET), Some(http("200 OK", answer)));
+    let ctx = host.ctx(runner, BackendKind::Docker);
+    let check = check_gvisor(&ctx, &daemon_info(&ctx));
     assert_eq!(server.request_line(), request_line("/info"));
     (check, runner.calls())
 }
