@@ -50,6 +50,51 @@ fn static_binary_candidates(name: &str, env: Option<&OsStr>, exe: Option<&Path>)
     candidates
 }
 
+/// The static in-box agent found on the host: what every box receives at
+/// [`crate::sandbox::TOOLBOX_PATH`].
+#[derive(Debug)]
+pub struct ToolboxBinary {
+    /// Where it was found.
+    pub path: PathBuf,
+    /// Its bytes, checked to be a static ELF.
+    pub bytes: Vec<u8>,
+}
+
+/// The first file of `candidates` (the places
+/// [`toolbox_binary_candidates`] lists), if it is a static ELF: the box has
+/// no loader to give it. Otherwise why there is none, a lowercase fragment.
+pub fn find_toolbox_in(candidates: &[PathBuf]) -> Result<ToolboxBinary, String> {
+    let Some(path) = candidates.iter().find(|c| c.is_file()) else {
+        let searched: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
+        return Err(format!(
+            "no bottle-toolbox found (searched {})",
+            if searched.is_empty() {
+                format!("nothing: {TOOLBOX_BIN_ENV} is unset and this program's path is unknown")
+            } else {
+                searched.join(", ")
+            }
+        ));
+    };
+    let bytes =
+        std::fs::read(path).map_err(|err| format!("cannot read {}: {err}", path.display()))?;
+    if elf_needs_interpreter(&bytes) != Some(false) {
+        return Err(format!("{} is not a static ELF binary", path.display()));
+    }
+    Ok(ToolboxBinary {
+        path: path.clone(),
+        bytes,
+    })
+}
+
+/// The in-box agent for this process: [`TOOLBOX_BIN_ENV`], then the places
+/// beside the running `bottle`.
+pub fn find_toolbox() -> Result<ToolboxBinary, String> {
+    find_toolbox_in(&toolbox_binary_candidates(
+        std::env::var_os(TOOLBOX_BIN_ENV).as_deref(),
+        std::env::current_exe().ok().as_deref(),
+    ))
+}
+
 /// True if the ELF file asks for a program interpreter (a dynamic loader).
 pub fn elf_needs_interpreter(bytes: &[u8]) -> Option<bool> {
     const PT_INTERP: u32 = 3;
@@ -135,6 +180,42 @@ mod tests {
             .map(|p| p.with_file_name("bottle-toolbox"))
             .collect();
         assert_eq!(toolbox, bundle);
+    }
+
+    /// The smallest ELF header `elf_needs_interpreter` reads: 64-bit,
+    /// little-endian, program headers right after it, with one of type
+    /// `program_type`.
+    fn elf(program_type: u32) -> Vec<u8> {
+        let mut bytes = vec![0u8; 64 + 56];
+        bytes[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        bytes[0x20..0x28].copy_from_slice(&64u64.to_le_bytes());
+        bytes[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        bytes[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
+        bytes[64..68].copy_from_slice(&program_type.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn the_first_toolbox_found_is_taken_and_must_be_static() {
+        let dir = tempfile::tempdir().unwrap();
+        let absent = dir.path().join("absent");
+        let dynamic = dir.path().join("dynamic");
+        let static_one = dir.path().join("static");
+        // PT_LOAD alone, and PT_INTERP (a loader asked for).
+        std::fs::write(&static_one, elf(1)).unwrap();
+        std::fs::write(&dynamic, elf(3)).unwrap();
+
+        let found =
+            find_toolbox_in(&[absent.clone(), static_one.clone(), dynamic.clone()]).unwrap();
+        assert_eq!(found.path, static_one);
+        assert_eq!(found.bytes, elf(1));
+
+        let why = find_toolbox_in(&[absent.clone(), dynamic.clone(), static_one]).unwrap_err();
+        assert!(why.contains("is not a static ELF"), "{why}");
+
+        let why = find_toolbox_in(std::slice::from_ref(&absent)).unwrap_err();
+        assert!(why.contains(&absent.display().to_string()), "{why}");
+        assert!(find_toolbox_in(&[]).unwrap_err().contains(TOOLBOX_BIN_ENV));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! How the bottle's CA gets trusted inside a box: the one definition both
 //! backends run (ARCHITECTURE.md invariant 4). A backend supplies only the
-//! primitives ([`CaBox`]: look at a path or a directory, write a file or a
+//! primitives ([`AgentBox`], the box's one trait: look at a path or a directory, write a file or a
 //! link, run a program, flush what it held back);
 //! what goes where, in which order, and what counts as a problem is here.
 //!
@@ -32,6 +32,7 @@
 use std::time::Duration;
 
 use crate::agent::AGENT_CA_PATH;
+use crate::agent_box::{AgentBox, Entry, Refused, ToolRun};
 use crate::display::escape_for_terminal;
 
 /// An anchor directory and the tool that rebuilds the bundles from it.
@@ -109,78 +110,6 @@ pub const TIMEOUT_PROGRAMS: [&str; 2] = ["/usr/bin/timeout", "/bin/timeout"];
 
 /// How much of a tool's stderr a warning shows.
 const STDERR_SHOWN: usize = 300;
-
-/// What is at a path inside the box, without following a final symlink.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Entry {
-    /// Nothing.
-    Missing,
-    /// A directory.
-    Dir,
-    /// A regular file, its contents and permission bits.
-    File {
-        /// The file's contents.
-        contents: Vec<u8>,
-        /// The file's permission bits.
-        mode: u32,
-    },
-    /// A symlink and its target as stored.
-    Link(String),
-}
-
-/// How running a tool in the box went.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ToolRun {
-    /// It exited with this code; stderr kept for a warning.
-    Exited {
-        /// The exit code.
-        code: i32,
-        /// What it wrote to stderr.
-        stderr: String,
-    },
-    /// It was still running when the backend's bound passed; it was
-    /// abandoned and may still be running.
-    TimedOut,
-    /// The box could not run it (no such program, no shell for a script).
-    CouldNotRun(String),
-}
-
-/// The box's refusal of one write (a read-only directory, no room left),
-/// with its reason: a warning, not a failed launch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refused(pub String);
-
-/// The primitives a backend provides over its box.
-pub trait CaBox {
-    /// The backend's error: the box could not be reached at all.
-    type Error;
-    /// What is at `path`.
-    fn entry(&mut self, path: &str) -> Result<Entry, Self::Error>;
-    /// Writes `contents` to `path` as root, creating parent directories;
-    /// `Ok(Err(_))` when the box refused this write.
-    fn write(
-        &mut self,
-        path: &str,
-        contents: &[u8],
-        mode: u32,
-    ) -> Result<Result<(), Refused>, Self::Error>;
-    /// Makes `path` a symlink to `target` as root (replacing a file or
-    /// link there); `Ok(Err(_))` when the box refused it.
-    fn symlink(&mut self, path: &str, target: &str) -> Result<Result<(), Refused>, Self::Error>;
-    /// Whether the directory `dir` holds any entry (a missing one holds
-    /// none).
-    fn dir_has_entries(&mut self, dir: &str) -> Result<bool, Self::Error>;
-    /// Runs `argv` as root and waits for it at most `timeout`.
-    fn run(&mut self, argv: &[&str], timeout: Duration) -> Result<ToolRun, Self::Error>;
-    /// Makes every write and link so far take effect, for a box that holds
-    /// them back to make them in one go (each costs it a round trip);
-    /// `Ok(Err(_))` when the box refused them. The install calls it before
-    /// a tool runs and at its end; a box that writes at once has nothing to
-    /// do.
-    fn flush(&mut self) -> Result<Result<(), Refused>, Self::Error> {
-        Ok(Ok(()))
-    }
-}
 
 /// What installing the CA did, and what it could not do.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -282,7 +211,7 @@ impl ImageTrust {
 
 /// Looks at everything [`install_surveyed`] needs to know of the image,
 /// writing nothing.
-pub fn survey<B: CaBox>(target: &mut B) -> Result<ImageTrust, B::Error> {
+pub fn survey<B: AgentBox>(target: &mut B) -> Result<ImageTrust, B::Error> {
     let mut anchors = Vec::with_capacity(ANCHORS.len());
     for anchor in ANCHORS {
         let dir = target.entry(anchor.dir)? == Entry::Dir;
@@ -316,7 +245,7 @@ pub fn survey<B: CaBox>(target: &mut B) -> Result<ImageTrust, B::Error> {
 /// Whether the image's only trust tool is Debian's `update-ca-certificates`
 /// and running it would do nothing but what [`install_surveyed`] writes in
 /// its place ([`ImageTrust::tool_is_emulated`]).
-fn debian_tool_alone<B: CaBox>(
+fn debian_tool_alone<B: AgentBox>(
     target: &mut B,
     anchors: &[AnchorFound],
     bundles: &[BundleFound],
@@ -361,7 +290,7 @@ fn debian_tool_alone<B: CaBox>(
 /// Installs the PEM certificate `cert` in `target` as the image's tooling
 /// expects. Only a box that cannot be reached is an error; everything else
 /// is a warning in the report.
-pub fn install<B: CaBox>(target: &mut B, cert: &[u8]) -> Result<CaInstallReport, B::Error> {
+pub fn install<B: AgentBox>(target: &mut B, cert: &[u8]) -> Result<CaInstallReport, B::Error> {
     let image = survey(target)?;
     install_surveyed(target, cert, &image)
 }
@@ -372,7 +301,7 @@ pub fn install<B: CaBox>(target: &mut B, cert: &[u8]) -> Result<CaInstallReport,
 /// from the box before the CA is appended to it. Once a trust tool has run
 /// the box is no longer the image, so the bundles and the hashed directory
 /// are looked at again.
-pub fn install_surveyed<B: CaBox>(
+pub fn install_surveyed<B: AgentBox>(
     target: &mut B,
     cert: &[u8],
     image: &ImageTrust,
@@ -457,10 +386,10 @@ pub fn install_surveyed<B: CaBox>(
     Ok(report)
 }
 
-/// Flushes the box's held-back writes ([`CaBox::flush`]). When it refuses
+/// Flushes the box's held-back writes ([`AgentBox::flush`]). When it refuses
 /// them, what was recorded as installed since `settled` was not: it
 /// becomes one warning. Returns how much of the report is settled.
-fn settle<B: CaBox>(
+fn settle<B: AgentBox>(
     target: &mut B,
     settled: usize,
     report: &mut CaInstallReport,
@@ -480,7 +409,7 @@ fn settle<B: CaBox>(
 /// is read now (a file that is no longer one is followed again from
 /// `bundle`), and a chain that led nowhere is warned about as
 /// [`resolve_file`] does.
-fn surveyed_file<B: CaBox>(
+fn surveyed_file<B: AgentBox>(
     target: &mut B,
     bundle: &str,
     found: &BundleFound,
@@ -507,7 +436,7 @@ fn surveyed_file<B: CaBox>(
 /// the tools to run afterwards. A tool whose anchor directories are all
 /// missing still gets its first one (the tool reads it, so the directory
 /// is only missing because nothing was ever added).
-fn install_anchors<B: CaBox>(
+fn install_anchors<B: AgentBox>(
     target: &mut B,
     cert: &[u8],
     found: &[AnchorFound],
@@ -550,7 +479,7 @@ fn is_program(entry: &Entry) -> bool {
 /// Runs an image's trust tool, under the image's own `timeout` when it has
 /// one: the backend's bound only stops waiting, while `timeout` in the box
 /// kills the tool (and, with coreutils, the tool's children).
-fn run_tool<B: CaBox>(
+fn run_tool<B: AgentBox>(
     target: &mut B,
     tool: &[&str],
     stopper: Option<&str>,
@@ -597,7 +526,7 @@ fn bounded(text: &str, max: usize) -> String {
 
 /// Makes `path` a symlink to `to`, recording it as installed, or the
 /// box's refusal as a warning; whether it was made.
-fn link<B: CaBox>(
+fn link<B: AgentBox>(
     target: &mut B,
     path: &str,
     to: &str,
@@ -615,7 +544,7 @@ fn link<B: CaBox>(
 
 /// Writes `contents` to `path`, recording it as installed, or the box's
 /// refusal as a warning; whether it was written.
-fn put<B: CaBox>(
+fn put<B: AgentBox>(
     target: &mut B,
     path: &str,
     contents: &[u8],
@@ -668,7 +597,7 @@ enum HashedEntry<'a> {
 
 /// Puts the CA at the first free `<hash>.N` in [`HASHED_DIR`], unless an
 /// entry there already holds it.
-fn install_hashed<B: CaBox>(
+fn install_hashed<B: AgentBox>(
     target: &mut B,
     hash: &str,
     entry: HashedEntry<'_>,
@@ -702,7 +631,7 @@ type ResolvedFile = (String, Vec<u8>, u32);
 /// The regular file `path` leads to, following symlinks: its resolved
 /// path, contents and mode; `None` (with a warning for a dangling or too
 /// long chain) when there is none.
-fn resolve_file<B: CaBox>(
+fn resolve_file<B: AgentBox>(
     target: &mut B,
     path: &str,
     report: &mut CaInstallReport,
@@ -726,7 +655,10 @@ type FileRead = (Vec<u8>, u32);
 
 /// Where `path` leads, following symlinks (at most [`MAX_LINK_DEPTH`]),
 /// and the contents and mode of the regular file it leads to.
-fn walk<B: CaBox>(target: &mut B, path: &str) -> Result<(BundleFound, Option<FileRead>), B::Error> {
+fn walk<B: AgentBox>(
+    target: &mut B,
+    path: &str,
+) -> Result<(BundleFound, Option<FileRead>), B::Error> {
     let mut current = path.to_string();
     for _ in 0..=MAX_LINK_DEPTH {
         match target.entry(&current)? {
@@ -854,7 +786,7 @@ mod tests {
         }
     }
 
-    impl CaBox for FakeBox {
+    impl AgentBox for FakeBox {
         type Error = std::convert::Infallible;
         fn entry(&mut self, path: &str) -> Result<Entry, Self::Error> {
             Ok(self.entries.get(path).cloned().unwrap_or(Entry::Missing))
@@ -876,6 +808,12 @@ mod tests {
                 },
             );
             Ok(Ok(()))
+        }
+        fn put(
+            &mut self,
+            file: &crate::agent_box::BoxFile,
+        ) -> Result<Result<(), Refused>, Self::Error> {
+            unreachable!("the CA's install puts nothing: {file:?}")
         }
         fn symlink(
             &mut self,

@@ -16,6 +16,7 @@
 //! what is copied out under the operator's destination.
 
 pub mod agent;
+pub mod agent_box;
 pub mod audit_files;
 pub mod backend;
 pub mod bundle;

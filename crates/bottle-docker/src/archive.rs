@@ -62,9 +62,9 @@ pub fn container_entry(
     engine: &Engine,
     container: &str,
     path: &str,
-) -> Result<bottle_core::ca_install::Entry, DockerError> {
+) -> Result<bottle_core::agent_box::Entry, DockerError> {
     use bollard::query_parameters::ContainerArchiveInfoOptionsBuilder;
-    use bottle_core::ca_install::Entry;
+    use bottle_core::agent_box::Entry;
     /// Go's `os.ModeDir`, as the daemon's stat header reports it.
     const GO_MODE_DIR: u32 = 1 << 31;
     let stat = engine.block_on(

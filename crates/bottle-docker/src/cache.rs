@@ -102,7 +102,7 @@ impl CaSurveyCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bottle_core::ca_install::{CaBox, Entry, Refused, ToolRun};
+    use bottle_core::agent_box::{AgentBox, BoxFile, Entry, Refused, ToolRun};
 
     const IMAGE: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
     const OTHER: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
@@ -110,7 +110,7 @@ mod tests {
     /// A box with a system bundle and nothing else.
     struct OneBundle;
 
-    impl CaBox for OneBundle {
+    impl AgentBox for OneBundle {
         type Error = std::convert::Infallible;
         fn entry(&mut self, path: &str) -> Result<Entry, Self::Error> {
             Ok(match path {
@@ -123,6 +123,9 @@ mod tests {
         }
         fn write(&mut self, _: &str, _: &[u8], _: u32) -> Result<Result<(), Refused>, Self::Error> {
             Ok(Ok(()))
+        }
+        fn put(&mut self, file: &BoxFile) -> Result<Result<(), Refused>, Self::Error> {
+            unreachable!("a survey puts nothing: {file:?}")
         }
         fn symlink(&mut self, _: &str, _: &str) -> Result<Result<(), Refused>, Self::Error> {
             Ok(Ok(()))

@@ -609,7 +609,7 @@ pub fn image_has_path(engine: &Engine, image: &str, path: &str) -> Result<bool, 
     let found = crate::archive::container_entry(engine, &created.id, path);
     let remove = RemoveContainerOptionsBuilder::default().force(true).build();
     let _ = engine.block_on(engine.docker.remove_container(&created.id, Some(remove)));
-    Ok(!matches!(found?, bottle_core::ca_install::Entry::Missing))
+    Ok(!matches!(found?, bottle_core::agent_box::Entry::Missing))
 }
 
 #[cfg(test)]

@@ -123,6 +123,15 @@ pub enum DockerError {
         /// The bundle crate's error, rendered.
         detail: String,
     },
+    /// The agent container refused what every box receives
+    /// (`bottle_core::agent_box::agent_files`).
+    #[error("the agent container {container} refused bottle's files for it: {reason}")]
+    AgentFilesRefused {
+        /// The agent container.
+        container: String,
+        /// The daemon's reason (a read-only directory, no room left).
+        reason: String,
+    },
     /// A credential's secret could not be read on the host.
     #[error("could not read credential {name}: {detail}")]
     Credential {
@@ -477,6 +486,7 @@ impl Coded for DockerError {
             DockerError::PlanData { .. } => "BOT-D040",
             DockerError::Ca { .. } => "BOT-D041",
             DockerError::Credential { .. } => "BOT-D042",
+            DockerError::AgentFilesRefused { .. } => "BOT-D043",
             DockerError::Subnet(err) => err.code(),
             DockerError::RetainedLogs(err) => err.code(),
             DockerError::Interrupted(err) => err.code(),
@@ -528,6 +538,7 @@ impl Coded for DockerError {
             DockerError::NotRunning { name, .. } => format!("remove it with `bottle stop {name}` and start it again"),
             DockerError::PlanData { .. } => "prepare the plan again with the docker backend (`bottle start`)".into(),
             DockerError::Ca { .. } => "check that the state directory is writable and try again".into(),
+            DockerError::AgentFilesRefused { .. } => "check that the agent image's /etc is writable and the Docker host has room, then start again".into(),
             DockerError::Credential { .. } => "make sure the credential's file exists and is readable, or that its environment variable is set".into(),
             DockerError::Subnet(err) => return err.fix(),
             DockerError::RetainedLogs(err) => return err.fix(),

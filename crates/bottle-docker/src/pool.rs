@@ -53,7 +53,7 @@ impl WarmPool for DockerBackend {
         fingerprint.spec(spec, devices)?;
         let (_, image) = self.agent_image(engine, spec)?;
         fingerprint.field("image", image.id.as_bytes());
-        if let Ok(toolbox) = crate::toolbox::find_binary() {
+        if let Ok(toolbox) = bottle_core::bundle_binary::find_toolbox() {
             fingerprint.file("toolbox-binary", &toolbox.path)?;
         }
         fingerprint.field(

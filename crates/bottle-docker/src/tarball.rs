@@ -207,8 +207,8 @@ pub fn first_file(archive: &[u8]) -> Result<Option<(Vec<u8>, u32)>, std::io::Err
 
 /// The first entry of a container's archive of one path: a regular file,
 /// a directory, or a symlink with its stored target.
-pub fn first_entry(archive: &[u8]) -> Result<bottle_core::ca_install::Entry, std::io::Error> {
-    use bottle_core::ca_install::Entry;
+pub fn first_entry(archive: &[u8]) -> Result<bottle_core::agent_box::Entry, std::io::Error> {
+    use bottle_core::agent_box::Entry;
     let mut reader = tar::Archive::new(archive);
     let Some(entry) = reader.entries()?.next() else {
         return Ok(Entry::Missing);

@@ -6,16 +6,14 @@
 //! sandbox interface and isolates nothing, so a bottle without it is as
 //! safe, only unable to `execute`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bollard::query_parameters::ContainerArchiveInfoOptionsBuilder;
 use bottle_core::audit_files::AUDIT_LOG_FILE;
-use bottle_core::bundle_binary::{
-    TOOLBOX_BIN_ENV, elf_needs_interpreter, toolbox_binary_candidates,
-};
+use bottle_core::bundle_binary::TOOLBOX_BIN_ENV;
 use bottle_core::sandbox::{
     OpenedChannel, SandboxError, TOOLBOX_PATH, ToolCall, ToolResult, Toolbox,
 };
@@ -198,50 +196,6 @@ fn installed(engine: &Engine, container: &str) -> Result<bool, DockerError> {
     }
 }
 
-/// The static in-box agent found on the host.
-#[derive(Debug)]
-pub(crate) struct ToolboxBinary {
-    /// Where it was found.
-    pub path: PathBuf,
-    /// Its bytes, checked to be a static ELF.
-    pub bytes: Vec<u8>,
-}
-
-/// The first file of `candidates` (the places
-/// [`toolbox_binary_candidates`] lists), if it is a static ELF; otherwise
-/// why there is none, a lowercase fragment.
-pub(crate) fn find_binary_in(candidates: &[PathBuf]) -> Result<ToolboxBinary, String> {
-    let Some(path) = candidates.iter().find(|c| c.is_file()) else {
-        let searched: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
-        return Err(format!(
-            "no bottle-toolbox found (searched {})",
-            if searched.is_empty() {
-                "nothing: BOTTLE_TOOLBOX_BIN is unset and this program's path is unknown".into()
-            } else {
-                searched.join(", ")
-            }
-        ));
-    };
-    let bytes =
-        std::fs::read(path).map_err(|err| format!("cannot read {}: {err}", path.display()))?;
-    if elf_needs_interpreter(&bytes) != Some(false) {
-        return Err(format!("{} is not a static ELF binary", path.display()));
-    }
-    Ok(ToolboxBinary {
-        path: path.clone(),
-        bytes,
-    })
-}
-
-/// The in-box agent for this process: [`TOOLBOX_BIN_ENV`], then the places
-/// beside the running `bottle`.
-pub(crate) fn find_binary() -> Result<ToolboxBinary, String> {
-    find_binary_in(&toolbox_binary_candidates(
-        std::env::var_os(TOOLBOX_BIN_ENV).as_deref(),
-        std::env::current_exe().ok().as_deref(),
-    ))
-}
-
 /// `execute` in a bottle launched without the in-box agent.
 pub(crate) fn not_installed(bottle: &str) -> SandboxError {
     SandboxError::NotAvailable {
@@ -259,32 +213,6 @@ pub(crate) fn not_installed(bottle: &str) -> SandboxError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_first_file_is_taken_and_must_be_static() {
-        let dir = tempfile::tempdir().unwrap();
-        let absent = dir.path().join("absent");
-        let dynamic = dir.path().join("dynamic");
-        let static_one = dir.path().join("static");
-        // The keep-alive program is a static ELF; /proc/self/exe (this test)
-        // is a dynamic one.
-        std::fs::write(&static_one, crate::pause::pause_elf("x86_64").unwrap()).unwrap();
-        std::fs::copy("/proc/self/exe", &dynamic).unwrap();
-
-        let found = find_binary_in(&[absent.clone(), static_one.clone(), dynamic.clone()]).unwrap();
-        assert_eq!(found.path, static_one);
-
-        let why = find_binary_in(&[absent.clone(), dynamic.clone(), static_one]).unwrap_err();
-        assert!(why.contains("is not a static ELF"), "{why}");
-
-        let why = find_binary_in(std::slice::from_ref(&absent)).unwrap_err();
-        assert!(why.contains(&absent.display().to_string()), "{why}");
-        assert!(
-            find_binary_in(&[])
-                .unwrap_err()
-                .contains("BOTTLE_TOOLBOX_BIN")
-        );
-    }
 
     #[test]
     fn the_missing_agent_says_how_to_install_it() {

@@ -23,9 +23,9 @@ pub const STATE_VERSION: u32 = 2;
 pub const PLAN_DATA_VERSION: u32 = 1;
 
 /// Files this backend writes into a bottle's state dir, removed by `stop`
-/// (and the warm pool's, [`bottle_core::pool::FILES`]). `Smolfile` and
-/// `guest-gitconfig` are no longer written, but bottles started by earlier
-/// versions still have them.
+/// (and the warm pool's, [`bottle_core::pool::FILES`]). `Smolfile`,
+/// `guest-mcp.json` and `guest-gitconfig` are no longer written, but
+/// bottles started by earlier versions still have them.
 const OWN_FILES: [&str; 8] = [
     bottle_core::life::RECORD_FILE,
     STATE_FILE,

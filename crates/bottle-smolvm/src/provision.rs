@@ -1,6 +1,7 @@
-//! What goes into a freshly started microVM before the agent runs: the
-//! bundle's CA, the prompt, the skills, the supervise settings, and the
-//! agent's environment (`bottle_core::agent`, which also routes git to
+//! What goes into a freshly started microVM before the agent runs: what
+//! every box receives (`bottle_core::agent_box`: `/etc/bottle`, the MCP
+//! config naming supervise, the prompt, the skills), the bundle's CA, and
+//! the agent's environment (`bottle_core::agent`, which also routes git to
 //! git-gate). Files go in with `machine cp`, and the few
 //! commands are plain POSIX `sh`, `mkdir`, `cat`, `chmod` and `readlink`,
 //! so any agent image with a shell can be provisioned. The CA goes in as
@@ -13,15 +14,16 @@
 
 use std::path::{Path, PathBuf};
 
-use bottle_core::agent::{AGENT_DIR, AGENT_MCP_CONFIG, AGENT_PROMPT_PATH, AGENT_SKILLS_DIR};
+use bottle_core::agent::AGENT_DIR;
+use bottle_core::agent_box::{
+    self, AgentBox, AgentFileInputs, BoxFile, Contents, Entry, Refused, ToolRun,
+};
 use bottle_core::bundle_host::BundleEndpoint;
 use bottle_core::sandbox::{TOOLBOX_MODE, TOOLBOX_PATH};
 use bottle_core::spec::BottleSpec;
 use serde::{Deserialize, Serialize};
 
 use std::time::Duration;
-
-use bottle_core::ca_install::{CaBox, Entry, Refused, ToolRun};
 
 use crate::cli::{GuestOutput, Smolvm};
 use crate::error::{SmolvmError, io_err};
@@ -93,34 +95,30 @@ pub fn provision(
     };
 
     run(
-        "prepare /etc/bottle",
-        &format!("mkdir -p {AGENT_DIR} {AGENT_SKILLS_DIR} /etc/profile.d"),
+        "prepare /etc/bottle and /etc/profile.d",
+        &format!("mkdir -p {AGENT_DIR} /etc/profile.d"),
     )?;
-
-    // CA: as the shared definition says, over `machine cp` and `exec`.
-    let mut target = GuestCaBox {
+    let mut target = GuestBox {
         smolvm,
         machine,
         env,
         scratch,
     };
+    // What every box receives, as the shared definition lists it.
+    let files = agent_box::agent_files(&AgentFileInputs {
+        bundle_address: endpoint.address,
+        prompt: inputs.prompt.as_deref(),
+        skills: &inputs.skills,
+    });
+    agent_box::provision(&mut target, &files)?.map_err(|Refused(detail)| {
+        SmolvmError::Provision {
+            step: "put the agent's files in".into(),
+            detail,
+        }
+    })?;
+    // CA: as the shared definition says, over `machine cp` and `exec`.
     let report = bottle_core::ca_install::install(&mut target, &ca_cert(endpoint)?)?;
 
-    if let Some(prompt) = &inputs.prompt {
-        smolvm.copy_in(machine, prompt, AGENT_PROMPT_PATH)?;
-    }
-    for host in &inputs.skills {
-        let name = host
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "skill".into());
-        smolvm.copy_in(machine, host, &format!("{AGENT_SKILLS_DIR}/{name}"))?;
-    }
-    let file = write(
-        "guest-mcp.json",
-        &bottle_core::bundle::mcp_config(&endpoint.address.to_string()),
-    )?;
-    smolvm.copy_in(machine, &file, AGENT_MCP_CONFIG)?;
     let file = write("guest-env", &env_file(env))?;
     smolvm.copy_in(machine, &file, "/etc/bottle/env")?;
     run(
@@ -138,14 +136,13 @@ pub fn provision(
     Ok(report.warnings)
 }
 
-/// The static in-box agent where `bottle` looks for it
-/// (`bottle_core::bundle_binary::toolbox_binary_candidates`), if any.
+/// The static in-box agent where `bottle` looks for it, the same one a
+/// docker bottle gets (`bottle_core::bundle_binary::find_toolbox`: the
+/// first file found, and only if it is a static ELF), if any.
 pub fn find_toolbox() -> Option<PathBuf> {
-    let env = std::env::var_os(bottle_core::bundle_binary::TOOLBOX_BIN_ENV);
-    let exe = std::env::current_exe().ok();
-    bottle_core::bundle_binary::toolbox_binary_candidates(env.as_deref(), exe.as_deref())
-        .into_iter()
-        .find(|path| path.is_file())
+    bottle_core::bundle_binary::find_toolbox()
+        .ok()
+        .map(|found| found.path)
 }
 
 /// Puts the in-box agent `binary` at [`TOOLBOX_PATH`], root-owned and
@@ -244,6 +241,9 @@ const WRITE_SCRIPT: &str = r#"dir=${1%/*}; mkdir -p "${dir:-/}" || exit 1
 if [ -L "$1" ]; then rm -f "$1" || exit 1; fi
 cat "$2" > "$1" && chmod "$3" "$1"; rc=$?; rm -f "$2"; exit $rc"#;
 
+/// Makes the directory `$1` (and its parents) with mode `$2`.
+const DIR_SCRIPT: &str = r#"mkdir -p "$1" && chmod "$2" "$1""#;
+
 /// Makes `$1` a symlink to `$2`, replacing a file or link there, a link
 /// to a directory included (`-n`), but not a directory: `ln` would put
 /// the link inside it.
@@ -265,15 +265,17 @@ const STAGED: &str = "/etc/bottle/.ca-install";
 /// after each write; `stop` removes one a crash left).
 pub(crate) const CA_SCRATCH: &str = "ca-install";
 
-/// The microVM as [`bottle_core::ca_install`] sees it.
-struct GuestCaBox<'a> {
+/// The microVM as [`agent_box`] and [`bottle_core::ca_install`] see it.
+/// `machine cp` and `machine exec` act as the guest's root, who is the
+/// agent's user in a microVM: a file that is the agent's is root's there.
+struct GuestBox<'a> {
     smolvm: &'a Smolvm,
     machine: &'a str,
     env: &'a [(String, String)],
     scratch: &'a Path,
 }
 
-impl GuestCaBox<'_> {
+impl GuestBox<'_> {
     /// Runs `script` under `sh` with `args` as `$1`...
     fn sh(&self, script: &str, args: &[&str]) -> Result<GuestOutput, SmolvmError> {
         let mut argv = vec![
@@ -287,7 +289,7 @@ impl GuestCaBox<'_> {
     }
 }
 
-impl CaBox for GuestCaBox<'_> {
+impl AgentBox for GuestBox<'_> {
     type Error = SmolvmError;
 
     fn entry(&mut self, path: &str) -> Result<Entry, SmolvmError> {
@@ -312,6 +314,21 @@ impl CaBox for GuestCaBox<'_> {
         let mode = format!("{:o}", mode & 0o7777);
         let out = self.sh(WRITE_SCRIPT, &[path, STAGED, &mode])?;
         Ok(written(&out))
+    }
+
+    fn put(&mut self, file: &BoxFile) -> Result<Result<(), Refused>, SmolvmError> {
+        match &file.contents {
+            Contents::Dir { mode } => {
+                let mode = format!("{:o}", mode & 0o7777);
+                let out = self.sh(DIR_SCRIPT, &[&file.path, &mode])?;
+                Ok(written(&out))
+            }
+            Contents::File { bytes, mode } => self.write(&file.path, bytes, *mode),
+            Contents::Host(host) => {
+                self.smolvm.copy_in(self.machine, host, &file.path)?;
+                Ok(Ok(()))
+            }
+        }
     }
 
     fn symlink(&mut self, path: &str, target: &str) -> Result<Result<(), Refused>, SmolvmError> {

@@ -11,7 +11,7 @@ use crate::bottle;
 const IMAGE: &str = "bottle-demo-agent:cli-timings";
 
 /// Every lap a detached docker start records, in order.
-const LAPS: [&str; 26] = [
+const LAPS: [&str; 24] = [
     "load-manifest",
     "preflight",
     "prepare",
@@ -23,8 +23,6 @@ const LAPS: [&str; 26] = [
     "bundle-files",
     "agent-create",
     "agent-files",
-    "provision-prompt",
-    "provision-skills",
     "bundle-start",
     "bundle-verify",
     "bundle-health",

@@ -10,14 +10,16 @@ use bollard::query_parameters::{CreateContainerOptionsBuilder, UploadToContainer
 
 use super::{Launch, Step};
 use crate::isolation;
-use bottle_core::agent::AGENT_DIR;
-use bottle_core::ca_install::{self, CaBox, Entry, Refused, ToolRun};
+use bottle_core::agent_box::{
+    self, AgentBox, BoxFile, Contents, Entry, FileOwner, Refused, ToolRun,
+};
+use bottle_core::ca_install;
 use bottle_core::display::escape_for_terminal;
 use bottle_core::life::{Phase, StateDir};
 use bottle_core::sandbox::{SandboxError, reset};
 use bottle_core::sandbox::{TOOLBOX_MODE, TOOLBOX_PATH};
 
-use crate::archive::{container_dir_has_entries, container_entry, container_owner, upload};
+use crate::archive::{container_dir_has_entries, container_entry, container_owner};
 use crate::bottle::{DockerBottle, exec_captured};
 use crate::client::Engine;
 use crate::config::{self, AGENT_PROMPT_PATH, AGENT_SKILLS_DIR};
@@ -27,7 +29,7 @@ use crate::names::role;
 use crate::pause::{GVISOR_TMP_KEEP, PAUSE_PATH, UNAME_PATH, pause_elf, uname_elf};
 use crate::reset::DockerResetSubstrate;
 use crate::tarball::{Ownership, TarBuilder, entry_name};
-use crate::toolbox::{self, InBoxAgent};
+use crate::toolbox::InBoxAgent;
 use bottle_core::isolation::Isolation;
 
 /// The agent container's steps: a docker bottle's plan only.
@@ -40,10 +42,6 @@ impl<'a> Launch<'a, DockerPlanData> {
     /// Every step of [`super::Step::ALL`], in order.
     pub(super) fn run(&mut self) -> Result<DockerBottle, DockerError> {
         let data = self.agent();
-        // The agent's files are read and packed while the Engine works on
-        // the bundle's steps.
-        let (bundle_ip, isolation) = (self.bundle.ip, self.plan.isolation);
-        let files = std::thread::spawn(move || agent_files(bundle_ip, isolation));
         self.prepare_bundle()?;
         let (network, agent) = (self.bundle.network.clone(), data.container.clone());
         let (network, agent) = (&network, &agent);
@@ -65,22 +63,11 @@ impl<'a> Launch<'a, DockerPlanData> {
         self.create_agent(agent)?;
         self.step_done(Step::AgentCreate)?;
 
-        let tar = files.join().unwrap_or_else(|_| {
-            Err(DockerError::PlanData {
-                detail: "packing the agent's files panicked".into(),
-            })
-        })?;
-        upload(self.engine, agent, tar)?;
+        self.provision_files(agent)?;
         // An image without a trust tool gets its CA through the archive
         // API alone, on a thread, while both containers start.
         self.ca_installing = Some(self.spawn_ca_install(agent));
         self.step_done(Step::AgentFiles)?;
-
-        self.provision_prompt(agent)?;
-        self.step_done(Step::ProvisionPrompt)?;
-
-        self.provision_skills(agent)?;
-        self.step_done(Step::ProvisionSkills)?;
 
         // The agent's keep-alive starts while the bundle is checked; the
         // agent's own checks wait for it.
@@ -226,7 +213,7 @@ impl<'a> Launch<'a, DockerPlanData> {
         let surveys = self.settings.ca_surveys.clone();
         let cert_path = self.paths.ca_cert();
         std::thread::spawn(move || {
-            let mut target = ContainerCaBox::new(&engine, &container);
+            let mut target = ContainerBox::new(&engine, &container);
             let trust = match surveys.lookup(&image_id) {
                 Some(trust) => trust,
                 None => {
@@ -257,7 +244,7 @@ impl<'a> Launch<'a, DockerPlanData> {
     ) -> Result<ca_install::CaInstallReport, DockerError> {
         let cert_path = self.paths.ca_cert();
         let cert = std::fs::read(&cert_path).map_err(DockerError::io("read", cert_path))?;
-        let mut target = ContainerCaBox::new(self.engine, agent);
+        let mut target = ContainerBox::new(self.engine, agent);
         ca_install::install_surveyed(&mut target, &cert, trust)
     }
 
@@ -295,43 +282,39 @@ impl<'a> Launch<'a, DockerPlanData> {
         ));
     }
 
-    fn provision_prompt(&self, agent: &str) -> Result<(), DockerError> {
-        let Some(prompt) = &self.agent().prompt else {
-            self.note("prompt: none configured, skipped");
-            return Ok(());
-        };
-        let contents = std::fs::read(prompt).map_err(DockerError::io("read the prompt", prompt))?;
-        let owner = container_owner(self.engine, agent)?;
-        let mut tar = TarBuilder::new();
-        tar.file(&entry_name(AGENT_PROMPT_PATH), &contents, 0o644, owner)?;
-        upload(self.engine, agent, tar.finish()?)?;
-        self.note(&format!("prompt: copied to {AGENT_PROMPT_PATH}"));
-        Ok(())
-    }
-
-    fn provision_skills(&self, agent: &str) -> Result<(), DockerError> {
-        if self.agent().skills.is_empty() {
-            self.note("skills: none configured, skipped");
-            return Ok(());
+    /// Puts what every box receives (`bottle_core::agent_box`) into the
+    /// created agent in one upload, with a gVisor box's `/tmp` ahead of it.
+    fn provision_files(&self, agent: &str) -> Result<(), DockerError> {
+        let data = self.agent();
+        let mut files = Vec::new();
+        if self.plan.isolation == Isolation::Gvisor {
+            // gVisor mounts a tmpfs of its own over an empty /tmp at boot,
+            // which the host (`bottle cp`, the reset's snapshot) never sees:
+            // a /tmp that is not empty stays the box's own directory, as in
+            // a container.
+            files.push(root_dir("/tmp", 0o1777));
+            files.push(root_dir(GVISOR_TMP_KEEP, 0o755));
         }
-        let owner = container_owner(self.engine, agent)?;
-        let mut tar = TarBuilder::new();
-        for skill in &self.agent().skills {
-            let name = skill
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "skill".into());
-            tar.host_path(
-                skill,
-                &format!("{}/{name}", entry_name(AGENT_SKILLS_DIR)),
-                owner,
-            )?;
+        files.extend(agent_box::agent_files(&agent_box::AgentFileInputs {
+            bundle_address: self.bundle.ip,
+            prompt: data.prompt.as_deref(),
+            skills: &data.skills,
+        }));
+        let mut target = ContainerBox::new(self.engine, agent);
+        agent_box::provision(&mut target, &files)?.map_err(|refused| {
+            DockerError::AgentFilesRefused {
+                container: agent.to_string(),
+                reason: refused.0,
+            }
+        })?;
+        match &data.prompt {
+            Some(_) => self.note(&format!("prompt: copied to {AGENT_PROMPT_PATH}")),
+            None => self.note("prompt: none configured, skipped"),
         }
-        upload(self.engine, agent, tar.finish()?)?;
-        self.note(&format!(
-            "skills: {} copied under {AGENT_SKILLS_DIR}",
-            self.agent().skills.len()
-        ));
+        match data.skills.len() {
+            0 => self.note("skills: none configured, skipped"),
+            n => self.note(&format!("skills: {n} copied under {AGENT_SKILLS_DIR}")),
+        }
         Ok(())
     }
 
@@ -389,28 +372,46 @@ pub(super) enum CaInstall {
     AfterStart(ca_install::ImageTrust),
 }
 
-/// The agent container as [`ca_install`] sees it. Writes and links are
-/// held back in one archive and extracted together at a flush (each
-/// upload is a round trip that waits for the container's lock, which a
-/// starting container holds); reading a path that is held back flushes
-/// first, and a refusal met there is what the next flush answers.
-struct ContainerCaBox<'a> {
+/// The agent container as [`agent_box`] and [`ca_install`] see it. Writes,
+/// puts and links are held back in one archive and extracted together at
+/// a flush (each upload is a round trip that waits for the container's
+/// lock, which a starting container holds); reading a path that is held
+/// back flushes first, and a refusal met there is what the next flush
+/// answers.
+struct ContainerBox<'a> {
     engine: &'a Engine,
     container: &'a str,
     held: Option<TarBuilder>,
     held_paths: Vec<String>,
     refused: Option<Refused>,
+    /// The agent's user as the image names it, looked up at the first
+    /// file that is the agent's.
+    agent_owner: Option<Ownership>,
 }
 
-impl<'a> ContainerCaBox<'a> {
-    fn new(engine: &'a Engine, container: &'a str) -> ContainerCaBox<'a> {
-        ContainerCaBox {
+impl<'a> ContainerBox<'a> {
+    fn new(engine: &'a Engine, container: &'a str) -> ContainerBox<'a> {
+        ContainerBox {
             engine,
             container,
             held: None,
             held_paths: Vec::new(),
             refused: None,
+            agent_owner: None,
         }
+    }
+
+    /// Who owns a file that is `owner`'s in this container.
+    fn ownership(&mut self, owner: FileOwner) -> Result<Ownership, DockerError> {
+        Ok(match owner {
+            FileOwner::Root => Ownership::ROOT,
+            FileOwner::Agent => match self.agent_owner {
+                Some(owner) => owner,
+                None => *self
+                    .agent_owner
+                    .insert(container_owner(self.engine, self.container)?),
+            },
+        })
     }
 
     /// The archive writes are held back in, with `path` recorded.
@@ -420,7 +421,7 @@ impl<'a> ContainerCaBox<'a> {
     }
 
     /// Extracts what is held back at the container's root, keeping a
-    /// refusal for [`CaBox::flush`] to answer.
+    /// refusal for [`AgentBox::flush`] to answer.
     fn extract_held(&mut self) -> Result<(), DockerError> {
         let Some(tar) = self.held.take() else {
             return Ok(());
@@ -448,7 +449,7 @@ impl<'a> ContainerCaBox<'a> {
     }
 }
 
-impl CaBox for ContainerCaBox<'_> {
+impl AgentBox for ContainerBox<'_> {
     type Error = DockerError;
 
     fn entry(&mut self, path: &str) -> Result<Entry, DockerError> {
@@ -466,6 +467,18 @@ impl CaBox for ContainerCaBox<'_> {
     ) -> Result<Result<(), Refused>, DockerError> {
         self.hold(path)
             .file(&entry_name(path), contents, mode, Ownership::ROOT)?;
+        Ok(Ok(()))
+    }
+
+    fn put(&mut self, file: &BoxFile) -> Result<Result<(), Refused>, DockerError> {
+        let owner = self.ownership(file.owner)?;
+        let name = entry_name(&file.path);
+        let tar = self.hold(&file.path);
+        match &file.contents {
+            Contents::Dir { mode } => tar.dir(&name, *mode, owner)?,
+            Contents::File { bytes, mode } => tar.file(&name, bytes, *mode, owner)?,
+            Contents::Host(host) => tar.host_path(host, &name, owner)?,
+        }
         Ok(Ok(()))
     }
 
@@ -510,31 +523,13 @@ impl CaBox for ContainerCaBox<'_> {
     }
 }
 
-/// The `agent-files` archive: `/etc/bottle` with the MCP config (it
-/// depends on nothing that runs, so it goes in this one upload rather than
-/// after the start), and for a gVisor box a `/tmp` that is not empty.
-fn agent_files(
-    bundle_ip: std::net::Ipv4Addr,
-    isolation: Isolation,
-) -> Result<Vec<u8>, DockerError> {
-    let mut tar = TarBuilder::new();
-    if isolation == Isolation::Gvisor {
-        // gVisor mounts a tmpfs of its own over an empty /tmp at boot,
-        // which the host (`bottle cp`, the reset's snapshot) never sees:
-        // a /tmp that is not empty stays the box's own directory, as in a
-        // container.
-        tar.dir(&entry_name("/tmp"), 0o1777, Ownership::ROOT)?;
-        tar.dir(&entry_name(GVISOR_TMP_KEEP), 0o755, Ownership::ROOT)?;
+/// A root-owned directory a box receives.
+fn root_dir(path: &str, mode: u32) -> BoxFile {
+    BoxFile {
+        path: path.to_string(),
+        contents: Contents::Dir { mode },
+        owner: FileOwner::Root,
     }
-    tar.dir(&entry_name(AGENT_DIR), 0o755, Ownership::ROOT)?;
-    let mcp = bottle_core::bundle::mcp_config(&bundle_ip.to_string());
-    tar.file(
-        &entry_name(bottle_core::bundle::AGENT_MCP_CONFIG),
-        mcp.as_bytes(),
-        0o644,
-        Ownership::ROOT,
-    )?;
-    tar.finish()
 }
 
 /// The in-box agent's mode in a gVisor box: readable, because gVisor
@@ -566,7 +561,7 @@ fn fill_box(
     }
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
         .map_err(DockerError::io("set permissions of", dir))?;
-    Ok(match toolbox::find_binary() {
+    Ok(match bottle_core::bundle_binary::find_toolbox() {
         Ok(binary) => {
             // gVisor (20221219) loads a program with its caller's
             // credentials and cannot run one they cannot read: there the

@@ -14,9 +14,7 @@ use bottle_core::launch_steps::LaunchStep;
 /// | `bundle-connect` | attach it to the egress network |
 /// | `bundle-files` | write config, CA and credentials into `/run/bottle` |
 /// | `agent-create` | create the agent container pinned at `.3` |
-/// | `agent-files` | write the keep-alive program, the in-box agent (`/.bottle/toolbox`, when one is found), `/etc/bottle` and the MCP config naming supervise (`/etc/bottle/mcp.json`), in one upload; start, on a thread, the survey of the image for its CA (remembered by image ID in `<state_root>/.cache/ca-survey`) and, when it has no trust tool to run, the CA's install through the archive API, while both containers start |
-/// | `provision-prompt` | the prompt file |
-/// | `provision-skills` | the skills directories |
+/// | `agent-files` | write the keep-alive program and the in-box agent (`/.bottle/toolbox`, when one is found) into the box's read-only mount, and what every box receives (`bottle_core::agent_box::agent_files`: `/etc/bottle`, the MCP config naming supervise, the prompt and the skills, the last two the agent's user's) in one upload; start, on a thread, the survey of the image for its CA (remembered by image ID in `<state_root>/.cache/ca-survey`) and, when it has no trust tool to run, the CA's install through the archive API, while both containers start |
 /// | `bundle-start` | the bundle's start, sent after `bundle-files`, has completed |
 /// | `bundle-verify` | check its address, both networks, and that the bottle network is internal |
 /// | `bundle-health` | wait until the bundle serves: its ready line on the stderr attached before its start, else (no attach, or no line) until the proxy answers `/__bottle/health` through an exec |
@@ -51,10 +49,6 @@ pub enum Step {
     AgentCreate,
     /// `agent-files`.
     AgentFiles,
-    /// `provision-prompt`.
-    ProvisionPrompt,
-    /// `provision-skills`.
-    ProvisionSkills,
     /// `bundle-start`.
     BundleStart,
     /// `bundle-verify`.
@@ -98,8 +92,6 @@ impl LaunchStep for Step {
         Step::BundleFiles,
         Step::AgentCreate,
         Step::AgentFiles,
-        Step::ProvisionPrompt,
-        Step::ProvisionSkills,
         Step::BundleStart,
         Step::BundleVerify,
         Step::BundleHealth,
@@ -122,8 +114,6 @@ impl LaunchStep for Step {
             Step::AgentCreate => "agent-create",
             Step::AgentFiles => "agent-files",
             Step::ProvisionCa => "provision-ca",
-            Step::ProvisionPrompt => "provision-prompt",
-            Step::ProvisionSkills => "provision-skills",
             Step::BundleStart => "bundle-start",
             Step::AgentStart => "agent-start",
             Step::BundleVerify => "bundle-verify",
