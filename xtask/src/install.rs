@@ -43,14 +43,11 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    let statics = dist::build(&["bottle-bundle", "bottle-toolbox"])?;
+    // `dist::run`'s own build (the same packages, so the same features):
+    // a bundle `cargo xtask dist` or `test` built is reused, not rebuilt.
+    let statics = dist::run()?;
     let bottle = dist::build(&["bottle-cli"])?.join("bottle");
-    let installed = install_into(
-        &prefix,
-        &bottle,
-        &statics.join("bottle-bundle"),
-        &statics.join("bottle-toolbox"),
-    )?;
+    let installed = install_into(&prefix, &bottle, &statics.bundle, &statics.toolbox)?;
     for path in [&installed.bottle, &installed.bundle, &installed.toolbox] {
         println!("installed {}", path.display());
     }
