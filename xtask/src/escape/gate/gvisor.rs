@@ -66,6 +66,7 @@ impl Gate {
         );
         self.for_the_tier(&mut config);
         let path = self.write_config(&config)?;
+        progress("gvisor: bottle D started, copying the probe in");
         self.cli.cp(&self.probe_bin, &peer, BOTTLE_DIR)?;
         self.cli.cp(&path, &peer, BOTTLE_DIR)?;
         let file = path
@@ -81,6 +82,7 @@ impl Gate {
             ],
             PROBE_RUN_BOUND,
         )?;
+        progress("gvisor: the hog's exec ended, reading the box's state");
         let (results, _) = probe::parse_output(&out.stdout);
         let said = results.iter().find(|r| r.probe == MEMORY_PROBE);
         // The box is killed at once or not at all; a bounded wait for the
@@ -138,6 +140,7 @@ impl Gate {
             None,
             detail,
         ));
+        progress("gvisor: stopping bottle D");
         drop(bottle);
         Ok(())
     }

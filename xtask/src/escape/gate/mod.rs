@@ -304,6 +304,7 @@ pub(crate) fn run(options: &Options, sys: Arc<dyn Sys>, report: &mut Report) -> 
     })();
     let _ = std::fs::remove_dir_all(&work);
     result?;
+    progress("every bottle of the run is stopped, looking for leftovers");
 
     // A stop returns once the agent's container is gone; each bottle's
     // detached finisher removes its bundle and network just after.
