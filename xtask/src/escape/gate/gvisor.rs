@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
-use super::{BOTTLE_DIR, D, Gate, PROBE_RUN_BOUND, PROBE_TIMEOUT_MS, progress};
+use super::{BOTTLE_DIR, D, Gate, PROBE_TIMEOUT_MS, progress};
 use crate::escape::probe;
 use crate::escape::report::{Expect, Observed, Row};
 
@@ -49,6 +49,14 @@ pub(crate) const MEMORY_PROBE: &str = "resource-memory";
 
 const PHASE: &str = "gvisor: memory past the limit";
 
+/// How long the hog's `bottle exec` is given: the hog stops itself after
+/// 30 s (the probe's own deadline), so this is its bound with room to
+/// spare. It matters because the exec does not end when the OOM killer
+/// ends the box: under runsc 20221219 the daemon's exec waits on a process
+/// in a sandbox that is gone (`docker exec` alone hangs the same way), so
+/// the exec ends at this bound and the row is read from the Engine.
+const HOG_RUN_BOUND: Duration = Duration::from_secs(90);
+
 impl Gate {
     /// Starts bottle D, runs the memory hog in it, and reads the outcome
     /// from the Engine.
@@ -80,7 +88,7 @@ impl Gate {
                 "--config".into(),
                 format!("{BOTTLE_DIR}/{file}"),
             ],
-            PROBE_RUN_BOUND,
+            HOG_RUN_BOUND,
         )?;
         progress("gvisor: the hog's exec ended, reading the box's state");
         let (results, _) = probe::parse_output(&out.stdout);
