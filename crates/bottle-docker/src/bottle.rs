@@ -170,6 +170,68 @@ async fn exit_code(engine: &Engine, exec_id: &str, container: &str) -> Result<i3
     })
 }
 
+/// Resolves once `container` no longer runs, with how it ended. An exec's
+/// output does not always end with its box: under runsc 20221219 an exec
+/// in a box the OOM killer ended never returns (the daemon waits on a
+/// process in a sandbox that is gone; `docker exec` hangs the same way).
+/// Never resolves when the Engine cannot be asked, so a failed watch
+/// cannot end a command that still runs.
+async fn box_stopped(engine: &Engine, container: &str) -> String {
+    let options = bollard::query_parameters::WaitContainerOptionsBuilder::default()
+        .condition("not-running")
+        .build();
+    let mut wait = engine.docker.wait_container(container, Some(options));
+    match wait.next().await {
+        Some(Ok(_)) | Some(Err(bollard::errors::Error::DockerContainerWaitError { .. })) => {}
+        _ => std::future::pending::<()>().await,
+    }
+    match engine.docker.inspect_container(container, None).await {
+        Ok(inspect) => {
+            let state = inspect.state.unwrap_or_default();
+            match (state.oom_killed, state.exit_code) {
+                (Some(true), _) => "was killed at its memory limit (out of memory)".into(),
+                (_, Some(code)) => format!("stopped (exit code {code})"),
+                (_, None) => "stopped".into(),
+            }
+        }
+        Err(_) => "is gone".into(),
+    }
+}
+
+/// Runs `exec`, an exec in `container`, to its end, or ends it with
+/// [`DockerError::BoxStopped`] when the box stops and the exec does not end
+/// within [`OUTPUT_AFTER_STOP`].
+async fn until_box_stops<T>(
+    engine: &Engine,
+    container: &str,
+    exec: impl std::future::Future<Output = Result<T, DockerError>>,
+) -> Result<T, DockerError> {
+    tokio::pin!(exec);
+    tokio::select! {
+        done = &mut exec => done,
+        how = box_stopped(engine, container) => {
+            match tokio::time::timeout(OUTPUT_AFTER_STOP, exec).await {
+                Ok(done) => done,
+                Err(_) => Err(stopped_under(container, how)),
+            }
+        }
+    }
+}
+
+/// How long an exec's output may go on after its box stopped before the
+/// exec is given up: under runc the output ends with the box, a moment
+/// after the Engine records the stop.
+const OUTPUT_AFTER_STOP: Duration = Duration::from_secs(2);
+
+/// The error of an exec whose box stopped under it (`how`, from
+/// [`box_stopped`]).
+fn stopped_under(container: &str, how: String) -> DockerError {
+    DockerError::BoxStopped {
+        container: container.to_string(),
+        how,
+    }
+}
+
 impl DockerBottle {
     /// `argv` on the operator's terminal (when there is one); `started`
     /// is told once the Engine has seen its process.
@@ -202,11 +264,10 @@ impl Bottle for DockerBottle {
 
     fn exec(&self, argv: &[String]) -> Result<ExecOutput, BackendError> {
         let argv = self.command(argv)?;
-        Ok(self.engine.block_on(exec_captured(
+        Ok(self.engine.block_on(until_box_stops(
             &self.engine,
             &self.container,
-            &argv,
-            Some(self.exec_user()),
+            exec_captured(&self.engine, &self.container, &argv, Some(self.exec_user())),
         ))?)
     }
 
@@ -487,6 +548,13 @@ async fn attached_async(
     let mut stdout = std::io::stdout();
     let mut stderr = std::io::stderr();
     let mut interrupted = None;
+    let stopped = box_stopped(engine, container);
+    tokio::pin!(stopped);
+    // When the box stopped, and how: the output then has
+    // [`OUTPUT_AFTER_STOP`] to end on its own.
+    let mut box_ended: Option<(tokio::time::Instant, String)> = None;
+    let given_up = tokio::time::sleep(Duration::MAX / 4);
+    tokio::pin!(given_up);
     loop {
         tokio::select! {
             chunk = output.next() => match chunk {
@@ -510,12 +578,23 @@ async fn attached_async(
             }
             _ = maybe_recv(&mut term) => { interrupted = Some(128 + 15); break; }
             _ = maybe_recv(&mut hup) => { interrupted = Some(128 + 1); break; }
+            how = &mut stopped, if box_ended.is_none() => {
+                let at = tokio::time::Instant::now() + OUTPUT_AFTER_STOP;
+                given_up.as_mut().reset(at);
+                box_ended = Some((at, how));
+            }
+            () = &mut given_up, if box_ended.is_some() => break,
         }
     }
     pump.stop();
     writer.abort();
     if let Some(code) = interrupted {
         return Ok(code);
+    }
+    if let Some((at, how)) = box_ended
+        && tokio::time::Instant::now() >= at
+    {
+        return Err(stopped_under(container, how));
     }
     exit_code(engine, &exec.id, container).await
 }

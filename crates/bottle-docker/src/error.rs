@@ -132,6 +132,15 @@ pub enum DockerError {
         /// The daemon's reason (a read-only directory, no room left).
         reason: String,
     },
+    /// The box stopped while a command ran in it, and the command's
+    /// output did not end with it.
+    #[error("the box {container} {how} while the command ran in it")]
+    BoxStopped {
+        /// The agent container.
+        container: String,
+        /// How it ended ("was killed at its memory limit (out of memory)").
+        how: String,
+    },
     /// A credential's secret could not be read on the host.
     #[error("could not read credential {name}: {detail}")]
     Credential {
@@ -487,6 +496,7 @@ impl Coded for DockerError {
             DockerError::Ca { .. } => "BOT-D041",
             DockerError::Credential { .. } => "BOT-D042",
             DockerError::AgentFilesRefused { .. } => "BOT-D043",
+            DockerError::BoxStopped { .. } => "BOT-D044",
             DockerError::Subnet(err) => err.code(),
             DockerError::RetainedLogs(err) => err.code(),
             DockerError::Interrupted(err) => err.code(),
@@ -539,6 +549,7 @@ impl Coded for DockerError {
             DockerError::PlanData { .. } => "prepare the plan again with the docker backend (`bottle start`)".into(),
             DockerError::Ca { .. } => "check that the state directory is writable and try again".into(),
             DockerError::AgentFilesRefused { .. } => "check that the agent image's /etc is writable and the Docker host has room, then start again".into(),
+            DockerError::BoxStopped { .. } => "the bottle's box is gone: `bottle stop` it and start it again; if it ran out of memory, raise `memory` under the agent's [limits]".into(),
             DockerError::Credential { .. } => "make sure the credential's file exists and is readable, or that its environment variable is set".into(),
             DockerError::Subnet(err) => return err.fix(),
             DockerError::RetainedLogs(err) => return err.fix(),

@@ -308,3 +308,41 @@ fn a_daemon_without_the_runtime_refuses_before_creating_anything() {
     assert_eq!(resources_of(&fx.backend, &name), Vec::<String>::new());
     assert!(!spec.state_dir.exists());
 }
+
+/// Past its memory limit the host's OOM killer ends a gVisor box whole,
+/// and under runsc 20221219 the daemon's exec in it never ends: a command
+/// in that box (captured, or piped as `bottle exec` runs it) ends instead
+/// with the box's stop, saying the box ran out of memory. The bound is a
+/// liveness check (the hang it replaces is forever), not a speed claim.
+#[test]
+fn a_command_ends_when_the_oom_killer_ends_its_gvisor_box() {
+    let test = "a_command_ends_when_the_oom_killer_ends_its_gvisor_box";
+    let Some(fx) = setup_with_runtime(test, "runsc") else {
+        return;
+    };
+    // 2 GiB through dd's 1 GiB buffer, past the box's 256m (and gVisor's
+    // headroom).
+    let hog: Vec<String> = ["sh", "-c", "dd if=/dev/zero of=/dev/null bs=1024M count=2"]
+        .map(String::from)
+        .to_vec();
+    for piped in [false, true] {
+        let name = name(if piped { "oom-piped" } else { "oom-captured" });
+        let (_guard, bottle) = start_gvisor(&fx, &name);
+        let (done, ended) = std::sync::mpsc::channel();
+        let command = hog.clone();
+        std::thread::spawn(move || {
+            let result = if piped {
+                bottle.exec_piped(&command).map(|_| ())
+            } else {
+                bottle.exec(&command).map(|_| ())
+            };
+            let _ = done.send(result);
+        });
+        let result = ended
+            .recv_timeout(std::time::Duration::from_secs(180))
+            .unwrap_or_else(|_| panic!("piped {piped}: the command did not end with its box"));
+        let err = result.expect_err("the hog finished inside its limit");
+        assert_eq!(bottle_core::Coded::code(&err), "BOT-D044", "{err}");
+        assert!(err.to_string().contains("out of memory"), "{err}");
+    }
+}
