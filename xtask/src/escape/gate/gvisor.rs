@@ -51,10 +51,10 @@ const PHASE: &str = "gvisor: memory past the limit";
 
 /// How long the hog's `bottle exec` is given: the hog stops itself after
 /// 30 s (the probe's own deadline), so this is its bound with room to
-/// spare. It matters because the exec does not end when the OOM killer
-/// ends the box: under runsc 20221219 the daemon's exec waits on a process
-/// in a sandbox that is gone (`docker exec` alone hangs the same way), so
-/// the exec ends at this bound and the row is read from the Engine.
+/// spare. When the OOM killer ends the box, the daemon's exec never ends
+/// under runsc 20221219 (`docker exec` alone hangs the same way); `bottle
+/// exec` ends with the box instead (`BOT-D044`), and the row is read from
+/// the Engine either way.
 const HOG_RUN_BOUND: Duration = Duration::from_secs(90);
 
 impl Gate {
