@@ -1,8 +1,9 @@
 //! How the bottle's CA gets trusted inside a box: the one definition both
 //! backends run (ARCHITECTURE.md invariant 4). A backend supplies only the
-//! primitives ([`AgentBox`], the box's one trait: look at a path or a directory, write a file or a
-//! link, run a program, flush what it held back);
-//! what goes where, in which order, and what counts as a problem is here.
+//! primitives ([`AgentBox`], the box's one trait: look at a path or a
+//! directory, write a file or a link, run a program, flush what it held
+//! back); a refused write is a warning here, not a failed launch. What
+//! goes where, in which order, and what counts as a problem is here.
 //!
 //! 1. The CA goes where the image's own tooling reads anchors
 //!    ([`ANCHORS`]), when that directory or tool exists, so a later
