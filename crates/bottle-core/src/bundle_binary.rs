@@ -64,7 +64,7 @@ pub struct ToolboxBinary {
 /// [`toolbox_binary_candidates`] lists), if it is a static ELF: the box has
 /// no loader to give it. Otherwise why there is none, a lowercase fragment.
 pub fn find_toolbox_in(candidates: &[PathBuf]) -> Result<ToolboxBinary, String> {
-    let Some(path) = candidates.iter().find(|c| c.is_file()) else {
+    let Some(path) = first_file(candidates) else {
         let searched: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
         return Err(format!(
             "no bottle-toolbox found (searched {})",
@@ -86,13 +86,26 @@ pub fn find_toolbox_in(candidates: &[PathBuf]) -> Result<ToolboxBinary, String> 
     })
 }
 
-/// The in-box agent for this process: [`TOOLBOX_BIN_ENV`], then the places
-/// beside the running `bottle`.
-pub fn find_toolbox() -> Result<ToolboxBinary, String> {
-    find_toolbox_in(&toolbox_binary_candidates(
+/// The first of `candidates` that is a file, without reading it: what
+/// [`find_toolbox_in`] would take, for a fingerprint that identifies it by
+/// its metadata.
+pub fn first_file(candidates: &[PathBuf]) -> Option<&PathBuf> {
+    candidates.iter().find(|c| c.is_file())
+}
+
+/// The in-box agent's places for this process: [`TOOLBOX_BIN_ENV`], then
+/// the places beside the running `bottle`. Touches no file.
+pub fn toolbox_places() -> Vec<PathBuf> {
+    toolbox_binary_candidates(
         std::env::var_os(TOOLBOX_BIN_ENV).as_deref(),
         std::env::current_exe().ok().as_deref(),
-    ))
+    )
+}
+
+/// The in-box agent for this process, read and checked: the first of
+/// [`toolbox_places`].
+pub fn find_toolbox() -> Result<ToolboxBinary, String> {
+    find_toolbox_in(&toolbox_places())
 }
 
 /// True if the ELF file asks for a program interpreter (a dynamic loader).

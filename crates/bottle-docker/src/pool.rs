@@ -53,8 +53,9 @@ impl WarmPool for DockerBackend {
         fingerprint.spec(spec, devices)?;
         let (_, image) = self.agent_image(engine, spec)?;
         fingerprint.field("image", image.id.as_bytes());
-        if let Ok(toolbox) = bottle_core::bundle_binary::find_toolbox() {
-            fingerprint.file("toolbox-binary", &toolbox.path)?;
+        let toolbox_places = bottle_core::bundle_binary::toolbox_places();
+        if let Some(toolbox) = bottle_core::bundle_binary::first_file(&toolbox_places) {
+            fingerprint.file("toolbox-binary", toolbox)?;
         }
         fingerprint.field(
             "keep-alive",

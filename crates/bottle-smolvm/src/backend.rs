@@ -56,7 +56,9 @@ pub struct SmolvmBackend<H> {
     pub(crate) failpoint: Option<String>,
     /// The static in-box agent put into every machine (`None`: not found;
     /// the bottle then runs without the sandbox interface).
-    pub(crate) toolbox_binary: Option<PathBuf>,
+    /// Where to look for the in-box agent, first match taken at launch
+    /// (read and checked static there, not when the backend is built).
+    pub(crate) toolbox_places: Vec<PathBuf>,
 }
 
 /// A bottle of this backend as its state dir records it.
@@ -122,14 +124,14 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             interrupt: bottle_core::undo::Interrupt::default(),
             timeline: None,
             failpoint: None,
-            toolbox_binary: crate::provision::find_toolbox(),
+            toolbox_places: bottle_core::bundle_binary::toolbox_places(),
         }
     }
 
     /// Puts this in-box agent into every machine (`None`: none), instead of
     /// the one found where `bottle` looks for it.
     pub fn with_toolbox_binary(mut self, binary: Option<PathBuf>) -> SmolvmBackend<H> {
-        self.toolbox_binary = binary;
+        self.toolbox_places = binary.into_iter().collect();
         self
     }
 

@@ -238,12 +238,14 @@ impl<H: BundleHost + 'static> SmolvmBackend<H> {
             &bottle_core::agent::bundle_host_names(&plan.host_services, &plan.tcp),
             &state_dir,
         )?;
-        let toolbox = match &self.toolbox_binary {
-            Some(binary) => {
-                provision::install_toolbox(&self.smolvm, &machine, binary, &env, &state_dir)?;
+        // Without a static in-box agent the bottle still runs; `execute`
+        // says how to get one.
+        let toolbox = match bottle_core::bundle_binary::find_toolbox_in(&self.toolbox_places) {
+            Ok(binary) => {
+                provision::install_toolbox(&self.smolvm, &machine, &binary, &env, &state_dir)?;
                 true
             }
-            None => false,
+            Err(_) => false,
         };
         ends.done(Step::Provision)?;
 

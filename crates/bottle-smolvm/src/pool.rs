@@ -91,7 +91,7 @@ impl<H: BundleHost + 'static> WarmPool for SmolvmBackend<H> {
             .inspect(crate::backend::image_reference(spec)?)?;
         fingerprint.field("image", image.id.as_bytes());
         fingerprint.field("smolvm", self.smolvm.version()?.to_string().as_bytes());
-        if let Some(toolbox) = &self.toolbox_binary {
+        if let Some(toolbox) = bottle_core::bundle_binary::first_file(&self.toolbox_places) {
             fingerprint
                 .file("toolbox-binary", toolbox)
                 .map_err(SmolvmError::from)?;

@@ -14,10 +14,10 @@
 
 use std::path::{Path, PathBuf};
 
-use bottle_core::agent::AGENT_DIR;
 use bottle_core::agent_box::{
     self, AgentBox, AgentFileInputs, BoxFile, Contents, Entry, Refused, ToolRun,
 };
+use bottle_core::bundle_binary::ToolboxBinary;
 use bottle_core::bundle_host::BundleEndpoint;
 use bottle_core::sandbox::{TOOLBOX_MODE, TOOLBOX_PATH};
 use bottle_core::spec::BottleSpec;
@@ -94,10 +94,6 @@ pub fn provision(
         Ok(path)
     };
 
-    run(
-        "prepare /etc/bottle and /etc/profile.d",
-        &format!("mkdir -p {AGENT_DIR} /etc/profile.d"),
-    )?;
     let mut target = GuestBox {
         smolvm,
         machine,
@@ -123,7 +119,7 @@ pub fn provision(
     smolvm.copy_in(machine, &file, "/etc/bottle/env")?;
     run(
         "make the environment visible to shells",
-        "printf '. /etc/bottle/env\\n' > /etc/profile.d/bottle.sh",
+        "mkdir -p /etc/profile.d && printf '. /etc/bottle/env\\n' > /etc/profile.d/bottle.sh",
     )?;
     if !bundle_names.is_empty() {
         let file = write("guest-hosts", &hosts_lines(endpoint.address, bundle_names))?;
@@ -136,22 +132,13 @@ pub fn provision(
     Ok(report.warnings)
 }
 
-/// The static in-box agent where `bottle` looks for it, the same one a
-/// docker bottle gets (`bottle_core::bundle_binary::find_toolbox`: the
-/// first file found, and only if it is a static ELF), if any.
-pub fn find_toolbox() -> Option<PathBuf> {
-    bottle_core::bundle_binary::find_toolbox()
-        .ok()
-        .map(|found| found.path)
-}
-
 /// Puts the in-box agent `binary` at [`TOOLBOX_PATH`], root-owned and
 /// execute-only ([`TOOLBOX_MODE`]): the agent may run it, not read or
 /// change it, and the process is never dumpable.
 pub fn install_toolbox(
     smolvm: &Smolvm,
     machine: &str,
-    binary: &Path,
+    binary: &ToolboxBinary,
     env: &[(String, String)],
     scratch: &Path,
 ) -> Result<(), SmolvmError> {
@@ -165,7 +152,7 @@ pub fn install_toolbox(
     )?;
     // `machine cp` names the guest file after the host one.
     let staged = scratch.join("toolbox");
-    std::fs::copy(binary, &staged).map_err(|e| io_err("copy", binary, e))?;
+    std::fs::write(&staged, &binary.bytes).map_err(|e| io_err("write", &staged, e))?;
     let copied = smolvm.copy_in(machine, &staged, TOOLBOX_PATH);
     std::fs::remove_file(&staged).map_err(|e| io_err("remove", &staged, e))?;
     copied?;
