@@ -565,10 +565,10 @@ impl Coded for DockerError {
             DockerError::DiskCapUnsupported { .. } => "remove `disk` from the agent's [agents.<name>.limits] to run with the writable layer uncapped, or put Docker's data root (/var/lib/docker) on xfs mounted with `pquota` (or use the btrfs or zfs storage driver)".into(),
             DockerError::NoSystemTrustStore { .. } => "install the distribution's CA bundle (Debian: `apt-get install ca-certificates`), or set egress.upstream_trust = \"web\" and name your network's CA in egress.upstream_ca".into(),
             DockerError::UpstreamCa { .. } => "make egress.upstream_ca name a readable PEM file holding the CA certificate (`bottle check` says which)".into(),
-            DockerError::GvisorMissing { .. } => bottle_core::isolation::GVISOR_FIX.into(),
+            DockerError::GvisorMissing { .. } => crate::runsc::GVISOR_FIX.into(),
             DockerError::GvisorUnfit { runtime, .. } => format!(
                 "register `{runtime}` in /etc/docker/daemon.json as bottle's CI does ({}) and reload the daemon without restarting it: `kill -HUP $(pidof dockerd)`; or set isolation = \"container\"",
-                bottle_core::isolation::GVISOR_DAEMON_JSON
+                crate::runsc::GVISOR_DAEMON_JSON
             ),
             DockerError::NotUnderGvisor { .. } => "nothing was left running; check that the daemon's `runsc` runtime is gVisor's runsc (`bottle doctor`, `docker info`) and report this if it persists".into(),
             DockerError::ResetUnavailable { .. } => "run bottle as root on the daemon's host with the overlay2 storage driver (`docker info`), then stop the bottle and start it again".into(),

@@ -60,7 +60,7 @@ pub fn runtime_of(
     let Some(runtime) = runtimes.get(name) else {
         return Err(DockerError::GvisorMissing {
             runtime: name.into(),
-            registered: bottle_core::isolation::runtime_names(runtimes.keys()),
+            registered: crate::runsc::runtime_names(runtimes.keys()),
         });
     };
     let registration = Registration {

@@ -20,12 +20,13 @@ use std::time::Duration;
 use bollard::Docker;
 use bollard::models::{SystemInfo, SystemVersion};
 use bottle_core::exec::CommandSpec;
-use bottle_core::isolation::{GVISOR_FIX, GvisorBuild, Registration};
+use bottle_core::isolation::{GvisorBuild, Registration};
 use bottle_preflight::host::exists;
 use bottle_preflight::{Check, Context, HostChecks, Platform, PreflightError, Status, settle};
 
 use crate::api_version::{DOCKER_MIN_API, DockerApiVersion};
 use crate::client::DEFAULT_SOCKET;
+use crate::runsc::GVISOR_FIX;
 use crate::storage::LayerCap;
 
 /// Stable id of the daemon check.
@@ -406,7 +407,7 @@ pub fn check_gvisor(ctx: &Context<'_>, info: &Result<SystemInfo, String>) -> Che
             Status::Warn,
             format!(
                 "the daemon has no `{name}` runtime (it has: {}): bottles with isolation = \"gvisor\" are refused (BOT-D090)",
-                bottle_core::isolation::runtime_names(runtimes.keys())
+                crate::runsc::runtime_names(runtimes.keys())
             ),
         )
         .with_remediation(GVISOR_FIX);

@@ -52,6 +52,7 @@ pub mod pause;
 mod pool;
 mod pool_entry;
 pub mod reset;
+pub mod runsc;
 pub mod storage;
 pub mod tarball;
 mod toolbox;

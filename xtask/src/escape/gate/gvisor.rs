@@ -33,8 +33,7 @@ impl Runtime {
         );
         let Some(path) = info["Runtimes"][&name]["path"].as_str() else {
             anyhow::bail!(
-                "--isolation gvisor: the docker daemon has no `{name}` runtime\n  fix: {}",
-                bottle_core::isolation::GVISOR_FIX
+                "--isolation gvisor: the docker daemon has no `{name}` runtime\n  fix: register gVisor with the daemon as `bottle doctor` says (its gVisor check quotes the daemon.json bottle's CI writes)"
             );
         };
         Ok(Runtime {
