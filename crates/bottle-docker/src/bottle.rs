@@ -523,11 +523,6 @@ async fn attached_async(
     if use_tty {
         resize(tty::window_size()).await;
     }
-    let (stdin_rx, pump) = tty::StdinPump::start();
-    // Input is written by its own task: a command that fills its output
-    // before it reads all its input (`cat` of a large file) would otherwise
-    // wait on us while we wait on it.
-    let writer = tokio::spawn(forward_stdin(stdin_rx, input, use_tty));
     let signal_err = |err: std::io::Error| DockerError::Terminal {
         action: "watch for terminal signals".into(),
         detail: err.to_string(),
@@ -545,58 +540,52 @@ async fn attached_async(
     } else {
         None
     };
-    let mut stdout = std::io::stdout();
-    let mut stderr = std::io::stderr();
-    let mut interrupted = None;
-    let stopped = box_stopped(engine, container);
-    tokio::pin!(stopped);
-    // When the box stopped, and how: the output then has
-    // [`OUTPUT_AFTER_STOP`] to end on its own.
-    let mut box_ended: Option<(tokio::time::Instant, String)> = None;
-    let given_up = tokio::time::sleep(Duration::MAX / 4);
-    tokio::pin!(given_up);
-    loop {
-        tokio::select! {
-            chunk = output.next() => match chunk {
-                None => break,
-                Some(Err(err)) => {
-                    pump.stop();
-                    writer.abort();
-                    return Err(DockerError::api(format!("read exec output from {container}"))(err));
+    let session = async {
+        let (stdin_rx, pump) = tty::StdinPump::start();
+        // Input is written by its own task: a command that fills its output
+        // before it reads all its input (`cat` of a large file) would
+        // otherwise wait on us while we wait on it. Both end with the
+        // output, or when the box stopped and this future is dropped.
+        let writer = AbortOnDrop(tokio::spawn(forward_stdin(stdin_rx, input, use_tty)));
+        let mut stdout = std::io::stdout();
+        let mut stderr = std::io::stderr();
+        loop {
+            tokio::select! {
+                chunk = output.next() => match chunk {
+                    None => break,
+                    Some(Err(err)) => {
+                        return Err(DockerError::api(format!("read exec output from {container}"))(err));
+                    }
+                    Some(Ok(bollard::container::LogOutput::StdErr { message })) => {
+                        let _ = stderr.write_all(&message).and_then(|()| stderr.flush());
+                    }
+                    Some(Ok(other)) => {
+                        let _ = stdout.write_all(other.as_ref()).and_then(|()| stdout.flush());
+                    }
+                },
+                _ = winch.recv() => {
+                    if use_tty {
+                        resize(tty::window_size()).await;
+                    }
                 }
-                Some(Ok(bollard::container::LogOutput::StdErr { message })) => {
-                    let _ = stderr.write_all(&message).and_then(|()| stderr.flush());
-                }
-                Some(Ok(other)) => {
-                    let _ = stdout.write_all(other.as_ref()).and_then(|()| stdout.flush());
-                }
-            },
-            _ = winch.recv() => {
-                if use_tty {
-                    resize(tty::window_size()).await;
-                }
+                _ = maybe_recv(&mut term) => return Ok(128 + 15),
+                _ = maybe_recv(&mut hup) => return Ok(128 + 1),
             }
-            _ = maybe_recv(&mut term) => { interrupted = Some(128 + 15); break; }
-            _ = maybe_recv(&mut hup) => { interrupted = Some(128 + 1); break; }
-            how = &mut stopped, if box_ended.is_none() => {
-                let at = tokio::time::Instant::now() + OUTPUT_AFTER_STOP;
-                given_up.as_mut().reset(at);
-                box_ended = Some((at, how));
-            }
-            () = &mut given_up, if box_ended.is_some() => break,
         }
+        drop((pump, writer));
+        exit_code(engine, &exec.id, container).await
+    };
+    until_box_stops(engine, container, session).await
+}
+
+/// A task aborted when this is dropped: the input writer of an exec whose
+/// session ended, however it ended.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
-    pump.stop();
-    writer.abort();
-    if let Some(code) = interrupted {
-        return Ok(code);
-    }
-    if let Some((at, how)) = box_ended
-        && tokio::time::Instant::now() >= at
-    {
-        return Err(stopped_under(container, how));
-    }
-    exit_code(engine, &exec.id, container).await
 }
 
 /// Copies the operator's input into the exec until it ends, then passes
