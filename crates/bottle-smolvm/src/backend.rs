@@ -54,10 +54,10 @@ pub struct SmolvmBackend<H> {
     /// A `BOTTLE_FAILPOINT` value given directly (tests), read instead of
     /// the environment.
     pub(crate) failpoint: Option<String>,
-    /// The static in-box agent put into every machine (`None`: not found;
-    /// the bottle then runs without the sandbox interface).
-    /// Where to look for the in-box agent, first match taken at launch
-    /// (read and checked static there, not when the backend is built).
+    /// Where to look for the static in-box agent put into every machine:
+    /// the first file is read and checked at launch, not when the backend
+    /// is built (none, or not static: the bottle runs without the sandbox
+    /// interface).
     pub(crate) toolbox_places: Vec<PathBuf>,
 }
 
