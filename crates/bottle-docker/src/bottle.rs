@@ -212,7 +212,10 @@ async fn until_box_stops<T>(
         how = box_stopped(engine, container) => {
             match tokio::time::timeout(OUTPUT_AFTER_STOP, exec).await {
                 Ok(done) => done,
-                Err(_) => Err(stopped_under(container, how)),
+                Err(_) => Err(DockerError::BoxStopped {
+                    container: container.to_string(),
+                    how,
+                }),
             }
         }
     }
@@ -222,15 +225,6 @@ async fn until_box_stops<T>(
 /// exec is given up: under runc the output ends with the box, a moment
 /// after the Engine records the stop.
 const OUTPUT_AFTER_STOP: Duration = Duration::from_secs(2);
-
-/// The error of an exec whose box stopped under it (`how`, from
-/// [`box_stopped`]).
-fn stopped_under(container: &str, how: String) -> DockerError {
-    DockerError::BoxStopped {
-        container: container.to_string(),
-        how,
-    }
-}
 
 impl DockerBottle {
     /// `argv` on the operator's terminal (when there is one); `started`
