@@ -349,16 +349,13 @@ fn a_command_ends_when_the_oom_killer_ends_its_gvisor_box() {
         let result = ended
             .recv_timeout(std::time::Duration::from_secs(180))
             .unwrap_or_else(|_| panic!("piped {piped}: the command did not end with its box"));
-        let recorded_by = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        let state = loop {
-            let state = support::inspect(&fx.backend, &container)
+        let mut state = Default::default();
+        bottle_test_support::eventually(std::time::Duration::from_secs(30), || {
+            state = support::inspect(&fx.backend, &container)
                 .state
                 .unwrap_or_default();
-            if state.running != Some(true) || std::time::Instant::now() >= recorded_by {
-                break state;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        };
+            state.running != Some(true)
+        });
         assert_eq!(
             (state.running, state.oom_killed),
             (Some(false), Some(true)),
